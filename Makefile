@@ -1,0 +1,50 @@
+# tensorport: the front door.  `make` builds, `make test` builds and runs every
+# test, `make run` starts the server.  Everything lands in build/.
+BUILD      ?= build
+SAN_BUILD  ?= build-san
+JOBS       ?= $(shell nproc)
+CMAKE_ARGS ?=
+
+.PHONY: all build test test-sanitize test-tsan run deps bench clean
+
+all: build
+
+# Installs missing Debian packages (idempotent, fast when all are present).
+deps:
+	@pkg-config --exists libprotobuf-c criterion 2>/dev/null && command -v protoc-c >/dev/null \
+	  && test -f /usr/lib/x86_64-linux-gnu/cmake/nng/nng-config.cmake \
+	  && test -f /usr/include/dlpack/dlpack.h \
+	  || ./deploy/install-deps.sh
+
+$(BUILD)/CMakeCache.txt: | deps
+	cmake -S . -B $(BUILD) $(CMAKE_ARGS)
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The suites again under AddressSanitizer + UndefinedBehaviorSanitizer (the
+# PyTorch differential test runs in the plain build only: it loads torch).
+test-sanitize: deps
+	cmake -S . -B $(SAN_BUILD) -DTPORT_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug $(CMAKE_ARGS)
+	cmake --build $(SAN_BUILD) -j $(JOBS)
+	cd $(SAN_BUILD) && ctest --output-on-failure -j $(JOBS) -LE diff
+
+test-tsan: deps
+	cmake -S . -B build-tsan -DTPORT_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug $(CMAKE_ARGS)
+	cmake --build build-tsan -j $(JOBS)
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -L engine
+
+bench: build
+	./bench/run kernels
+
+# tportd, the server, arrives with the service (issue 3); until then this
+# says so instead of pretending.
+run: build
+	@if [ -x $(BUILD)/bin/tportd ]; then exec $(BUILD)/bin/tportd; \
+	 else echo "make run: tportd is not built yet: the service layer (server/) is the next milestone; the engine, kernels and tests are here (make test)" >&2; exit 1; fi
+
+clean:
+	rm -rf $(BUILD) $(SAN_BUILD) build-tsan

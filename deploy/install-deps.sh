@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs tensorport's build and test dependencies from Debian's packages.
+# Idempotent: packages already present are skipped, and apt is only touched
+# when something is missing.  Run as root (or with sudo available).
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config
+  libnng-dev                       # transport (REQ/REP, tcp/ipc/inproc)
+  libprotobuf-c-dev protobuf-c-compiler
+  libssl-dev                       # TLS engine, HMAC, RAND_bytes
+  libcriterion-dev                 # test framework
+  libdlpack-dev                    # DLPack in/out for libtport
+  python3 python3-torch python3-numpy   # differential tests and benchmark baselines
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all dependencies present"
+  exit 0
+fi
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "install-deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,28 @@
+/* backend.c: the table of backends, indexed by device type. */
+#include "backend.h"
+
+#include <assert.h>
+
+bool backend_complete(const backend_ops *o)
+{
+  return o->name && o->device_count && o->unavailable_reason && o->mem_info && o->alloc &&
+         o->free && o->alloc_managed && o->host_alloc && o->host_free && o->stream_default &&
+         o->stream_create && o->stream_destroy && o->stream_synchronize && o->memcpy_async &&
+         o->memcpy_peer_async && o->copy_kernel && o->launch_host_func && o->event_create &&
+         o->event_destroy && o->event_record && o->stream_wait_event && o->event_query &&
+         o->event_synchronize && o->can_access_peer && o->enable_peer_access &&
+         o->mem_advise_preferred && o->mem_prefetch_async;
+}
+
+const backend_ops *backend_get(tport_device_type t)
+{
+  static const backend_ops *const table[TPORT_NUM_DEVICE_TYPES] = {
+      [TPORT_DEV_CPU] = &backend_cpu,
+      [TPORT_DEV_CUDA] = &backend_cuda,
+      [TPORT_DEV_SIM] = &backend_sim,
+  };
+  if ((unsigned)t >= TPORT_NUM_DEVICE_TYPES)
+    return NULL;
+  assert(backend_complete(table[t]));
+  return table[t];
+}

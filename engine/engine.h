@@ -1,0 +1,113 @@
+/*
+ * engine.h: tensors and the operations of SEMANTICS.md (to, copy_,
+ * contiguous, views) over the device backends.
+ *
+ * Ownership: functions that return a tensor through `out` give the caller one
+ * reference; release it with tensor_release.  Tensors are refcounted and views
+ * share their storage.  Every function returns a tport_status and fills err
+ * (which may be NULL) on failure; out-parameters are set only on success.
+ *
+ * Thread safety: distinct tensors may be used from different threads at once;
+ * one tensor's data may not be written by two operations concurrently (as in
+ * PyTorch).  Async work is ordered per storage (storage.h).
+ */
+#ifndef TPORT_ENGINE_H
+#define TPORT_ENGINE_H
+
+#include "meta.h"
+#include "storage.h"
+
+typedef struct tport_tensor {
+  atomic_int refs;
+  tport_storage *storage;
+  tport_dtype dtype;
+  meta_layout layout;
+  bool conj; /* lazily conjugated view (complex) */
+  bool neg;  /* lazily negated view */
+} tport_tensor;
+
+/* ---- creation */
+/* A fresh tensor in memory format fmt (CONTIGUOUS, CHANNELS_LAST, CHANNELS_LAST_3D). */
+int tensor_empty(tport_device dev, tport_dtype dtype, int ndim, const int64_t *sizes,
+                 tport_memory_format fmt, unsigned storage_flags, tport_tensor **out,
+                 tport_err *err);
+/* A fresh tensor with the given strides (validated like a wire descriptor). */
+int tensor_empty_strided(tport_device dev, tport_dtype dtype, int ndim, const int64_t *sizes,
+                         const int64_t *strides, unsigned storage_flags, tport_tensor **out,
+                         tport_err *err);
+/* A cpu tensor over caller memory of `nbytes` (borrowed: keep it alive and
+ * unchanged-size while the tensor lives).  Layout validated against nbytes. */
+int tensor_wrap_host(void *data, size_t nbytes, tport_dtype dtype, int ndim,
+                     const int64_t *sizes, const int64_t *strides, int64_t offset,
+                     tport_tensor **out, tport_err *err);
+tport_tensor *tensor_retain(tport_tensor *t);
+void tensor_release(tport_tensor *t);
+
+/* ---- views (share storage) */
+/* as_strided: validated against the storage's size; strides >= 0. */
+int tensor_as_strided(tport_tensor *t, int ndim, const int64_t *sizes, const int64_t *strides,
+                      int64_t offset, tport_tensor **out, tport_err *err);
+/* expand_as: broadcast t to ndim/sizes (stride 0 on new or size-1 dims). */
+int tensor_expand(tport_tensor *t, int ndim, const int64_t *sizes, tport_tensor **out,
+                  tport_err *err);
+/* Lazy conj()/neg views (conj is a no-op alias for non-complex dtypes). */
+int tensor_conj_view(tport_tensor *t, tport_tensor **out, tport_err *err);
+int tensor_neg_view(tport_tensor *t, tport_tensor **out, tport_err *err);
+
+/* ---- queries */
+tport_device tensor_device(const tport_tensor *t);
+int64_t tensor_numel(const tport_tensor *t);
+size_t tensor_nbytes(const tport_tensor *t); /* numel * element size */
+bool tensor_is_managed(const tport_tensor *t);
+/* Exact format mode's query: the format t is contiguous in, NONE if none. */
+tport_memory_format tensor_actual_format(const tport_tensor *t);
+/* Same storage, offset, sizes, strides, dtype and conj/neg bits. */
+bool tensor_same_data(const tport_tensor *a, const tport_tensor *b);
+
+/* ---- operations */
+/* copy_(dst, src, non_blocking): SEMANTICS.md §3 and §4. */
+int tensor_copy_(tport_tensor *dst, tport_tensor *src, bool non_blocking, tport_err *err);
+
+typedef struct to_options {
+  bool has_dtype;
+  tport_dtype dtype;
+  bool has_device;
+  tport_device device; /* index -1: the device type's current (default) device */
+  bool has_format;
+  tport_memory_format format; /* CONTIGUOUS, CHANNELS_LAST(_3D) or PRESERVE */
+  bool copy;
+  bool non_blocking;
+  bool exact_format; /* alias only when is_contiguous(format) (seed 000) */
+} to_options;
+
+/* to(): *out is t itself (an extra reference) when PyTorch would alias, with
+ * *aliased true; otherwise a fresh tensor.  Managed tensors move (§6). */
+int tensor_to(tport_tensor *t, const to_options *o, tport_tensor **out, bool *aliased,
+              tport_err *err);
+/* contiguous(fmt): aliases iff is_contiguous(fmt); PRESERVE is an error. */
+int tensor_contiguous(tport_tensor *t, tport_memory_format fmt, tport_tensor **out,
+                      bool *aliased, tport_err *err);
+
+/* Reads t's values in logical C order into host memory (nbytes must equal
+ * numel * element size); waits for pending work. */
+int tensor_read(tport_tensor *t, void *host, size_t nbytes, tport_err *err);
+/* Writes values given in logical C order into t (which may be any layout). */
+int tensor_write(tport_tensor *t, const void *host, size_t nbytes, tport_err *err);
+/* Waits for all pending work on t's storage. */
+int tensor_sync(tport_tensor *t, tport_err *err);
+
+/* Testing knobs: each disables one ordering step, so that the concurrency
+ * tests can show that the step is needed.  Never set outside tests. */
+enum {
+  ENGINE_SKIP_DST_READY = 1u << 0,     /* D2D: copy stream does not wait for dst's stream */
+  ENGINE_SKIP_STAGING_EVENT = 1u << 1, /* H2D: staging block released without its event */
+  ENGINE_SKIP_RESULT_EVENT = 1u << 2,  /* non_blocking: result storage gets no event */
+};
+void engine_set_test_faults(unsigned faults);
+unsigned engine_test_faults(void);
+
+/* Waits for all work of every device and frees deferred storages and the
+ * staging pool's cache. */
+void engine_synchronize_all(void);
+
+#endif

@@ -1,0 +1,62 @@
+/*
+ * staging.h: the caching pinned host allocator.
+ *
+ * Transfers between the host and a device go through page-locked blocks.
+ * Blocks come in power-of-two size classes; a block handed back returns to
+ * its class's free list only after every event recorded on it has completed,
+ * so an async copy still reading it never sees it reused.  The pool has a
+ * byte budget: when a new block would exceed it, the caller waits for a
+ * pending block to complete (back-pressure) rather than growing without
+ * bound.  Once warm, acquiring a block allocates nothing.
+ */
+#ifndef TPORT_STAGING_H
+#define TPORT_STAGING_H
+
+#include "backend.h"
+
+#define STAGING_MIN_BLOCK ((size_t)64 << 10)  /* 64 KiB */
+#define STAGING_MAX_BLOCK ((size_t)64 << 20)  /* 64 MiB */
+#define STAGING_MAX_EVENTS 8
+
+typedef struct staging_pool staging_pool;
+
+typedef struct staging_block {
+  void *ptr;
+  size_t size; /* the class size (>= what was asked) */
+  int cls;
+  int nevents;
+  const backend_ops *ev_be[STAGING_MAX_EVENTS];
+  be_event *ev[STAGING_MAX_EVENTS];
+  struct staging_block *next;
+} staging_block;
+
+typedef struct staging_stats {
+  uint64_t hits;      /* acquisitions served from a free list */
+  uint64_t misses;    /* acquisitions that allocated pinned memory */
+  uint64_t waits;     /* acquisitions that waited for a pending block */
+  uint64_t bytes_in_use;    /* held by callers or pending on events */
+  uint64_t bytes_cached;    /* free in the pool */
+  uint64_t bytes_allocated; /* all pinned bytes owned by the pool */
+} staging_stats;
+
+/* A pool whose pinned memory comes from be->host_alloc, with a budget in bytes
+ * (at least one maximum-size block). */
+int staging_create(const backend_ops *be, size_t budget, staging_pool **out, tport_err *err);
+/* Frees every block; waits for pending ones.  No block may be held. */
+void staging_destroy(staging_pool *p);
+/* A block of at least n bytes (n <= STAGING_MAX_BLOCK).  May wait. */
+int staging_acquire(staging_pool *p, size_t n, staging_block **out, tport_err *err);
+/* Records that async work using b completes at event ev (the pool takes ev
+ * and destroys it once complete).  At most STAGING_MAX_EVENTS per hold. */
+int staging_add_event(staging_block *b, const backend_ops *be, be_event *ev, tport_err *err);
+/* Hands b back: it is reused once its events have completed. */
+void staging_release(staging_pool *p, staging_block *b);
+void staging_get_stats(staging_pool *p, staging_stats *out);
+/* Frees cached (free) blocks: memory pressure. */
+void staging_empty_cache(staging_pool *p);
+
+/* The engine's pool (created on first use, pinned memory from the host
+ * memory backend, budget from TPORT_STAGING_BYTES or 256 MiB). */
+staging_pool *staging_default(void);
+
+#endif

@@ -1,0 +1,213 @@
+/* storage.c: refcounted memory, pending events and deferred frees. */
+#include "storage.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Storages released while their work was pending. */
+static struct {
+  pthread_mutex_t mu;
+  tport_storage **items;
+  int n, cap;
+} graveyard = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static const backend_ops *host_memory_backend(void)
+{
+  /* Pinned host memory comes from the first accelerator backend that has a
+   * device (CUDA's cudaHostAlloc where present), else plain host memory. */
+  if (backend_cuda.device_count() > 0)
+    return &backend_cuda;
+  if (backend_sim.device_count() > 0)
+    return &backend_sim;
+  return &backend_cpu;
+}
+
+int storage_new(tport_device device, size_t nbytes, unsigned flags, tport_storage **out,
+                tport_err *err)
+{
+  storage_reap(false);
+  const backend_ops *be = backend_get(device.type);
+  if (!be)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "device type %d is unknown", device.type);
+  int n = be->device_count();
+  if (device.index < 0 || device.index >= n)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "device %s:%d does not exist (this server has %d %s device%s)%s%s",
+                         be->name, device.index, n, be->name, n == 1 ? "" : "s",
+                         n == 0 ? ": " : "", n == 0 ? be->unavailable_reason() : "");
+  tport_storage *s = calloc(1, sizeof *s);
+  if (!s)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of host memory for a storage");
+  atomic_init(&s->refs, 1);
+  pthread_mutex_init(&s->mu, NULL);
+  s->device = device;
+  s->nbytes = nbytes;
+  s->flags = flags;
+  s->mem_be = be;
+  s->mem_dev = device.index;
+  int rc = TPORT_OK;
+  if (nbytes > 0) {
+    if (flags & STORAGE_MANAGED) {
+      rc = be->alloc_managed(device.index, nbytes, &s->ptr, err);
+    } else if ((flags & STORAGE_PINNED) && device.type == TPORT_DEV_CPU) {
+      s->mem_be = host_memory_backend();
+      s->mem_dev = -1;
+      rc = s->mem_be->host_alloc(nbytes, &s->ptr, err);
+    } else {
+      rc = be->alloc(device.index, nbytes, &s->ptr, err);
+    }
+  }
+  if (rc != TPORT_OK) {
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    return rc;
+  }
+  *out = s;
+  return TPORT_OK;
+}
+
+int storage_wrap_host(void *ptr, size_t nbytes, tport_storage **out, tport_err *err)
+{
+  tport_storage *s = calloc(1, sizeof *s);
+  if (!s)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of host memory for a storage");
+  atomic_init(&s->refs, 1);
+  pthread_mutex_init(&s->mu, NULL);
+  s->device = (tport_device){TPORT_DEV_CPU, 0};
+  s->mem_be = &backend_cpu;
+  s->ptr = ptr;
+  s->nbytes = nbytes;
+  s->external = true;
+  *out = s;
+  return TPORT_OK;
+}
+
+tport_storage *storage_retain(tport_storage *s)
+{
+  atomic_fetch_add(&s->refs, 1);
+  return s;
+}
+
+static void storage_destroy(tport_storage *s)
+{
+  if (s->ev)
+    s->ev_be->event_destroy(s->ev);
+  if (s->ptr && !s->external) {
+    if (s->mem_dev < 0)
+      s->mem_be->host_free(s->ptr);
+    else
+      s->mem_be->free(s->mem_dev, s->ptr);
+  }
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+}
+
+void storage_release(tport_storage *s)
+{
+  if (!s || atomic_fetch_sub(&s->refs, 1) != 1)
+    return;
+  if (!s->ev || s->ev_be->event_query(s->ev)) {
+    storage_destroy(s);
+    return;
+  }
+  pthread_mutex_lock(&graveyard.mu);
+  if (graveyard.n == graveyard.cap) {
+    int cap = graveyard.cap ? graveyard.cap * 2 : 64;
+    tport_storage **items = realloc(graveyard.items, (size_t)cap * sizeof *items);
+    if (!items) {
+      /* Cannot defer: wait for the work, then free (correct, only slower). */
+      pthread_mutex_unlock(&graveyard.mu);
+      s->ev_be->event_synchronize(s->ev, NULL);
+      storage_destroy(s);
+      return;
+    }
+    graveyard.items = items;
+    graveyard.cap = cap;
+  }
+  graveyard.items[graveyard.n++] = s;
+  pthread_mutex_unlock(&graveyard.mu);
+}
+
+void storage_reap(bool wait)
+{
+  pthread_mutex_lock(&graveyard.mu);
+  for (int i = 0; i < graveyard.n;) {
+    tport_storage *s = graveyard.items[i];
+    if (wait)
+      s->ev_be->event_synchronize(s->ev, NULL);
+    if (wait || s->ev_be->event_query(s->ev)) {
+      graveyard.items[i] = graveyard.items[--graveyard.n];
+      storage_destroy(s);
+    } else {
+      i++;
+    }
+  }
+  if (graveyard.n == 0) {
+    free(graveyard.items);
+    graveyard.items = NULL;
+    graveyard.cap = 0;
+  }
+  pthread_mutex_unlock(&graveyard.mu);
+}
+
+int storage_deferred_count(void)
+{
+  pthread_mutex_lock(&graveyard.mu);
+  int n = graveyard.n;
+  pthread_mutex_unlock(&graveyard.mu);
+  return n;
+}
+
+int storage_wait(tport_storage *st, const backend_ops *be, be_stream *s, tport_err *err)
+{
+  pthread_mutex_lock(&st->mu);
+  int rc = TPORT_OK;
+  if (st->ev) {
+    if (st->ev_be == be && be != &backend_cpu)
+      rc = be->stream_wait_event(s, st->ev, err);
+    else
+      rc = st->ev_be->event_synchronize(st->ev, err);
+  }
+  pthread_mutex_unlock(&st->mu);
+  return rc;
+}
+
+int storage_sync(tport_storage *st, tport_err *err)
+{
+  pthread_mutex_lock(&st->mu);
+  int rc = TPORT_OK;
+  if (st->ev) {
+    rc = st->ev_be->event_synchronize(st->ev, err);
+    if (rc == TPORT_OK) {
+      st->ev_be->event_destroy(st->ev);
+      st->ev = NULL;
+    }
+  }
+  pthread_mutex_unlock(&st->mu);
+  return rc;
+}
+
+int storage_mark(tport_storage *const *sts, int n, const backend_ops *be, int dev, be_stream *s,
+                 tport_err *err)
+{
+  if (be == &backend_cpu)
+    return TPORT_OK;
+  for (int i = 0; i < n; i++) {
+    be_event *ev;
+    int rc = be->event_create(dev, &ev, err);
+    if (rc != TPORT_OK)
+      return rc;
+    rc = be->event_record(ev, s, err);
+    if (rc != TPORT_OK) {
+      be->event_destroy(ev);
+      return rc;
+    }
+    pthread_mutex_lock(&sts[i]->mu);
+    if (sts[i]->ev)
+      sts[i]->ev_be->event_destroy(sts[i]->ev);
+    sts[i]->ev_be = be;
+    sts[i]->ev = ev;
+    pthread_mutex_unlock(&sts[i]->mu);
+  }
+  return TPORT_OK;
+}

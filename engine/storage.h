@@ -1,0 +1,65 @@
+/*
+ * storage.h: refcounted device (or host) memory, and the one pending event
+ * that orders work on it.
+ *
+ * Every async operation that touches a storage first waits for the storage's
+ * pending event (on its stream, or on the host), then records a new event on
+ * its own stream and makes that the storage's pending event.  Work on one
+ * storage is thereby serialized across streams and devices; a non_blocking
+ * result is safe to use through the engine at any time.  A storage whose last
+ * reference goes while its event is pending is freed only once the event
+ * completes (storage_reap).
+ */
+#ifndef TPORT_STORAGE_H
+#define TPORT_STORAGE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "backend.h"
+
+enum {
+  STORAGE_MANAGED = 1u << 0, /* managed memory (SEMANTICS.md §6) */
+  STORAGE_PINNED = 1u << 1,  /* page-locked host memory */
+};
+
+typedef struct tport_storage {
+  atomic_int refs;
+  tport_device device;        /* where the data lives now (managed moves change it) */
+  const backend_ops *mem_be;  /* the backend that allocated ptr */
+  int mem_dev;
+  void *ptr;                  /* NULL for 0 bytes */
+  size_t nbytes;
+  unsigned flags;
+  bool external;              /* caller's memory: never freed by the engine */
+  pthread_mutex_t mu;         /* guards the pending event */
+  const backend_ops *ev_be;
+  be_event *ev;
+} tport_storage;
+
+/* New storage of nbytes on device (flags: STORAGE_MANAGED, STORAGE_PINNED for
+ * cpu).  The memory is uninitialized. */
+int storage_new(tport_device device, size_t nbytes, unsigned flags, tport_storage **out,
+                tport_err *err);
+/* Wraps caller-owned host memory (never freed; the caller keeps it alive). */
+int storage_wrap_host(void *ptr, size_t nbytes, tport_storage **out, tport_err *err);
+tport_storage *storage_retain(tport_storage *s);
+void storage_release(tport_storage *s);
+
+/* Make stream `s` of backend `be` (or the host, when be is the cpu backend or
+ * the pending event belongs to another backend) wait for pending work. */
+int storage_wait(tport_storage *st, const backend_ops *be, be_stream *s, tport_err *err);
+/* Block the host until the storage's pending work is done. */
+int storage_sync(tport_storage *st, tport_err *err);
+/* Record a new event on stream s and make it the pending event of each storage.
+ * A no-op for the cpu backend (its work is done when the call returns). */
+int storage_mark(tport_storage *const *sts, int n, const backend_ops *be, int dev, be_stream *s,
+                 tport_err *err);
+
+/* Frees storages whose last reference went while work was pending and whose
+ * work has now completed; with wait, waits for all of them. */
+void storage_reap(bool wait);
+/* Storages waiting for their work to finish before being freed. */
+int storage_deferred_count(void);
+
+#endif

@@ -1,0 +1,217 @@
+/*
+ * convert.c: element conversion for all 144 dtype pairs (SEMANTICS.md §3),
+ * as c10::static_cast_with_inter_type does it:
+ *
+ *   - complex -> real keeps the real part (complex -> bool too: real != 0);
+ *   - -> bool is x != 0 (NaN is true);
+ *   - -> float16/bfloat16 rounds to nearest even through float32 (as c10's
+ *     constructors take a float: double and int64 round twice, like PyTorch);
+ *   - real -> complex is (x, 0); integer narrowing wraps.
+ *   - float -> integer truncates toward zero.  C leaves NaN and out-of-range
+ *     values undefined; tensorport defines them as PyTorch on x86-64 computes
+ *     them: for int8, int16 and int32 the value goes through int32, where NaN
+ *     and anything outside int32's range become INT32_MIN (then wrap to the
+ *     width: NaN -> 0 as int8); for int64 and uint8 (which PyTorch routes
+ *     through int64), NaN and values outside int64's range become INT64_MIN
+ *     (so NaN -> 0 as uint8, -1.0 -> 255).
+ */
+#include <complex.h>
+#include <math.h>
+
+#include "cpu_kernels.h"
+#include "half.h"
+
+typedef float _Complex c64_t;
+typedef double _Complex c128_t;
+
+/* float -> integer, defined everywhere (see the top of the file). */
+static inline int64_t f_to_i32ish(double x)
+{
+  if (!(x > -2147483649.0 && x < 2147483648.0))
+    return INT32_MIN;
+  return (int64_t)x;
+}
+
+static inline int64_t f_to_i64ish(double x)
+{
+  if (!(x >= -9223372036854775808.0 && x < 9223372036854775808.0))
+    return INT64_MIN;
+  return (int64_t)x;
+}
+
+/* Loads give a value of one of five C types: int64_t, float, double, c64_t, c128_t. */
+#define LD_BOOL(p) ((int64_t)(*(const uint8_t *)(p) != 0))
+#define LD_UINT8(p) ((int64_t) * (const uint8_t *)(p))
+#define LD_INT8(p) ((int64_t) * (const int8_t *)(p))
+#define LD_INT16(p) ((int64_t) * (const int16_t *)(p))
+#define LD_INT32(p) ((int64_t) * (const int32_t *)(p))
+#define LD_INT64(p) (*(const int64_t *)(p))
+#define LD_FLOAT16(p) f16_to_f32(*(const uint16_t *)(p))
+#define LD_BFLOAT16(p) bf16_to_f32(*(const uint16_t *)(p))
+#define LD_FLOAT32(p) (*(const float *)(p))
+#define LD_FLOAT64(p) (*(const double *)(p))
+#define LD_COMPLEX64(p) (*(const c64_t *)(p))
+#define LD_COMPLEX128(p) (*(const c128_t *)(p))
+
+/* The real part of a complex value; any other value unchanged. */
+#define REAL(x) _Generic((x), c64_t: crealf((c64_t)(x)), c128_t: creal((c128_t)(x)), default: (x))
+
+/* Integer targets.  An int64 source wraps; a floating one is defined above. */
+#define TO_I32ISH(x)                                                                             \
+  _Generic((x), int64_t: (x), float: f_to_i32ish((double)(x)), double: f_to_i32ish((double)(x)))
+#define TO_I64ISH(x)                                                                             \
+  _Generic((x), int64_t: (x), float: f_to_i64ish((double)(x)), double: f_to_i64ish((double)(x)))
+
+#define ST_BOOL(p, x) (*(uint8_t *)(p) = (uint8_t)(REAL(x) != 0))
+#define ST_UINT8(p, x) (*(uint8_t *)(p) = (uint8_t)(uint64_t)TO_I64ISH(REAL(x)))
+#define ST_INT8(p, x) (*(int8_t *)(p) = (int8_t)TO_I32ISH(REAL(x)))
+#define ST_INT16(p, x) (*(int16_t *)(p) = (int16_t)TO_I32ISH(REAL(x)))
+#define ST_INT32(p, x) (*(int32_t *)(p) = (int32_t)TO_I32ISH(REAL(x)))
+#define ST_INT64(p, x) (*(int64_t *)(p) = TO_I64ISH(REAL(x)))
+#define ST_FLOAT16(p, x) (*(uint16_t *)(p) = f16_from_f32((float)REAL(x)))
+#define ST_BFLOAT16(p, x) (*(uint16_t *)(p) = bf16_from_f32((float)REAL(x)))
+#define ST_FLOAT32(p, x) (*(float *)(p) = (float)REAL(x))
+#define ST_FLOAT64(p, x) (*(double *)(p) = (double)REAL(x))
+#define ST_COMPLEX64(p, x)                                                                       \
+  (*(c64_t *)(p) = _Generic((x), c64_t: (x), c128_t: (c64_t)(x),                                \
+                            default: CMPLXF((float)(x), 0.0f)))
+#define ST_COMPLEX128(p, x)                                                                      \
+  (*(c128_t *)(p) = _Generic((x), c64_t: (c128_t)(x), c128_t: (x),                              \
+                             default: CMPLX((double)(x), 0.0)))
+
+#define SZ_BOOL 1
+#define SZ_UINT8 1
+#define SZ_INT8 1
+#define SZ_INT16 2
+#define SZ_INT32 4
+#define SZ_INT64 8
+#define SZ_FLOAT16 2
+#define SZ_BFLOAT16 2
+#define SZ_FLOAT32 4
+#define SZ_FLOAT64 8
+#define SZ_COMPLEX64 8
+#define SZ_COMPLEX128 16
+
+/* One loop per pair.  The dense case gets its own loop so the compiler can
+ * vectorize it; the strided one serves every other plan.  dst may be src
+ * exactly (in-place conj/neg fix-ups), so the pointers are not restrict. */
+#define DEF_CAST(D, S)                                                                           \
+  static void cast_##S##_to_##D(char *dst, const char *src, int64_t n,                          \
+                                int64_t ds, int64_t ss)                                          \
+  {                                                                                              \
+    if (ds == SZ_##D && ss == SZ_##S) {                                                          \
+      for (int64_t i = 0; i < n; i++)                                                            \
+        ST_##D(dst + i * SZ_##D, LD_##S(src + i * SZ_##S));                                      \
+    } else {                                                                                     \
+      for (int64_t i = 0; i < n; i++)                                                            \
+        ST_##D(dst + i * ds, LD_##S(src + i * ss));                                              \
+    }                                                                                            \
+  }
+
+#define FOR_SRC(X, D)                                                                            \
+  X(D, BOOL) X(D, UINT8) X(D, INT8) X(D, INT16) X(D, INT32) X(D, INT64) X(D, FLOAT16)           \
+  X(D, BFLOAT16) X(D, FLOAT32) X(D, FLOAT64) X(D, COMPLEX64) X(D, COMPLEX128)
+#define FOR_DST(X)                                                                               \
+  X(BOOL) X(UINT8) X(INT8) X(INT16) X(INT32) X(INT64) X(FLOAT16) X(BFLOAT16) X(FLOAT32)         \
+  X(FLOAT64) X(COMPLEX64) X(COMPLEX128)
+
+#define DEF_ROW(D) FOR_SRC(DEF_CAST, D)
+FOR_DST(DEF_ROW)
+
+#define ENTRY(D, S) cast_##S##_to_##D,
+#define ROW(D) {FOR_SRC(ENTRY, D)},
+static const cast_loop_fn cast_table[TPORT_NUM_DTYPES][TPORT_NUM_DTYPES] = {FOR_DST(ROW)};
+
+cast_loop_fn cpu_cast_loop(tport_dtype dst, tport_dtype src)
+{
+  if ((unsigned)dst >= TPORT_NUM_DTYPES || (unsigned)src >= TPORT_NUM_DTYPES)
+    return NULL;
+  return cast_table[dst][src];
+}
+
+/* ---- negation and conjugation, in place, in the destination dtype. */
+#define DEF_NEG(NAME, T)                                                                         \
+  static void neg_##NAME(char *p, int64_t n, int64_t s)                                          \
+  {                                                                                              \
+    for (int64_t i = 0; i < n; i++) {                                                            \
+      T *e = (T *)(p + i * s);                                                                   \
+      *e = (T)(-*e);                                                                             \
+    }                                                                                            \
+  }
+DEF_NEG(u8, uint8_t)
+DEF_NEG(i8, int8_t)
+DEF_NEG(i16, int16_t)
+
+DEF_NEG(f32, float)
+DEF_NEG(f64, double)
+DEF_NEG(c64, c64_t)
+DEF_NEG(c128, c128_t)
+
+/* int32/int64 negation wraps like PyTorch's (INT_MIN stays INT_MIN) without UB. */
+static void neg_i32(char *p, int64_t n, int64_t s)
+{
+  for (int64_t i = 0; i < n; i++) {
+    int32_t *e = (int32_t *)(p + i * s);
+    *e = (int32_t)(0u - (uint32_t)*e);
+  }
+}
+
+static void neg_i64(char *p, int64_t n, int64_t s)
+{
+  for (int64_t i = 0; i < n; i++) {
+    int64_t *e = (int64_t *)(p + i * s);
+    *e = (int64_t)(0u - (uint64_t)*e);
+  }
+}
+
+/* float16/bfloat16: negation flips the sign bit (exact, NaN included). */
+static void neg_half(char *p, int64_t n, int64_t s)
+{
+  for (int64_t i = 0; i < n; i++)
+    *(uint16_t *)(p + i * s) ^= 0x8000u;
+}
+
+static void conj_c64(char *p, int64_t n, int64_t s)
+{
+  for (int64_t i = 0; i < n; i++) {
+    c64_t *e = (c64_t *)(p + i * s);
+    *e = conjf(*e);
+  }
+}
+
+static void conj_c128(char *p, int64_t n, int64_t s)
+{
+  for (int64_t i = 0; i < n; i++) {
+    c128_t *e = (c128_t *)(p + i * s);
+    *e = conj(*e);
+  }
+}
+
+unary_loop_fn cpu_neg_loop(tport_dtype dt)
+{
+  switch (dt) {
+  case TPORT_BOOL: return NULL; /* PyTorch refuses to negate bool */
+  case TPORT_UINT8: return neg_u8;
+  case TPORT_INT8: return neg_i8;
+  case TPORT_INT16: return neg_i16;
+  case TPORT_INT32: return neg_i32;
+  case TPORT_INT64: return neg_i64;
+  case TPORT_FLOAT16:
+  case TPORT_BFLOAT16: return neg_half;
+  case TPORT_FLOAT32: return neg_f32;
+  case TPORT_FLOAT64: return neg_f64;
+  case TPORT_COMPLEX64: return neg_c64;
+  case TPORT_COMPLEX128: return neg_c128;
+  case TPORT_NUM_DTYPES: break;
+  }
+  return NULL;
+}
+
+unary_loop_fn cpu_conj_loop(tport_dtype dt)
+{
+  if (dt == TPORT_COMPLEX64)
+    return conj_c64;
+  if (dt == TPORT_COMPLEX128)
+    return conj_c128;
+  return NULL;
+}
