@@ -17,6 +17,7 @@
  */
 #include <complex.h>
 #include <math.h>
+#include <string.h>
 
 #include "cpu_kernels.h"
 #include "half.h"
@@ -118,6 +119,37 @@ static inline int64_t f_to_i64ish(double x)
 #define DEF_ROW(D) FOR_SRC(DEF_CAST, D)
 FOR_DST(DEF_ROW)
 
+/* Same dtype: a bit copy, as in PyTorch (NaN payloads and bool bytes kept). */
+#define DEF_RAW(NAME, T)                                                                         \
+  static void raw_##NAME(char *dst, const char *src, int64_t n, int64_t ds, int64_t ss)          \
+  {                                                                                              \
+    if (ds == (int64_t)sizeof(T) && ss == (int64_t)sizeof(T)) {                                  \
+      memmove(dst, src, (size_t)n * sizeof(T));                                                  \
+      return;                                                                                    \
+    }                                                                                            \
+    for (int64_t i = 0; i < n; i++)                                                              \
+      memcpy(dst + i * ds, src + i * ss, sizeof(T));                                             \
+  }
+typedef struct {
+  uint64_t lo, hi;
+} u128_t;
+DEF_RAW(1, uint8_t)
+DEF_RAW(2, uint16_t)
+DEF_RAW(4, uint32_t)
+DEF_RAW(8, uint64_t)
+DEF_RAW(16, u128_t)
+
+static cast_loop_fn raw_loop(size_t size)
+{
+  switch (size) {
+  case 1: return raw_1;
+  case 2: return raw_2;
+  case 4: return raw_4;
+  case 8: return raw_8;
+  default: return raw_16;
+  }
+}
+
 #define ENTRY(D, S) cast_##S##_to_##D,
 #define ROW(D) {FOR_SRC(ENTRY, D)},
 static const cast_loop_fn cast_table[TPORT_NUM_DTYPES][TPORT_NUM_DTYPES] = {FOR_DST(ROW)};
@@ -126,6 +158,8 @@ cast_loop_fn cpu_cast_loop(tport_dtype dst, tport_dtype src)
 {
   if ((unsigned)dst >= TPORT_NUM_DTYPES || (unsigned)src >= TPORT_NUM_DTYPES)
     return NULL;
+  if (dst == src)
+    return raw_loop(tport_dtype_size(dst));
   return cast_table[dst][src];
 }
 

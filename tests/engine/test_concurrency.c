@@ -1,0 +1,181 @@
+/* test_concurrency.c: ordering on sim devices with random delays.  Each
+ * scenario runs many times as the engine does it and must always be right;
+ * then with one ordering step switched off (engine_set_test_faults) and must
+ * go wrong at least once: proof that the test sees a missing event. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+#define TRIALS 30
+
+static const tport_device S0 = {TPORT_DEV_SIM, 0}, S1 = {TPORT_DEV_SIM, 1},
+                          CPU = {TPORT_DEV_CPU, 0};
+
+static void setup(void)
+{
+  sim_config cfg = {.ndevices = 2, .mem_bytes = 256 << 20, .max_delay_us = 3000, .seed = 11};
+  cr_assert_eq(sim_configure(&cfg, NULL), 0);
+}
+
+static void teardown(void)
+{
+  engine_set_test_faults(0);
+  engine_synchronize_all();
+}
+
+TestSuite(concurrency, .init = setup, .fini = teardown);
+
+static tport_tensor *filled(tport_device d, int n, int32_t value)
+{
+  tport_tensor *t;
+  cr_assert_eq(tensor_empty(d, TPORT_INT32, 1, (int64_t[]){n}, TPORT_MF_CONTIGUOUS, 0, &t, NULL), 0);
+  int32_t *v = malloc((size_t)n * 4);
+  for (int i = 0; i < n; i++)
+    v[i] = value + i;
+  cr_assert_eq(tensor_write(t, v, (size_t)n * 4, NULL), 0);
+  free(v);
+  return t;
+}
+
+static bool holds(tport_tensor *t, int n, int32_t value)
+{
+  int32_t *v = malloc((size_t)n * 4);
+  cr_assert_eq(tensor_read(t, v, (size_t)n * 4, NULL), 0);
+  bool ok = true;
+  for (int i = 0; i < n && ok; i++)
+    ok = v[i] == value + i;
+  free(v);
+  return ok;
+}
+
+/* Several non_blocking H2D copies staged through the same pinned class. */
+static int staging_reuse_failures(void)
+{
+  int failures = 0;
+  enum { N = 8, LEN = 16 << 10 };
+  for (int trial = 0; trial < TRIALS; trial++) {
+    tport_tensor *dev[N];
+    int32_t *host = malloc(LEN * 4);
+    for (int k = 0; k < N; k++) {
+      cr_assert_eq(tensor_empty(S0, TPORT_INT32, 1, (int64_t[]){LEN}, TPORT_MF_CONTIGUOUS, 0, &dev[k], NULL), 0);
+      for (int i = 0; i < LEN; i++)
+        host[i] = k * 1000000 + i;
+      tport_tensor *h;
+      cr_assert_eq(tensor_wrap_host(host, LEN * 4, TPORT_INT32, 1, (int64_t[]){LEN}, NULL, 0, &h, NULL), 0);
+      cr_assert_eq(tensor_copy_(dev[k], h, true, NULL), 0);
+      tensor_release(h); /* the caller's buffer is free to change: it was staged */
+    }
+    free(host);
+    for (int k = 0; k < N; k++) {
+      failures += !holds(dev[k], LEN, k * 1000000);
+      tensor_release(dev[k]);
+    }
+  }
+  return failures;
+}
+
+Test(concurrency, staging_blocks_are_not_reused_early)
+{
+  cr_assert_eq(staging_reuse_failures(), 0);
+  engine_set_test_faults(ENGINE_SKIP_STAGING_EVENT);
+  cr_assert_gt(staging_reuse_failures(), 0, "without the block's event the test must see reuse");
+}
+
+/* A write to dst on sim:1's stream, then a D2D copy into dst from sim:0. */
+static int dst_ready_failures(void)
+{
+  int failures = 0;
+  enum { LEN = 4096 };
+  for (int trial = 0; trial < TRIALS; trial++) {
+    tport_tensor *dst = filled(S1, LEN, 0), *a = filled(S1, LEN, 100000),
+                 *b = filled(S0, LEN, 200000);
+    cr_assert_eq(tensor_copy_(dst, a, true, NULL), 0); /* kernel on sim:1 */
+    cr_assert_eq(tensor_copy_(dst, b, true, NULL), 0); /* D2D on sim:0's stream */
+    failures += !holds(dst, LEN, 200000);
+    tensor_release(dst);
+    tensor_release(a);
+    tensor_release(b);
+  }
+  return failures;
+}
+
+Test(concurrency, device_to_device_waits_for_dst_ready)
+{
+  cr_assert_eq(dst_ready_failures(), 0);
+  engine_set_test_faults(ENGINE_SKIP_DST_READY);
+  cr_assert_gt(dst_ready_failures(), 0, "without dst_ready the earlier write must land last");
+}
+
+/* A non_blocking D2H into a pinned result, read through the engine at once. */
+static int early_read_failures(void)
+{
+  int failures = 0;
+  enum { LEN = 8192 };
+  for (int trial = 0; trial < TRIALS; trial++) {
+    tport_tensor *d = filled(S0, LEN, 300000), *r;
+    bool a;
+    to_options o = {.has_device = true, .device = CPU, .non_blocking = true};
+    cr_assert_eq(tensor_to(d, &o, &r, &a, NULL), 0);
+    memset(r->storage->ptr, 0, LEN * 4); /* stale contents a too-early read would see */
+    failures += !holds(r, LEN, 300000);
+    /* with the fault on, r's storage has no event: drain the device before
+     * freeing it, or the late copy would write into freed memory */
+    engine_synchronize_all();
+    tensor_release(r);
+    tensor_release(d);
+  }
+  return failures;
+}
+
+Test(concurrency, non_blocking_results_are_safe_to_read)
+{
+  cr_assert_eq(early_read_failures(), 0);
+  engine_set_test_faults(ENGINE_SKIP_RESULT_EVENT);
+  cr_assert_gt(early_read_failures(), 0, "without the result's event a read must come too early");
+}
+
+/* Many threads, each with its own tensors, through every path at once. */
+typedef struct {
+  int id;
+  int failures;
+} worker_arg;
+
+static void *worker(void *p)
+{
+  worker_arg *w = p;
+  for (int i = 0; i < 20; i++) {
+    int32_t base = w->id * 1000000 + i * 1000;
+    tport_tensor *h = filled(CPU, 3000, base);
+    bool a;
+    tport_tensor *d0, *d1, *back;
+    to_options o = {.has_device = true, .device = S0, .non_blocking = (i & 1) != 0};
+    tensor_to(h, &o, &d0, &a, NULL);
+    o.device = S1;
+    tensor_to(d0, &o, &d1, &a, NULL);
+    o.device = CPU;
+    tensor_to(d1, &o, &back, &a, NULL);
+    w->failures += !holds(back, 3000, base);
+    tensor_release(back);
+    tensor_release(d1);
+    tensor_release(d0);
+    tensor_release(h);
+  }
+  return NULL;
+}
+
+Test(concurrency, threads_share_devices_safely)
+{
+  sim_set_delay(300);
+  pthread_t t[6];
+  worker_arg w[6];
+  for (int i = 0; i < 6; i++) {
+    w[i] = (worker_arg){.id = i};
+    pthread_create(&t[i], NULL, worker, &w[i]);
+  }
+  for (int i = 0; i < 6; i++) {
+    pthread_join(t[i], NULL);
+    cr_assert_eq(w[i].failures, 0, "thread %d", i);
+  }
+}

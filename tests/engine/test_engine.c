@@ -1,0 +1,307 @@
+/* test_engine.c: to / copy_ / contiguous / views on the cpu device, with the
+ * examples of SEMANTICS.md (verified on PyTorch 1.13) and PyTorch's errors. */
+#include <complex.h>
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "engine.h"
+
+static const tport_device CPU = {TPORT_DEV_CPU, 0};
+
+static tport_tensor *strided(tport_dtype dt, int n, const int64_t *sz, const int64_t *st)
+{
+  tport_tensor *t;
+  tport_err e;
+  cr_assert_eq(tensor_empty_strided(CPU, dt, n, sz, st, 0, &t, &e), 0, "%s", e.msg);
+  return t;
+}
+
+static tport_tensor *arange_f32(int n, const int64_t *sz)
+{
+  tport_tensor *t;
+  cr_assert_eq(tensor_empty(CPU, TPORT_FLOAT32, n, sz, TPORT_MF_CONTIGUOUS, 0, &t, NULL), 0);
+  float *p = t->storage->ptr;
+  for (int64_t i = 0; i < tensor_numel(t); i++)
+    p[i] = (float)i;
+  return t;
+}
+
+static void assert_strides(const tport_tensor *t, int n, const int64_t *want)
+{
+  cr_assert_eq(t->layout.ndim, n);
+  for (int d = 0; d < n; d++)
+    cr_assert_eq(t->layout.strides[d], want[d], "stride %d: %lld vs %lld", d,
+                 (long long)t->layout.strides[d], (long long)want[d]);
+}
+
+static tport_tensor *to(tport_tensor *t, to_options o, bool *aliased)
+{
+  tport_tensor *r;
+  tport_err e;
+  cr_assert_eq(tensor_to(t, &o, &r, aliased, &e), 0, "%s", e.msg);
+  return r;
+}
+
+Test(engine, semantics_table_row1_size_one_channel)
+{
+  /* empty(2,1,4,4) strides (16,16,4,1) | to(channels_last) -> C(16,1,4,1) */
+  tport_tensor *t = strided(TPORT_FLOAT32, 4, (int64_t[]){2, 1, 4, 4}, (int64_t[]){16, 16, 4, 1});
+  bool a;
+  tport_tensor *r = to(t, (to_options){.has_format = true, .format = TPORT_MF_CHANNELS_LAST}, &a);
+  cr_assert_not(a);
+  assert_strides(r, 4, (int64_t[]){16, 1, 4, 1});
+  tensor_release(r);
+  tensor_release(t);
+}
+
+Test(engine, semantics_table_row2_n111_copies_every_time)
+{
+  tport_tensor *t = strided(TPORT_FLOAT32, 4, (int64_t[]){4, 1, 1, 1}, (int64_t[]){1, 1, 1, 1});
+  to_options o = {.has_format = true, .format = TPORT_MF_CHANNELS_LAST};
+  bool a;
+  tport_tensor *r1 = to(t, o, &a);
+  cr_assert_not(a);
+  assert_strides(r1, 4, (int64_t[]){1, 1, 1, 1});
+  tport_tensor *r2 = to(r1, o, &a);
+  cr_assert_not(a, "N111 suggests contiguous: to(channels_last) copies again");
+  /* exact format mode: it is channels_last contiguous, so it aliases */
+  o.exact_format = true;
+  tport_tensor *r3 = to(r1, o, &a);
+  cr_assert(a);
+  cr_assert_eq(r3, r1);
+  tensor_release(r3);
+  tensor_release(r2);
+  tensor_release(r1);
+  tensor_release(t);
+}
+
+Test(engine, semantics_table_row3_transposed)
+{
+  tport_tensor *base = arange_f32(2, (int64_t[]){4, 3});
+  tport_tensor *t;
+  cr_assert_eq(tensor_as_strided(base, 2, (int64_t[]){3, 4}, (int64_t[]){1, 3}, 0, &t, NULL), 0);
+  bool a;
+  tport_tensor *r = to(t, (to_options){.has_format = true, .format = TPORT_MF_CONTIGUOUS}, &a);
+  cr_assert(a, "issue #62027: to(contiguous) of a transpose returns it unchanged");
+  cr_assert_eq(r, t);
+  tensor_release(r);
+  r = to(t, (to_options){.has_dtype = true, .dtype = TPORT_FLOAT64}, &a);
+  cr_assert_not(a);
+  assert_strides(r, 2, (int64_t[]){1, 3});
+  double v[12];
+  cr_assert_eq(tensor_read(r, v, sizeof v, NULL), 0);
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 4; j++)
+      cr_assert_eq(v[i * 4 + j], (double)(j * 3 + i));
+  tensor_release(r);
+  r = to(t, (to_options){.copy = true}, &a);
+  cr_assert_not(a);
+  assert_strides(r, 2, (int64_t[]){1, 3});
+  tensor_release(r);
+  /* exact mode: the transpose is contiguous in no format, so it copies */
+  cr_assert_eq(tensor_actual_format(t), TPORT_MF_NONE);
+  r = to(t, (to_options){.has_format = true, .format = TPORT_MF_CONTIGUOUS, .exact_format = true},
+         &a);
+  cr_assert_not(a);
+  assert_strides(r, 2, (int64_t[]){4, 1});
+  tensor_release(r);
+  tensor_release(t);
+  tensor_release(base);
+}
+
+Test(engine, semantics_table_row4_expanded)
+{
+  tport_tensor *ones = arange_f32(2, (int64_t[]){3, 1});
+  tport_tensor *e;
+  cr_assert_eq(tensor_expand(ones, 2, (int64_t[]){3, 4}, &e, NULL), 0);
+  assert_strides(e, 2, (int64_t[]){1, 0});
+  bool a;
+  tport_tensor *r = to(e, (to_options){.has_dtype = true, .dtype = TPORT_FLOAT64}, &a);
+  assert_strides(r, 2, (int64_t[]){4, 1});
+  double v[12];
+  tensor_read(r, v, sizeof v, NULL);
+  for (int i = 0; i < 12; i++)
+    cr_assert_eq(v[i], (double)(i / 4));
+  tensor_release(r);
+  tensor_release(e);
+  tensor_release(ones);
+}
+
+Test(engine, semantics_table_row5_channels_last)
+{
+  tport_tensor *t = strided(TPORT_FLOAT32, 4, (int64_t[]){2, 3, 4, 5}, (int64_t[]){60, 1, 15, 3});
+  bool a;
+  tport_tensor *r = to(t, (to_options){.has_dtype = true, .dtype = TPORT_FLOAT64}, &a);
+  assert_strides(r, 4, (int64_t[]){60, 1, 15, 3});
+  tensor_release(r);
+  r = to(t, (to_options){.has_format = true, .format = TPORT_MF_CHANNELS_LAST}, &a);
+  cr_assert(a);
+  tensor_release(r);
+  r = to(t, (to_options){.has_format = true, .format = TPORT_MF_CONTIGUOUS}, &a);
+  cr_assert_not(a);
+  assert_strides(r, 4, (int64_t[]){60, 20, 5, 1});
+  tensor_release(r);
+  tensor_release(t);
+}
+
+Test(engine, semantics_table_row6_internal_overlap)
+{
+  tport_tensor *z = arange_f32(1, (int64_t[]){1}), *e, *src = arange_f32(1, (int64_t[]){3});
+  cr_assert_eq(tensor_expand(z, 1, (int64_t[]){3}, &e, NULL), 0);
+  tport_err err;
+  cr_assert_eq(tensor_copy_(e, src, false, &err), TPORT_INVALID_ARGUMENT);
+  cr_assert(strstr(err.msg, "more than one element of the written-to tensor"), "%s", err.msg);
+  tensor_release(e);
+  tensor_release(z);
+  tensor_release(src);
+}
+
+Test(engine, copy_errors)
+{
+  tport_tensor *a = arange_f32(2, (int64_t[]){3, 4}), *b = arange_f32(2, (int64_t[]){2, 4});
+  tport_err err;
+  cr_assert_eq(tensor_copy_(a, b, false, &err), TPORT_INVALID_ARGUMENT);
+  cr_assert_str_eq(err.msg, "The size of tensor a (3) must match the size of tensor b (2) at "
+                            "non-singleton dimension 0");
+  tport_tensor *c = arange_f32(3, (int64_t[]){2, 3, 4});
+  cr_assert_eq(tensor_copy_(a, c, false, &err), TPORT_INVALID_ARGUMENT);
+  cr_assert_str_eq(err.msg, "output with shape [3, 4] doesn't match the broadcast shape [2, 3, 4]");
+  /* partial overlap: two views of one storage shifted by one element */
+  tport_tensor *v1, *v2;
+  tensor_as_strided(a, 1, (int64_t[]){6}, (int64_t[]){1}, 0, &v1, NULL);
+  tensor_as_strided(a, 1, (int64_t[]){6}, (int64_t[]){1}, 1, &v2, NULL);
+  cr_assert_eq(tensor_copy_(v1, v2, false, &err), TPORT_INVALID_ARGUMENT);
+  cr_assert(strstr(err.msg, "some elements of the input tensor"), "%s", err.msg);
+  /* full overlap with the same strides: allowed, nothing to do */
+  tport_tensor *v3;
+  tensor_as_strided(a, 1, (int64_t[]){6}, (int64_t[]){1}, 0, &v3, NULL);
+  cr_assert_eq(tensor_copy_(v1, v3, false, &err), 0);
+  /* views out of the storage are refused */
+  tport_tensor *bad;
+  cr_assert_eq(tensor_as_strided(a, 1, (int64_t[]){13}, (int64_t[]){1}, 0, &bad, &err),
+               TPORT_OUT_OF_RANGE);
+  tensor_release(v1);
+  tensor_release(v2);
+  tensor_release(v3);
+  tensor_release(a);
+  tensor_release(b);
+  tensor_release(c);
+}
+
+Test(engine, copy_broadcasts_and_converts)
+{
+  tport_tensor *row = arange_f32(1, (int64_t[]){4}), *dst;
+  cr_assert_eq(tensor_empty(CPU, TPORT_INT16, 2, (int64_t[]){3, 4}, TPORT_MF_CONTIGUOUS, 0, &dst, NULL), 0);
+  cr_assert_eq(tensor_copy_(dst, row, false, NULL), 0);
+  int16_t v[12];
+  tensor_read(dst, v, sizeof v, NULL);
+  for (int i = 0; i < 12; i++)
+    cr_assert_eq(v[i], i % 4);
+  tensor_release(dst);
+  tensor_release(row);
+}
+
+Test(engine, contiguous_rules)
+{
+  tport_tensor *t = strided(TPORT_FLOAT32, 4, (int64_t[]){2, 3, 4, 5}, (int64_t[]){60, 1, 15, 3});
+  tport_tensor *r;
+  bool a;
+  tport_err err;
+  cr_assert_eq(tensor_contiguous(t, TPORT_MF_CHANNELS_LAST, &r, &a, NULL), 0);
+  cr_assert(a);
+  tensor_release(r);
+  cr_assert_eq(tensor_contiguous(t, TPORT_MF_CONTIGUOUS, &r, &a, NULL), 0);
+  cr_assert_not(a);
+  assert_strides(r, 4, (int64_t[]){60, 20, 5, 1});
+  tensor_release(r);
+  cr_assert_eq(tensor_contiguous(t, TPORT_MF_PRESERVE, &r, &a, &err), TPORT_INVALID_ARGUMENT);
+  cr_assert_str_eq(err.msg, "preserve memory format is unsupported by the contiguous operator");
+  cr_assert_eq(tensor_contiguous(t, TPORT_MF_CHANNELS_LAST_3D, &r, &a, &err), TPORT_INVALID_ARGUMENT);
+  cr_assert_str_eq(err.msg, "required rank 5 tensor to use channels_last_3d format");
+  tensor_release(t);
+}
+
+Test(engine, preserve_keeps_odd_size_one_strides)
+{
+  /* NOAD input with a strange size-1 stride: to(float64) keeps it exactly */
+  tport_tensor *t = strided(TPORT_FLOAT32, 3, (int64_t[]){2, 1, 3}, (int64_t[]){3, 77, 1});
+  bool a;
+  tport_tensor *r = to(t, (to_options){.has_dtype = true, .dtype = TPORT_FLOAT64}, &a);
+  assert_strides(r, 3, (int64_t[]){3, 77, 1});
+  tensor_release(r);
+  tensor_release(t);
+}
+
+Test(engine, conj_and_neg_views_materialize)
+{
+  tport_tensor *z;
+  cr_assert_eq(tensor_empty(CPU, TPORT_COMPLEX64, 1, (int64_t[]){3}, TPORT_MF_CONTIGUOUS, 0, &z, NULL), 0);
+  float complex *p = z->storage->ptr;
+  for (int i = 0; i < 3; i++)
+    p[i] = CMPLXF((float)i, (float)(i + 1));
+  tport_tensor *c, *n;
+  cr_assert_eq(tensor_conj_view(z, &c, NULL), 0);
+  cr_assert_eq(tensor_neg_view(c, &n, NULL), 0);
+  bool a;
+  tport_tensor *r = to(n, (to_options){.copy = true}, &a);
+  cr_assert_not(r->conj || r->neg, "the result carries no bits");
+  float complex v[3];
+  tensor_read(r, v, sizeof v, NULL);
+  for (int i = 0; i < 3; i++)
+    cr_assert(crealf(v[i]) == -(float)i && cimagf(v[i]) == (float)(i + 1));
+  /* conj into a real dtype keeps the real part */
+  tport_tensor *re = to(c, (to_options){.has_dtype = true, .dtype = TPORT_FLOAT32}, &a);
+  float rv[3];
+  tensor_read(re, rv, sizeof rv, NULL);
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(rv[i], (float)i);
+  tport_tensor *b;
+  cr_assert_eq(tensor_empty(CPU, TPORT_BOOL, 1, (int64_t[]){2}, TPORT_MF_CONTIGUOUS, 0, &b, NULL), 0);
+  tport_tensor *nb;
+  tport_err err;
+  cr_assert_eq(tensor_neg_view(b, &nb, &err), TPORT_INVALID_ARGUMENT);
+  tensor_release(b);
+  tensor_release(re);
+  tensor_release(r);
+  tensor_release(n);
+  tensor_release(c);
+  tensor_release(z);
+}
+
+Test(engine, to_errors)
+{
+  tport_tensor *t = arange_f32(1, (int64_t[]){3});
+  tport_tensor *r;
+  bool a;
+  tport_err err;
+  to_options o = {.has_device = true, .device = {TPORT_DEV_CUDA, 0}};
+  cr_assert_eq(tensor_to(t, &o, &r, &a, &err), TPORT_INVALID_ARGUMENT);
+  cr_assert(strstr(err.msg, "cuda:0 does not exist"), "%s", err.msg);
+  o = (to_options){.has_format = true, .format = TPORT_MF_CHANNELS_LAST};
+  cr_assert_eq(tensor_to(t, &o, &r, &a, &err), TPORT_INVALID_ARGUMENT);
+  cr_assert_str_eq(err.msg, "required rank 4 tensor to use channels_last format");
+  o = (to_options){.has_format = true, .format = TPORT_MF_NONE};
+  cr_assert_eq(tensor_to(t, &o, &r, &a, &err), TPORT_INVALID_ARGUMENT);
+  o = (to_options){.has_dtype = true, .dtype = (tport_dtype)42};
+  cr_assert_eq(tensor_to(t, &o, &r, &a, &err), TPORT_INVALID_ARGUMENT);
+  tensor_release(t);
+}
+
+Test(engine, wrap_host_and_read_write)
+{
+  float buf[6] = {0};
+  tport_tensor *t;
+  cr_assert_eq(tensor_wrap_host(buf, sizeof buf, TPORT_FLOAT32, 2, (int64_t[]){3, 2},
+                                (int64_t[]){1, 3}, 0, &t, NULL), 0);
+  float in[6] = {1, 2, 3, 4, 5, 6}, out[6];
+  cr_assert_eq(tensor_write(t, in, sizeof in, NULL), 0);
+  cr_assert(buf[0] == 1 && buf[3] == 2 && buf[1] == 3, "written through the transposed view");
+  cr_assert_eq(tensor_read(t, out, sizeof out, NULL), 0);
+  cr_assert(memcmp(in, out, sizeof in) == 0);
+  tport_err err;
+  cr_assert_eq(tensor_read(t, out, 5, &err), TPORT_INVALID_ARGUMENT);
+  tport_tensor *bad;
+  cr_assert_eq(tensor_wrap_host(buf, sizeof buf, TPORT_FLOAT32, 1, (int64_t[]){7}, NULL, 0, &bad, &err),
+               TPORT_OUT_OF_RANGE);
+  tensor_release(t);
+}

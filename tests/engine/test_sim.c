@@ -1,0 +1,286 @@
+/* test_sim.c: the device backend table's contract, run against every backend
+ * with devices here (cpu, sim, and cuda where present), and the engine's
+ * transfers, D2D paths and managed moves on sim devices. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "staging.h"
+
+static void setup(void)
+{
+  sim_config cfg = {.ndevices = 3, .mem_bytes = 64 << 20, .max_delay_us = 200, .seed = 7};
+  tport_err e;
+  cr_assert_eq(sim_configure(&cfg, &e), 0, "%s", e.msg);
+}
+
+static void teardown(void) { engine_synchronize_all(); }
+
+TestSuite(sim, .init = setup, .fini = teardown);
+
+static void conformance(const backend_ops *be)
+{
+  cr_assert(backend_complete(be), "%s: an op is NULL", be->name);
+  int n = be->device_count();
+  if (n == 0) {
+    cr_log_info("%s: not viable here (%s): skipped", be->name, be->unavailable_reason());
+    return;
+  }
+  be_copy_kind up = be->type == TPORT_DEV_CPU ? BE_H2H : BE_H2D;
+  be_copy_kind down = be->type == TPORT_DEV_CPU ? BE_H2H : BE_D2H;
+  for (int d = 0; d < n; d++) {
+    void *dev;
+    tport_err e;
+    cr_assert_eq(be->alloc(d, 1 << 20, &dev, &e), 0, "%s", e.msg);
+    cr_assert_eq((uintptr_t)dev % 256, 0);
+    void *host;
+    cr_assert_eq(be->host_alloc(1 << 20, &host, &e), 0);
+    unsigned char *h = host;
+    for (int i = 0; i < 1 << 20; i++)
+      h[i] = (unsigned char)(i * 7 + d);
+    be_stream *s = be->stream_default(d);
+    cr_assert_not_null(s);
+    cr_assert_eq(be->memcpy_async(d, s, dev, host, 1 << 20, up, &e), 0, "%s", e.msg);
+    be_event *ev;
+    cr_assert_eq(be->event_create(d, &ev, &e), 0);
+    cr_assert_eq(be->event_record(ev, s, &e), 0);
+    unsigned char *back = malloc(1 << 20);
+    memset(back, 0, 1 << 20);
+    /* a second stream waits on the event, then copies back */
+    be_stream *s2;
+    cr_assert_eq(be->stream_create(d, &s2, &e), 0);
+    cr_assert_eq(be->stream_wait_event(s2, ev, &e), 0);
+    cr_assert_eq(be->memcpy_async(d, s2, back, dev, 1 << 20, down, &e), 0);
+    cr_assert_eq(be->stream_synchronize(s2, &e), 0);
+    cr_assert(memcmp(back, host, 1 << 20) == 0, "%s:%d: bytes differ", be->name, d);
+    cr_assert(be->event_query(ev));
+    be->event_destroy(ev);
+    be->stream_destroy(s2);
+    /* a never-recorded event is complete */
+    cr_assert_eq(be->event_create(d, &ev, &e), 0);
+    cr_assert(be->event_query(ev));
+    cr_assert_eq(be->event_synchronize(ev, &e), 0);
+    be->event_destroy(ev);
+    size_t freeb, total;
+    cr_assert_eq(be->mem_info(d, &freeb, &total, &e), 0);
+    cr_assert(freeb <= total && total > 0);
+    be->free(d, dev);
+    be->host_free(host);
+    free(back);
+  }
+}
+
+Test(sim, conformance_every_backend)
+{
+  conformance(&backend_cpu);
+  conformance(&backend_sim);
+  conformance(&backend_cuda);
+}
+
+static void deref_device_pointer(void)
+{
+  void *dev;
+  backend_sim.alloc(0, 4096, &dev, NULL);
+  volatile char c = *(volatile char *)dev; /* must fault: device memory */
+  (void)c;
+}
+
+Test(sim, device_memory_faults_on_the_host, .signal = SIGSEGV)
+{
+  deref_device_pointer();
+}
+
+Test(sim, pointers_are_checked)
+{
+  void *d0, *d1;
+  tport_err e;
+  cr_assert_eq(backend_sim.alloc(0, 4096, &d0, NULL), 0);
+  cr_assert_eq(backend_sim.alloc(1, 4096, &d1, NULL), 0);
+  char host[64];
+  be_stream *s0 = backend_sim.stream_default(0);
+  /* a host pointer given as device memory */
+  cr_assert_eq(backend_sim.memcpy_async(0, s0, host, d0, 64, BE_D2D, &e), TPORT_INVALID_ARGUMENT);
+  cr_assert(strstr(e.msg, "not sim device memory"), "%s", e.msg);
+  /* past the end of an allocation */
+  cr_assert_eq(backend_sim.memcpy_async(0, s0, d0, host, 8192, BE_H2D, &e), TPORT_INVALID_ARGUMENT);
+  /* device memory given as host */
+  cr_assert_eq(backend_sim.memcpy_async(0, s0, d0, d0, 64, BE_H2D, &e), TPORT_INVALID_ARGUMENT);
+  /* another device's memory without peer access */
+  cr_assert_eq(backend_sim.memcpy_async(0, s0, d1, d0, 64, BE_D2D, &e), TPORT_FAILED_PRECONDITION);
+  cr_assert(strstr(e.msg, "peer access 0->1 is not enabled"), "%s", e.msg);
+  cr_assert_eq(backend_sim.enable_peer_access(0, 1, &e), 0);
+  cr_assert_eq(backend_sim.memcpy_async(0, s0, d1, d0, 64, BE_D2D, &e), 0);
+  /* without peer access the driver path still works */
+  cr_assert_eq(backend_sim.memcpy_peer_async(0, d0, 1, d1, 64, s0, &e), 0);
+  backend_sim.stream_synchronize(s0, NULL);
+  sim_set_peer_possible(0, 2, false);
+  cr_assert_not(backend_sim.can_access_peer(0, 2));
+  cr_assert_eq(backend_sim.enable_peer_access(0, 2, &e), TPORT_FAILED_PRECONDITION);
+  backend_sim.free(0, d0);
+  backend_sim.free(1, d1);
+}
+
+Test(sim, memory_is_bounded)
+{
+  void *p;
+  tport_err e;
+  cr_assert_eq(backend_sim.alloc(0, (size_t)65 << 20, &p, &e), TPORT_RESOURCE_EXHAUSTED);
+  cr_assert(strstr(e.msg, "out of memory"), "%s", e.msg);
+  cr_assert_eq(backend_sim.alloc_managed(0, (size_t)65 << 20, &p, &e), TPORT_RESOURCE_EXHAUSTED,
+               "managed memory never exceeds what the device has free");
+  cr_assert_eq(sim_bytes_in_use(0), 0);
+}
+
+static tport_tensor *host_seq(tport_dtype dt, int n, const int64_t *sz)
+{
+  tport_tensor *t;
+  cr_assert_eq(tensor_empty((tport_device){TPORT_DEV_CPU, 0}, dt, n, sz, TPORT_MF_CONTIGUOUS, 0, &t, NULL), 0);
+  int64_t numel = tensor_numel(t);
+  for (int64_t i = 0; i < numel; i++) {
+    if (dt == TPORT_FLOAT32)
+      ((float *)t->storage->ptr)[i] = (float)i;
+    else if (dt == TPORT_INT32)
+      ((int32_t *)t->storage->ptr)[i] = (int32_t)i;
+  }
+  return t;
+}
+
+static tport_tensor *to_dev(tport_tensor *t, tport_device d, bool nb)
+{
+  to_options o = {.has_device = true, .device = d, .non_blocking = nb};
+  tport_tensor *r;
+  bool a;
+  tport_err e;
+  cr_assert_eq(tensor_to(t, &o, &r, &a, &e), 0, "%s", e.msg);
+  return r;
+}
+
+static void check_seq(tport_tensor *t)
+{
+  int64_t n = tensor_numel(t);
+  float *v = malloc((size_t)n * 4);
+  tport_err e;
+  cr_assert_eq(tensor_read(t, v, (size_t)n * 4, &e), 0, "%s", e.msg);
+  for (int64_t i = 0; i < n; i++)
+    cr_assert_eq(v[i], (float)i, "element %lld", (long long)i);
+  free(v);
+}
+
+Test(sim, round_trips_through_every_path)
+{
+  tport_device s0 = {TPORT_DEV_SIM, 0}, s1 = {TPORT_DEV_SIM, 1}, s2 = {TPORT_DEV_SIM, 2};
+  sim_set_peer_possible(0, 2, false);
+  sim_set_peer_possible(2, 0, false);
+  for (int nb = 0; nb < 2; nb++) {
+    /* 12 MiB: several staging chunks */
+    tport_tensor *h = host_seq(TPORT_FLOAT32, 2, (int64_t[]){3 << 10, 1 << 10});
+    tport_tensor *a = to_dev(h, s0, nb);  /* H2D, staged */
+    tport_tensor *b = to_dev(a, s1, nb);  /* D2D with peer access */
+    tport_tensor *c = to_dev(b, s2, nb);  /* D2D peer 1->2 */
+    tport_tensor *d = to_dev(c, s0, nb);  /* 2->0: no peer access, driver copy */
+    tport_tensor *back = to_dev(d, (tport_device){TPORT_DEV_CPU, 0}, nb); /* D2H (pinned when nb) */
+    if (nb)
+      cr_assert(back->storage->flags & STORAGE_PINNED, "non_blocking D2H pins the result");
+    check_seq(back);
+    check_seq(d);
+    tensor_release(back);
+    tensor_release(d);
+    tensor_release(c);
+    tensor_release(b);
+    tensor_release(a);
+    tensor_release(h);
+  }
+}
+
+Test(sim, non_contiguous_transfers_use_temporaries)
+{
+  tport_device s0 = {TPORT_DEV_SIM, 0}, s2 = {TPORT_DEV_SIM, 2};
+  sim_set_peer_possible(0, 2, false);
+  tport_tensor *h = host_seq(TPORT_FLOAT32, 2, (int64_t[]){40, 30}), *ht;
+  cr_assert_eq(tensor_as_strided(h, 2, (int64_t[]){30, 40}, (int64_t[]){1, 30}, 0, &ht, NULL), 0);
+  for (int nb = 0; nb < 2; nb++) {
+    /* a transposed host view into a contiguous device tensor of another dtype */
+    tport_tensor *d;
+    cr_assert_eq(tensor_empty(s0, TPORT_FLOAT64, 2, (int64_t[]){30, 40}, TPORT_MF_CONTIGUOUS, 0, &d, NULL), 0);
+    tport_err e;
+    cr_assert_eq(tensor_copy_(d, ht, nb, &e), 0, "%s", e.msg);
+    /* device -> device without peer access and with a conversion */
+    tport_tensor *d2;
+    cr_assert_eq(tensor_empty(s2, TPORT_INT32, 2, (int64_t[]){30, 40}, TPORT_MF_CONTIGUOUS, 0, &d2, NULL), 0);
+    tport_tensor *d2t;
+    cr_assert_eq(tensor_as_strided(d2, 2, (int64_t[]){30, 40}, (int64_t[]){1, 30}, 0, &d2t, NULL), 0);
+    cr_assert_eq(tensor_copy_(d2t, d, nb, &e), 0, "%s", e.msg);
+    int32_t v[1200];
+    cr_assert_eq(tensor_read(d2t, v, sizeof v, &e), 0, "%s", e.msg);
+    for (int i = 0; i < 30; i++)
+      for (int j = 0; j < 40; j++)
+        cr_assert_eq(v[i * 40 + j], j * 30 + i);
+    tensor_release(d2t);
+    tensor_release(d2);
+    tensor_release(d);
+  }
+  tensor_release(ht);
+  tensor_release(h);
+}
+
+Test(sim, managed_to_device_is_a_move)
+{
+  tport_device s0 = {TPORT_DEV_SIM, 0}, s1 = {TPORT_DEV_SIM, 1}, cpu = {TPORT_DEV_CPU, 0};
+  tport_tensor *m;
+  tport_err e;
+  cr_assert_eq(tensor_empty(s0, TPORT_INT32, 1, (int64_t[]){1000}, TPORT_MF_CONTIGUOUS,
+                            STORAGE_MANAGED, &m, &e), 0, "%s", e.msg);
+  int32_t in[1000];
+  for (int i = 0; i < 1000; i++)
+    in[i] = i * 3;
+  cr_assert_eq(tensor_write(m, in, sizeof in, NULL), 0);
+  void *ptr = m->storage->ptr;
+  tport_tensor *r;
+  bool a;
+  to_options o = {.has_device = true, .device = s1};
+  cr_assert_eq(tensor_to(m, &o, &r, &a, &e), 0, "%s", e.msg);
+  cr_assert(a && r == m && r->storage->ptr == ptr, "a move, not a copy");
+  cr_assert(tensor_device(r).type == TPORT_DEV_SIM && tensor_device(r).index == 1);
+  tensor_release(r);
+  o.device = cpu;
+  cr_assert_eq(tensor_to(m, &o, &r, &a, &e), 0);
+  cr_assert(a && tensor_device(m).type == TPORT_DEV_CPU);
+  cr_assert(memcmp(m->storage->ptr, in, sizeof in) == 0, "host-readable after a blocking move");
+  tensor_release(r);
+  /* copy=true still copies; a dtype change copies */
+  o = (to_options){.has_device = true, .device = s0, .copy = true};
+  cr_assert_eq(tensor_to(m, &o, &r, &a, &e), 0);
+  cr_assert_not(a);
+  tensor_release(r);
+  o = (to_options){.has_device = true, .device = s0, .has_dtype = true, .dtype = TPORT_INT64};
+  cr_assert_eq(tensor_to(m, &o, &r, &a, &e), 0);
+  cr_assert_not(a);
+  int64_t out[1000];
+  cr_assert_eq(tensor_read(r, out, sizeof out, NULL), 0);
+  for (int i = 0; i < 1000; i++)
+    cr_assert_eq(out[i], i * 3);
+  tensor_release(r);
+  tensor_release(m);
+  engine_synchronize_all();
+  cr_assert_eq(sim_bytes_in_use(0), 0);
+}
+
+Test(sim, freed_while_in_use_is_deferred)
+{
+  tport_device s0 = {TPORT_DEV_SIM, 0};
+  sim_set_delay(20000); /* 20 ms per op: the copy is still queued when we release */
+  tport_tensor *h = host_seq(TPORT_FLOAT32, 1, (int64_t[]){1 << 16});
+  tport_tensor *d = to_dev(h, s0, true);
+  tport_tensor *back = to_dev(d, (tport_device){TPORT_DEV_CPU, 0}, true);
+  tensor_release(d); /* still being read by the D2H copy */
+  cr_assert_geq(storage_deferred_count(), 1, "the storage waits for the copy reading it");
+  check_seq(back);
+  tensor_release(back);
+  tensor_release(h);
+  sim_set_delay(0);
+  engine_synchronize_all();
+  cr_assert_eq(storage_deferred_count(), 0);
+  cr_assert_eq(sim_bytes_in_use(0), 0, "nothing leaked on the device");
+}

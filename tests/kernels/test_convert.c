@@ -1,0 +1,281 @@
+/* test_convert.c: element conversion for all 144 pairs against an
+ * independent reference, float16/bfloat16 exhaustively, and the values PyTorch
+ * 1.13 gives on x86-64 for NaN and out-of-range float -> integer. */
+#include <complex.h>
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+#include "half.h"
+
+/* ---- reference float16/bfloat16 rounding, written from the IEEE definition */
+static uint16_t ref_f16(float f)
+{
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  if (isnan(f))
+    return sign | 0x7E00u;
+  double a = fabs((double)f);
+  if (a >= 65520.0)
+    return sign | 0x7C00u;
+  if (a < ldexp(1.0, -14)) {
+    double q = nearbyint(a / ldexp(1.0, -24));
+    return sign | (uint16_t)q;
+  }
+  int ex;
+  frexp(a, &ex);
+  int e = ex - 1;
+  double q = nearbyint(a / ldexp(1.0, e - 10));
+  if (q == 2048.0) {
+    q = 1024.0;
+    e++;
+  }
+  if (e + 15 >= 31)
+    return sign | 0x7C00u;
+  return sign | (uint16_t)((e + 15) << 10) | (uint16_t)(q - 1024.0);
+}
+
+static float ref_f16_to_f32(uint16_t h)
+{
+  int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+  double v;
+  if (e == 0)
+    v = ldexp(m, -24);
+  else if (e == 31)
+    v = m ? NAN : INFINITY;
+  else
+    v = ldexp(1024 + m, e - 25);
+  return (float)(s ? -v : v);
+}
+
+static uint16_t ref_bf16(float f)
+{
+  if (isnan(f))
+    return 0x7FC0;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint32_t hi = u >> 16, lo = u & 0xFFFFu;
+  if (lo > 0x8000u || (lo == 0x8000u && (hi & 1u)))
+    hi++;
+  return (uint16_t)hi;
+}
+
+Test(convert, float16_exhaustive_to_f32)
+{
+  for (uint32_t h = 0; h < 65536; h++) {
+    float a = f16_to_f32((uint16_t)h), b = ref_f16_to_f32((uint16_t)h);
+    if (isnan(b))
+      cr_assert(isnan(a), "0x%04x", h);
+    else
+      cr_assert(memcmp(&a, &b, 4) == 0, "0x%04x: %g vs %g", h, a, b);
+  }
+}
+
+Test(convert, float16_rounding)
+{
+  /* every float16, the midpoints between neighbours (ties to even), and a
+   * sweep of float32 bit patterns */
+  for (uint32_t h = 0; h < 0x7C00; h++) {
+    float v = f16_to_f32((uint16_t)h), next = f16_to_f32((uint16_t)(h + 1));
+    float mid = (float)(((double)v + (double)next) / 2);
+    cr_assert_eq(f16_from_f32(v), ref_f16(v));
+    cr_assert_eq(f16_from_f32(mid), ref_f16(mid), "mid after 0x%04x", h);
+    cr_assert_eq(f16_from_f32(-mid), ref_f16(-mid));
+  }
+  for (uint64_t u = 0; u < (1ull << 32); u += 4099) {
+    float f;
+    uint32_t b = (uint32_t)u;
+    memcpy(&f, &b, 4);
+    cr_assert_eq(f16_from_f32(f), ref_f16(f), "bits 0x%08x", b);
+    cr_assert_eq(bf16_from_f32(f), ref_bf16(f), "bits 0x%08x", b);
+  }
+}
+
+Test(convert, bfloat16_round_trip)
+{
+  for (uint32_t h = 0; h < 65536; h++) {
+    float f = bf16_to_f32((uint16_t)h);
+    if (!isnan(f))
+      cr_assert_eq(bf16_from_f32(f), h);
+  }
+}
+
+/* ---- the documented x86-64 results PyTorch 1.13 gives */
+static void cast1(tport_dtype d, tport_dtype s, void *dst, const void *src)
+{
+  cpu_cast_loop(d, s)(dst, src, 1, 0, 0);
+}
+
+Test(convert, float_to_integer_edges_match_pytorch)
+{
+  const float in[] = {200.7f, -1.0f, -129.5f, 3e9f, NAN, INFINITY};
+  const int8_t want_i8[] = {-56, -1, 127, 0, 0, 0};
+  const uint8_t want_u8[] = {200, 255, 127, 0, 0, 0};
+  const int32_t want_i32[] = {200, -1, -129, INT32_MIN, INT32_MIN, INT32_MIN};
+  for (int i = 0; i < 6; i++) {
+    int8_t i8;
+    uint8_t u8;
+    int32_t i32;
+    cast1(TPORT_INT8, TPORT_FLOAT32, &i8, &in[i]);
+    cast1(TPORT_UINT8, TPORT_FLOAT32, &u8, &in[i]);
+    cast1(TPORT_INT32, TPORT_FLOAT32, &i32, &in[i]);
+    cr_assert_eq(i8, want_i8[i], "int8(%g)", in[i]);
+    cr_assert_eq(u8, want_u8[i], "uint8(%g)", in[i]);
+    cr_assert_eq(i32, want_i32[i], "int32(%g)", in[i]);
+  }
+  const double big[] = {3e19, NAN, INFINITY, -2.5};
+  const int64_t want_i64[] = {INT64_MIN, INT64_MIN, INT64_MIN, -2};
+  for (int i = 0; i < 4; i++) {
+    int64_t v;
+    cast1(TPORT_INT64, TPORT_FLOAT64, &v, &big[i]);
+    cr_assert_eq(v, want_i64[i]);
+  }
+}
+
+Test(convert, complex_and_bool_and_half_edges_match_pytorch)
+{
+  const float complex c[] = {CMPLXF(0, 1), CMPLXF(1, 0), CMPLXF(0, 0)};
+  const uint8_t want[] = {0, 1, 0}; /* complex -> bool looks at the real part */
+  for (int i = 0; i < 3; i++) {
+    uint8_t b;
+    cast1(TPORT_BOOL, TPORT_COMPLEX64, &b, &c[i]);
+    cr_assert_eq(b, want[i]);
+  }
+  const float f[] = {1e30f, 65520.0f, 65519.0f, 1.0000001f};
+  const uint16_t want_h[] = {0x7C00, 0x7C00, 0x7BFF, 0x3C00};
+  for (int i = 0; i < 4; i++) {
+    uint16_t h;
+    cast1(TPORT_FLOAT16, TPORT_FLOAT32, &h, &f[i]);
+    cr_assert_eq(h, want_h[i]);
+  }
+  double d = 0.1;
+  uint16_t bf;
+  cast1(TPORT_BFLOAT16, TPORT_FLOAT64, &bf, &d);
+  cr_assert_eq(bf, 15821);
+  float nanv = NAN;
+  uint8_t b;
+  cast1(TPORT_BOOL, TPORT_FLOAT32, &b, &nanv);
+  cr_assert_eq(b, 1, "NaN is true");
+  double r = 7.5;
+  double complex z;
+  cast1(TPORT_COMPLEX128, TPORT_FLOAT64, &z, &r);
+  cr_assert(creal(z) == 7.5 && cimag(z) == 0.0);
+}
+
+/* ---- all 144 pairs against a reference through long double */
+typedef struct { long double re, im; bool floating; } refval;
+
+static refval load_ref(tport_dtype t, const void *p)
+{
+  refval v = {0, 0, false};
+  switch (t) {
+  case TPORT_BOOL: v.re = *(const uint8_t *)p != 0; break;
+  case TPORT_UINT8: v.re = *(const uint8_t *)p; break;
+  case TPORT_INT8: v.re = *(const int8_t *)p; break;
+  case TPORT_INT16: v.re = *(const int16_t *)p; break;
+  case TPORT_INT32: v.re = *(const int32_t *)p; break;
+  case TPORT_INT64: v.re = *(const int64_t *)p; break;
+  case TPORT_FLOAT16: v.re = ref_f16_to_f32(*(const uint16_t *)p); v.floating = true; break;
+  case TPORT_BFLOAT16: { uint32_t u = (uint32_t)*(const uint16_t *)p << 16; float f; memcpy(&f, &u, 4); v.re = f; v.floating = true; break; }
+  case TPORT_FLOAT32: v.re = *(const float *)p; v.floating = true; break;
+  case TPORT_FLOAT64: v.re = *(const double *)p; v.floating = true; break;
+  case TPORT_COMPLEX64: v.re = ((const float *)p)[0]; v.im = ((const float *)p)[1]; v.floating = true; break;
+  case TPORT_COMPLEX128: v.re = ((const double *)p)[0]; v.im = ((const double *)p)[1]; v.floating = true; break;
+  default: break;
+  }
+  return v;
+}
+
+static int64_t ref_int(refval v, bool via_int32)
+{
+  long double x = v.re;
+  if (!v.floating)
+    return (int64_t)x;
+  if (isnan(x))
+    return via_int32 ? INT32_MIN : INT64_MIN;
+  long double t = truncl(x);
+  if (via_int32)
+    return (t >= -2147483648.0L && t <= 2147483647.0L) ? (int64_t)t : INT32_MIN;
+  return (t >= -9223372036854775808.0L && t < 9223372036854775808.0L) ? (int64_t)t : INT64_MIN;
+}
+
+static void store_ref(tport_dtype t, void *p, refval v)
+{
+  /* floats: PyTorch converts int64 and double to float in one rounding */
+  float f32 = (float)v.re;
+  switch (t) {
+  case TPORT_BOOL: *(uint8_t *)p = v.re != 0; break;
+  case TPORT_UINT8: *(uint8_t *)p = (uint8_t)(uint64_t)ref_int(v, false); break;
+  case TPORT_INT8: *(int8_t *)p = (int8_t)ref_int(v, true); break;
+  case TPORT_INT16: *(int16_t *)p = (int16_t)ref_int(v, true); break;
+  case TPORT_INT32: *(int32_t *)p = (int32_t)ref_int(v, true); break;
+  case TPORT_INT64: *(int64_t *)p = ref_int(v, false); break;
+  case TPORT_FLOAT16: *(uint16_t *)p = ref_f16(f32); break;
+  case TPORT_BFLOAT16: *(uint16_t *)p = ref_bf16(f32); break;
+  case TPORT_FLOAT32: *(float *)p = f32; break;
+  case TPORT_FLOAT64: *(double *)p = (double)v.re; break;
+  case TPORT_COMPLEX64: ((float *)p)[0] = f32; ((float *)p)[1] = (float)v.im; break;
+  case TPORT_COMPLEX128: ((double *)p)[0] = (double)v.re; ((double *)p)[1] = (double)v.im; break;
+  default: break;
+  }
+}
+
+static bool same_value(tport_dtype t, const void *a, const void *b)
+{
+  if (memcmp(a, b, tport_dtype_size(t)) == 0)
+    return true;
+  /* NaN payloads may differ; NaN-ness may not, nor the sign of a zero. */
+  refval x = load_ref(t, a), y = load_ref(t, b);
+  bool re = (isnan(x.re) && isnan(y.re)) || (x.re == y.re && signbit(x.re) == signbit(y.re));
+  bool im = (isnan(x.im) && isnan(y.im)) || (x.im == y.im && signbit(x.im) == signbit(y.im));
+  return re && im;
+}
+
+Test(convert, all_144_pairs)
+{
+  const double seeds[] = {0.0, -0.0, 1.0, -1.0, 0.5, 2.5, -2.5, 3.75, 127.9, 128.0, 255.0, 256.0,
+                          -129.0, 32767.5, 65504.0, 65520.0, 1e10, 3e9, -3e9, 1e20, -1e20,
+                          5e-8, 1e-40, 9.2233720368547758e18, NAN, INFINITY, -INFINITY,
+                          0.1, 1.0 / 3.0, 16777217.0, 4294967296.0 + 7};
+  const int64_t iseeds[] = {0, 1, -1, 127, 128, 255, 256, -128, -129, 32767, 32768, -32769,
+                            2147483647, 2147483648LL, -2147483649LL, INT64_MAX, INT64_MIN,
+                            16777217, (1LL << 53) + 1, 1234567890123LL};
+  for (int s = 0; s < TPORT_NUM_DTYPES; s++) {
+    /* source values: each seed stored into dtype s by the reference */
+    unsigned char src[64][16];
+    int n = 0;
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
+      refval v = {seeds[i], (i % 3 == 0) ? -seeds[i] / 2 : 0.25, true};
+      store_ref((tport_dtype)s, src[n++], v);
+    }
+    for (size_t i = 0; i < sizeof iseeds / sizeof iseeds[0]; i++) {
+      refval v = {(long double)iseeds[i], 0, false};
+      store_ref((tport_dtype)s, src[n++], v);
+    }
+    for (int d = 0; d < TPORT_NUM_DTYPES; d++) {
+      for (int i = 0; i < n; i++) {
+        unsigned char got[16] = {0}, want[16] = {0};
+        cast1((tport_dtype)d, (tport_dtype)s, got, src[i]);
+        store_ref((tport_dtype)d, want, load_ref((tport_dtype)s, src[i]));
+        cr_assert(same_value((tport_dtype)d, got, want), "pair %d <- %d, value %d", d, s, i);
+      }
+    }
+  }
+}
+
+Test(convert, neg_and_conj)
+{
+  int32_t v[2] = {INT32_MIN, 5};
+  cpu_neg_loop(TPORT_INT32)((char *)v, 2, 4);
+  cr_assert(v[0] == INT32_MIN && v[1] == -5);
+  uint16_t h = 0x3C00;
+  cpu_neg_loop(TPORT_FLOAT16)((char *)&h, 1, 2);
+  cr_assert_eq(h, 0xBC00);
+  double complex z = CMPLX(1, 2);
+  cpu_conj_loop(TPORT_COMPLEX128)((char *)&z, 1, 16);
+  cr_assert(creal(z) == 1 && cimag(z) == -2);
+  cr_assert_null(cpu_conj_loop(TPORT_FLOAT32));
+  cr_assert_null(cpu_neg_loop(TPORT_BOOL));
+}
