@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""Differential test: tensorport's engine against PyTorch (1.13, Debian's).
+
+Generates random views of random storages and random to / copy_ /
+contiguous calls, runs them through tport-diff-driver (the engine, on cpu and
+on simulated GPUs) and through torch on the CPU, and checks that both agree
+on: success or failure, values (bit for bit; NaN matches NaN), strides and
+dtype of the result, and whether the result aliased the input.  A device move
+in the engine is compared with torch's result of the same call without it.
+
+usage: diff_torch.py DRIVER [--cases N] [--seed S]
+"""
+import argparse
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import warnings
+
+try:
+    import torch
+except ImportError:
+    # Criterion/ctest treats exit code 77 as "skipped" only when told to; say why loudly.
+    print("diff_torch: python3-torch is not installed (deploy/install-deps.sh installs it)")
+    sys.exit(1)
+
+warnings.filterwarnings("ignore")
+torch.set_num_threads(1)
+
+DTYPES = {
+    "bool": torch.bool, "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16,
+    "int32": torch.int32, "int64": torch.int64, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
+    "complex64": torch.complex64, "complex128": torch.complex128,
+}
+FORMATS = {
+    "contiguous": torch.contiguous_format, "channels_last": torch.channels_last,
+    "channels_last_3d": torch.channels_last_3d, "preserve": torch.preserve_format,
+}
+BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, 2.5, -2.5, 127.9, 200.7, -129.5, 255.0, 256.0, 65504.0,
+           65520.0, 1e10, 3e9, -3e9, 1e20, float("nan"), float("inf"), float("-inf"), 1e-8, 0.1]
+
+
+def random_values(rng, dtype, n):
+    if dtype == torch.bool:
+        return torch.tensor([rng.random() < 0.5 for _ in range(n)], dtype=torch.bool)
+    if not dtype.is_floating_point and not dtype.is_complex:
+        info = torch.iinfo(dtype)
+        return torch.tensor([rng.randint(info.min, info.max) for _ in range(n)], dtype=dtype)
+
+    def one():
+        r = rng.random()
+        if r < 0.2:
+            return rng.choice(SPECIAL)
+        if r < 0.5:
+            return float(rng.randint(-300, 300))
+        return rng.gauss(0, 1) * 10 ** rng.randint(-3, 6)
+
+    if dtype.is_complex:
+        return torch.complex(torch.tensor([one() for _ in range(n)], dtype=torch.float64),
+                             torch.tensor([one() for _ in range(n)], dtype=torch.float64)).to(dtype)
+    return torch.tensor([one() for _ in range(n)], dtype=torch.float64).to(dtype)
+
+
+def random_view(rng, max_rank=5):
+    """sizes, strides, offset, storage numel of a random view."""
+    nd = rng.choice([0, 1, 2, 3, 4, 4, 4, 5, 5])
+    nd = min(nd, max_rank)
+    sizes = [rng.choice([0, 1, 1, 2, 3, 4, 5]) if rng.random() < 0.1 else rng.randint(1, 5)
+             for _ in range(nd)]
+    kind = rng.random()
+    if kind < 0.5:
+        # dense in a random dim order, maybe with gaps: contiguous, channels_last,
+        # transposes, N1HW-style ambiguities
+        order = list(range(nd))
+        rng.shuffle(order)
+        if rng.random() < 0.3 and nd in (4, 5):
+            order = [1] + list(range(nd - 1, 1, -1)) + [0]  # channels_last(3d)
+        strides = [0] * nd
+        s = 1
+        for d in order:
+            strides[d] = s * (2 if rng.random() < 0.2 else 1)
+            s = strides[d] * max(sizes[d], 1)
+        for d in range(nd):
+            if sizes[d] == 1 and rng.random() < 0.3:
+                strides[d] = rng.randint(0, 9)  # odd size-1 strides
+    elif kind < 0.8:
+        strides = [rng.randint(0, 7) for _ in range(nd)]  # overlaps and broadcasts
+    else:
+        strides = [0 if rng.random() < 0.4 else rng.randint(1, 30) for _ in range(nd)]
+    off = rng.randint(0, 3)
+    span = 1
+    for sz, st in zip(sizes, strides):
+        if sz == 0:
+            span = 0
+            break
+        span += (sz - 1) * st
+    n = off + max(span, 0) + rng.randint(0, 2)
+    return sizes, strides, off, max(n, 1)
+
+
+def fmt_dims(v):
+    return ",".join(str(x) for x in v) if v else "-"
+
+
+def make_cases(rng, count):
+    cases, blobs, at = [], [], 0
+    names = list(DTYPES)
+    for k in range(count):
+        sdt = rng.choice(names)
+        sizes, strides, off, n = random_view(rng)
+        vals = random_values(rng, DTYPES[sdt], n)
+        raw = vals.view(torch.uint8).numpy().tobytes() if n else b""
+        c = {"id": k, "sdt": sdt, "n": n, "doff": at, "sizes": sizes, "strides": strides,
+             "off": off, "conj": int(DTYPES[sdt].is_complex and rng.random() < 0.3),
+             "sdev": rng.choice(["cpu", "cpu", "sim:0"]), "nb": int(rng.random() < 0.5)}
+        blobs.append(raw)
+        at += len(raw)
+        r = rng.random()
+        if r < 0.55:
+            c["op"] = "to"
+            c["dtype"] = rng.choice(names) if rng.random() < 0.6 else "-"
+            c["fmt"] = rng.choice(list(FORMATS)) if rng.random() < 0.6 else "-"
+            c["copy"] = int(rng.random() < 0.2)
+            c["dev"] = rng.choice(["-", "-", "cpu", "sim:0", "sim:1"])
+        elif r < 0.7:
+            c["op"] = "contiguous"
+            c["fmt"] = rng.choice(["contiguous", "contiguous", "channels_last", "channels_last_3d"])
+        else:
+            c["op"] = "copy"
+            c["ddt"] = rng.choice(names)
+            # dst: same shape as src mostly; sometimes src is broadcast or mismatched
+            dsizes = list(sizes)
+            if rng.random() < 0.2:
+                dsizes = [rng.randint(1, 3)] + dsizes
+            if rng.random() < 0.05 and dsizes:
+                dsizes[-1] += 1
+            order = list(range(len(dsizes)))
+            rng.shuffle(order)
+            dstrides = [0] * len(dsizes)
+            s = 1
+            for d in order:
+                dstrides[d] = s * (2 if rng.random() < 0.2 else 1)
+                s = dstrides[d] * max(dsizes[d], 1)
+            if rng.random() < 0.05 and dsizes:
+                dstrides[0] = 0
+            doffs = rng.randint(0, 2)
+            span = 1
+            for sz, st in zip(dsizes, dstrides):
+                if sz == 0:
+                    span = 0
+                    break
+                span += (sz - 1) * st
+            c.update(dsizes=dsizes, dstrides=dstrides, doffs=doffs, dn=max(doffs + span, 1),
+                     ddev=rng.choice(["cpu", "cpu", "sim:0", "sim:1"]))
+        cases.append(c)
+    return cases, b"".join(blobs)
+
+
+def case_line(c):
+    parts = []
+    for key, v in c.items():
+        parts.append("%s=%s" % (key, fmt_dims(v) if isinstance(v, list) else v))
+    return " ".join(parts)
+
+
+def torch_result(c, blob):
+    """(ok, alias, tensor-or-error) for case c in torch on the CPU, where
+    "sim:0" and "sim:1" stand for two GPUs."""
+    dt = DTYPES[c["sdt"]]
+    raw = bytearray(blob[c["doff"]:c["doff"] + c["n"] * torch.empty(0, dtype=dt).element_size()])
+    base = torch.frombuffer(raw, dtype=dt) if raw else torch.empty(c["n"], dtype=dt)
+    try:
+        v = base.as_strided(c["sizes"], c["strides"], c["off"])
+        if c["conj"]:
+            v = v.conj()
+        if c["op"] == "to":
+            # a device change never aliases: PyTorch then runs _to_copy, which
+            # copy=True reaches on the CPU with the same dtype and format
+            moved = c["dev"] != "-" and c["dev"] != c["sdev"]
+            kw = {"copy": bool(c["copy"]) or moved, "non_blocking": bool(c["nb"])}
+            if c["dtype"] != "-":
+                kw["dtype"] = DTYPES[c["dtype"]]
+            if c["fmt"] != "-":
+                kw["memory_format"] = FORMATS[c["fmt"]]
+            r = v.to(**kw)
+            return True, r is v, r
+        if c["op"] == "contiguous":
+            r = v.contiguous(memory_format=FORMATS[c["fmt"]])
+            return True, r is v, r
+        ddt = DTYPES[c["ddt"]]
+        dbase = torch.zeros(c["dn"], dtype=ddt)
+        d = dbase.as_strided(c["dsizes"], c["dstrides"], c["doffs"])
+        d.copy_(v, non_blocking=bool(c["nb"]))
+        return True, False, dbase
+    except RuntimeError as e:
+        return False, False, str(e).split("\n")[0]
+
+
+def bits(t):
+    t = t.resolve_conj().resolve_neg().contiguous()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    return t.view(BITS[t.element_size()]) if t.dtype != torch.bool else t.view(torch.uint8)
+
+
+def same_values(want, got):
+    if want.numel() == 0:
+        return True
+    wb, gb = bits(want).flatten(), bits(got).flatten()
+    diff = wb != gb
+    if not bool(diff.any()):
+        return True
+    if want.is_floating_point() or want.is_complex():
+        w = want.resolve_conj().contiguous()
+        g = got.contiguous()
+        if w.is_complex():
+            w, g = torch.view_as_real(w), torch.view_as_real(g)
+        w, g = w.to(torch.float64).flatten(), g.to(torch.float64).flatten()
+        both_nan = torch.isnan(w) & torch.isnan(g)
+        return bool((~diff | both_nan).all())
+    return False
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("driver")
+    ap.add_argument("--cases", type=int, default=1500)
+    ap.add_argument("--seed", type=int, default=20261121)
+    a = ap.parse_args()
+    rng = random.Random(a.seed)
+    cases, blob = make_cases(rng, a.cases)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [os.path.join(tmp, n) for n in ("cases.txt", "data.bin", "out.txt", "out.bin")]
+        with open(paths[0], "w") as f:
+            f.write("\n".join(case_line(c) for c in cases) + "\n")
+        with open(paths[1], "wb") as f:
+            f.write(blob)
+        subprocess.run([a.driver] + paths, check=True)
+        out = {}
+        with open(paths[2]) as f:
+            for line in f:
+                fields = line.rstrip("\n").split(" ", 2)
+                out[int(fields[0][3:])] = line.rstrip("\n")
+        with open(paths[3], "rb") as f:
+            obin = f.read()
+
+    failures, stats = [], {"ok": 0, "err": 0, "alias": 0, "device": 0}
+    for c in cases:
+        line = out.get(c["id"])
+        ok, alias, r = torch_result(c, blob)
+        desc = case_line(c)
+        if line is None:
+            failures.append("%s: no answer from the driver" % desc)
+            continue
+        got_ok = " ok " in line
+        if ok != got_ok:
+            failures.append("%s:\n  torch: %s\n  tport: %s" % (desc, r if not ok else "ok", line))
+            continue
+        if not ok:
+            stats["err"] += 1
+            continue
+        stats["ok"] += 1
+        kv = dict(p.split("=", 1) for p in line.split(" ") if "=" in p)
+        moved = c["op"] == "to" and c["dev"] != "-" and c["dev"] != c["sdev"]
+        stats["device"] += int(moved or c["sdev"] != "cpu" or c.get("ddev", "cpu") != "cpu")
+        want_alias = alias and not moved
+        stats["alias"] += int(want_alias)
+        if int(kv["alias"]) != int(want_alias):
+            failures.append("%s: alias torch=%s tport=%s" % (desc, want_alias, kv["alias"]))
+        strides = [int(x) for x in kv["strides"].split(",")] if kv["strides"] != "-" else []
+        if c["op"] != "copy" and strides != list(r.stride()):
+            failures.append("%s: strides torch=%s tport=%s" % (desc, list(r.stride()), strides))
+        want_dt = [k for k, v in DTYPES.items() if v == r.dtype][0]
+        if kv["dtype"] != want_dt:
+            failures.append("%s: dtype torch=%s tport=%s" % (desc, want_dt, kv["dtype"]))
+            continue
+        at, nb = int(kv["at"]), int(kv["nbytes"])
+        raw = bytearray(obin[at:at + nb])
+        got = (torch.frombuffer(raw, dtype=r.dtype) if nb else torch.empty(0, dtype=r.dtype))
+        got = got.reshape(r.shape)
+        if not same_values(r, got):
+            failures.append("%s: values differ\n  torch: %s\n  tport: %s" % (desc, r, got))
+
+    print("diff_torch: %d cases (%d succeeded, %d errors in both, %d aliased, %d on sim devices), "
+          "%d mismatches" % (len(cases), stats["ok"], stats["err"], stats["alias"],
+                             stats["device"], len(failures)))
+    for f in failures[:20]:
+        print("MISMATCH", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
