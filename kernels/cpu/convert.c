@@ -19,6 +19,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "convert_simd.h"
 #include "cpu_kernels.h"
 #include "half.h"
 
@@ -154,12 +155,33 @@ static cast_loop_fn raw_loop(size_t size)
 #define ROW(D) {FOR_SRC(ENTRY, D)},
 static const cast_loop_fn cast_table[TPORT_NUM_DTYPES][TPORT_NUM_DTYPES] = {FOR_DST(ROW)};
 
+/* The four float32 <-> float16/bfloat16 pairs try the vector loop on dense runs. */
+#define DEF_SIMD_PAIR(D, S)                                                                      \
+  static void simd_##S##_to_##D(char *dst, const char *src, int64_t n, int64_t ds, int64_t ss)   \
+  {                                                                                              \
+    if (ds == SZ_##D && ss == SZ_##S && simd_cast_dense(TPORT_##D, TPORT_##S, dst, src, n))      \
+      return;                                                                                    \
+    cast_##S##_to_##D(dst, src, n, ds, ss);                                                      \
+  }
+DEF_SIMD_PAIR(FLOAT16, FLOAT32)
+DEF_SIMD_PAIR(FLOAT32, FLOAT16)
+DEF_SIMD_PAIR(BFLOAT16, FLOAT32)
+DEF_SIMD_PAIR(FLOAT32, BFLOAT16)
+
 cast_loop_fn cpu_cast_loop(tport_dtype dst, tport_dtype src)
 {
   if ((unsigned)dst >= TPORT_NUM_DTYPES || (unsigned)src >= TPORT_NUM_DTYPES)
     return NULL;
   if (dst == src)
     return raw_loop(tport_dtype_size(dst));
+  if (dst == TPORT_FLOAT16 && src == TPORT_FLOAT32)
+    return simd_FLOAT32_to_FLOAT16;
+  if (dst == TPORT_FLOAT32 && src == TPORT_FLOAT16)
+    return simd_FLOAT16_to_FLOAT32;
+  if (dst == TPORT_BFLOAT16 && src == TPORT_FLOAT32)
+    return simd_FLOAT32_to_BFLOAT16;
+  if (dst == TPORT_FLOAT32 && src == TPORT_BFLOAT16)
+    return simd_BFLOAT16_to_FLOAT32;
   return cast_table[dst][src];
 }
 

@@ -4,7 +4,7 @@
 Generates random views of random storages and random to / copy_ /
 contiguous calls, runs them through tport-diff-driver (the engine, on cpu and
 on simulated GPUs) and through torch on the CPU, and checks that both agree
-on: success or failure, values (bit for bit; NaN matches NaN), strides and
+on: success or failure (with PyTorch's error message), values (bit for bit; NaN matches NaN), strides and
 dtype of the result, and whether the result aliased the input.  A device move
 in the engine is compared with torch's result of the same call without it.
 
@@ -261,6 +261,9 @@ def main():
             continue
         if not ok:
             stats["err"] += 1
+            msg = line.split(" msg=", 1)[1] if " msg=" in line else ""
+            if msg != r:
+                failures.append("%s: messages differ\n  torch: %s\n  tport: %s" % (desc, r, msg))
             continue
         stats["ok"] += 1
         kv = dict(p.split("=", 1) for p in line.split(" ") if "=" in p)

@@ -279,3 +279,36 @@ Test(convert, neg_and_conj)
   cr_assert_null(cpu_conj_loop(TPORT_FLOAT32));
   cr_assert_null(cpu_neg_loop(TPORT_BOOL));
 }
+
+/* The vector loops (dense runs of float32 <-> float16/bfloat16) must give the
+ * scalar loops' bits, NaN payloads and ties included. */
+Test(convert, vector_loops_match_scalar_bits)
+{
+  enum { N = 1 << 16 };
+  static float f[N], back_v[N], back_s[N];
+  static uint16_t h[N], hv[N], hs[N];
+  for (uint32_t pass = 0; pass < 64; pass++) {
+    for (int i = 0; i < N; i++) {
+      uint32_t u = (uint32_t)i * 65537u * (pass * 2 + 1) + pass * 0x9E3779B9u;
+      if (i % 7 == 0)
+        u = 0x7F800000u | (u & 0x807FFFFFu); /* NaNs with payloads, and infinities */
+      memcpy(&f[i], &u, 4);
+      h[i] = (uint16_t)(i ^ (int)pass);
+    }
+    const tport_dtype half[2] = {TPORT_FLOAT16, TPORT_BFLOAT16};
+    for (int k = 0; k < 2; k++) {
+      cast_loop_fn to_h = cpu_cast_loop(half[k], TPORT_FLOAT32);
+      cast_loop_fn to_f = cpu_cast_loop(TPORT_FLOAT32, half[k]);
+      to_h((char *)hv, (const char *)f, N - 3, 2, 4); /* dense: the vector loop */
+      for (int i = 0; i < N - 3; i++)
+        to_h((char *)&hs[i], (const char *)&f[i], 1, 0, 0); /* strided: scalar */
+      cr_assert(memcmp(hv, hs, (N - 3) * 2) == 0, "%s from float32, pass %u",
+                k ? "bfloat16" : "float16", pass);
+      to_f((char *)back_v, (const char *)h, N - 5, 4, 2);
+      for (int i = 0; i < N - 5; i++)
+        to_f((char *)&back_s[i], (const char *)&h[i], 1, 0, 0);
+      cr_assert(memcmp(back_v, back_s, (N - 5) * 4) == 0, "float32 from %s, pass %u",
+                k ? "bfloat16" : "float16", pass);
+    }
+  }
+}
