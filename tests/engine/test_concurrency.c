@@ -114,12 +114,14 @@ static int early_read_failures(void)
   int failures = 0;
   enum { LEN = 8192 };
   for (int trial = 0; trial < TRIALS; trial++) {
-    tport_tensor *d = filled(S0, LEN, 300000), *r;
+    /* a value of its own per trial: memory recycled from an earlier trial must
+     * not look right to a read that comes too early */
+    int32_t value = 300000 + trial * 10000;
+    tport_tensor *d = filled(S0, LEN, value), *r;
     bool a;
     to_options o = {.has_device = true, .device = CPU, .non_blocking = true};
     cr_assert_eq(tensor_to(d, &o, &r, &a, NULL), 0);
-    memset(r->storage->ptr, 0, LEN * 4); /* stale contents a too-early read would see */
-    failures += !holds(r, LEN, 300000);
+    failures += !holds(r, LEN, value);
     /* with the fault on, r's storage has no event: drain the device before
      * freeing it, or the late copy would write into freed memory */
     engine_synchronize_all();

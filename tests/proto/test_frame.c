@@ -17,7 +17,8 @@ static uint8_t *make_frame(uint16_t method, const char *payload, size_t *len)
   size_t head = frame_head_size(&req.base), pl = payload ? strlen(payload) : 0;
   uint8_t *buf = malloc(head + pl);
   frame_write_head(buf, method, 0, &req.base);
-  memcpy(buf + head, payload, pl);
+  if (pl)
+    memcpy(buf + head, payload, pl);
   *len = head + pl;
   return buf;
 }
