@@ -9,12 +9,10 @@ CMAKE_ARGS ?=
 
 all: build
 
-# Installs missing Debian packages (idempotent, fast when all are present).
+# Installs missing Debian packages (idempotent; a quick dpkg query when all
+# are present).
 deps:
-	@pkg-config --exists libprotobuf-c criterion 2>/dev/null && command -v protoc-c >/dev/null \
-	  && test -f /usr/lib/x86_64-linux-gnu/cmake/nng/nng-config.cmake \
-	  && test -f /usr/include/dlpack/dlpack.h \
-	  || ./deploy/install-deps.sh
+	@./deploy/install-deps.sh
 
 $(BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD) $(CMAKE_ARGS)
