@@ -99,8 +99,8 @@ extern const backend_ops backend_cuda;
  * requires that no sim memory or stream is in use. */
 typedef struct sim_config {
   int ndevices;
-  size_t mem_bytes;       /* per device (default 1 GiB) */
-  unsigned max_delay_us;  /* each stream op sleeps a random 0..max before running */
+  size_t mem_bytes;      /* per device (default 1 GiB) */
+  unsigned max_delay_us; /* each stream op sleeps a random 0..max before running */
   unsigned seed;
 } sim_config;
 int sim_configure(const sim_config *cfg, tport_err *err);

@@ -19,8 +19,14 @@ struct be_event {
 
 static be_stream cpu_stream;
 
-static int cpu_count(void) { return 1; }
-static const char *cpu_reason(void) { return ""; }
+static int cpu_count(void)
+{
+  return 1;
+}
+static const char *cpu_reason(void)
+{
+  return "";
+}
 
 static int cpu_mem_info(int dev, size_t *free_bytes, size_t *total, tport_err *err)
 {
@@ -42,7 +48,10 @@ static int cpu_alloc(int dev, size_t bytes, void **out, tport_err *err)
   return TPORT_OK;
 }
 
-static void cpu_free(int dev, void *p) { free(p); }
+static void cpu_free(int dev, void *p)
+{
+  free(p);
+}
 
 static int cpu_alloc_managed(int dev, size_t bytes, void **out, tport_err *err)
 {
@@ -55,9 +64,15 @@ static int cpu_host_alloc(size_t bytes, void **out, tport_err *err)
   return cpu_alloc(0, bytes, out, err);
 }
 
-static void cpu_host_free(void *p) { free(p); }
+static void cpu_host_free(void *p)
+{
+  free(p);
+}
 
-static be_stream *cpu_stream_default(int dev) { return &cpu_stream; }
+static be_stream *cpu_stream_default(int dev)
+{
+  return &cpu_stream;
+}
 
 static int cpu_stream_create(int dev, be_stream **out, tport_err *err)
 {
@@ -66,7 +81,10 @@ static int cpu_stream_create(int dev, be_stream **out, tport_err *err)
 }
 
 static void cpu_stream_destroy(be_stream *s) {}
-static int cpu_stream_sync(be_stream *s, tport_err *err) { return TPORT_OK; }
+static int cpu_stream_sync(be_stream *s, tport_err *err)
+{
+  return TPORT_OK;
+}
 
 static int cpu_memcpy(int dev, be_stream *s, void *dst, const void *src, size_t n,
                       be_copy_kind kind, tport_err *err)
@@ -109,12 +127,30 @@ static int cpu_event_create(int dev, be_event **out, tport_err *err)
 }
 
 static void cpu_event_destroy(be_event *e) {}
-static int cpu_event_record(be_event *e, be_stream *s, tport_err *err) { return TPORT_OK; }
-static int cpu_stream_wait(be_stream *s, be_event *e, tport_err *err) { return TPORT_OK; }
-static bool cpu_event_query(be_event *e) { return true; }
-static int cpu_event_sync(be_event *e, tport_err *err) { return TPORT_OK; }
-static bool cpu_can_access_peer(int dev, int peer) { return dev == 0 && peer == 0; }
-static int cpu_enable_peer(int dev, int peer, tport_err *err) { return TPORT_OK; }
+static int cpu_event_record(be_event *e, be_stream *s, tport_err *err)
+{
+  return TPORT_OK;
+}
+static int cpu_stream_wait(be_stream *s, be_event *e, tport_err *err)
+{
+  return TPORT_OK;
+}
+static bool cpu_event_query(be_event *e)
+{
+  return true;
+}
+static int cpu_event_sync(be_event *e, tport_err *err)
+{
+  return TPORT_OK;
+}
+static bool cpu_can_access_peer(int dev, int peer)
+{
+  return dev == 0 && peer == 0;
+}
+static int cpu_enable_peer(int dev, int peer, tport_err *err)
+{
+  return TPORT_OK;
+}
 
 static int cpu_advise(void *ptr, size_t n, int dev, tport_err *err)
 {

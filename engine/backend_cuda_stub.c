@@ -12,19 +12,46 @@ struct be_stream {
   int unused;
 };
 
-static int na(tport_err *err) { return tport_err_set(err, TPORT_UNAVAILABLE, WHY); }
-static int cu_count(void) { return 0; }
-static const char *cu_reason(void) { return WHY; }
-static int cu_mem_info(int d, size_t *f, size_t *t, tport_err *err) { return na(err); }
-static int cu_alloc(int d, size_t n, void **o, tport_err *err) { return na(err); }
+static int na(tport_err *err)
+{
+  return tport_err_set(err, TPORT_UNAVAILABLE, WHY);
+}
+static int cu_count(void)
+{
+  return 0;
+}
+static const char *cu_reason(void)
+{
+  return WHY;
+}
+static int cu_mem_info(int d, size_t *f, size_t *t, tport_err *err)
+{
+  return na(err);
+}
+static int cu_alloc(int d, size_t n, void **o, tport_err *err)
+{
+  return na(err);
+}
 static void cu_free(int d, void *p) {}
-static int cu_host_alloc(size_t n, void **o, tport_err *err) { return na(err); }
+static int cu_host_alloc(size_t n, void **o, tport_err *err)
+{
+  return na(err);
+}
 static void cu_host_free(void *p) {}
 static be_stream no_stream;
-static be_stream *cu_stream_default(int d) { return &no_stream; }
-static int cu_stream_create(int d, be_stream **o, tport_err *err) { return na(err); }
+static be_stream *cu_stream_default(int d)
+{
+  return &no_stream;
+}
+static int cu_stream_create(int d, be_stream **o, tport_err *err)
+{
+  return na(err);
+}
 static void cu_stream_destroy(be_stream *s) {}
-static int cu_stream_sync(be_stream *s, tport_err *err) { return na(err); }
+static int cu_stream_sync(be_stream *s, tport_err *err)
+{
+  return na(err);
+}
 static int cu_memcpy(int d, be_stream *s, void *dst, const void *src, size_t n, be_copy_kind k,
                      tport_err *err)
 {
@@ -35,22 +62,52 @@ static int cu_memcpy_peer(int dd, void *dst, int sd, const void *src, size_t n, 
 {
   return na(err);
 }
-static int cu_kernel(int d, be_stream *s, const plan *p, void *dst, tport_dtype dt,
-                     const void *src, tport_dtype st, unsigned f, tport_err *err)
+static int cu_kernel(int d, be_stream *s, const plan *p, void *dst, tport_dtype dt, const void *src,
+                     tport_dtype st, unsigned f, tport_err *err)
 {
   return na(err);
 }
-static int cu_host_fn(be_stream *s, be_host_fn fn, void *a, tport_err *err) { return na(err); }
-static int cu_event_create(int d, be_event **o, tport_err *err) { return na(err); }
+static int cu_host_fn(be_stream *s, be_host_fn fn, void *a, tport_err *err)
+{
+  return na(err);
+}
+static int cu_event_create(int d, be_event **o, tport_err *err)
+{
+  return na(err);
+}
 static void cu_event_destroy(be_event *e) {}
-static int cu_event_record(be_event *e, be_stream *s, tport_err *err) { return na(err); }
-static int cu_wait(be_stream *s, be_event *e, tport_err *err) { return na(err); }
-static bool cu_query(be_event *e) { return true; }
-static int cu_event_sync(be_event *e, tport_err *err) { return na(err); }
-static bool cu_can_peer(int d, int p) { return false; }
-static int cu_enable_peer(int d, int p, tport_err *err) { return na(err); }
-static int cu_advise(void *p, size_t n, int d, tport_err *err) { return na(err); }
-static int cu_prefetch(void *p, size_t n, int d, be_stream *s, tport_err *err) { return na(err); }
+static int cu_event_record(be_event *e, be_stream *s, tport_err *err)
+{
+  return na(err);
+}
+static int cu_wait(be_stream *s, be_event *e, tport_err *err)
+{
+  return na(err);
+}
+static bool cu_query(be_event *e)
+{
+  return true;
+}
+static int cu_event_sync(be_event *e, tport_err *err)
+{
+  return na(err);
+}
+static bool cu_can_peer(int d, int p)
+{
+  return false;
+}
+static int cu_enable_peer(int d, int p, tport_err *err)
+{
+  return na(err);
+}
+static int cu_advise(void *p, size_t n, int d, tport_err *err)
+{
+  return na(err);
+}
+static int cu_prefetch(void *p, size_t n, int d, be_stream *s, tport_err *err)
+{
+  return na(err);
+}
 
 const backend_ops backend_cuda = {
     .name = "cuda",

@@ -112,8 +112,14 @@ static struct {
 
 /* ---------------------------------------------------------------- memory map */
 
-static uintptr_t untag(const void *p) { return (uintptr_t)p & ~SIM_TAG_MASK; }
-static bool is_tagged(const void *p) { return ((uintptr_t)p & SIM_TAG_MASK) == SIM_TAG; }
+static uintptr_t untag(const void *p)
+{
+  return (uintptr_t)p & ~SIM_TAG_MASK;
+}
+static bool is_tagged(const void *p)
+{
+  return ((uintptr_t)p & SIM_TAG_MASK) == SIM_TAG;
+}
 
 /* Index of the allocation containing [addr, addr+n); -1 if none. mu held. */
 static int find_alloc(uintptr_t addr, size_t n)
@@ -191,8 +197,8 @@ static int resolve_host(const void *p, size_t n, const char *what, void **out, t
     int i = find_alloc(untag(p), n ? n : 1);
     pthread_mutex_unlock(&sim.mu);
     (void)i;
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sim: %s %p is device memory, not host",
-                         what, p);
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sim: %s %p is device memory, not host", what,
+                         p);
   }
   *out = (void *)p;
   return TPORT_OK;
@@ -229,8 +235,8 @@ static void run_op(be_stream *s, sim_op *op)
     break;
   case OP_KERNEL:
     sim_delay(s);
-    cpu_copy(&op->u.kernel.p, op->u.kernel.dst, op->u.kernel.dt, op->u.kernel.src,
-             op->u.kernel.st, op->u.kernel.flags);
+    cpu_copy(&op->u.kernel.p, op->u.kernel.dst, op->u.kernel.dt, op->u.kernel.src, op->u.kernel.st,
+             op->u.kernel.flags);
     break;
   case OP_MARK: {
     be_event *e = op->u.event.ev;
@@ -255,11 +261,8 @@ static void run_op(be_stream *s, sim_op *op)
     sim_delay(s);
     op->u.host.fn(op->u.host.arg);
     break;
-  case OP_PREFETCH:
-    sim_delay(s);
-    break;
-  case OP_STOP:
-    break;
+  case OP_PREFETCH: sim_delay(s); break;
+  case OP_STOP: break;
   }
 }
 
@@ -399,7 +402,10 @@ void sim_set_peer_possible(int dev, int peer, bool possible)
   pthread_mutex_unlock(&sim.mu);
 }
 
-void sim_set_delay(unsigned max_delay_us) { atomic_store(&sim.max_delay_us, max_delay_us); }
+void sim_set_delay(unsigned max_delay_us)
+{
+  atomic_store(&sim.max_delay_us, max_delay_us);
+}
 
 size_t sim_bytes_in_use(int dev)
 {
@@ -419,13 +425,16 @@ static int sim_count(void)
   return n;
 }
 
-static const char *sim_reason(void) { return "no sim devices configured (--devices sim:N)"; }
+static const char *sim_reason(void)
+{
+  return "no sim devices configured (--devices sim:N)";
+}
 
 static int check_dev(int dev, tport_err *err)
 {
   if (dev < 0 || dev >= sim_count())
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sim:%d does not exist (%d sim devices)",
-                         dev, sim_count());
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sim:%d does not exist (%d sim devices)", dev,
+                         sim_count());
   return TPORT_OK;
 }
 
@@ -516,7 +525,10 @@ static int sim_host_alloc(size_t bytes, void **out, tport_err *err)
   return TPORT_OK;
 }
 
-static void sim_host_free(void *p) { free(p); }
+static void sim_host_free(void *p)
+{
+  free(p);
+}
 
 static be_stream *sim_stream_default(int dev)
 {
@@ -621,11 +633,11 @@ static int sim_kernel(int dev, be_stream *s, const plan *p, void *dst, tport_dty
                       const void *src, tport_dtype st, unsigned flags, tport_err *err)
 {
   void *d, *sp;
-  int rc = resolve_device(dev, dst, plan_extent(p, 0, tport_dtype_size(dt)), "kernel output",
-                          &d, err);
+  int rc =
+      resolve_device(dev, dst, plan_extent(p, 0, tport_dtype_size(dt)), "kernel output", &d, err);
   if (!rc)
-    rc = resolve_device(dev, src, plan_extent(p, 1, tport_dtype_size(st)), "kernel input", &sp,
-                        err);
+    rc =
+        resolve_device(dev, src, plan_extent(p, 1, tport_dtype_size(st)), "kernel input", &sp, err);
   if (rc)
     return rc;
   sim_op *op = new_op(OP_KERNEL, err);
@@ -662,7 +674,10 @@ static int sim_event_create(int dev, be_event **out, tport_err *err)
   return TPORT_OK;
 }
 
-static void sim_event_destroy(be_event *e) { event_unref(e); }
+static void sim_event_destroy(be_event *e)
+{
+  event_unref(e);
+}
 
 static int sim_event_record(be_event *e, be_stream *s, tport_err *err)
 {
@@ -727,8 +742,7 @@ static bool sim_can_access_peer(int dev, int peer)
 static int sim_enable_peer(int dev, int peer, tport_err *err)
 {
   if (!sim_can_access_peer(dev, peer))
-    return tport_err_set(err, TPORT_FAILED_PRECONDITION, "sim:%d cannot access sim:%d", dev,
-                         peer);
+    return tport_err_set(err, TPORT_FAILED_PRECONDITION, "sim:%d cannot access sim:%d", dev, peer);
   pthread_mutex_lock(&sim.mu);
   if (dev != peer)
     sim.peer_enabled[dev][peer] = true;
@@ -740,8 +754,7 @@ static int managed_index(void *ptr, size_t n, tport_err *err)
 {
   int i = find_alloc((uintptr_t)ptr, n ? n : 1);
   if (i < 0 || !sim.allocs[i].managed)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sim: %p is not managed memory", ptr),
-           -1;
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sim: %p is not managed memory", ptr), -1;
   return i;
 }
 

@@ -30,7 +30,10 @@ static char *data_ptr(const tport_tensor *t)
   return (char *)t->storage->ptr + t->layout.offset * (int64_t)tport_dtype_size(t->dtype);
 }
 
-static bool on_host(const tport_tensor *t) { return t->storage->device.type == TPORT_DEV_CPU; }
+static bool on_host(const tport_tensor *t)
+{
+  return t->storage->device.type == TPORT_DEV_CPU;
+}
 
 static unsigned bit_flags(const tport_tensor *dst, const tport_tensor *src)
 {
@@ -101,9 +104,8 @@ static void build_plan(const tport_tensor *dst, const tport_tensor *src, plan *p
   size_t de = tport_dtype_size(dst->dtype);
   for (int d = 0; d < dst->layout.ndim; d++)
     dstr[d] = dst->layout.strides[d] * (int64_t)de;
-  plan_broadcast_strides(dst->layout.ndim, dst->layout.sizes, src->layout.ndim,
-                         src->layout.sizes, src->layout.strides, tport_dtype_size(src->dtype),
-                         sstr);
+  plan_broadcast_strides(dst->layout.ndim, dst->layout.sizes, src->layout.ndim, src->layout.sizes,
+                         src->layout.strides, tport_dtype_size(src->dtype), sstr);
   const int64_t *strides[2] = {dstr, sstr};
   plan_build(p, dst->layout.ndim, dst->layout.sizes, 2, strides);
 }
@@ -152,8 +154,8 @@ static int record_and_wait(const backend_ops *be, int ev_dev, be_stream *on, be_
   return rc;
 }
 
-static int copy_d2d(tport_tensor *dst, tport_tensor *src, const plan *p, bool memcpyable,
-                    bool p2p, tport_err *err)
+static int copy_d2d(tport_tensor *dst, tport_tensor *src, const plan *p, bool memcpyable, bool p2p,
+                    tport_err *err)
 {
   tport_device dd = dst->storage->device, sd = src->storage->device;
   const backend_ops *be = backend_get(sd.type);
@@ -172,8 +174,7 @@ static int copy_d2d(tport_tensor *dst, tport_tensor *src, const plan *p, bool me
   if (memcpyable) {
     size_t n = tensor_nbytes(dst);
     rc = p2p ? be->memcpy_async(sd.index, cs, data_ptr(dst), data_ptr(src), n, BE_D2D, err)
-             : be->memcpy_peer_async(dd.index, data_ptr(dst), sd.index, data_ptr(src), n, cs,
-                                     err);
+             : be->memcpy_peer_async(dd.index, data_ptr(dst), sd.index, data_ptr(src), n, cs, err);
   } else {
     rc = be->copy_kernel(sd.index, cs, p, data_ptr(dst), dst->dtype, data_ptr(src), src->dtype,
                          bit_flags(dst, src), err);

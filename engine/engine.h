@@ -37,9 +37,8 @@ int tensor_empty_strided(tport_device dev, tport_dtype dtype, int ndim, const in
                          tport_err *err);
 /* A cpu tensor over caller memory of `nbytes` (borrowed: keep it alive and
  * unchanged-size while the tensor lives).  Layout validated against nbytes. */
-int tensor_wrap_host(void *data, size_t nbytes, tport_dtype dtype, int ndim,
-                     const int64_t *sizes, const int64_t *strides, int64_t offset,
-                     tport_tensor **out, tport_err *err);
+int tensor_wrap_host(void *data, size_t nbytes, tport_dtype dtype, int ndim, const int64_t *sizes,
+                     const int64_t *strides, int64_t offset, tport_tensor **out, tport_err *err);
 tport_tensor *tensor_retain(tport_tensor *t);
 void tensor_release(tport_tensor *t);
 
@@ -85,8 +84,8 @@ typedef struct to_options {
 int tensor_to(tport_tensor *t, const to_options *o, tport_tensor **out, bool *aliased,
               tport_err *err);
 /* contiguous(fmt): aliases iff is_contiguous(fmt); PRESERVE is an error. */
-int tensor_contiguous(tport_tensor *t, tport_memory_format fmt, tport_tensor **out,
-                      bool *aliased, tport_err *err);
+int tensor_contiguous(tport_tensor *t, tport_memory_format fmt, tport_tensor **out, bool *aliased,
+                      tport_err *err);
 
 /* Reads t's values in logical C order into host memory (nbytes must equal
  * numel * element size); waits for pending work. */

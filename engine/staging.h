@@ -14,8 +14,8 @@
 
 #include "backend.h"
 
-#define STAGING_MIN_BLOCK ((size_t)64 << 10)  /* 64 KiB */
-#define STAGING_MAX_BLOCK ((size_t)64 << 20)  /* 64 MiB */
+#define STAGING_MIN_BLOCK ((size_t)64 << 10) /* 64 KiB */
+#define STAGING_MAX_BLOCK ((size_t)64 << 20) /* 64 MiB */
 #define STAGING_MAX_EVENTS 8
 
 typedef struct staging_pool staging_pool;
@@ -31,9 +31,9 @@ typedef struct staging_block {
 } staging_block;
 
 typedef struct staging_stats {
-  uint64_t hits;      /* acquisitions served from a free list */
-  uint64_t misses;    /* acquisitions that allocated pinned memory */
-  uint64_t waits;     /* acquisitions that waited for a pending block */
+  uint64_t hits;            /* acquisitions served from a free list */
+  uint64_t misses;          /* acquisitions that allocated pinned memory */
+  uint64_t waits;           /* acquisitions that waited for a pending block */
   uint64_t bytes_in_use;    /* held by callers or pending on events */
   uint64_t bytes_cached;    /* free in the pool */
   uint64_t bytes_allocated; /* all pinned bytes owned by the pool */

@@ -33,8 +33,8 @@ int storage_new(tport_device device, size_t nbytes, unsigned flags, tport_storag
   if (device.index < 0 || device.index >= n)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT,
                          "device %s:%d does not exist (this server has %d %s device%s)%s%s",
-                         be->name, device.index, n, be->name, n == 1 ? "" : "s",
-                         n == 0 ? ": " : "", n == 0 ? be->unavailable_reason() : "");
+                         be->name, device.index, n, be->name, n == 1 ? "" : "s", n == 0 ? ": " : "",
+                         n == 0 ? be->unavailable_reason() : "");
   tport_storage *s = calloc(1, sizeof *s);
   if (!s)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of host memory for a storage");

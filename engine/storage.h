@@ -25,14 +25,14 @@ enum {
 
 typedef struct tport_storage {
   atomic_int refs;
-  tport_device device;        /* where the data lives now (managed moves change it) */
-  const backend_ops *mem_be;  /* the backend that allocated ptr */
+  tport_device device;       /* where the data lives now (managed moves change it) */
+  const backend_ops *mem_be; /* the backend that allocated ptr */
   int mem_dev;
-  void *ptr;                  /* NULL for 0 bytes */
+  void *ptr; /* NULL for 0 bytes */
   size_t nbytes;
   unsigned flags;
-  bool external;              /* caller's memory: never freed by the engine */
-  pthread_mutex_t mu;         /* guards the pending event */
+  bool external;      /* caller's memory: never freed by the engine */
+  pthread_mutex_t mu; /* guards the pending event */
   const backend_ops *ev_be;
   be_event *ev;
 } tport_storage;

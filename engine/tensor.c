@@ -7,15 +7,24 @@
 
 static atomic_uint test_faults;
 
-void engine_set_test_faults(unsigned f) { atomic_store(&test_faults, f); }
-unsigned engine_test_faults(void) { return atomic_load(&test_faults); }
+void engine_set_test_faults(unsigned f)
+{
+  atomic_store(&test_faults, f);
+}
+unsigned engine_test_faults(void)
+{
+  return atomic_load(&test_faults);
+}
 
+/* A tensor over storage s, taking the caller's reference to s (released on failure). */
 static int tensor_alloc(tport_storage *s, tport_dtype dtype, const meta_layout *l,
                         tport_tensor **out, tport_err *err)
 {
   tport_tensor *t = calloc(1, sizeof *t);
-  if (!t)
+  if (!t) {
+    storage_release(s);
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of host memory for a tensor");
+  }
   atomic_init(&t->refs, 1);
   t->storage = s;
   t->dtype = dtype;
@@ -25,8 +34,7 @@ static int tensor_alloc(tport_storage *s, tport_dtype dtype, const meta_layout *
 }
 
 int tensor_empty_strided(tport_device dev, tport_dtype dtype, int ndim, const int64_t *sizes,
-                         const int64_t *strides, unsigned flags, tport_tensor **out,
-                         tport_err *err)
+                         const int64_t *strides, unsigned flags, tport_tensor **out, tport_err *err)
 {
   if (ndim < 0)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "ndim is %d: it must be >= 0", ndim);
@@ -39,12 +47,7 @@ int tensor_empty_strided(tport_device dev, tport_dtype dtype, int ndim, const in
     dev.index = 0;
   tport_storage *s;
   rc = storage_new(dev, (size_t)r.storage_bytes, flags, &s, err);
-  if (rc)
-    return rc;
-  rc = tensor_alloc(s, dtype, &l, out, err);
-  if (rc)
-    storage_release(s);
-  return rc;
+  return rc ? rc : tensor_alloc(s, dtype, &l, out, err);
 }
 
 int tensor_empty(tport_device dev, tport_dtype dtype, int ndim, const int64_t *sizes,
@@ -55,8 +58,8 @@ int tensor_empty(tport_device dev, tport_dtype dtype, int ndim, const int64_t *s
                          TPORT_MAX_DIMS);
   for (int d = 0; d < ndim; d++)
     if (sizes[d] < 0)
-      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sizes[%d] is %lld: sizes must be >= 0",
-                           d, (long long)sizes[d]);
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sizes[%d] is %lld: sizes must be >= 0", d,
+                           (long long)sizes[d]);
   int64_t strides[TPORT_MAX_DIMS];
   int rc = meta_fresh_strides(ndim, sizes, fmt, strides, err);
   if (rc)
@@ -64,9 +67,8 @@ int tensor_empty(tport_device dev, tport_dtype dtype, int ndim, const int64_t *s
   return tensor_empty_strided(dev, dtype, ndim, sizes, strides, flags, out, err);
 }
 
-int tensor_wrap_host(void *data, size_t nbytes, tport_dtype dtype, int ndim,
-                     const int64_t *sizes, const int64_t *strides, int64_t offset,
-                     tport_tensor **out, tport_err *err)
+int tensor_wrap_host(void *data, size_t nbytes, tport_dtype dtype, int ndim, const int64_t *sizes,
+                     const int64_t *strides, int64_t offset, tport_tensor **out, tport_err *err)
 {
   if (ndim < 0)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "ndim is %d: it must be >= 0", ndim);
@@ -77,12 +79,7 @@ int tensor_wrap_host(void *data, size_t nbytes, tport_dtype dtype, int ndim,
     return rc;
   tport_storage *s;
   rc = storage_wrap_host(data, nbytes, &s, err);
-  if (rc)
-    return rc;
-  rc = tensor_alloc(s, dtype, &l, out, err);
-  if (rc)
-    storage_release(s);
-  return rc;
+  return rc ? rc : tensor_alloc(s, dtype, &l, out, err);
 }
 
 tport_tensor *tensor_retain(tport_tensor *t)
@@ -101,10 +98,9 @@ void tensor_release(tport_tensor *t)
 
 static int view_of(tport_tensor *t, const meta_layout *l, tport_tensor **out, tport_err *err)
 {
-  int rc = tensor_alloc(t->storage, t->dtype, l, out, err);
+  int rc = tensor_alloc(storage_retain(t->storage), t->dtype, l, out, err);
   if (rc)
     return rc;
-  storage_retain(t->storage);
   (*out)->conj = t->conj;
   (*out)->neg = t->neg;
   return TPORT_OK;
@@ -171,16 +167,25 @@ int tensor_neg_view(tport_tensor *t, tport_tensor **out, tport_err *err)
   return rc;
 }
 
-tport_device tensor_device(const tport_tensor *t) { return t->storage->device; }
+tport_device tensor_device(const tport_tensor *t)
+{
+  return t->storage->device;
+}
 
-int64_t tensor_numel(const tport_tensor *t) { return meta_numel(&t->layout); }
+int64_t tensor_numel(const tport_tensor *t)
+{
+  return meta_numel(&t->layout);
+}
 
 size_t tensor_nbytes(const tport_tensor *t)
 {
   return (size_t)tensor_numel(t) * tport_dtype_size(t->dtype);
 }
 
-bool tensor_is_managed(const tport_tensor *t) { return t->storage->flags & STORAGE_MANAGED; }
+bool tensor_is_managed(const tport_tensor *t)
+{
+  return t->storage->flags & STORAGE_MANAGED;
+}
 
 tport_memory_format tensor_actual_format(const tport_tensor *t)
 {
@@ -189,8 +194,8 @@ tport_memory_format tensor_actual_format(const tport_tensor *t)
 
 bool tensor_same_data(const tport_tensor *a, const tport_tensor *b)
 {
-  if (a->storage != b->storage || a->dtype != b->dtype || a->conj != b->conj ||
-      a->neg != b->neg || a->layout.offset != b->layout.offset || !meta_same_sizes(&a->layout, &b->layout))
+  if (a->storage != b->storage || a->dtype != b->dtype || a->conj != b->conj || a->neg != b->neg ||
+      a->layout.offset != b->layout.offset || !meta_same_sizes(&a->layout, &b->layout))
     return false;
   for (int d = 0; d < a->layout.ndim; d++)
     if (a->layout.strides[d] != b->layout.strides[d])
@@ -235,7 +240,10 @@ int tensor_write(tport_tensor *t, const void *host, size_t nbytes, tport_err *er
   return rc;
 }
 
-int tensor_sync(tport_tensor *t, tport_err *err) { return storage_sync(t->storage, err); }
+int tensor_sync(tport_tensor *t, tport_err *err)
+{
+  return storage_sync(t->storage, err);
+}
 
 void engine_synchronize_all(void)
 {

@@ -14,8 +14,9 @@ static int resolve_device(tport_device d, tport_device *out, tport_err *err)
     d.index = 0; /* the current device is always device 0 in tensorport */
   int n = be->device_count();
   if (d.index >= n)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "device %s:%d does not exist (%d present)%s%s",
-                         be->name, d.index, n, n ? "" : ": ", n ? "" : be->unavailable_reason());
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "device %s:%d does not exist (%d present)%s%s", be->name, d.index, n,
+                         n ? "" : ": ", n ? "" : be->unavailable_reason());
   *out = d;
   return TPORT_OK;
 }
@@ -124,8 +125,8 @@ int tensor_to(tport_tensor *t, const to_options *o, tport_tensor **out, bool *al
   return TPORT_OK;
 }
 
-int tensor_contiguous(tport_tensor *t, tport_memory_format fmt, tport_tensor **out,
-                      bool *aliased, tport_err *err)
+int tensor_contiguous(tport_tensor *t, tport_memory_format fmt, tport_tensor **out, bool *aliased,
+                      tport_err *err)
 {
   if (fmt == TPORT_MF_PRESERVE)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT,
@@ -141,8 +142,8 @@ int tensor_contiguous(tport_tensor *t, tport_memory_format fmt, tport_tensor **o
     return TPORT_OK;
   }
   tport_tensor *r;
-  int rc = tensor_empty(tensor_device(t), t->dtype, t->layout.ndim, t->layout.sizes, fmt, 0, &r,
-                        err);
+  int rc =
+      tensor_empty(tensor_device(t), t->dtype, t->layout.ndim, t->layout.sizes, fmt, 0, &r, err);
   if (rc)
     return rc;
   rc = tensor_copy_(r, t, false, err);

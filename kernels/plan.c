@@ -107,8 +107,8 @@ bool plan_is_contiguous(const plan *p, const size_t *elem_sizes)
 }
 
 bool plan_broadcast_strides(int dst_ndim, const int64_t *dst_sizes, int src_ndim,
-                            const int64_t *src_sizes, const int64_t *src_strides,
-                            size_t elem_size, int64_t *out)
+                            const int64_t *src_sizes, const int64_t *src_strides, size_t elem_size,
+                            int64_t *out)
 {
   if (src_ndim > dst_ndim)
     return false;
@@ -120,7 +120,8 @@ bool plan_broadcast_strides(int dst_ndim, const int64_t *dst_sizes, int src_ndim
     }
     int64_t s = src_sizes[d - lead];
     if (s == dst_sizes[d])
-      out[d] = src_strides[d - lead] * (int64_t)elem_size; /* as TensorIterator: kept even for size 1 */
+      out[d] =
+          src_strides[d - lead] * (int64_t)elem_size; /* as TensorIterator: kept even for size 1 */
     else if (s == 1)
       out[d] = 0;
     else

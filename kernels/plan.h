@@ -15,9 +15,9 @@
 #define PLAN_MAX_OPERANDS 3
 
 typedef struct plan {
-  int ndim;  /* after coalescing; 0 for a single element */
+  int ndim; /* after coalescing; 0 for a single element */
   int nops;
-  int64_t shape[TPORT_MAX_DIMS];                     /* dim 0 innermost */
+  int64_t shape[TPORT_MAX_DIMS];                      /* dim 0 innermost */
   int64_t strides[PLAN_MAX_OPERANDS][TPORT_MAX_DIMS]; /* bytes */
   int perm[TPORT_MAX_DIMS]; /* plan dim i (before coalescing) = tensor dim perm[i] */
 } plan;
@@ -39,7 +39,7 @@ bool plan_is_contiguous(const plan *p, const size_t *elem_sizes);
  * writing byte strides.  Returns false when src does not broadcast (it may not
  * have more dims than dst). */
 bool plan_broadcast_strides(int dst_ndim, const int64_t *dst_sizes, int src_ndim,
-                            const int64_t *src_sizes, const int64_t *src_strides,
-                            size_t elem_size, int64_t *out_byte_strides);
+                            const int64_t *src_sizes, const int64_t *src_strides, size_t elem_size,
+                            int64_t *out_byte_strides);
 
 #endif

@@ -34,8 +34,8 @@ int device_parse(const char *s, const char *field, tport_device *out, tport_err 
     long idx = strtol(rest, &end, 10);
     if (end == rest || *end != '\0' || idx < 0 || idx > 1023 || rest[0] == '+' || rest[0] == '-')
       return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                           "%s is '%.64s': the device index must be an integer in [0, 1023]",
-                           field, s);
+                           "%s is '%.64s': the device index must be an integer in [0, 1023]", field,
+                           s);
     if (t == TPORT_DEV_CPU && idx != 0)
       return tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s is '%.64s': cpu has only index 0",
                            field, s);

@@ -12,8 +12,8 @@ static const struct {
   const char *alias;
   tport_dtype dtype;
 } dtype_aliases[] = {
-    {"half", TPORT_FLOAT16},    {"float", TPORT_FLOAT32},      {"double", TPORT_FLOAT64},
-    {"short", TPORT_INT16},     {"int", TPORT_INT32},          {"long", TPORT_INT64},
+    {"half", TPORT_FLOAT16},     {"float", TPORT_FLOAT32},      {"double", TPORT_FLOAT64},
+    {"short", TPORT_INT16},      {"int", TPORT_INT32},          {"long", TPORT_INT64},
     {"cfloat", TPORT_COMPLEX64}, {"cdouble", TPORT_COMPLEX128}, {"chalf", (tport_dtype)-1},
 };
 

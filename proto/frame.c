@@ -26,21 +26,19 @@ int frame_parse(const void *buf, size_t len, frame_view *out, tport_err *err)
   uint32_t magic = get_be32(p);
   if (magic != FRAME_MAGIC)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                         "frame magic is 0x%08x: not a tensorport frame (expected 0x%08x)",
-                         magic, FRAME_MAGIC);
+                         "frame magic is 0x%08x: not a tensorport frame (expected 0x%08x)", magic,
+                         FRAME_MAGIC);
   if (p[4] != FRAME_VERSION)
     return tport_err_set(err, TPORT_FAILED_PRECONDITION,
-                         "frame version is %u: this build speaks version %d", p[4],
-                         FRAME_VERSION);
+                         "frame version is %u: this build speaks version %d", p[4], FRAME_VERSION);
   uint32_t msg_len = get_be32(p + 8);
   if (msg_len > FRAME_MAX_MESSAGE_BYTES)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                         "frame message length is %u: the limit is %u", msg_len,
-                         FRAME_MAX_MESSAGE_BYTES);
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "frame message length is %u: the limit is %u",
+                         msg_len, FRAME_MAX_MESSAGE_BYTES);
   if ((size_t)msg_len > len - FRAME_HEADER_BYTES)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                         "frame message length is %u but only %zu bytes follow the header",
-                         msg_len, len - FRAME_HEADER_BYTES);
+                         "frame message length is %u but only %zu bytes follow the header", msg_len,
+                         len - FRAME_HEADER_BYTES);
   out->version = p[4];
   out->flags = p[5];
   out->method = (uint16_t)(p[6] << 8 | p[7]);
@@ -68,13 +66,12 @@ void frame_write_head(void *buf, uint16_t method, uint8_t flags, const ProtobufC
   put_be32(p + 8, (uint32_t)n);
 }
 
-int frame_unpack(const frame_view *v, const ProtobufCMessageDescriptor *d,
-                 ProtobufCMessage **out, tport_err *err)
+int frame_unpack(const frame_view *v, const ProtobufCMessageDescriptor *d, ProtobufCMessage **out,
+                 tport_err *err)
 {
   ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, v->msg_len, v->msg);
   if (!m)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "frame message is not a valid %s",
-                         d->name);
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "frame message is not a valid %s", d->name);
   *out = m;
   return TPORT_OK;
 }

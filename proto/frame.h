@@ -52,8 +52,8 @@ void frame_write_head(void *buf, uint16_t method, uint8_t flags, const ProtobufC
 
 /* Unpacks the message of a parsed frame with descriptor d; the caller frees
  * the result with protobuf_c_message_free_unpacked(result, NULL). */
-int frame_unpack(const frame_view *v, const ProtobufCMessageDescriptor *d,
-                 ProtobufCMessage **out, tport_err *err);
+int frame_unpack(const frame_view *v, const ProtobufCMessageDescriptor *d, ProtobufCMessage **out,
+                 tport_err *err);
 
 /* The service's method for a method number (1-based); NULL if unknown. */
 const ProtobufCMethodDescriptor *frame_method(uint16_t method);

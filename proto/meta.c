@@ -202,11 +202,10 @@ int meta_fresh_strides(int ndim, const int64_t *s, tport_memory_format fmt, int6
     st[0] = st[2] * s[2];
     return TPORT_OK;
   case TPORT_MF_PRESERVE:
-  case TPORT_MF_NONE:
-    break;
+  case TPORT_MF_NONE: break;
   }
-  return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                       "memory_format %d cannot give fresh strides", (int)fmt);
+  return tport_err_set(err, TPORT_INVALID_ARGUMENT, "memory_format %d cannot give fresh strides",
+                       (int)fmt);
 }
 
 void meta_infer_dense_strides(int n, const int64_t *sizes, const int64_t *strides, int64_t *out)

@@ -46,11 +46,10 @@ meta_overlap meta_internal_overlap(const meta_layout *l);
 
 /* Strides of a fresh tensor in format fmt (CONTIGUOUS, CHANNELS_LAST (rank 4),
  * CHANNELS_LAST_3D (rank 5)).  PyTorch's error for a wrong rank. */
-int meta_fresh_strides(int ndim, const int64_t *sizes, tport_memory_format fmt,
-                       int64_t *strides, tport_err *err);
+int meta_fresh_strides(int ndim, const int64_t *sizes, tport_memory_format fmt, int64_t *strides,
+                       tport_err *err);
 /* at::infer_dense_strides: dense strides that keep the input's memory order. */
-void meta_infer_dense_strides(int ndim, const int64_t *sizes, const int64_t *strides,
-                              int64_t *out);
+void meta_infer_dense_strides(int ndim, const int64_t *sizes, const int64_t *strides, int64_t *out);
 
 /* Largest element index reached, plus one (0 when numel is 0): the storage
  * elements a layout needs beyond its offset.  Assumes a validated layout. */

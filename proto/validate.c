@@ -14,8 +14,8 @@ bool validate_add(int64_t a, int64_t b, int64_t *out)
 }
 
 int validate_desc(int dtype, size_t ndim, const int64_t *sizes, size_t nstrides,
-                  const int64_t *strides, int64_t offset, int64_t storage_bytes,
-                  meta_layout *out, validate_result *res, tport_err *err)
+                  const int64_t *strides, int64_t offset, int64_t storage_bytes, meta_layout *out,
+                  validate_result *res, tport_err *err)
 {
   if (!dtype_name(dtype))
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "dtype is %d: not a known dtype", dtype);
@@ -23,17 +23,17 @@ int validate_desc(int dtype, size_t ndim, const int64_t *sizes, size_t nstrides,
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sizes has %zu dims: the limit is %d", ndim,
                          TPORT_MAX_DIMS);
   if (nstrides != 0 && nstrides != ndim)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                         "strides has %zu entries but sizes has %zu", nstrides, ndim);
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "strides has %zu entries but sizes has %zu",
+                         nstrides, ndim);
   if (offset < 0)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                         "storage_offset is %lld: it must be >= 0", (long long)offset);
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "storage_offset is %lld: it must be >= 0",
+                         (long long)offset);
   meta_layout l = {.ndim = (int)ndim, .offset = offset};
   int64_t numel = 1;
   for (size_t d = 0; d < ndim; d++) {
     if (sizes[d] < 0)
-      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sizes[%zu] is %lld: sizes must be >= 0",
-                           d, (long long)sizes[d]);
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sizes[%zu] is %lld: sizes must be >= 0", d,
+                           (long long)sizes[d]);
     l.sizes[d] = sizes[d];
     if (!validate_mul(numel, sizes[d], &numel) || numel > VALIDATE_MAX_BYTES)
       return tport_err_set(err, TPORT_INVALID_ARGUMENT,

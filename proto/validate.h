@@ -18,8 +18,8 @@
 
 typedef struct validate_result {
   int64_t numel;
-  int64_t nbytes;         /* numel * element size: the logical payload */
-  int64_t storage_bytes;  /* bytes the storage must hold: (offset + span) * element size */
+  int64_t nbytes;        /* numel * element size: the logical payload */
+  int64_t storage_bytes; /* bytes the storage must hold: (offset + span) * element size */
 } validate_result;
 
 /* Validates dtype, sizes and strides (nstrides == 0: contiguous strides are
@@ -27,8 +27,8 @@ typedef struct validate_result {
  * means "a fresh storage of the needed size"; otherwise the layout must fit
  * inside a storage of that many bytes. */
 int validate_desc(int dtype, size_t ndim, const int64_t *sizes, size_t nstrides,
-                  const int64_t *strides, int64_t offset, int64_t storage_bytes,
-                  meta_layout *out, validate_result *res, tport_err *err);
+                  const int64_t *strides, int64_t offset, int64_t storage_bytes, meta_layout *out,
+                  validate_result *res, tport_err *err);
 
 /* Overflow-checked arithmetic (false on overflow). */
 bool validate_mul(int64_t a, int64_t b, int64_t *out);

@@ -56,13 +56,14 @@ static inline int64_t f_to_i64ish(double x)
 #define LD_COMPLEX128(p) (*(const c128_t *)(p))
 
 /* The real part of a complex value; any other value unchanged. */
-#define REAL(x) _Generic((x), c64_t: crealf((c64_t)(x)), c128_t: creal((c128_t)(x)), default: (x))
+#define REAL(x)                                                                                    \
+  _Generic((x), c64_t : crealf((c64_t)(x)), c128_t : creal((c128_t)(x)), default : (x))
 
 /* Integer targets.  An int64 source wraps; a floating one is defined above. */
-#define TO_I32ISH(x)                                                                             \
-  _Generic((x), int64_t: (x), float: f_to_i32ish((double)(x)), double: f_to_i32ish((double)(x)))
-#define TO_I64ISH(x)                                                                             \
-  _Generic((x), int64_t: (x), float: f_to_i64ish((double)(x)), double: f_to_i64ish((double)(x)))
+#define TO_I32ISH(x)                                                                               \
+  _Generic((x), int64_t : (x), float : f_to_i32ish((double)(x)), double : f_to_i32ish((double)(x)))
+#define TO_I64ISH(x)                                                                               \
+  _Generic((x), int64_t : (x), float : f_to_i64ish((double)(x)), double : f_to_i64ish((double)(x)))
 
 #define ST_BOOL(p, x) (*(uint8_t *)(p) = (uint8_t)(REAL(x) != 0))
 #define ST_UINT8(p, x) (*(uint8_t *)(p) = (uint8_t)(uint64_t)TO_I64ISH(REAL(x)))
@@ -74,12 +75,16 @@ static inline int64_t f_to_i64ish(double x)
 #define ST_BFLOAT16(p, x) (*(uint16_t *)(p) = bf16_from_f32((float)REAL(x)))
 #define ST_FLOAT32(p, x) (*(float *)(p) = (float)REAL(x))
 #define ST_FLOAT64(p, x) (*(double *)(p) = (double)REAL(x))
-#define ST_COMPLEX64(p, x)                                                                       \
-  (*(c64_t *)(p) = _Generic((x), c64_t: (x), c128_t: (c64_t)(x),                                \
-                            default: CMPLXF((float)(x), 0.0f)))
-#define ST_COMPLEX128(p, x)                                                                      \
-  (*(c128_t *)(p) = _Generic((x), c64_t: (c128_t)(x), c128_t: (x),                              \
-                             default: CMPLX((double)(x), 0.0)))
+#define ST_COMPLEX64(p, x)                                                                         \
+  (*(c64_t *)(p) = _Generic((x), c64_t                                                             \
+                            : (x), c128_t                                                          \
+                            : (c64_t)(x), default                                                  \
+                            : CMPLXF((float)(x), 0.0f)))
+#define ST_COMPLEX128(p, x)                                                                        \
+  (*(c128_t *)(p) = _Generic((x), c64_t                                                            \
+                             : (c128_t)(x), c128_t                                                 \
+                             : (x), default                                                        \
+                             : CMPLX((double)(x), 0.0)))
 
 #define SZ_BOOL 1
 #define SZ_UINT8 1
@@ -97,39 +102,40 @@ static inline int64_t f_to_i64ish(double x)
 /* One loop per pair.  The dense case gets its own loop so the compiler can
  * vectorize it; the strided one serves every other plan.  dst may be src
  * exactly (in-place conj/neg fix-ups), so the pointers are not restrict. */
-#define DEF_CAST(D, S)                                                                           \
-  static void cast_##S##_to_##D(char *dst, const char *src, int64_t n,                          \
-                                int64_t ds, int64_t ss)                                          \
-  {                                                                                              \
-    if (ds == SZ_##D && ss == SZ_##S) {                                                          \
-      for (int64_t i = 0; i < n; i++)                                                            \
-        ST_##D(dst + i * SZ_##D, LD_##S(src + i * SZ_##S));                                      \
-    } else {                                                                                     \
-      for (int64_t i = 0; i < n; i++)                                                            \
-        ST_##D(dst + i * ds, LD_##S(src + i * ss));                                              \
-    }                                                                                            \
+#define DEF_CAST(D, S)                                                                             \
+  static void cast_##S##_to_##D(char *dst, const char *src, int64_t n, int64_t ds, int64_t ss)     \
+  {                                                                                                \
+    if (ds == SZ_##D && ss == SZ_##S) {                                                            \
+      for (int64_t i = 0; i < n; i++)                                                              \
+        ST_##D(dst + i * SZ_##D, LD_##S(src + i * SZ_##S));                                        \
+    } else {                                                                                       \
+      for (int64_t i = 0; i < n; i++)                                                              \
+        ST_##D(dst + i * ds, LD_##S(src + i * ss));                                                \
+    }                                                                                              \
   }
 
-#define FOR_SRC(X, D)                                                                            \
-  X(D, BOOL) X(D, UINT8) X(D, INT8) X(D, INT16) X(D, INT32) X(D, INT64) X(D, FLOAT16)           \
-  X(D, BFLOAT16) X(D, FLOAT32) X(D, FLOAT64) X(D, COMPLEX64) X(D, COMPLEX128)
-#define FOR_DST(X)                                                                               \
-  X(BOOL) X(UINT8) X(INT8) X(INT16) X(INT32) X(INT64) X(FLOAT16) X(BFLOAT16) X(FLOAT32)         \
-  X(FLOAT64) X(COMPLEX64) X(COMPLEX128)
+#define FOR_SRC(X, D)                                                                              \
+  X(D, BOOL)                                                                                       \
+  X(D, UINT8) X(D, INT8) X(D, INT16) X(D, INT32) X(D, INT64) X(D, FLOAT16) X(D, BFLOAT16)          \
+      X(D, FLOAT32) X(D, FLOAT64) X(D, COMPLEX64) X(D, COMPLEX128)
+#define FOR_DST(X)                                                                                 \
+  X(BOOL)                                                                                          \
+  X(UINT8) X(INT8) X(INT16) X(INT32) X(INT64) X(FLOAT16) X(BFLOAT16) X(FLOAT32) X(FLOAT64)         \
+      X(COMPLEX64) X(COMPLEX128)
 
 #define DEF_ROW(D) FOR_SRC(DEF_CAST, D)
 FOR_DST(DEF_ROW)
 
 /* Same dtype: a bit copy, as in PyTorch (NaN payloads and bool bytes kept). */
-#define DEF_RAW(NAME, T)                                                                         \
-  static void raw_##NAME(char *dst, const char *src, int64_t n, int64_t ds, int64_t ss)          \
-  {                                                                                              \
-    if (ds == (int64_t)sizeof(T) && ss == (int64_t)sizeof(T)) {                                  \
-      memmove(dst, src, (size_t)n * sizeof(T));                                                  \
-      return;                                                                                    \
-    }                                                                                            \
-    for (int64_t i = 0; i < n; i++)                                                              \
-      memcpy(dst + i * ds, src + i * ss, sizeof(T));                                             \
+#define DEF_RAW(NAME, T)                                                                           \
+  static void raw_##NAME(char *dst, const char *src, int64_t n, int64_t ds, int64_t ss)            \
+  {                                                                                                \
+    if (ds == (int64_t)sizeof(T) && ss == (int64_t)sizeof(T)) {                                    \
+      memmove(dst, src, (size_t)n * sizeof(T));                                                    \
+      return;                                                                                      \
+    }                                                                                              \
+    for (int64_t i = 0; i < n; i++)                                                                \
+      memcpy(dst + i * ds, src + i * ss, sizeof(T));                                               \
   }
 typedef struct {
   uint64_t lo, hi;
@@ -156,12 +162,12 @@ static cast_loop_fn raw_loop(size_t size)
 static const cast_loop_fn cast_table[TPORT_NUM_DTYPES][TPORT_NUM_DTYPES] = {FOR_DST(ROW)};
 
 /* The four float32 <-> float16/bfloat16 pairs try the vector loop on dense runs. */
-#define DEF_SIMD_PAIR(D, S)                                                                      \
-  static void simd_##S##_to_##D(char *dst, const char *src, int64_t n, int64_t ds, int64_t ss)   \
-  {                                                                                              \
-    if (ds == SZ_##D && ss == SZ_##S && simd_cast_dense(TPORT_##D, TPORT_##S, dst, src, n))      \
-      return;                                                                                    \
-    cast_##S##_to_##D(dst, src, n, ds, ss);                                                      \
+#define DEF_SIMD_PAIR(D, S)                                                                        \
+  static void simd_##S##_to_##D(char *dst, const char *src, int64_t n, int64_t ds, int64_t ss)     \
+  {                                                                                                \
+    if (ds == SZ_##D && ss == SZ_##S && simd_cast_dense(TPORT_##D, TPORT_##S, dst, src, n))        \
+      return;                                                                                      \
+    cast_##S##_to_##D(dst, src, n, ds, ss);                                                        \
   }
 DEF_SIMD_PAIR(FLOAT16, FLOAT32)
 DEF_SIMD_PAIR(FLOAT32, FLOAT16)
@@ -186,13 +192,13 @@ cast_loop_fn cpu_cast_loop(tport_dtype dst, tport_dtype src)
 }
 
 /* ---- negation and conjugation, in place, in the destination dtype. */
-#define DEF_NEG(NAME, T)                                                                         \
-  static void neg_##NAME(char *p, int64_t n, int64_t s)                                          \
-  {                                                                                              \
-    for (int64_t i = 0; i < n; i++) {                                                            \
-      T *e = (T *)(p + i * s);                                                                   \
-      *e = (T)(-*e);                                                                             \
-    }                                                                                            \
+#define DEF_NEG(NAME, T)                                                                           \
+  static void neg_##NAME(char *p, int64_t n, int64_t s)                                            \
+  {                                                                                                \
+    for (int64_t i = 0; i < n; i++) {                                                              \
+      T *e = (T *)(p + i * s);                                                                     \
+      *e = (T)(-*e);                                                                               \
+    }                                                                                              \
   }
 DEF_NEG(u8, uint8_t)
 DEF_NEG(i8, int8_t)

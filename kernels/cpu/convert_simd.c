@@ -95,8 +95,7 @@ static bool have_simd(void)
   static int cached = -1;
   if (cached < 0) {
     __builtin_cpu_init();
-    cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-             !disabled_by_env();
+    cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && !disabled_by_env();
   }
   return cached;
 }

@@ -24,7 +24,12 @@ enum {
 };
 
 /* How cpu_copy ran (for tests and stats). */
-typedef enum { CPU_PATH_EMPTY, CPU_PATH_MEMCPY, CPU_PATH_TRANSPOSE, CPU_PATH_STRIDED } cpu_copy_path;
+typedef enum {
+  CPU_PATH_EMPTY,
+  CPU_PATH_MEMCPY,
+  CPU_PATH_TRANSPOSE,
+  CPU_PATH_STRIDED
+} cpu_copy_path;
 
 /* dst = convert(src) over a 2-operand plan (operand 0 dst, 1 src).  The
  * memcpy path when the plan is contiguous and nothing converts; the tiled

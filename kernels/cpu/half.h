@@ -56,8 +56,8 @@ static inline float f16_to_f32(uint16_t h)
   const uint32_t magic_mask = 126u << 23;
   const float denormalized = half_bits_f32((two_w >> 17) | magic_mask) - 0.5f;
   const uint32_t cutoff = 1u << 27;
-  return half_bits_f32(sign | (two_w < cutoff ? half_f32_bits(denormalized)
-                                              : half_f32_bits(normalized)));
+  return half_bits_f32(sign |
+                       (two_w < cutoff ? half_f32_bits(denormalized) : half_f32_bits(normalized)));
 }
 
 static inline uint16_t bf16_from_f32(float f)

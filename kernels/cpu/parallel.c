@@ -32,9 +32,9 @@ static struct {
   pthread_cond_t work, finished;
   pool_job *job;
   uint64_t generation;
-  int active;    /* workers holding a pointer to the current job */
-  int nworkers;  /* threads started */
-  int nthreads;  /* threads used, caller included */
+  int active;   /* workers holding a pointer to the current job */
+  int nworkers; /* threads started */
+  int nthreads; /* threads used, caller included */
 } pool = {.once = PTHREAD_ONCE_INIT,
           .busy = PTHREAD_MUTEX_INITIALIZER,
           .mu = PTHREAD_MUTEX_INITIALIZER,

@@ -12,9 +12,8 @@
 
 bool cpu_transpose_eligible(const plan *p, size_t dsize, size_t ssize)
 {
-  return p->ndim >= 2 && p->strides[0][0] == (int64_t)dsize &&
-         p->strides[1][1] == (int64_t)ssize && p->strides[1][0] != (int64_t)ssize &&
-         p->shape[0] >= 4 && p->shape[1] >= 4;
+  return p->ndim >= 2 && p->strides[0][0] == (int64_t)dsize && p->strides[1][1] == (int64_t)ssize &&
+         p->strides[1][0] != (int64_t)ssize && p->shape[0] >= 4 && p->shape[1] >= 4;
 }
 
 typedef struct tr_ctx {

@@ -64,6 +64,26 @@ def random_values(rng, dtype, n):
     return torch.tensor([one() for _ in range(n)], dtype=torch.float64).to(dtype)
 
 
+def span_of(sizes, strides):
+    """Elements a view reaches beyond its offset (0 when it is empty)."""
+    span = 1
+    for sz, st in zip(sizes, strides):
+        if sz == 0:
+            return 0
+        span += (sz - 1) * st
+    return span
+
+
+def dense_strides(rng, sizes, order):
+    """Dense strides walking dims in `order` (innermost first), with random gaps."""
+    strides = [0] * len(sizes)
+    s = 1
+    for d in order:
+        strides[d] = s * (2 if rng.random() < 0.2 else 1)
+        s = strides[d] * max(sizes[d], 1)
+    return strides
+
+
 def random_view(rng, max_rank=5):
     """sizes, strides, offset, storage numel of a random view."""
     nd = rng.choice([0, 1, 2, 3, 4, 4, 4, 5, 5])
@@ -78,11 +98,7 @@ def random_view(rng, max_rank=5):
         rng.shuffle(order)
         if rng.random() < 0.3 and nd in (4, 5):
             order = [1] + list(range(nd - 1, 1, -1)) + [0]  # channels_last(3d)
-        strides = [0] * nd
-        s = 1
-        for d in order:
-            strides[d] = s * (2 if rng.random() < 0.2 else 1)
-            s = strides[d] * max(sizes[d], 1)
+        strides = dense_strides(rng, sizes, order)
         for d in range(nd):
             if sizes[d] == 1 and rng.random() < 0.3:
                 strides[d] = rng.randint(0, 9)  # odd size-1 strides
@@ -91,13 +107,7 @@ def random_view(rng, max_rank=5):
     else:
         strides = [0 if rng.random() < 0.4 else rng.randint(1, 30) for _ in range(nd)]
     off = rng.randint(0, 3)
-    span = 1
-    for sz, st in zip(sizes, strides):
-        if sz == 0:
-            span = 0
-            break
-        span += (sz - 1) * st
-    n = off + max(span, 0) + rng.randint(0, 2)
+    n = off + span_of(sizes, strides) + rng.randint(0, 2)
     return sizes, strides, off, max(n, 1)
 
 
@@ -139,21 +149,12 @@ def make_cases(rng, count):
                 dsizes[-1] += 1
             order = list(range(len(dsizes)))
             rng.shuffle(order)
-            dstrides = [0] * len(dsizes)
-            s = 1
-            for d in order:
-                dstrides[d] = s * (2 if rng.random() < 0.2 else 1)
-                s = dstrides[d] * max(dsizes[d], 1)
+            dstrides = dense_strides(rng, dsizes, order)
             if rng.random() < 0.05 and dsizes:
                 dstrides[0] = 0
             doffs = rng.randint(0, 2)
-            span = 1
-            for sz, st in zip(dsizes, dstrides):
-                if sz == 0:
-                    span = 0
-                    break
-                span += (sz - 1) * st
-            c.update(dsizes=dsizes, dstrides=dstrides, doffs=doffs, dn=max(doffs + span, 1),
+            c.update(dsizes=dsizes, dstrides=dstrides, doffs=doffs,
+                     dn=max(doffs + span_of(dsizes, dstrides), 1),
                      ddev=rng.choice(["cpu", "cpu", "sim:0", "sim:1"]))
         cases.append(c)
     return cases, b"".join(blobs)

@@ -30,7 +30,8 @@ TestSuite(concurrency, .init = setup, .fini = teardown);
 static tport_tensor *filled(tport_device d, int n, int32_t value)
 {
   tport_tensor *t;
-  cr_assert_eq(tensor_empty(d, TPORT_INT32, 1, (int64_t[]){n}, TPORT_MF_CONTIGUOUS, 0, &t, NULL), 0);
+  cr_assert_eq(tensor_empty(d, TPORT_INT32, 1, (int64_t[]){n}, TPORT_MF_CONTIGUOUS, 0, &t, NULL),
+               0);
   int32_t *v = malloc((size_t)n * 4);
   for (int i = 0; i < n; i++)
     v[i] = value + i;
@@ -59,11 +60,14 @@ static int staging_reuse_failures(void)
     tport_tensor *dev[N];
     int32_t *host = malloc(LEN * 4);
     for (int k = 0; k < N; k++) {
-      cr_assert_eq(tensor_empty(S0, TPORT_INT32, 1, (int64_t[]){LEN}, TPORT_MF_CONTIGUOUS, 0, &dev[k], NULL), 0);
+      cr_assert_eq(
+          tensor_empty(S0, TPORT_INT32, 1, (int64_t[]){LEN}, TPORT_MF_CONTIGUOUS, 0, &dev[k], NULL),
+          0);
       for (int i = 0; i < LEN; i++)
         host[i] = k * 1000000 + i;
       tport_tensor *h;
-      cr_assert_eq(tensor_wrap_host(host, LEN * 4, TPORT_INT32, 1, (int64_t[]){LEN}, NULL, 0, &h, NULL), 0);
+      cr_assert_eq(
+          tensor_wrap_host(host, LEN * 4, TPORT_INT32, 1, (int64_t[]){LEN}, NULL, 0, &h, NULL), 0);
       cr_assert_eq(tensor_copy_(dev[k], h, true, NULL), 0);
       tensor_release(h); /* the caller's buffer is free to change: it was staged */
     }

@@ -191,7 +191,8 @@ Test(engine, copy_errors)
 Test(engine, copy_broadcasts_and_converts)
 {
   tport_tensor *row = arange_f32(1, (int64_t[]){4}), *dst;
-  cr_assert_eq(tensor_empty(CPU, TPORT_INT16, 2, (int64_t[]){3, 4}, TPORT_MF_CONTIGUOUS, 0, &dst, NULL), 0);
+  cr_assert_eq(
+      tensor_empty(CPU, TPORT_INT16, 2, (int64_t[]){3, 4}, TPORT_MF_CONTIGUOUS, 0, &dst, NULL), 0);
   cr_assert_eq(tensor_copy_(dst, row, false, NULL), 0);
   int16_t v[12];
   tensor_read(dst, v, sizeof v, NULL);
@@ -216,7 +217,8 @@ Test(engine, contiguous_rules)
   tensor_release(r);
   cr_assert_eq(tensor_contiguous(t, TPORT_MF_PRESERVE, &r, &a, &err), TPORT_INVALID_ARGUMENT);
   cr_assert_str_eq(err.msg, "preserve memory format is unsupported by the contiguous operator");
-  cr_assert_eq(tensor_contiguous(t, TPORT_MF_CHANNELS_LAST_3D, &r, &a, &err), TPORT_INVALID_ARGUMENT);
+  cr_assert_eq(tensor_contiguous(t, TPORT_MF_CHANNELS_LAST_3D, &r, &a, &err),
+               TPORT_INVALID_ARGUMENT);
   cr_assert_str_eq(err.msg, "required rank 5 tensor to use channels_last_3d format");
   tensor_release(t);
 }
@@ -235,7 +237,8 @@ Test(engine, preserve_keeps_odd_size_one_strides)
 Test(engine, conj_and_neg_views_materialize)
 {
   tport_tensor *z;
-  cr_assert_eq(tensor_empty(CPU, TPORT_COMPLEX64, 1, (int64_t[]){3}, TPORT_MF_CONTIGUOUS, 0, &z, NULL), 0);
+  cr_assert_eq(
+      tensor_empty(CPU, TPORT_COMPLEX64, 1, (int64_t[]){3}, TPORT_MF_CONTIGUOUS, 0, &z, NULL), 0);
   float complex *p = z->storage->ptr;
   for (int i = 0; i < 3; i++)
     p[i] = CMPLXF((float)i, (float)(i + 1));
@@ -256,7 +259,8 @@ Test(engine, conj_and_neg_views_materialize)
   for (int i = 0; i < 3; i++)
     cr_assert_eq(rv[i], (float)i);
   tport_tensor *b;
-  cr_assert_eq(tensor_empty(CPU, TPORT_BOOL, 1, (int64_t[]){2}, TPORT_MF_CONTIGUOUS, 0, &b, NULL), 0);
+  cr_assert_eq(tensor_empty(CPU, TPORT_BOOL, 1, (int64_t[]){2}, TPORT_MF_CONTIGUOUS, 0, &b, NULL),
+               0);
   tport_tensor *nb;
   tport_err err;
   cr_assert_eq(tensor_neg_view(b, &nb, &err), TPORT_INVALID_ARGUMENT);
@@ -292,7 +296,8 @@ Test(engine, wrap_host_and_read_write)
   float buf[6] = {0};
   tport_tensor *t;
   cr_assert_eq(tensor_wrap_host(buf, sizeof buf, TPORT_FLOAT32, 2, (int64_t[]){3, 2},
-                                (int64_t[]){1, 3}, 0, &t, NULL), 0);
+                                (int64_t[]){1, 3}, 0, &t, NULL),
+               0);
   float in[6] = {1, 2, 3, 4, 5, 6}, out[6];
   cr_assert_eq(tensor_write(t, in, sizeof in, NULL), 0);
   cr_assert(buf[0] == 1 && buf[3] == 2 && buf[1] == 3, "written through the transposed view");
@@ -301,7 +306,8 @@ Test(engine, wrap_host_and_read_write)
   tport_err err;
   cr_assert_eq(tensor_read(t, out, 5, &err), TPORT_INVALID_ARGUMENT);
   tport_tensor *bad;
-  cr_assert_eq(tensor_wrap_host(buf, sizeof buf, TPORT_FLOAT32, 1, (int64_t[]){7}, NULL, 0, &bad, &err),
-               TPORT_OUT_OF_RANGE);
+  cr_assert_eq(
+      tensor_wrap_host(buf, sizeof buf, TPORT_FLOAT32, 1, (int64_t[]){7}, NULL, 0, &bad, &err),
+      TPORT_OUT_OF_RANGE);
   tensor_release(t);
 }

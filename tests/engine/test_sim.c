@@ -16,7 +16,10 @@ static void setup(void)
   cr_assert_eq(sim_configure(&cfg, &e), 0, "%s", e.msg);
 }
 
-static void teardown(void) { engine_synchronize_all(); }
+static void teardown(void)
+{
+  engine_synchronize_all();
+}
 
 TestSuite(sim, .init = setup, .fini = teardown);
 
@@ -136,7 +139,9 @@ Test(sim, memory_is_bounded)
 static tport_tensor *host_seq(tport_dtype dt, int n, const int64_t *sz)
 {
   tport_tensor *t;
-  cr_assert_eq(tensor_empty((tport_device){TPORT_DEV_CPU, 0}, dt, n, sz, TPORT_MF_CONTIGUOUS, 0, &t, NULL), 0);
+  cr_assert_eq(
+      tensor_empty((tport_device){TPORT_DEV_CPU, 0}, dt, n, sz, TPORT_MF_CONTIGUOUS, 0, &t, NULL),
+      0);
   int64_t numel = tensor_numel(t);
   for (int64_t i = 0; i < numel; i++) {
     if (dt == TPORT_FLOAT32)
@@ -176,10 +181,10 @@ Test(sim, round_trips_through_every_path)
   for (int nb = 0; nb < 2; nb++) {
     /* 12 MiB: several staging chunks */
     tport_tensor *h = host_seq(TPORT_FLOAT32, 2, (int64_t[]){3 << 10, 1 << 10});
-    tport_tensor *a = to_dev(h, s0, nb);  /* H2D, staged */
-    tport_tensor *b = to_dev(a, s1, nb);  /* D2D with peer access */
-    tport_tensor *c = to_dev(b, s2, nb);  /* D2D peer 1->2 */
-    tport_tensor *d = to_dev(c, s0, nb);  /* 2->0: no peer access, driver copy */
+    tport_tensor *a = to_dev(h, s0, nb); /* H2D, staged */
+    tport_tensor *b = to_dev(a, s1, nb); /* D2D with peer access */
+    tport_tensor *c = to_dev(b, s2, nb); /* D2D peer 1->2 */
+    tport_tensor *d = to_dev(c, s0, nb); /* 2->0: no peer access, driver copy */
     tport_tensor *back = to_dev(d, (tport_device){TPORT_DEV_CPU, 0}, nb); /* D2H (pinned when nb) */
     if (nb)
       cr_assert(back->storage->flags & STORAGE_PINNED, "non_blocking D2H pins the result");
@@ -203,14 +208,19 @@ Test(sim, non_contiguous_transfers_use_temporaries)
   for (int nb = 0; nb < 2; nb++) {
     /* a transposed host view into a contiguous device tensor of another dtype */
     tport_tensor *d;
-    cr_assert_eq(tensor_empty(s0, TPORT_FLOAT64, 2, (int64_t[]){30, 40}, TPORT_MF_CONTIGUOUS, 0, &d, NULL), 0);
+    cr_assert_eq(
+        tensor_empty(s0, TPORT_FLOAT64, 2, (int64_t[]){30, 40}, TPORT_MF_CONTIGUOUS, 0, &d, NULL),
+        0);
     tport_err e;
     cr_assert_eq(tensor_copy_(d, ht, nb, &e), 0, "%s", e.msg);
     /* device -> device without peer access and with a conversion */
     tport_tensor *d2;
-    cr_assert_eq(tensor_empty(s2, TPORT_INT32, 2, (int64_t[]){30, 40}, TPORT_MF_CONTIGUOUS, 0, &d2, NULL), 0);
+    cr_assert_eq(
+        tensor_empty(s2, TPORT_INT32, 2, (int64_t[]){30, 40}, TPORT_MF_CONTIGUOUS, 0, &d2, NULL),
+        0);
     tport_tensor *d2t;
-    cr_assert_eq(tensor_as_strided(d2, 2, (int64_t[]){30, 40}, (int64_t[]){1, 30}, 0, &d2t, NULL), 0);
+    cr_assert_eq(tensor_as_strided(d2, 2, (int64_t[]){30, 40}, (int64_t[]){1, 30}, 0, &d2t, NULL),
+                 0);
     cr_assert_eq(tensor_copy_(d2t, d, nb, &e), 0, "%s", e.msg);
     int32_t v[1200];
     cr_assert_eq(tensor_read(d2t, v, sizeof v, &e), 0, "%s", e.msg);
@@ -231,7 +241,8 @@ Test(sim, managed_to_device_is_a_move)
   tport_tensor *m;
   tport_err e;
   cr_assert_eq(tensor_empty(s0, TPORT_INT32, 1, (int64_t[]){1000}, TPORT_MF_CONTIGUOUS,
-                            STORAGE_MANAGED, &m, &e), 0, "%s", e.msg);
+                            STORAGE_MANAGED, &m, &e),
+               0, "%s", e.msg);
   int32_t in[1000];
   for (int i = 0; i < 1000; i++)
     in[i] = i * 3;

@@ -165,7 +165,10 @@ Test(convert, complex_and_bool_and_half_edges_match_pytorch)
 }
 
 /* ---- all 144 pairs against a reference through long double */
-typedef struct { long double re, im; bool floating; } refval;
+typedef struct {
+  long double re, im;
+  bool floating;
+} refval;
 
 static refval load_ref(tport_dtype t, const void *p)
 {
@@ -177,12 +180,36 @@ static refval load_ref(tport_dtype t, const void *p)
   case TPORT_INT16: v.re = *(const int16_t *)p; break;
   case TPORT_INT32: v.re = *(const int32_t *)p; break;
   case TPORT_INT64: v.re = *(const int64_t *)p; break;
-  case TPORT_FLOAT16: v.re = ref_f16_to_f32(*(const uint16_t *)p); v.floating = true; break;
-  case TPORT_BFLOAT16: { uint32_t u = (uint32_t)*(const uint16_t *)p << 16; float f; memcpy(&f, &u, 4); v.re = f; v.floating = true; break; }
-  case TPORT_FLOAT32: v.re = *(const float *)p; v.floating = true; break;
-  case TPORT_FLOAT64: v.re = *(const double *)p; v.floating = true; break;
-  case TPORT_COMPLEX64: v.re = ((const float *)p)[0]; v.im = ((const float *)p)[1]; v.floating = true; break;
-  case TPORT_COMPLEX128: v.re = ((const double *)p)[0]; v.im = ((const double *)p)[1]; v.floating = true; break;
+  case TPORT_FLOAT16:
+    v.re = ref_f16_to_f32(*(const uint16_t *)p);
+    v.floating = true;
+    break;
+  case TPORT_BFLOAT16: {
+    uint32_t u = (uint32_t) * (const uint16_t *)p << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    v.re = f;
+    v.floating = true;
+    break;
+  }
+  case TPORT_FLOAT32:
+    v.re = *(const float *)p;
+    v.floating = true;
+    break;
+  case TPORT_FLOAT64:
+    v.re = *(const double *)p;
+    v.floating = true;
+    break;
+  case TPORT_COMPLEX64:
+    v.re = ((const float *)p)[0];
+    v.im = ((const float *)p)[1];
+    v.floating = true;
+    break;
+  case TPORT_COMPLEX128:
+    v.re = ((const double *)p)[0];
+    v.im = ((const double *)p)[1];
+    v.floating = true;
+    break;
   default: break;
   }
   return v;
@@ -216,8 +243,14 @@ static void store_ref(tport_dtype t, void *p, refval v)
   case TPORT_BFLOAT16: *(uint16_t *)p = ref_bf16(f32); break;
   case TPORT_FLOAT32: *(float *)p = f32; break;
   case TPORT_FLOAT64: *(double *)p = (double)v.re; break;
-  case TPORT_COMPLEX64: ((float *)p)[0] = f32; ((float *)p)[1] = (float)v.im; break;
-  case TPORT_COMPLEX128: ((double *)p)[0] = (double)v.re; ((double *)p)[1] = (double)v.im; break;
+  case TPORT_COMPLEX64:
+    ((float *)p)[0] = f32;
+    ((float *)p)[1] = (float)v.im;
+    break;
+  case TPORT_COMPLEX128:
+    ((double *)p)[0] = (double)v.re;
+    ((double *)p)[1] = (double)v.im;
+    break;
   default: break;
   }
 }
@@ -235,13 +268,57 @@ static bool same_value(tport_dtype t, const void *a, const void *b)
 
 Test(convert, all_144_pairs)
 {
-  const double seeds[] = {0.0, -0.0, 1.0, -1.0, 0.5, 2.5, -2.5, 3.75, 127.9, 128.0, 255.0, 256.0,
-                          -129.0, 32767.5, 65504.0, 65520.0, 1e10, 3e9, -3e9, 1e20, -1e20,
-                          5e-8, 1e-40, 9.2233720368547758e18, NAN, INFINITY, -INFINITY,
-                          0.1, 1.0 / 3.0, 16777217.0, 4294967296.0 + 7};
-  const int64_t iseeds[] = {0, 1, -1, 127, 128, 255, 256, -128, -129, 32767, 32768, -32769,
-                            2147483647, 2147483648LL, -2147483649LL, INT64_MAX, INT64_MIN,
-                            16777217, (1LL << 53) + 1, 1234567890123LL};
+  const double seeds[] = {0.0,
+                          -0.0,
+                          1.0,
+                          -1.0,
+                          0.5,
+                          2.5,
+                          -2.5,
+                          3.75,
+                          127.9,
+                          128.0,
+                          255.0,
+                          256.0,
+                          -129.0,
+                          32767.5,
+                          65504.0,
+                          65520.0,
+                          1e10,
+                          3e9,
+                          -3e9,
+                          1e20,
+                          -1e20,
+                          5e-8,
+                          1e-40,
+                          9.2233720368547758e18,
+                          NAN,
+                          INFINITY,
+                          -INFINITY,
+                          0.1,
+                          1.0 / 3.0,
+                          16777217.0,
+                          4294967296.0 + 7};
+  const int64_t iseeds[] = {0,
+                            1,
+                            -1,
+                            127,
+                            128,
+                            255,
+                            256,
+                            -128,
+                            -129,
+                            32767,
+                            32768,
+                            -32769,
+                            2147483647,
+                            2147483648LL,
+                            -2147483649LL,
+                            INT64_MAX,
+                            INT64_MIN,
+                            16777217,
+                            (1LL << 53) + 1,
+                            1234567890123LL};
   for (int s = 0; s < TPORT_NUM_DTYPES; s++) {
     /* source values: each seed stored into dtype s by the reference */
     unsigned char src[64][16];

@@ -8,7 +8,10 @@
 #include "cpu_kernels.h"
 
 static unsigned rng = 12345;
-static int rnd(int n) { return (int)(rand_r(&rng) % (unsigned)n); }
+static int rnd(int n)
+{
+  return (int)(rand_r(&rng) % (unsigned)n);
+}
 
 typedef struct {
   int ndim;
@@ -98,8 +101,8 @@ static void run_case(const ccase *c, tport_dtype dt, tport_dtype st, unsigned fl
   int64_t dbytes[6], sbytes[6];
   for (int d = 0; d < c->ndim; d++)
     dbytes[d] = c->dst_st[d] * (int64_t)de;
-  cr_assert(plan_broadcast_strides(c->ndim, c->sizes, c->src_ndim, c->src_sizes, c->src_st, se,
-                                   sbytes));
+  cr_assert(
+      plan_broadcast_strides(c->ndim, c->sizes, c->src_ndim, c->src_sizes, c->src_st, se, sbytes));
   const int64_t *strides[2] = {dbytes, sbytes};
   plan p;
   plan_build(&p, c->ndim, c->sizes, 2, strides);
@@ -107,8 +110,8 @@ static void run_case(const ccase *c, tport_dtype dt, tport_dtype st, unsigned fl
   reference(c, want + doffset * (int64_t)de, dt, src + soffset * (int64_t)se, st, flags);
   /* compare every byte, the ones outside the view (untouched) included;
    * NaNs compare by bytes too since both sides run the same element cast */
-  cr_assert(memcmp(got, want, (size_t)dspan * de) == 0, "dtype %d <- %d, ndim %d, flags %u", dt,
-            st, c->ndim, flags);
+  cr_assert(memcmp(got, want, (size_t)dspan * de) == 0, "dtype %d <- %d, ndim %d, flags %u", dt, st,
+            c->ndim, flags);
   free(src);
   free(got);
   free(want);

@@ -61,16 +61,16 @@ Test(plan, nchw_to_nhwc_is_three_dims)
 Test(plan, broadcast)
 {
   int64_t out[3];
-  cr_assert(plan_broadcast_strides(3, (int64_t[]){2, 3, 4}, 2, (int64_t[]){1, 4},
-                                   (int64_t[]){4, 1}, 8, out));
+  cr_assert(plan_broadcast_strides(3, (int64_t[]){2, 3, 4}, 2, (int64_t[]){1, 4}, (int64_t[]){4, 1},
+                                   8, out));
   cr_assert(out[0] == 0 && out[1] == 0 && out[2] == 8);
   cr_assert_not(plan_broadcast_strides(2, (int64_t[]){3, 4}, 2, (int64_t[]){2, 4},
                                        (int64_t[]){4, 1}, 4, out));
-  cr_assert_not(plan_broadcast_strides(1, (int64_t[]){4}, 2, (int64_t[]){1, 4},
-                                       (int64_t[]){4, 1}, 4, out));
+  cr_assert_not(
+      plan_broadcast_strides(1, (int64_t[]){4}, 2, (int64_t[]){1, 4}, (int64_t[]){4, 1}, 4, out));
   /* a size-1 dim against size 1 keeps its stride (as TensorIterator does) */
-  cr_assert(plan_broadcast_strides(2, (int64_t[]){1, 4}, 2, (int64_t[]){1, 4},
-                                   (int64_t[]){7, 1}, 4, out));
+  cr_assert(plan_broadcast_strides(2, (int64_t[]){1, 4}, 2, (int64_t[]){1, 4}, (int64_t[]){7, 1}, 4,
+                                   out));
   cr_assert_eq(out[0], 28);
   /* broadcast src: a stride-0 dim is never memcpy eligible */
   plan p;

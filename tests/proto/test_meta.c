@@ -3,8 +3,8 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "dtype.h"
 #include "device.h"
+#include "dtype.h"
 #include "meta.h"
 
 static meta_layout L(int n, const int64_t *sz, const int64_t *st)
@@ -84,7 +84,8 @@ Test(meta, fresh_strides)
   cr_assert(st[0] == 60 && st[1] == 1 && st[2] == 15 && st[3] == 3);
   cr_assert_eq(meta_fresh_strides(4, (int64_t[]){2, 0, 4, 5}, TPORT_MF_CHANNELS_LAST, st, NULL), 0);
   cr_assert(st[0] == 0 && st[1] == 1 && st[2] == 0 && st[3] == 0, "raw sizes in channels_last");
-  cr_assert_eq(meta_fresh_strides(5, (int64_t[]){2, 3, 2, 4, 5}, TPORT_MF_CHANNELS_LAST_3D, st, NULL), 0);
+  cr_assert_eq(
+      meta_fresh_strides(5, (int64_t[]){2, 3, 2, 4, 5}, TPORT_MF_CHANNELS_LAST_3D, st, NULL), 0);
   cr_assert(st[0] == 120 && st[1] == 1 && st[2] == 60 && st[3] == 15 && st[4] == 3);
   tport_err err;
   cr_assert_eq(meta_fresh_strides(3, (int64_t[]){2, 3, 4}, TPORT_MF_CHANNELS_LAST, st, &err),
@@ -162,8 +163,8 @@ Test(device, parse_and_format)
   cr_assert_eq(device_parse("cpu", "device", &d, NULL), 0);
   cr_assert(d.type == TPORT_DEV_CPU && d.index == 0);
   tport_err err;
-  const char *bad[] = {"", "gpu", "cuda:", "cuda:-1", "cuda:x", "cuda:1x", "cpu:1", "sim:99999",
-                       "cuda:+1"};
+  const char *bad[] = {"",        "gpu",   "cuda:",     "cuda:-1", "cuda:x",
+                       "cuda:1x", "cpu:1", "sim:99999", "cuda:+1"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     cr_assert_eq(device_parse(bad[i], "device", &d, &err), TPORT_INVALID_ARGUMENT, "'%s'", bad[i]);
 }
