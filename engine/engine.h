@@ -49,6 +49,11 @@ int tensor_as_strided(tport_tensor *t, int ndim, const int64_t *sizes, const int
 /* expand_as: broadcast t to ndim/sizes (stride 0 on new or size-1 dims). */
 int tensor_expand(tport_tensor *t, int ndim, const int64_t *sizes, tport_tensor **out,
                   tport_err *err);
+/* A 1-D uint8 view of bytes [byte_offset, byte_offset + nbytes) of t's data.
+ * t must be non-overlapping and dense (its elements are then exactly
+ * tensor_nbytes(t) bytes from its first one, in storage order). */
+int tensor_byte_view(tport_tensor *t, size_t byte_offset, size_t nbytes, tport_tensor **out,
+                     tport_err *err);
 /* Lazy conj()/neg views (conj is a no-op alias for non-complex dtypes). */
 int tensor_conj_view(tport_tensor *t, tport_tensor **out, tport_err *err);
 int tensor_neg_view(tport_tensor *t, tport_tensor **out, tport_err *err);

@@ -148,6 +148,23 @@ int tensor_expand(tport_tensor *t, int ndim, const int64_t *sizes, tport_tensor 
   return view_of(t, &l, out, err);
 }
 
+int tensor_byte_view(tport_tensor *t, size_t byte_offset, size_t nbytes, tport_tensor **out,
+                     tport_err *err)
+{
+  if (!meta_is_non_overlapping_and_dense(&t->layout))
+    return tport_err_set(err, TPORT_FAILED_PRECONDITION,
+                         "a byte view needs a non-overlapping and dense tensor");
+  size_t total = tensor_nbytes(t);
+  if (byte_offset > total || nbytes > total - byte_offset)
+    return tport_err_set(err, TPORT_OUT_OF_RANGE,
+                         "bytes [%zu, %zu) are outside the tensor's %zu bytes", byte_offset,
+                         byte_offset + nbytes, total);
+  meta_layout l = {.ndim = 1, .sizes = {(int64_t)nbytes}, .strides = {1}};
+  l.offset = t->layout.offset * (int64_t)tport_dtype_size(t->dtype) + (int64_t)byte_offset;
+  int rc = tensor_alloc(storage_retain(t->storage), TPORT_UINT8, &l, out, err);
+  return rc;
+}
+
 int tensor_conj_view(tport_tensor *t, tport_tensor **out, tport_err *err)
 {
   int rc = view_of(t, &t->layout, out, err);

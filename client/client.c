@@ -1,0 +1,321 @@
+/*
+ * client.c: libtport's connection and its RPCs (see include/tport.h).
+ *
+ * One REQ socket per client with resend off (chunk requests are idempotent
+ * on the server, and a resend of a big chunk would only add load); each call
+ * opens its own nng context, so calls from many threads run side by side.
+ * Puts and gets keep a window of chunk requests in flight.
+ */
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "dtype.h"
+
+const char *tport_strerror(int code)
+{
+  return tport_status_name(code);
+}
+
+int tport_connect(const char *url, const tport_connect_options *opts, tport_client **out,
+                  tport_err *err)
+{
+  tport_client *c = calloc(1, sizeof *c);
+  if (!c)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : 60000;
+  int rv = nng_req0_open(&c->sock);
+  if (rv) {
+    free(c);
+    return tport_err_set(err, TPORT_INTERNAL, "nng_req0_open: %s", nng_strerror(rv));
+  }
+  nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+  nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, (size_t)1 << 30);
+  if ((rv = nng_dial(c->sock, url, NULL, 0)) != 0) {
+    nng_close(c->sock);
+    free(c);
+    return tport_err_set(err, TPORT_UNAVAILABLE, "cannot connect to %s: %s", url, nng_strerror(rv));
+  }
+  Tport__HelloRequest q = TPORT__HELLO_REQUEST__INIT;
+  q.protocol_version = 1;
+  q.client = "libtport 0.1.0";
+  q.tenant = (char *)(opts && opts->tenant ? opts->tenant : "default");
+  Tport__HelloReply *r;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_HELLO, &q.base, NULL, 0,
+                      &tport__hello_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
+  if (rc) {
+    nng_close(c->sock);
+    free(c);
+    return rc;
+  }
+  c->chunk_bytes = r->max_chunk_bytes ? r->max_chunk_bytes : (4u << 20);
+  c->window = r->max_inflight_chunks ? (int)r->max_inflight_chunks : 4;
+  if (c->window > CLIENT_MAX_WINDOW)
+    c->window = CLIENT_MAX_WINDOW;
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  *out = c;
+  return TPORT_OK;
+}
+
+void tport_close(tport_client *c)
+{
+  if (!c)
+    return;
+  nng_close(c->sock);
+  free(c);
+}
+
+/* ---------------------------------------------------------------- the RPC core */
+
+int client_pack(uint16_t method, const ProtobufCMessage *q, const void *payload, size_t n,
+                nng_msg **out, tport_err *err)
+{
+  size_t head = frame_head_size(q);
+  nng_msg *m;
+  if (nng_msg_alloc(&m, head + n) != 0)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte request",
+                         head + n);
+  uint8_t *body = nng_msg_body(m);
+  frame_write_head(body, method, 0, q);
+  if (n)
+    memcpy(body + head, payload, n);
+  *out = m;
+  return TPORT_OK;
+}
+
+/* Every reply carries its Status as field 1 ("status"). */
+static const Tport__Status *reply_status(const ProtobufCMessage *m)
+{
+  const ProtobufCFieldDescriptor *f =
+      protobuf_c_message_descriptor_get_field_by_name(m->descriptor, "status");
+  if (!f)
+    return NULL;
+  return *(Tport__Status *const *)((const char *)m + f->offset);
+}
+
+int client_unpack(uint16_t method, nng_msg *m, const ProtobufCMessageDescriptor *d,
+                  ProtobufCMessage **out, client_payload *payload, tport_err *err)
+{
+  frame_view v;
+  int rc = frame_parse(nng_msg_body(m), nng_msg_len(m), &v, err);
+  if (rc)
+    return rc;
+  if (!(v.flags & FRAME_FLAG_REPLY) || (v.method != method && v.method != 0))
+    return tport_err_set(err, TPORT_INTERNAL, "reply to method %u came for method %u", v.method,
+                         method);
+  ProtobufCMessage *r;
+  rc = frame_unpack(&v, d, &r, err);
+  if (rc)
+    return rc;
+  const Tport__Status *st = reply_status(r);
+  if (st && st->code != TPORT__CODE__CODE_OK) {
+    tport_err_set(err, (int)st->code, "%s", st->message ? st->message : "");
+    protobuf_c_message_free_unpacked(r, NULL);
+    return (int)st->code;
+  }
+  if (payload) {
+    payload->data = v.payload;
+    payload->len = v.payload_len;
+  }
+  *out = r;
+  return TPORT_OK;
+}
+
+static int nng_to_status(int rv)
+{
+  switch (rv) {
+  case NNG_ETIMEDOUT: return TPORT_DEADLINE_EXCEEDED;
+  case NNG_ECLOSED:
+  case NNG_ECONNREFUSED:
+  case NNG_ECONNRESET:
+  case NNG_ECONNSHUT: return TPORT_UNAVAILABLE;
+  case NNG_ENOMEM: return TPORT_RESOURCE_EXHAUSTED;
+  case NNG_EMSGSIZE: return TPORT_RESOURCE_EXHAUSTED;
+  default: return TPORT_UNAVAILABLE;
+  }
+}
+
+int client_slot_open(tport_client *c, client_slot *s, tport_err *err)
+{
+  memset(s, 0, sizeof *s);
+  int rv = nng_ctx_open(&s->ctx, c->sock);
+  if (!rv)
+    rv = nng_aio_alloc(&s->aio, NULL, NULL);
+  if (rv) {
+    nng_ctx_close(s->ctx);
+    return tport_err_set(err, TPORT_INTERNAL, "nng context: %s", nng_strerror(rv));
+  }
+  nng_aio_set_timeout(s->aio, c->timeout_ms);
+  return TPORT_OK;
+}
+
+void client_slot_close(client_slot *s)
+{
+  if (s->aio) {
+    /* a request abandoned midway: stop it, and free the message it still holds
+     * (a send that did not complete, or a reply that arrived unread) */
+    nng_aio_stop(s->aio);
+    int rv = nng_aio_result(s->aio);
+    if ((s->phase == SLOT_SENDING && rv != 0) || (s->phase == SLOT_RECEIVING && rv == 0)) {
+      nng_msg *m = nng_aio_get_msg(s->aio);
+      if (m)
+        nng_msg_free(m);
+    }
+    nng_aio_free(s->aio);
+  }
+  if (s->reply)
+    nng_msg_free(s->reply);
+  nng_ctx_close(s->ctx);
+  memset(s, 0, sizeof *s);
+}
+
+void client_slot_send(client_slot *s, nng_msg *m)
+{
+  s->phase = SLOT_SENDING;
+  nng_aio_set_msg(s->aio, m);
+  nng_ctx_send(s->ctx, s->aio);
+}
+
+int client_slot_finish(client_slot *s, tport_err *err)
+{
+  nng_aio_wait(s->aio);
+  int rv = nng_aio_result(s->aio);
+  if (rv) {
+    nng_msg_free(nng_aio_get_msg(s->aio));
+    s->phase = SLOT_IDLE;
+    return tport_err_set(err, nng_to_status(rv), "sending the request: %s", nng_strerror(rv));
+  }
+  s->phase = SLOT_RECEIVING;
+  nng_ctx_recv(s->ctx, s->aio);
+  nng_aio_wait(s->aio);
+  rv = nng_aio_result(s->aio);
+  s->phase = SLOT_IDLE;
+  if (rv)
+    return tport_err_set(err, nng_to_status(rv), "waiting for the reply: %s", nng_strerror(rv));
+  if (s->reply)
+    nng_msg_free(s->reply);
+  s->reply = nng_aio_get_msg(s->aio);
+  return TPORT_OK;
+}
+
+int client_rpc(tport_client *c, uint16_t method, const ProtobufCMessage *q, const void *payload,
+               size_t n, const ProtobufCMessageDescriptor *d, ProtobufCMessage **out,
+               client_payload *reply_payload, tport_err *err)
+{
+  client_slot s;
+  nng_msg *m;
+  int rc = client_slot_open(c, &s, err);
+  if (rc)
+    return rc;
+  rc = client_pack(method, q, payload, n, &m, err);
+  if (!rc) {
+    client_slot_send(&s, m);
+    rc = client_slot_finish(&s, err);
+  }
+  if (!rc)
+    rc = client_unpack(method, s.reply, d, out, reply_payload, err);
+  if (!rc && reply_payload) {
+    /* the payload points into the reply message: hand the message over */
+    reply_payload->msg = s.reply;
+    s.reply = NULL;
+  }
+  client_slot_close(&s);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- refs and info */
+
+void tport_ref_name(tport_ref *ref, const char *name)
+{
+  memset(ref, 0, sizeof *ref);
+  snprintf(ref->name, sizeof ref->name, "%s", name ? name : "");
+}
+
+static bool handle_is_zero(const tport_ref *r)
+{
+  for (int i = 0; i < TPORT_HANDLE_BYTES; i++)
+    if (r->handle[i])
+      return false;
+  return true;
+}
+
+void tport_ref_format(const tport_ref *ref, char *buf, size_t len)
+{
+  if (!handle_is_zero(ref) || !ref->name[0]) {
+    char hex[2 * TPORT_HANDLE_BYTES + 1];
+    for (int i = 0; i < TPORT_HANDLE_BYTES; i++)
+      snprintf(hex + 2 * i, 3, "%02x", ref->handle[i]);
+    snprintf(buf, len, "%s", hex);
+  } else {
+    snprintf(buf, len, "%s", ref->name);
+  }
+}
+
+int tport_ref_parse(const char *text, tport_ref *ref, tport_err *err)
+{
+  memset(ref, 0, sizeof *ref);
+  if (!text || !*text)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "an empty REF");
+  size_t n = strlen(text);
+  bool hex = n == 2 * TPORT_HANDLE_BYTES;
+  for (size_t i = 0; hex && i < n; i++)
+    hex = (text[i] >= '0' && text[i] <= '9') || (text[i] >= 'a' && text[i] <= 'f');
+  if (hex) {
+    for (int i = 0; i < TPORT_HANDLE_BYTES; i++) {
+      unsigned v;
+      sscanf(text + 2 * i, "%2x", &v);
+      ref->handle[i] = (uint8_t)v;
+    }
+    return TPORT_OK;
+  }
+  if (n >= TPORT_NAME_MAX)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "name is longer than %d bytes",
+                         TPORT_NAME_MAX - 1);
+  memcpy(ref->name, text, n + 1);
+  return TPORT_OK;
+}
+
+void client_ref_to_wire(const tport_ref *ref, Tport__Ref *w)
+{
+  tport__ref__init(w);
+  if (!handle_is_zero(ref)) {
+    w->handle.data = (uint8_t *)ref->handle;
+    w->handle.len = TPORT_HANDLE_BYTES;
+  } else {
+    w->name = (char *)ref->name;
+  }
+}
+
+void client_info_from_wire(const Tport__TensorInfo *w, tport_tensor_info *out)
+{
+  memset(out, 0, sizeof *out);
+  if (!w)
+    return;
+  if (w->ref) {
+    if (w->ref->handle.len == TPORT_HANDLE_BYTES)
+      memcpy(out->ref.handle, w->ref->handle.data, TPORT_HANDLE_BYTES);
+    snprintf(out->ref.name, sizeof out->ref.name, "%s", w->ref->name ? w->ref->name : "");
+  }
+  if (w->desc) {
+    out->dtype = (tport_dtype)w->desc->dtype;
+    out->ndim = (int)(w->desc->n_sizes <= TPORT_MAX_DIMS ? w->desc->n_sizes : TPORT_MAX_DIMS);
+    for (int d = 0; d < out->ndim; d++) {
+      out->sizes[d] = w->desc->sizes[d];
+      out->strides[d] = d < (int)w->desc->n_strides ? w->desc->strides[d] : 0;
+    }
+    out->storage_offset = w->desc->storage_offset;
+    snprintf(out->device, sizeof out->device, "%s", w->desc->device ? w->desc->device : "");
+  }
+  out->actual_format = (tport_memory_format)w->actual_format;
+  out->suggested_format = (tport_memory_format)w->suggested_format;
+  out->is_contiguous = w->is_contiguous;
+  out->nbytes = w->nbytes;
+  out->storage_nbytes = w->storage_nbytes;
+  out->managed = w->managed;
+  out->conj = w->conj;
+  out->neg = w->neg;
+  out->expires_unix_ms = w->expires_unix_ms;
+}

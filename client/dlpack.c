@@ -1,0 +1,188 @@
+/*
+ * dlpack.c: DLPack in and out (Debian's dlpack.h, version 0.6).
+ *
+ * dtype mapping: kDLInt 8/16/32/64 -> int8..int64, kDLUInt 8 -> uint8 (and
+ * uint8 with bits 8 stands for bool only when the caller says so: DLPack 0.6
+ * has no bool code, so a put never produces bool), kDLFloat 16/32/64,
+ * kDLBfloat 16, kDLComplex 64/128.  lanes must be 1; the device kDLCPU.
+ */
+#include <dlpack/dlpack.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+
+static int dtype_from_dl(DLDataType t, tport_dtype *out, tport_err *err)
+{
+  if (t.lanes != 1)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "DLPack lanes is %u: only 1 is supported",
+                         t.lanes);
+  int d = -1;
+  switch (t.code) {
+  case kDLInt:
+    d = t.bits == 8    ? TPORT_INT8
+        : t.bits == 16 ? TPORT_INT16
+        : t.bits == 32 ? TPORT_INT32
+        : t.bits == 64 ? TPORT_INT64
+                       : -1;
+    break;
+  case kDLUInt: d = t.bits == 8 ? TPORT_UINT8 : -1; break;
+  case kDLFloat:
+    d = t.bits == 16   ? TPORT_FLOAT16
+        : t.bits == 32 ? TPORT_FLOAT32
+        : t.bits == 64 ? TPORT_FLOAT64
+                       : -1;
+    break;
+  case kDLBfloat: d = t.bits == 16 ? TPORT_BFLOAT16 : -1; break;
+  case kDLComplex:
+    d = t.bits == 64 ? TPORT_COMPLEX64 : t.bits == 128 ? TPORT_COMPLEX128 : -1;
+    break;
+  default: break;
+  }
+  if (d < 0)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "DLPack dtype code %u bits %u is not supported", t.code, t.bits);
+  *out = (tport_dtype)d;
+  return TPORT_OK;
+}
+
+static DLDataType dtype_to_dl(tport_dtype d)
+{
+  DLDataType t = {.lanes = 1, .bits = (uint8_t)(tport_dtype_size(d) * 8)};
+  switch (d) {
+  case TPORT_BOOL:
+  case TPORT_UINT8: t.code = kDLUInt; break;
+  case TPORT_INT8:
+  case TPORT_INT16:
+  case TPORT_INT32:
+  case TPORT_INT64: t.code = kDLInt; break;
+  case TPORT_BFLOAT16: t.code = kDLBfloat; break;
+  case TPORT_COMPLEX64:
+  case TPORT_COMPLEX128: t.code = kDLComplex; break;
+  default: t.code = kDLFloat; break;
+  }
+  return t;
+}
+
+/* Dense: every element used once (sorting dims by stride, each stride is the
+ * product of the sizes below it). */
+static bool dense(int n, const int64_t *sz, const int64_t *st)
+{
+  int order[TPORT_MAX_DIMS];
+  for (int i = 0; i < n; i++)
+    order[i] = i;
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && st[order[j]] < st[order[j - 1]]; j--) {
+      int t = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = t;
+    }
+  int64_t want = 1;
+  for (int i = 0; i < n; i++) {
+    int d = order[i];
+    if (sz[d] == 1)
+      continue;
+    if (sz[d] == 0)
+      return true;
+    if (st[d] != want)
+      return false;
+    want *= sz[d];
+  }
+  return true;
+}
+
+/* Copies a strided tensor into logical C order. */
+static void pack(uint8_t *dst, const uint8_t *src, int n, const int64_t *sz, const int64_t *st,
+                 size_t es, int64_t numel)
+{
+  int64_t idx[TPORT_MAX_DIMS] = {0};
+  for (int64_t i = 0; i < numel; i++) {
+    int64_t off = 0;
+    for (int d = 0; d < n; d++)
+      off += idx[d] * st[d];
+    memcpy(dst + (size_t)i * es, src + off * (int64_t)es, es);
+    for (int d = n - 1; d >= 0; d--) {
+      if (++idx[d] < sz[d])
+        break;
+      idx[d] = 0;
+    }
+  }
+}
+
+int tport_put_dlpack(tport_client *c, const DLTensor *t, const tport_put_options *opts,
+                     tport_tensor_info *out, tport_err *err)
+{
+  if (t->device.device_type != kDLCPU)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "DLPack device type %d: only host (kDLCPU) tensors can be put",
+                         (int)t->device.device_type);
+  if (t->ndim < 0 || t->ndim > TPORT_MAX_DIMS)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "DLPack ndim is %d: the limit is %d", t->ndim,
+                         TPORT_MAX_DIMS);
+  tport_dtype dt = TPORT_UINT8;
+  int rc = dtype_from_dl(t->dtype, &dt, err);
+  if (rc)
+    return rc;
+  size_t es = tport_dtype_size(dt);
+  int64_t numel = 1;
+  for (int d = 0; d < t->ndim; d++) {
+    if (t->shape[d] < 0)
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "DLPack shape[%d] is negative", d);
+    numel *= t->shape[d];
+  }
+  const uint8_t *base = (const uint8_t *)t->data + t->byte_offset;
+  if (!t->strides)
+    return tport_put(c, dt, t->ndim, t->shape, NULL, base, (size_t)numel * es, opts, out, err);
+  for (int d = 0; d < t->ndim; d++)
+    if (t->strides[d] < 0)
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                           "DLPack strides[%d] is negative: not supported", d);
+  if (dense(t->ndim, t->shape, t->strides))
+    return tport_put(c, dt, t->ndim, t->shape, t->strides, base, (size_t)numel * es, opts, out,
+                     err);
+  /* gaps or overlaps: send the values in logical C order */
+  uint8_t *buf = malloc((size_t)numel * es + 1);
+  if (!buf)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  pack(buf, base, t->ndim, t->shape, t->strides, es, numel);
+  rc = tport_put(c, dt, t->ndim, t->shape, NULL, buf, (size_t)numel * es, opts, out, err);
+  free(buf);
+  return rc;
+}
+
+typedef struct dl_holder {
+  DLManagedTensor m;
+  int64_t shape[TPORT_MAX_DIMS];
+} dl_holder;
+
+static void dl_delete(DLManagedTensor *self)
+{
+  free(self->dl_tensor.data);
+  free(self);
+}
+
+int tport_get_dlpack(tport_client *c, const tport_ref *ref, DLManagedTensor **out, tport_err *err)
+{
+  void *buf = NULL;
+  size_t n;
+  tport_tensor_info info;
+  int rc = tport_get_alloc(c, ref, &buf, &n, &info, err);
+  if (rc)
+    return rc;
+  dl_holder *h = calloc(1, sizeof *h);
+  if (!h) {
+    free(buf);
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  }
+  memcpy(h->shape, info.sizes, sizeof(int64_t) * (size_t)info.ndim);
+  h->m.dl_tensor.data = buf;
+  h->m.dl_tensor.device = (DLDevice){kDLCPU, 0};
+  h->m.dl_tensor.ndim = info.ndim;
+  h->m.dl_tensor.dtype = dtype_to_dl(info.dtype);
+  h->m.dl_tensor.shape = h->shape;
+  h->m.dl_tensor.strides = NULL; /* compact row-major */
+  h->m.manager_ctx = NULL;
+  h->m.deleter = dl_delete;
+  *out = &h->m;
+  return TPORT_OK;
+}

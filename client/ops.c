@@ -1,0 +1,470 @@
+/* ops.c: libtport's operations: put and get with a window of chunks in
+ * flight, and the one-request RPCs. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+
+void tport_put_options_init(tport_put_options *o)
+{
+  memset(o, 0, sizeof *o);
+  o->memory_format = TPORT_MF_PRESERVE;
+}
+
+/* ---------------------------------------------------------------- put */
+
+static int put_chunks(tport_client *c, const Tport__Ref *ref, const uint8_t *data, size_t nbytes,
+                      size_t chunk, tport_progress_fn progress, void *arg, tport_err *err)
+{
+  int window = c->window;
+  client_slot slots[CLIENT_MAX_WINDOW];
+  int nslots = 0, rc = TPORT_OK;
+  size_t next = 0, done = 0;
+  int head = 0, inflight = 0;
+  for (; nslots < window && rc == TPORT_OK; nslots++)
+    rc = client_slot_open(c, &slots[nslots], err);
+  /* chunk offsets go out in order; replies are taken oldest first */
+  while (!rc && (next < nbytes || inflight > 0)) {
+    while (!rc && inflight < nslots && next < nbytes) {
+      client_slot *s = &slots[(head + inflight) % nslots];
+      Tport__PutChunkRequest q = TPORT__PUT_CHUNK_REQUEST__INIT;
+      q.ref = (Tport__Ref *)ref;
+      q.offset = next;
+      s->offset = next;
+      s->len = nbytes - next < chunk ? nbytes - next : chunk;
+      nng_msg *m;
+      rc = client_pack(TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, data + next, s->len, &m, err);
+      if (!rc) {
+        client_slot_send(s, m);
+        next += s->len;
+        inflight++;
+      }
+    }
+    if (rc || inflight == 0)
+      break;
+    client_slot *s = &slots[head];
+    rc = client_slot_finish(s, err);
+    ProtobufCMessage *r = NULL;
+    if (!rc)
+      rc = client_unpack(TPORT__METHOD__METHOD_PUT_CHUNK, s->reply,
+                         &tport__put_chunk_reply__descriptor, &r, NULL, err);
+    if (r)
+      protobuf_c_message_free_unpacked(r, NULL);
+    head = (head + 1) % nslots;
+    inflight--;
+    if (!rc) {
+      done += s->len;
+      if (progress)
+        progress(arg, done, nbytes);
+    }
+  }
+  for (int i = 0; i < nslots; i++)
+    client_slot_close(&slots[i]);
+  return rc;
+}
+
+int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
+              const int64_t *strides, const void *data, size_t nbytes,
+              const tport_put_options *opts, tport_tensor_info *out, tport_err *err)
+{
+  tport_put_options defaults;
+  if (!opts) {
+    tport_put_options_init(&defaults);
+    opts = &defaults;
+  }
+  if (ndim < 0 || ndim > TPORT_MAX_DIMS)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "ndim is %d: it must be in [0, %d]", ndim,
+                         TPORT_MAX_DIMS);
+  Tport__TensorDesc desc = TPORT__TENSOR_DESC__INIT;
+  desc.dtype = (Tport__DType)dtype;
+  desc.n_sizes = (size_t)ndim;
+  desc.sizes = (int64_t *)sizes;
+  desc.n_strides = strides ? (size_t)ndim : 0;
+  desc.strides = (int64_t *)strides;
+  Tport__PutBeginRequest q = TPORT__PUT_BEGIN_REQUEST__INIT;
+  q.desc = &desc;
+  q.name = (char *)(opts->name ? opts->name : "");
+  q.ttl_ms = opts->ttl_ms;
+  q.device = (char *)(opts->device ? opts->device : "");
+  q.dtype_set = opts->has_dtype;
+  q.dtype = (Tport__DType)opts->dtype;
+  q.memory_format = (Tport__MemoryFormat)opts->memory_format;
+  q.managed = opts->managed;
+  q.non_blocking = opts->non_blocking;
+  Tport__PutBeginReply *b;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, NULL, 0,
+                      &tport__put_begin_reply__descriptor, (ProtobufCMessage **)&b, NULL, err);
+  if (rc)
+    return rc;
+  Tport__Ref ref = TPORT__REF__INIT;
+  uint8_t handle[TPORT_HANDLE_BYTES] = {0};
+  if (b->ref && b->ref->handle.len == TPORT_HANDLE_BYTES)
+    memcpy(handle, b->ref->handle.data, TPORT_HANDLE_BYTES);
+  ref.handle.data = handle;
+  ref.handle.len = TPORT_HANDLE_BYTES;
+  size_t chunk = b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes;
+  protobuf_c_message_free_unpacked(&b->base, NULL);
+  rc = put_chunks(c, &ref, data, nbytes, chunk, opts->progress, opts->progress_arg, err);
+  if (!rc) {
+    Tport__PutCommitRequest cq = TPORT__PUT_COMMIT_REQUEST__INIT;
+    cq.ref = &ref;
+    cq.non_blocking = opts->non_blocking;
+    Tport__PutCommitReply *cr;
+    rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_COMMIT, &cq.base, NULL, 0,
+                    &tport__put_commit_reply__descriptor, (ProtobufCMessage **)&cr, NULL, err);
+    if (!rc) {
+      if (out)
+        client_info_from_wire(cr->info, out);
+      protobuf_c_message_free_unpacked(&cr->base, NULL);
+    }
+  }
+  if (rc && rc != TPORT_UNAVAILABLE) {
+    /* leave nothing behind on the server (best effort; the error stays rc's) */
+    Tport__PutAbortRequest aq = TPORT__PUT_ABORT_REQUEST__INIT;
+    aq.ref = &ref;
+    ProtobufCMessage *ar;
+    if (client_rpc(c, TPORT__METHOD__METHOD_PUT_ABORT, &aq.base, NULL, 0,
+                   &tport__put_abort_reply__descriptor, &ar, NULL, NULL) == TPORT_OK)
+      protobuf_c_message_free_unpacked(ar, NULL);
+  }
+  return rc;
+}
+
+/* ---------------------------------------------------------------- get */
+
+static int get_chunks(tport_client *c, ProtobufCBinaryData transfer, uint8_t *buf, size_t nbytes,
+                      size_t chunk, tport_progress_fn progress, void *arg, tport_err *err)
+{
+  client_slot slots[CLIENT_MAX_WINDOW];
+  int nslots = 0, rc = TPORT_OK, head = 0, inflight = 0;
+  size_t next = 0, done = 0;
+  for (; nslots < c->window && rc == TPORT_OK; nslots++)
+    rc = client_slot_open(c, &slots[nslots], err);
+  while (!rc && (next < nbytes || inflight > 0)) {
+    while (!rc && inflight < nslots && next < nbytes) {
+      client_slot *s = &slots[(head + inflight) % nslots];
+      Tport__GetChunkRequest q = TPORT__GET_CHUNK_REQUEST__INIT;
+      q.transfer = transfer;
+      q.offset = next;
+      q.length = nbytes - next < chunk ? nbytes - next : chunk;
+      s->offset = next;
+      s->len = (size_t)q.length;
+      nng_msg *m;
+      rc = client_pack(TPORT__METHOD__METHOD_GET_CHUNK, &q.base, NULL, 0, &m, err);
+      if (!rc) {
+        client_slot_send(s, m);
+        next += s->len;
+        inflight++;
+      }
+    }
+    if (rc || inflight == 0)
+      break;
+    client_slot *s = &slots[head];
+    rc = client_slot_finish(s, err);
+    ProtobufCMessage *r = NULL;
+    client_payload p = {0};
+    if (!rc)
+      rc = client_unpack(TPORT__METHOD__METHOD_GET_CHUNK, s->reply,
+                         &tport__get_chunk_reply__descriptor, &r, &p, err);
+    if (!rc && p.len != s->len)
+      rc = tport_err_set(err, TPORT_DATA_LOSS, "chunk at %zu: %zu bytes came, %zu expected",
+                         s->offset, p.len, s->len);
+    if (!rc)
+      memcpy(buf + s->offset, p.data, p.len);
+    if (r)
+      protobuf_c_message_free_unpacked(r, NULL);
+    head = (head + 1) % nslots;
+    inflight--;
+    if (!rc) {
+      done += s->len;
+      if (progress)
+        progress(arg, done, nbytes);
+    }
+  }
+  for (int i = 0; i < nslots; i++)
+    client_slot_close(&slots[i]);
+  return rc;
+}
+
+static int get_begin(tport_client *c, const tport_ref *ref, Tport__GetBeginReply **out,
+                     tport_err *err)
+{
+  Tport__Ref w;
+  client_ref_to_wire(ref, &w);
+  Tport__GetBeginRequest q = TPORT__GET_BEGIN_REQUEST__INIT;
+  q.ref = &w;
+  return client_rpc(c, TPORT__METHOD__METHOD_GET_BEGIN, &q.base, NULL, 0,
+                    &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, NULL, err);
+}
+
+static int get_into(tport_client *c, const tport_ref *ref, void **bufp, size_t cap, bool alloc,
+                    size_t *nbytes, tport_tensor_info *info, tport_progress_fn progress, void *arg,
+                    tport_err *err)
+{
+  Tport__GetBeginReply *b;
+  int rc = get_begin(c, ref, &b, err);
+  if (rc)
+    return rc;
+  size_t n = (size_t)b->nbytes;
+  if (info)
+    client_info_from_wire(b->info, info);
+  uint8_t *buf = *bufp;
+  if (alloc) {
+    buf = malloc(n ? n : 1);
+    if (!buf)
+      rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "cannot allocate %zu bytes", n);
+  } else if (n > cap) {
+    rc = tport_err_set(err, TPORT_OUT_OF_RANGE, "the tensor is %zu bytes: the buffer holds %zu", n,
+                       cap);
+  }
+  if (!rc && n)
+    rc = get_chunks(c, b->transfer, buf, n, b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes,
+                    progress, arg, err);
+  protobuf_c_message_free_unpacked(&b->base, NULL);
+  if (rc) {
+    if (alloc)
+      free(buf);
+    return rc;
+  }
+  *bufp = buf;
+  if (nbytes)
+    *nbytes = n;
+  return TPORT_OK;
+}
+
+int tport_get(tport_client *c, const tport_ref *ref, void *buf, size_t cap, tport_tensor_info *info,
+              tport_progress_fn progress, void *progress_arg, tport_err *err)
+{
+  return get_into(c, ref, &buf, cap, false, NULL, info, progress, progress_arg, err);
+}
+
+int tport_get_alloc(tport_client *c, const tport_ref *ref, void **buf, size_t *nbytes,
+                    tport_tensor_info *info, tport_err *err)
+{
+  return get_into(c, ref, buf, 0, true, nbytes, info, NULL, NULL, err);
+}
+
+/* ---------------------------------------------------------------- one-request RPCs */
+
+int tport_info(tport_client *c, const tport_ref *ref, tport_tensor_info *out, tport_err *err)
+{
+  Tport__Ref w;
+  client_ref_to_wire(ref, &w);
+  Tport__InfoRequest q = TPORT__INFO_REQUEST__INIT;
+  q.ref = &w;
+  Tport__InfoReply *r;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_INFO, &q.base, NULL, 0,
+                      &tport__info_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
+  if (!rc) {
+    client_info_from_wire(r->info, out);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  return rc;
+}
+
+int tport_to(tport_client *c, const tport_ref *ref, const tport_to_options *o,
+             tport_tensor_info *out, bool *alias, tport_err *err)
+{
+  Tport__Ref w;
+  client_ref_to_wire(ref, &w);
+  Tport__ToRequest q = TPORT__TO_REQUEST__INIT;
+  q.ref = &w;
+  q.device = (char *)(o->device ? o->device : "");
+  q.dtype_set = o->has_dtype;
+  q.dtype = (Tport__DType)o->dtype;
+  q.memory_format_set = o->has_memory_format;
+  q.memory_format = (Tport__MemoryFormat)o->memory_format;
+  q.copy = o->copy;
+  q.non_blocking = o->non_blocking;
+  q.exact_format = o->exact_format;
+  q.name = (char *)(o->name ? o->name : "");
+  q.ttl_ms = o->ttl_ms;
+  Tport__ToReply *r;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_TO, &q.base, NULL, 0, &tport__to_reply__descriptor,
+                      (ProtobufCMessage **)&r, NULL, err);
+  if (!rc) {
+    if (out)
+      client_info_from_wire(r->info, out);
+    if (alias)
+      *alias = r->alias;
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  return rc;
+}
+
+int tport_copy(tport_client *c, const tport_ref *dst, const tport_ref *src, bool non_blocking,
+               tport_err *err)
+{
+  Tport__Ref wd, ws;
+  client_ref_to_wire(dst, &wd);
+  client_ref_to_wire(src, &ws);
+  Tport__CopyRequest q = TPORT__COPY_REQUEST__INIT;
+  q.dst = &wd;
+  q.src = &ws;
+  q.non_blocking = non_blocking;
+  ProtobufCMessage *r;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_COPY, &q.base, NULL, 0,
+                      &tport__copy_reply__descriptor, &r, NULL, err);
+  if (!rc)
+    protobuf_c_message_free_unpacked(r, NULL);
+  return rc;
+}
+
+int tport_view(tport_client *c, const tport_ref *ref, int ndim, const int64_t *sizes,
+               const int64_t *strides, int64_t offset, const char *name, tport_tensor_info *out,
+               tport_err *err)
+{
+  if (ndim < 0 || ndim > TPORT_MAX_DIMS)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "ndim is %d: it must be in [0, %d]", ndim,
+                         TPORT_MAX_DIMS);
+  Tport__Ref w;
+  client_ref_to_wire(ref, &w);
+  Tport__ViewRequest q = TPORT__VIEW_REQUEST__INIT;
+  q.ref = &w;
+  q.n_sizes = q.n_strides = (size_t)ndim;
+  q.sizes = (int64_t *)sizes;
+  q.strides = (int64_t *)strides;
+  q.storage_offset = offset;
+  q.name = (char *)(name ? name : "");
+  Tport__ViewReply *r;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_VIEW, &q.base, NULL, 0,
+                      &tport__view_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
+  if (!rc) {
+    if (out)
+      client_info_from_wire(r->info, out);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  return rc;
+}
+
+int tport_contiguous(tport_client *c, const tport_ref *ref, tport_memory_format fmt,
+                     const char *name, tport_tensor_info *out, bool *alias, tport_err *err)
+{
+  Tport__Ref w;
+  client_ref_to_wire(ref, &w);
+  Tport__ContiguousRequest q = TPORT__CONTIGUOUS_REQUEST__INIT;
+  q.ref = &w;
+  q.memory_format = (Tport__MemoryFormat)fmt;
+  q.name = (char *)(name ? name : "");
+  Tport__ContiguousReply *r;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_CONTIGUOUS, &q.base, NULL, 0,
+                      &tport__contiguous_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
+  if (!rc) {
+    if (out)
+      client_info_from_wire(r->info, out);
+    if (alias)
+      *alias = r->alias;
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  return rc;
+}
+
+int tport_free(tport_client *c, const tport_ref *ref, tport_err *err)
+{
+  Tport__Ref w;
+  client_ref_to_wire(ref, &w);
+  Tport__FreeRequest q = TPORT__FREE_REQUEST__INIT;
+  q.ref = &w;
+  ProtobufCMessage *r;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_FREE, &q.base, NULL, 0,
+                      &tport__free_reply__descriptor, &r, NULL, err);
+  if (!rc)
+    protobuf_c_message_free_unpacked(r, NULL);
+  return rc;
+}
+
+int tport_sync(tport_client *c, const tport_ref *ref, tport_err *err)
+{
+  Tport__Ref w;
+  Tport__SyncRequest q = TPORT__SYNC_REQUEST__INIT;
+  if (ref) {
+    client_ref_to_wire(ref, &w);
+    q.ref = &w;
+  }
+  ProtobufCMessage *r;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_SYNC, &q.base, NULL, 0,
+                      &tport__sync_reply__descriptor, &r, NULL, err);
+  if (!rc)
+    protobuf_c_message_free_unpacked(r, NULL);
+  return rc;
+}
+
+int tport_list(tport_client *c, tport_tensor_info **out, size_t *n, tport_err *err)
+{
+  Tport__ListRequest q = TPORT__LIST_REQUEST__INIT;
+  Tport__ListReply *r;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_LIST, &q.base, NULL, 0,
+                      &tport__list_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
+  if (rc)
+    return rc;
+  tport_tensor_info *v = calloc(r->n_tensors ? r->n_tensors : 1, sizeof *v);
+  if (!v) {
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  }
+  for (size_t i = 0; i < r->n_tensors; i++)
+    client_info_from_wire(r->tensors[i], &v[i]);
+  *n = r->n_tensors;
+  *out = v;
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  return TPORT_OK;
+}
+
+int tport_devices(tport_client *c, tport_device_info **out, size_t *n, char *cuda_reason,
+                  size_t reason_len, tport_err *err)
+{
+  Tport__DevicesRequest q = TPORT__DEVICES_REQUEST__INIT;
+  Tport__DevicesReply *r;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_DEVICES, &q.base, NULL, 0,
+                      &tport__devices_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
+  if (rc)
+    return rc;
+  tport_device_info *v = calloc(r->n_devices ? r->n_devices : 1, sizeof *v);
+  if (!v) {
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  }
+  for (size_t i = 0; i < r->n_devices; i++) {
+    const Tport__DeviceInfo *d = r->devices[i];
+    snprintf(v[i].device, sizeof v[i].device, "%s", d->device ? d->device : "");
+    snprintf(v[i].name, sizeof v[i].name, "%s", d->name ? d->name : "");
+    snprintf(v[i].compute_capability, sizeof v[i].compute_capability, "%s",
+             d->compute_capability ? d->compute_capability : "");
+    v[i].total_bytes = d->total_bytes;
+    v[i].free_bytes = d->free_bytes;
+    v[i].managed_memory = d->managed_memory;
+    for (size_t p = 0; p < d->n_peer_access && p < 16; p++)
+      snprintf(v[i].peers[v[i].npeers++], sizeof v[i].peers[0], "%s", d->peer_access[p]);
+  }
+  if (cuda_reason && reason_len)
+    snprintf(cuda_reason, reason_len, "%s",
+             r->cuda_unavailable_reason ? r->cuda_unavailable_reason : "");
+  *n = r->n_devices;
+  *out = v;
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  return TPORT_OK;
+}
+
+int tport_stats(tport_client *c, tport_counter **out, size_t *n, tport_err *err)
+{
+  Tport__StatsRequest q = TPORT__STATS_REQUEST__INIT;
+  Tport__StatsReply *r;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_STATS, &q.base, NULL, 0,
+                      &tport__stats_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
+  if (rc)
+    return rc;
+  tport_counter *v = calloc(r->n_counters ? r->n_counters : 1, sizeof *v);
+  if (!v) {
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  }
+  for (size_t i = 0; i < r->n_counters; i++) {
+    snprintf(v[i].name, sizeof v[i].name, "%s", r->counters[i]->name);
+    v[i].value = r->counters[i]->value;
+  }
+  *n = r->n_counters;
+  *out = v;
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  return TPORT_OK;
+}

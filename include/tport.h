@@ -1,0 +1,172 @@
+/*
+ * tport.h: libtport, the C client of tensorport.
+ *
+ * Connect to a tportd, put tensors (from host memory or DLPack), convert them
+ * on the server with PyTorch's semantics (to, contiguous, copy, views), and
+ * get them back.  Depends on nng and protobuf-c only.
+ *
+ * Errors: every function returns a status (TPORT_OK = 0, else one of
+ * tport_status, gRPC's numbering) and, when err is not NULL, fills it with
+ * the code and a message (the server's own message for server-side errors).
+ * tport_strerror() names a code.
+ *
+ * Ownership: the caller owns what it passes; results written to caller
+ * structs are plain values.  tport_list/tport_devices/tport_stats allocate
+ * arrays the caller frees with free().  tport_get_dlpack returns a
+ * DLManagedTensor whose deleter frees it.
+ *
+ * Thread safety: a tport_client may be used by many threads at once; each
+ * call runs on its own nng context over the client's one connection.
+ * tport_close must not race with calls on the same client.
+ *
+ * Tensors put without a name live as long as the connection; named ones are
+ * kept for the tenant (see tport_connect_options) until freed or until their
+ * time to live ends.
+ */
+#ifndef TPORT_H
+#define TPORT_H
+
+#include <dlpack/dlpack.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tport_types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tport_client tport_client;
+
+#define TPORT_HANDLE_BYTES 16
+#define TPORT_NAME_MAX 128
+
+/* A tensor on the server: its handle, or a name (then handle is all zero). */
+typedef struct tport_ref {
+  uint8_t handle[TPORT_HANDLE_BYTES];
+  char name[TPORT_NAME_MAX];
+} tport_ref;
+
+typedef struct tport_tensor_info {
+  tport_ref ref;
+  tport_dtype dtype;
+  int ndim;
+  int64_t sizes[TPORT_MAX_DIMS];
+  int64_t strides[TPORT_MAX_DIMS]; /* elements */
+  int64_t storage_offset;
+  char device[32];
+  tport_memory_format actual_format;    /* NONE when contiguous in no format */
+  tport_memory_format suggested_format; /* PyTorch's suggest_memory_format() */
+  bool is_contiguous;
+  int64_t nbytes;
+  int64_t storage_nbytes;
+  bool managed, conj, neg;
+  int64_t expires_unix_ms; /* 0: lives with its connection */
+} tport_tensor_info;
+
+typedef struct tport_connect_options {
+  const char *tenant; /* NULL: "default" */
+  int timeout_ms;     /* per request; 0: 60000 */
+} tport_connect_options;
+
+/* Progress of a transfer: bytes done of total.  Called on the calling thread. */
+typedef void (*tport_progress_fn)(void *arg, uint64_t done, uint64_t total);
+
+typedef struct tport_put_options {
+  const char *name;   /* NULL: connection-scoped */
+  uint64_t ttl_ms;    /* with a name; 0: the server's default */
+  const char *device; /* "cpu", "cuda:0", "sim:1"; NULL: cpu */
+  bool has_dtype;     /* convert to dtype on the server */
+  tport_dtype dtype;
+  tport_memory_format memory_format; /* of the stored tensor; PRESERVE keeps the layout sent */
+  bool managed;                      /* managed (unified) memory on the device */
+  bool non_blocking;                 /* return before the device copies end */
+  tport_progress_fn progress;
+  void *progress_arg;
+} tport_put_options;
+
+/* Fills o with the defaults (memory_format PRESERVE, everything else off). */
+void tport_put_options_init(tport_put_options *o);
+
+typedef struct tport_to_options {
+  const char *device; /* NULL: unchanged */
+  bool has_dtype;
+  tport_dtype dtype;
+  bool has_memory_format;
+  tport_memory_format memory_format;
+  bool copy;
+  bool non_blocking;
+  bool exact_format; /* alias only when is_contiguous(format) */
+  const char *name;  /* register the result under a name */
+  uint64_t ttl_ms;
+} tport_to_options;
+
+typedef struct tport_device_info {
+  char device[32];
+  char name[64];
+  uint64_t total_bytes, free_bytes;
+  char compute_capability[16];
+  int npeers;
+  char peers[16][32];
+  bool managed_memory;
+} tport_device_info;
+
+typedef struct tport_counter {
+  char name[48];
+  int64_t value;
+} tport_counter;
+
+const char *tport_strerror(int code);
+
+int tport_connect(const char *url, const tport_connect_options *opts, tport_client **out,
+                  tport_err *err);
+void tport_close(tport_client *c);
+
+/* Refs: from a name, and to/from text (32 hex digits is a handle, anything
+ * else a name). */
+void tport_ref_name(tport_ref *ref, const char *name);
+void tport_ref_format(const tport_ref *ref, char *buf, size_t len);
+int tport_ref_parse(const char *text, tport_ref *ref, tport_err *err);
+
+/* Puts a tensor whose bytes (nbytes = numel * element size) are laid out by
+ * strides (elements; NULL: contiguous), which must be dense. */
+int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
+              const int64_t *strides, const void *data, size_t nbytes,
+              const tport_put_options *opts, tport_tensor_info *out, tport_err *err);
+/* Gets a tensor's values in logical C order into buf (cap bytes); info, when
+ * not NULL, receives its description. */
+int tport_get(tport_client *c, const tport_ref *ref, void *buf, size_t cap, tport_tensor_info *info,
+              tport_progress_fn progress, void *progress_arg, tport_err *err);
+/* The same into a buffer it allocates (free() it). */
+int tport_get_alloc(tport_client *c, const tport_ref *ref, void **buf, size_t *nbytes,
+                    tport_tensor_info *info, tport_err *err);
+
+int tport_info(tport_client *c, const tport_ref *ref, tport_tensor_info *out, tport_err *err);
+int tport_to(tport_client *c, const tport_ref *ref, const tport_to_options *opts,
+             tport_tensor_info *out, bool *alias, tport_err *err);
+int tport_copy(tport_client *c, const tport_ref *dst, const tport_ref *src, bool non_blocking,
+               tport_err *err);
+int tport_view(tport_client *c, const tport_ref *ref, int ndim, const int64_t *sizes,
+               const int64_t *strides, int64_t offset, const char *name, tport_tensor_info *out,
+               tport_err *err);
+int tport_contiguous(tport_client *c, const tport_ref *ref, tport_memory_format fmt,
+                     const char *name, tport_tensor_info *out, bool *alias, tport_err *err);
+int tport_free(tport_client *c, const tport_ref *ref, tport_err *err);
+/* Waits for the tensor's pending device work (ref NULL: all work). */
+int tport_sync(tport_client *c, const tport_ref *ref, tport_err *err);
+int tport_list(tport_client *c, tport_tensor_info **out, size_t *n, tport_err *err);
+int tport_devices(tport_client *c, tport_device_info **out, size_t *n, char *cuda_reason,
+                  size_t reason_len, tport_err *err);
+int tport_stats(tport_client *c, tport_counter **out, size_t *n, tport_err *err);
+
+/* DLPack (dlpack.h): put a host (kDLCPU) DLTensor with any strides, and get
+ * into a DLManagedTensor (host memory, contiguous). */
+int tport_put_dlpack(tport_client *c, const DLTensor *t, const tport_put_options *opts,
+                     tport_tensor_info *out, tport_err *err);
+int tport_get_dlpack(tport_client *c, const tport_ref *ref, DLManagedTensor **out, tport_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

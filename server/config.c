@@ -1,0 +1,189 @@
+/* config.c: tportd flags and TPORT_* environment variables. */
+#include "config.h"
+
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_URL "tcp://127.0.0.1:7450"
+
+void config_defaults(server_config *c)
+{
+  memset(c, 0, sizeof *c);
+  c->workers = 4;
+  c->contexts = 64;
+  c->max_message_bytes = (size_t)80 << 20;
+  c->chunk_bytes = (size_t)4 << 20;
+  c->window = 8;
+  c->max_tensor_bytes = (size_t)16 << 30;
+  c->tenant_quota_bytes = (size_t)64 << 30;
+  c->max_inflight_chunks = 32;
+  c->ttl_s = 3600;
+  c->deadline_ms = 30000;
+  c->grace_ms = 5000;
+  c->log_level = 2;
+}
+
+void config_free(server_config *c)
+{
+  for (int i = 0; i < c->nlisten; i++)
+    free(c->listen[i]);
+  free(c->devices);
+  c->nlisten = 0;
+  c->devices = NULL;
+}
+
+static const struct {
+  const char *flag, *env, *arg, *help;
+} opts[] = {
+    {"listen", "TPORT_LISTEN", "URL",
+     "listen on URL: tcp://HOST:PORT, ipc:///PATH, inproc://NAME (repeatable; the variable takes "
+     "a comma-separated list; default " DEFAULT_URL ", loopback only)"},
+    {"devices", "TPORT_DEVICES", "LIST",
+     "devices to serve: cpu, sim:N (N simulated GPUs), cuda (every CUDA GPU); default cpu plus "
+     "every CUDA GPU present"},
+    {"workers", "TPORT_WORKERS", "N", "engine worker threads (default 4)"},
+    {"contexts", "TPORT_CONTEXTS", "N", "requests served at once (default 64)"},
+    {"max-message", "TPORT_MAX_MESSAGE", "BYTES", "largest request accepted (default 80 MiB)"},
+    {"chunk", "TPORT_CHUNK", "BYTES", "put/get chunk size offered to clients (default 4 MiB)"},
+    {"window", "TPORT_WINDOW", "N", "chunks a client may keep in flight (default 8)"},
+    {"max-tensor", "TPORT_MAX_TENSOR", "BYTES", "largest tensor (default 16 GiB)"},
+    {"quota", "TPORT_QUOTA", "BYTES", "bytes each tenant may hold (default 64 GiB)"},
+    {"max-inflight", "TPORT_MAX_INFLIGHT", "N", "chunks in flight per connection (default 32)"},
+    {"ttl", "TPORT_TTL", "SECONDS", "default time to live of named tensors (default 3600)"},
+    {"deadline", "TPORT_DEADLINE_MS", "MS", "request deadline in the queue (default 30000)"},
+    {"grace", "TPORT_GRACE_MS", "MS", "on SIGINT/SIGTERM, time to finish work (default 5000)"},
+    {"log-level", "TPORT_LOG_LEVEL", "N", "0 error, 1 warn, 2 info (default), 3 debug"},
+};
+#define NOPTS (int)(sizeof opts / sizeof opts[0])
+
+void config_usage(FILE *out)
+{
+  fprintf(out, "usage: tportd [options]\n\n"
+               "tensorport server: serves tensors on this machine's devices over nng.\n\n"
+               "options (each also read from its environment variable):\n");
+  for (int i = 0; i < NOPTS; i++)
+    fprintf(out, "  --%-13s %-8s %s\n  %-24s [%s]\n", opts[i].flag, opts[i].arg, opts[i].help, "",
+            opts[i].env);
+  fprintf(out, "  --help                 this text\n");
+}
+
+/* Sizes accept K, M, G suffixes (powers of 1024). */
+static int parse_size(const char *s, const char *what, size_t *out, tport_err *err)
+{
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  unsigned long long mul = 1;
+  if (*end == 'K' || *end == 'k')
+    mul = 1ull << 10, end++;
+  else if (*end == 'M' || *end == 'm')
+    mul = 1ull << 20, end++;
+  else if (*end == 'G' || *end == 'g')
+    mul = 1ull << 30, end++;
+  if (end == s || *end || s[0] == '-' || v > (~0ull) / mul)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--%s: '%s' is not a size", what, s);
+  *out = (size_t)(v * mul);
+  return TPORT_OK;
+}
+
+static int parse_ulong(const char *s, const char *what, unsigned long min, unsigned long *out,
+                       tport_err *err)
+{
+  char *end;
+  unsigned long v = strtoul(s, &end, 10);
+  if (end == s || *end || s[0] == '-' || v < min)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--%s: '%s' is not a number >= %lu", what, s,
+                         min);
+  *out = v;
+  return TPORT_OK;
+}
+
+static int add_listen(server_config *c, const char *url, tport_err *err)
+{
+  if (c->nlisten == CONFIG_MAX_LISTEN)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--listen: at most %d URLs",
+                         CONFIG_MAX_LISTEN);
+  c->listen[c->nlisten++] = strdup(url);
+  return TPORT_OK;
+}
+
+static int apply(server_config *c, int i, const char *v, tport_err *err)
+{
+  unsigned long u = 0;
+  int rc = TPORT_OK;
+  switch (i) {
+  case 0: {
+    char *copy = strdup(v), *save = NULL;
+    for (char *t = strtok_r(copy, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save))
+      rc = add_listen(c, t, err);
+    free(copy);
+    return rc;
+  }
+  case 1:
+    free(c->devices);
+    c->devices = strdup(v);
+    return TPORT_OK;
+  case 2: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->workers = (int)u; break;
+  case 3: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->contexts = (int)u; break;
+  case 4: return parse_size(v, opts[i].flag, &c->max_message_bytes, err);
+  case 5: return parse_size(v, opts[i].flag, &c->chunk_bytes, err);
+  case 6: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->window = (int)u; break;
+  case 7: return parse_size(v, opts[i].flag, &c->max_tensor_bytes, err);
+  case 8: return parse_size(v, opts[i].flag, &c->tenant_quota_bytes, err);
+  case 9: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->max_inflight_chunks = (int)u; break;
+  case 10: return parse_ulong(v, opts[i].flag, 0, &c->ttl_s, err);
+  case 11: return parse_ulong(v, opts[i].flag, 1, &c->deadline_ms, err);
+  case 12: return parse_ulong(v, opts[i].flag, 0, &c->grace_ms, err);
+  case 13: rc = parse_ulong(v, opts[i].flag, 0, &u, err), c->log_level = (int)u; break;
+  }
+  if (!rc && (c->workers > 1024 || c->contexts > 4096 || c->window > 1024))
+    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "--%s: '%s' is too large", opts[i].flag, v);
+  return rc;
+}
+
+int config_parse(server_config *c, int argc, char **argv, tport_err *err)
+{
+  /* environment first, then flags override */
+  for (int i = 0; i < NOPTS; i++) {
+    const char *v = getenv(opts[i].env);
+    if (v && *v) {
+      int rc = apply(c, i, v, err);
+      if (rc)
+        return rc;
+    }
+  }
+  struct option lopts[NOPTS + 2];
+  for (int i = 0; i < NOPTS; i++)
+    lopts[i] = (struct option){opts[i].flag, required_argument, NULL, i};
+  lopts[NOPTS] = (struct option){"help", no_argument, NULL, 'h'};
+  lopts[NOPTS + 1] = (struct option){0, 0, 0, 0};
+  bool cli_listen = false;
+  optind = 1;
+  opterr = 0;
+  int ch;
+  while ((ch = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
+    if (ch == 'h') {
+      config_usage(stdout);
+      return 1;
+    }
+    if (ch == '?' || ch == ':')
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: '%s' (try --help)",
+                           ch == ':' ? "missing value" : "unknown option", argv[optind - 1]);
+    if (ch == 0 && !cli_listen) {
+      /* --listen on the command line replaces the variable's URLs */
+      for (int i = 0; i < c->nlisten; i++)
+        free(c->listen[i]);
+      c->nlisten = 0;
+      cli_listen = true;
+    }
+    int rc = apply(c, ch, optarg, err);
+    if (rc)
+      return rc;
+  }
+  if (optind < argc)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "unexpected argument '%s' (try --help)",
+                         argv[optind]);
+  if (c->nlisten == 0)
+    add_listen(c, DEFAULT_URL, err);
+  return TPORT_OK;
+}

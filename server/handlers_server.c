@@ -1,0 +1,153 @@
+/* handlers_server.c: Hello, Devices, Stats, and the table of handlers. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "staging.h"
+#include "wire.h"
+
+#define PROTOCOL_VERSION 1
+
+int h_hello(call *c)
+{
+  Tport__HelloRequest *q = (Tport__HelloRequest *)c->req;
+  if (q->protocol_version != PROTOCOL_VERSION)
+    return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION,
+                         "protocol_version %u: this server speaks %d", q->protocol_version,
+                         PROTOCOL_VERSION);
+  if (q->tenant && strlen(q->tenant) >= REG_TENANT_MAX)
+    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "tenant is longer than %d bytes",
+                         REG_TENANT_MAX - 1);
+  reg_session_set_tenant(&c->srv->reg, c->pipe, q->tenant);
+  Tport__HelloReply r = TPORT__HELLO_REPLY__INIT;
+  r.status = wire_ok();
+  r.protocol_version = PROTOCOL_VERSION;
+  r.server = "tportd "
+             "0.1.0";
+  r.max_message_bytes = c->srv->cfg.max_message_bytes;
+  r.max_chunk_bytes = c->srv->cfg.chunk_bytes;
+  r.max_inflight_chunks = (uint32_t)c->srv->cfg.window;
+  return call_reply(c, &r.base, NULL, 0);
+}
+
+int h_devices(call *c)
+{
+  enum { MAXDEV = 64 };
+  Tport__DeviceInfo infos[MAXDEV], *ptrs[MAXDEV];
+  char names[MAXDEV][32], labels[MAXDEV][48];
+  char peers[MAXDEV][MAXDEV][32];
+  char *peer_ptrs[MAXDEV][MAXDEV];
+  size_t n = 0;
+  for (int type = 0; type < TPORT_NUM_DEVICE_TYPES; type++) {
+    const backend_ops *be = backend_get((tport_device_type)type);
+    int count = be->device_count();
+    for (int d = 0; d < count && n < MAXDEV; d++, n++) {
+      tport__device_info__init(&infos[n]);
+      tport_device dev = {(tport_device_type)type, d};
+      infos[n].device = (char *)device_format(dev, names[n], sizeof names[n]);
+      snprintf(labels[n], sizeof labels[n], "%s",
+               type == TPORT_DEV_CPU   ? "host"
+               : type == TPORT_DEV_SIM ? "simulated GPU"
+                                       : "GPU");
+      infos[n].name = labels[n];
+      size_t freeb = 0, total = 0;
+      if (be->mem_info(d, &freeb, &total, NULL) == TPORT_OK) {
+        infos[n].free_bytes = freeb;
+        infos[n].total_bytes = total;
+      }
+      infos[n].managed_memory = type != TPORT_DEV_CPU;
+      size_t np = 0;
+      for (int p = 0; p < count && np < MAXDEV; p++)
+        if (p != d && be->can_access_peer(d, p)) {
+          device_format((tport_device){(tport_device_type)type, p}, peers[n][np],
+                        sizeof peers[n][np]);
+          peer_ptrs[n][np] = peers[n][np];
+          np++;
+        }
+      infos[n].n_peer_access = np;
+      infos[n].peer_access = peer_ptrs[n];
+      ptrs[n] = &infos[n];
+    }
+  }
+  Tport__DevicesReply r = TPORT__DEVICES_REPLY__INIT;
+  r.status = wire_ok();
+  r.n_devices = n;
+  r.devices = ptrs;
+  if (backend_cuda.device_count() == 0)
+    r.cuda_unavailable_reason = (char *)backend_cuda.unavailable_reason();
+  return call_reply(c, &r.base, NULL, 0);
+}
+
+int h_stats(call *c)
+{
+  server *s = c->srv;
+  enum { MAXC = 48 };
+  Tport__Counter counters[MAXC], *ptrs[MAXC];
+  char names[MAXC][48];
+  size_t n = 0;
+#define COUNTER(label, v)                                                                          \
+  do {                                                                                             \
+    if (n < MAXC) {                                                                                \
+      tport__counter__init(&counters[n]);                                                          \
+      snprintf(names[n], sizeof names[n], "%s", label);                                            \
+      counters[n].name = names[n];                                                                 \
+      counters[n].value = (int64_t)(v);                                                            \
+      ptrs[n] = &counters[n];                                                                      \
+      n++;                                                                                         \
+    }                                                                                              \
+  } while (0)
+  uint64_t entries, uploads, bytes;
+  reg_counts(&s->reg, &entries, &uploads, &bytes);
+  COUNTER("tensors", entries);
+  COUNTER("uploads_in_progress", uploads);
+  COUNTER("tensor_bytes", bytes);
+  COUNTER("bytes_in", atomic_load(&s->bytes_in));
+  COUNTER("bytes_out", atomic_load(&s->bytes_out));
+  COUNTER("errors", atomic_load(&s->errors));
+  COUNTER("uptime_ms", reg_now_ms() - s->started_ms);
+  staging_stats st;
+  staging_get_stats(staging_default(), &st);
+  COUNTER("staging_hits", st.hits);
+  COUNTER("staging_misses", st.misses);
+  COUNTER("staging_waits", st.waits);
+  COUNTER("staging_bytes_in_use", st.bytes_in_use);
+  COUNTER("staging_bytes_cached", st.bytes_cached);
+  COUNTER("staging_bytes_allocated", st.bytes_allocated);
+  COUNTER("deferred_frees", storage_deferred_count());
+  for (uint16_t m = 1; m < SERVER_METHODS; m++) {
+    char label[48];
+    snprintf(label, sizeof label, "requests_%s", frame_method(m)->name);
+    COUNTER(label, atomic_load(&s->requests[m]));
+  }
+#undef COUNTER
+  Tport__StatsReply r = TPORT__STATS_REPLY__INIT;
+  r.status = wire_ok();
+  r.n_counters = n;
+  r.counters = ptrs;
+  return call_reply(c, &r.base, NULL, 0);
+}
+
+handler_fn handler_for(uint16_t method)
+{
+  static const handler_fn table[SERVER_METHODS] = {
+      [TPORT__METHOD__METHOD_HELLO] = h_hello,
+      [TPORT__METHOD__METHOD_DEVICES] = h_devices,
+      [TPORT__METHOD__METHOD_PUT_BEGIN] = h_put_begin,
+      [TPORT__METHOD__METHOD_PUT_CHUNK] = h_put_chunk,
+      [TPORT__METHOD__METHOD_PUT_COMMIT] = h_put_commit,
+      [TPORT__METHOD__METHOD_PUT_ABORT] = h_put_abort,
+      [TPORT__METHOD__METHOD_GET_BEGIN] = h_get_begin,
+      [TPORT__METHOD__METHOD_GET_CHUNK] = h_get_chunk,
+      [TPORT__METHOD__METHOD_TO] = h_to,
+      [TPORT__METHOD__METHOD_COPY] = h_copy,
+      [TPORT__METHOD__METHOD_VIEW] = h_view,
+      [TPORT__METHOD__METHOD_CONTIGUOUS] = h_contiguous,
+      [TPORT__METHOD__METHOD_INFO] = h_info,
+      [TPORT__METHOD__METHOD_LIST] = h_list,
+      [TPORT__METHOD__METHOD_FREE] = h_free,
+      [TPORT__METHOD__METHOD_SYNC] = h_sync,
+      [TPORT__METHOD__METHOD_STATS] = h_stats,
+  };
+  return method < SERVER_METHODS ? table[method] : NULL;
+}

@@ -1,0 +1,453 @@
+/*
+ * handlers_transfer.c: Put (Begin, Chunk, Commit, Abort) and Get (Begin, Chunk).
+ *
+ * Put: PutBegin validates the descriptor (dense, offset 0: the payload is
+ * the tensor's storage bytes in its own layout) and creates the landing
+ * tensor on the destination device.  Chunks are fixed-size pieces at
+ * multiples of chunk_bytes; each is staged through the pinned pool into the
+ * landing tensor by the engine (async on a device), and is idempotent by
+ * (handle, offset).  PutCommit converts dtype/format if asked and publishes
+ * the tensor.
+ *
+ * Get: GetBegin starts a copy of the tensor into pinned host memory in
+ * logical C order (non_blocking: the device works while the reply goes out);
+ * GetChunk waits for it once, then serves byte ranges (several at once).
+ * The transfer ends once as many bytes as the tensor holds have been served,
+ * or with its connection.
+ */
+#include <openssl/rand.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "validate.h"
+#include "wire.h"
+
+/* ---------------------------------------------------------------- put */
+
+int h_put_begin(call *c)
+{
+  Tport__PutBeginRequest *q = (Tport__PutBeginRequest *)c->req;
+  server *s = c->srv;
+  if (!q->desc)
+    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "desc is missing");
+  Tport__TensorDesc *d = q->desc;
+  meta_layout l;
+  validate_result vr;
+  int rc = validate_desc((int)d->dtype, d->n_sizes, d->sizes, d->n_strides, d->strides,
+                         d->storage_offset, -1, &l, &vr, &c->err);
+  if (rc)
+    return rc;
+  if (l.offset != 0)
+    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                         "desc.storage_offset is %lld: a put sends a whole storage (offset 0)",
+                         (long long)l.offset);
+  if (!meta_is_non_overlapping_and_dense(&l))
+    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                         "desc.strides: a put sends a dense tensor (no gaps, no overlaps)");
+  if ((size_t)vr.nbytes > s->cfg.max_tensor_bytes)
+    return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED,
+                         "the tensor is %lld bytes: the limit per tensor is %zu",
+                         (long long)vr.nbytes, s->cfg.max_tensor_bytes);
+  tport_device dev;
+  rc = wire_device(q->device && *q->device ? q->device : d->device, "device",
+                   (tport_device){TPORT_DEV_CPU, 0}, &dev, &c->err);
+  if (rc)
+    return rc;
+  reg_upload *up = calloc(1, sizeof *up);
+  if (!up)
+    return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  up->nbytes = (size_t)vr.nbytes;
+  up->chunk_bytes = s->cfg.chunk_bytes;
+  up->nchunks = (up->nbytes + up->chunk_bytes - 1) / up->chunk_bytes;
+  size_t bitmap = (size_t)(up->nchunks + 7) / 8 + 1;
+  up->claimed = calloc(bitmap, 1);
+  up->received = calloc(bitmap, 1);
+  if (q->dtype_set) {
+    up->convert.has_dtype = true;
+    rc = wire_dtype(q->dtype, "dtype", &up->convert.dtype, &c->err);
+  }
+  if (!rc && q->memory_format != TPORT__MEMORY_FORMAT__MF_PRESERVE) {
+    up->convert.has_format = true;
+    rc = wire_format(q->memory_format, "memory_format", &up->convert.format, &c->err);
+  }
+  up->convert.non_blocking = true;
+  up->convert.exact_format = true; /* the stored tensor really is in the format asked for */
+  up->needs_convert = up->convert.has_dtype || up->convert.has_format;
+  unsigned flags = q->managed ? STORAGE_MANAGED : 0;
+  if (!rc && (!up->claimed || !up->received))
+    rc = tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  if (!rc)
+    rc = tensor_empty_strided(dev, (tport_dtype)d->dtype, l.ndim, l.sizes, l.strides, flags,
+                              &up->landing, &c->err);
+  if (rc) {
+    reg_upload_free(up);
+    return rc;
+  }
+  reg_entry *e;
+  rc = reg_add(&s->reg, c->pipe, NULL, up, q->name, q->ttl_ms, up->landing->storage->nbytes, &e,
+               &c->err);
+  if (rc)
+    return rc;
+  Tport__PutBeginReply r = TPORT__PUT_BEGIN_REPLY__INIT;
+  Tport__Ref ref = TPORT__REF__INIT;
+  ref.handle.data = e->handle;
+  ref.handle.len = REG_HANDLE_BYTES;
+  ref.name = e->name;
+  r.status = wire_ok();
+  r.ref = &ref;
+  r.chunk_bytes = s->cfg.chunk_bytes;
+  r.window = (uint32_t)s->cfg.window;
+  rc = call_reply(c, &r.base, NULL, 0);
+  reg_put(&s->reg, e);
+  return rc;
+}
+
+static bool bit(const uint8_t *b, uint64_t i)
+{
+  return b[i / 8] >> (i % 8) & 1;
+}
+static void set_bit(uint8_t *b, uint64_t i, bool v)
+{
+  if (v)
+    b[i / 8] |= (uint8_t)(1u << (i % 8));
+  else
+    b[i / 8] &= (uint8_t) ~(1u << (i % 8));
+}
+
+static int find_upload(call *c, const Tport__Ref *ref, reg_entry **e)
+{
+  if (!ref)
+    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "ref is missing");
+  int rc =
+      reg_find(&c->srv->reg, c->pipe, ref->handle.data, ref->handle.len, ref->name, e, &c->err);
+  if (rc)
+    return rc;
+  if ((*e)->state != REG_UPLOADING) {
+    reg_put(&c->srv->reg, *e);
+    return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION,
+                         "ref is not an upload in progress (already committed)");
+  }
+  return TPORT_OK;
+}
+
+/* Claims chunk i: 1 = ours to write, 0 = already written (idempotent), <0 error. */
+static int claim_chunk(call *c, reg_entry *e, uint64_t i)
+{
+  registry *r = &c->srv->reg;
+  pthread_mutex_lock(&r->mu);
+  reg_upload *up = e->up;
+  int res;
+  if (!up || e->removed) {
+    res = -tport_err_set(&c->err, TPORT_ABORTED, "the upload was aborted");
+  } else if (bit(up->received, i)) {
+    res = 0;
+  } else if (bit(up->claimed, i)) {
+    res = -tport_err_set(&c->err, TPORT_ABORTED,
+                         "chunk %llu is being written by another request: retry",
+                         (unsigned long long)i);
+  } else {
+    set_bit(up->claimed, i, true);
+    up->inflight++;
+    res = 1;
+  }
+  pthread_mutex_unlock(&r->mu);
+  return res;
+}
+
+static void finish_chunk(call *c, reg_entry *e, uint64_t i, bool ok)
+{
+  registry *r = &c->srv->reg;
+  pthread_mutex_lock(&r->mu);
+  reg_upload *up = e->up;
+  if (up) {
+    up->inflight--;
+    if (ok) {
+      set_bit(up->received, i, true);
+      up->nreceived++;
+    } else {
+      set_bit(up->claimed, i, false);
+    }
+  }
+  pthread_mutex_unlock(&r->mu);
+}
+
+int h_put_chunk(call *c)
+{
+  Tport__PutChunkRequest *q = (Tport__PutChunkRequest *)c->req;
+  server *s = c->srv;
+  int rc = reg_chunk_enter(&s->reg, c->pipe, &c->err);
+  if (rc)
+    return rc;
+  reg_entry *e = NULL;
+  rc = find_upload(c, q->ref, &e);
+  uint64_t i = 0;
+  int claim = 0;
+  if (!rc) {
+    /* up stays valid: reg_find's reference keeps the entry, and only commit
+     * (which refuses while chunks are in flight) or the entry's end frees it */
+    reg_upload *up = e->up;
+    size_t len = c->payload_len;
+    if (q->offset >= up->nbytes && !(up->nbytes == 0 && q->offset == 0 && len == 0))
+      rc = tport_err_set(&c->err, TPORT_OUT_OF_RANGE, "offset %llu is past the tensor's %zu bytes",
+                         (unsigned long long)q->offset, up->nbytes);
+    else if (q->offset % up->chunk_bytes)
+      rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                         "offset %llu is not a multiple of the chunk size %zu: chunks may not "
+                         "overlap",
+                         (unsigned long long)q->offset, up->chunk_bytes);
+    if (!rc) {
+      i = q->offset / up->chunk_bytes;
+      size_t want = up->nbytes - q->offset < up->chunk_bytes ? up->nbytes - (size_t)q->offset
+                                                             : up->chunk_bytes;
+      if (len != want)
+        rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                           "chunk at offset %llu carries %zu bytes: it must carry %zu",
+                           (unsigned long long)q->offset, len, want);
+    }
+    if (!rc) {
+      claim = claim_chunk(c, e, i);
+      if (claim < 0)
+        rc = -claim;
+    }
+    if (!rc && claim == 1) {
+      tport_tensor *view = NULL, *src = NULL;
+      int64_t n = (int64_t)len;
+      rc = tensor_byte_view(up->landing, (size_t)q->offset, len, &view, &c->err);
+      if (!rc)
+        rc = tensor_wrap_host((void *)c->payload, len, TPORT_UINT8, 1, &n, NULL, 0, &src, &c->err);
+      /* staged through pinned memory: the payload is free to go when this returns */
+      if (!rc)
+        rc = tensor_copy_(view, src, true, &c->err);
+      tensor_release(src);
+      tensor_release(view);
+      finish_chunk(c, e, i, rc == TPORT_OK);
+    }
+  }
+  if (!rc) {
+    Tport__PutChunkReply r = TPORT__PUT_CHUNK_REPLY__INIT;
+    r.status = wire_ok();
+    r.received_bytes = c->payload_len;
+    rc = call_reply(c, &r.base, NULL, 0);
+  }
+  reg_put(&s->reg, e);
+  reg_chunk_leave(&s->reg, c->pipe);
+  return rc;
+}
+
+int h_put_commit(call *c)
+{
+  Tport__PutCommitRequest *q = (Tport__PutCommitRequest *)c->req;
+  server *s = c->srv;
+  reg_entry *e;
+  int rc = find_upload(c, q->ref, &e);
+  if (rc)
+    return rc;
+  pthread_mutex_lock(&s->reg.mu);
+  reg_upload *up = e->up;
+  uint64_t missing = up->nchunks - up->nreceived;
+  int inflight = up->inflight;
+  pthread_mutex_unlock(&s->reg.mu);
+  if (inflight)
+    rc = tport_err_set(&c->err, TPORT_FAILED_PRECONDITION, "%d chunk%s still being written",
+                       inflight, inflight == 1 ? " is" : "s are");
+  else if (missing)
+    rc = tport_err_set(&c->err, TPORT_FAILED_PRECONDITION, "%llu of %llu chunks are missing",
+                       (unsigned long long)missing, (unsigned long long)up->nchunks);
+  tport_tensor *final = NULL;
+  if (!rc && up->needs_convert) {
+    bool aliased;
+    to_options o = up->convert;
+    o.non_blocking = q->non_blocking;
+    rc = tensor_to(up->landing, &o, &final, &aliased, &c->err);
+  } else if (!rc) {
+    final = tensor_retain(up->landing);
+  }
+  if (!rc && !q->non_blocking)
+    rc = tensor_sync(final, &c->err);
+  if (rc) {
+    tensor_release(final);
+    reg_put(&s->reg, e);
+    return rc;
+  }
+  reg_ready(&s->reg, e, final);
+  wire_info wi;
+  wire_fill_info(&wi, e, final);
+  Tport__PutCommitReply r = TPORT__PUT_COMMIT_REPLY__INIT;
+  r.status = wire_ok();
+  r.info = &wi.info;
+  rc = call_reply(c, &r.base, NULL, 0);
+  reg_put(&s->reg, e);
+  return rc;
+}
+
+int h_put_abort(call *c)
+{
+  Tport__PutAbortRequest *q = (Tport__PutAbortRequest *)c->req;
+  reg_entry *e;
+  int rc = find_upload(c, q->ref, &e);
+  if (rc)
+    return rc;
+  reg_remove(&c->srv->reg, e);
+  reg_put(&c->srv->reg, e);
+  Tport__PutAbortReply r = TPORT__PUT_ABORT_REPLY__INIT;
+  r.status = wire_ok();
+  return call_reply(c, &r.base, NULL, 0);
+}
+
+/* ---------------------------------------------------------------- get */
+
+static void transfer_unref(get_transfer *g)
+{
+  if (--g->refs == 0) {
+    tensor_release(g->host);
+    free(g);
+  }
+}
+
+void transfers_drop(server *s, uint32_t pipe)
+{
+  pthread_mutex_lock(&s->tmu);
+  get_transfer *keep = NULL, *next;
+  for (get_transfer *t = s->transfers; t; t = next) {
+    next = t->next;
+    if (pipe == 0 || t->pipe == pipe) {
+      transfer_unref(t);
+    } else {
+      t->next = keep;
+      keep = t;
+    }
+  }
+  s->transfers = keep;
+  pthread_mutex_unlock(&s->tmu);
+}
+
+int h_get_begin(call *c)
+{
+  Tport__GetBeginRequest *q = (Tport__GetBeginRequest *)c->req;
+  server *s = c->srv;
+  reg_entry *e;
+  tport_tensor *t;
+  int rc = wire_find(c, q->ref, "ref", &e, &t);
+  if (rc)
+    return rc;
+  /* logical C order on the host: an alias when t already is exactly that */
+  to_options o = {.has_device = true,
+                  .device = {TPORT_DEV_CPU, 0},
+                  .has_format = true,
+                  .format = TPORT_MF_CONTIGUOUS,
+                  .exact_format = true,
+                  .non_blocking = true,
+                  .copy = t->conj || t->neg};
+  tport_tensor *host = NULL;
+  bool aliased;
+  get_transfer *g = calloc(1, sizeof *g);
+  if (!g)
+    rc = tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  if (!rc)
+    rc = tensor_to(t, &o, &host, &aliased, &c->err);
+  if (!rc && RAND_bytes(g->id, TRANSFER_ID_BYTES) != 1)
+    rc = tport_err_set(&c->err, TPORT_INTERNAL, "cannot create a transfer id");
+  if (rc) {
+    tensor_release(host);
+    free(g);
+    reg_put(&s->reg, e);
+    return rc;
+  }
+  g->pipe = c->pipe;
+  g->host = host;
+  g->nbytes = tensor_nbytes(host);
+  g->refs = 1;
+  bool keep = g->nbytes > 0; /* an empty tensor has no chunks to wait for */
+  if (keep) {
+    pthread_mutex_lock(&s->tmu);
+    g->next = s->transfers;
+    s->transfers = g;
+    pthread_mutex_unlock(&s->tmu);
+  }
+  wire_info wi;
+  wire_fill_info(&wi, e, t);
+  Tport__GetBeginReply r = TPORT__GET_BEGIN_REPLY__INIT;
+  r.status = wire_ok();
+  r.info = &wi.info;
+  r.nbytes = g->nbytes;
+  r.chunk_bytes = s->cfg.chunk_bytes;
+  r.transfer.data = g->id;
+  r.transfer.len = keep ? TRANSFER_ID_BYTES : 0;
+  rc = call_reply(c, &r.base, NULL, 0);
+  if (!keep) {
+    tensor_release(g->host);
+    free(g);
+  }
+  reg_put(&s->reg, e);
+  return rc;
+}
+
+int h_get_chunk(call *c)
+{
+  Tport__GetChunkRequest *q = (Tport__GetChunkRequest *)c->req;
+  server *s = c->srv;
+  if (q->transfer.len != TRANSFER_ID_BYTES)
+    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                         "transfer is %zu bytes: transfer ids are %d", q->transfer.len,
+                         TRANSFER_ID_BYTES);
+  pthread_mutex_lock(&s->tmu);
+  get_transfer *g = NULL;
+  for (get_transfer *t = s->transfers; t; t = t->next)
+    if (t->pipe == c->pipe && memcmp(t->id, q->transfer.data, TRANSFER_ID_BYTES) == 0) {
+      g = t;
+      g->refs++; /* a drop meanwhile cannot free it under us */
+      break;
+    }
+  pthread_mutex_unlock(&s->tmu);
+  if (!g)
+    return tport_err_set(&c->err, TPORT_NOT_FOUND, "no transfer with that id on this connection");
+  int rc = TPORT_OK;
+  if (q->offset > g->nbytes || q->length > g->nbytes - q->offset)
+    rc = tport_err_set(
+        &c->err, TPORT_OUT_OF_RANGE, "bytes [%llu, %llu) are outside the tensor's %zu bytes",
+        (unsigned long long)q->offset, (unsigned long long)(q->offset + q->length), g->nbytes);
+  else if (q->length > s->cfg.max_message_bytes)
+    rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "length %llu is over the limit %zu",
+                       (unsigned long long)q->length, s->cfg.max_message_bytes);
+  pthread_mutex_lock(&s->tmu);
+  bool synced = g->synced;
+  pthread_mutex_unlock(&s->tmu);
+  if (!rc && !synced) {
+    rc = tensor_sync(g->host, &c->err);
+    pthread_mutex_lock(&s->tmu);
+    g->synced = rc == TPORT_OK;
+    pthread_mutex_unlock(&s->tmu);
+  }
+  if (!rc) {
+    Tport__GetChunkReply r = TPORT__GET_CHUNK_REPLY__INIT;
+    r.status = wire_ok();
+    r.offset = q->offset;
+    const uint8_t *base =
+        g->nbytes ? (const uint8_t *)g->host->storage->ptr +
+                        g->host->layout.offset * (int64_t)tport_dtype_size(g->host->dtype)
+                  : NULL;
+    rc = call_reply(c, &r.base, base ? base + q->offset : NULL, (size_t)q->length);
+  }
+  pthread_mutex_lock(&s->tmu);
+  int drops = 1; /* this call's reference */
+  if (!rc) {
+    g->served += (size_t)q->length;
+    if (g->served >= g->nbytes) {
+      /* every byte has gone out once: the transfer ends (the list's reference) */
+      for (get_transfer **p = &s->transfers; *p; p = &(*p)->next)
+        if (*p == g) {
+          *p = g->next;
+          drops++;
+          break;
+        }
+    }
+  }
+  g->refs -= drops;
+  bool gone = g->refs == 0;
+  pthread_mutex_unlock(&s->tmu);
+  if (gone) {
+    tensor_release(g->host);
+    free(g);
+  }
+  return rc;
+}

@@ -1,0 +1,55 @@
+/*
+ * main.c: tportd.  Parses flags (and TPORT_* variables), starts the server,
+ * and on SIGINT/SIGTERM stops accepting, finishes or aborts in-flight work
+ * within the grace period, frees everything and exits 0.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backend.h"
+#include "log.h"
+#include "server.h"
+
+int main(int argc, char **argv)
+{
+  server_config cfg;
+  config_defaults(&cfg);
+  tport_err err;
+  int rc = config_parse(&cfg, argc, argv, &err);
+  if (rc == 1) {
+    config_free(&cfg);
+    return 0;
+  }
+  if (rc) {
+    fprintf(stderr, "tportd: %s\n", err.msg);
+    config_free(&cfg);
+    return 2;
+  }
+  log_set_level(cfg.log_level);
+  /* Signals are taken synchronously by this thread: no handler runs in the
+   * middle of engine or nng work. */
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  server *s;
+  if (server_start(&cfg, &s, &err)) {
+    log_msg(LOG_ERROR, "%s", err.msg);
+    config_free(&cfg);
+    return 1;
+  }
+  log_msg(LOG_INFO, "ready (devices: %s; cuda: %s)", cfg.devices ? cfg.devices : "cpu",
+          backend_cuda.device_count() ? "on" : backend_cuda.unavailable_reason());
+  int sig = 0;
+  sigwait(&set, &sig);
+  log_msg(LOG_INFO, "%s: stopping (grace %lu ms)", sig == SIGINT ? "SIGINT" : "SIGTERM",
+          cfg.grace_ms);
+  server_stop(s, cfg.grace_ms);
+  log_msg(LOG_INFO, "stopped");
+  config_free(&cfg);
+  return 0;
+}

@@ -1,0 +1,381 @@
+/*
+ * server.c: sockets, listeners, the context state machines, the worker pool,
+ * pipe events and the reaper.
+ *
+ * A context's life: RECV (an nng_ctx_recv is pending) -> its callback takes
+ * the message and queues the context for a worker -> WORK (a worker parses,
+ * dispatches and builds the reply) -> SEND (nng_ctx_send pending) -> its
+ * callback re-arms RECV.  Callbacks only move messages and queue work; they
+ * never block and never touch the engine.
+ */
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "device.h"
+#include "log.h"
+#include "server_internal.h"
+
+static int64_t mono_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---------------------------------------------------------------- replies */
+
+static int pack_reply(nng_msg **out, uint16_t method, ProtobufCMessage *m, const void *payload,
+                      size_t n)
+{
+  size_t head = frame_head_size(m);
+  nng_msg *msg;
+  if (nng_msg_alloc(&msg, head + n) != 0)
+    return TPORT_RESOURCE_EXHAUSTED;
+  uint8_t *body = nng_msg_body(msg);
+  frame_write_head(body, method, FRAME_FLAG_REPLY, m);
+  if (n)
+    memcpy(body + head, payload, n);
+  *out = msg;
+  return TPORT_OK;
+}
+
+int call_reply(call *c, ProtobufCMessage *reply, const void *payload, size_t n)
+{
+  int rc = pack_reply(&c->out, c->method, reply, payload, n);
+  if (rc)
+    return tport_err_set(&c->err, rc, "out of memory for a %zu-byte reply", n);
+  atomic_fetch_add(&c->srv->bytes_out, n);
+  return TPORT_OK;
+}
+
+static nng_msg *error_reply(uint16_t method, const tport_err *e)
+{
+  Tport__ErrorReply r = TPORT__ERROR_REPLY__INIT;
+  Tport__Status st = TPORT__STATUS__INIT;
+  st.code = (Tport__Code)e->code;
+  st.message = (char *)e->msg;
+  r.status = &st;
+  nng_msg *m = NULL;
+  pack_reply(&m, method, &r.base, NULL, 0);
+  return m;
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+static nng_msg *handle(server *s, nng_msg *req, int64_t queued_ms)
+{
+  call c = {.srv = s, .pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(req))};
+  tport_err_clear(&c.err);
+  frame_view v;
+  const uint8_t *body = nng_msg_body(req);
+  size_t len = nng_msg_len(req);
+  atomic_fetch_add(&s->bytes_in, len);
+  reg_session_touch(&s->reg, c.pipe);
+  int rc = frame_parse(body, len, &v, &c.err);
+  if (!rc) {
+    c.method = v.method;
+    if (v.flags & FRAME_FLAG_REPLY)
+      rc = tport_err_set(&c.err, TPORT_INVALID_ARGUMENT, "a reply frame was sent as a request");
+  }
+  const ProtobufCMethodDescriptor *md = rc ? NULL : frame_method(v.method);
+  if (!rc && (!md || !handler_for(v.method)))
+    rc = tport_err_set(&c.err, TPORT_UNIMPLEMENTED, "method %u is unknown", v.method);
+  if (!rc && mono_ms() - queued_ms > (int64_t)s->cfg.deadline_ms)
+    rc = tport_err_set(&c.err, TPORT_DEADLINE_EXCEEDED,
+                       "the request waited %lld ms in the queue (deadline %lu ms)",
+                       (long long)(mono_ms() - queued_ms), s->cfg.deadline_ms);
+  if (!rc)
+    rc = frame_unpack(&v, md->input, &c.req, &c.err);
+  if (!rc) {
+    atomic_fetch_add(&s->requests[v.method], 1);
+    c.payload = v.payload;
+    c.payload_len = v.payload_len;
+    rc = handler_for(v.method)(&c);
+    protobuf_c_message_free_unpacked(c.req, NULL);
+  }
+  if (rc || !c.out) {
+    if (!rc)
+      tport_err_set(&c.err, TPORT_INTERNAL, "the handler gave no reply");
+    atomic_fetch_add(&s->errors, 1);
+    log_msg(LOG_DEBUG, "pipe %u method %u: %s: %s", c.pipe, c.method, tport_status_name(c.err.code),
+            c.err.msg);
+    if (c.out)
+      nng_msg_free(c.out);
+    c.out = error_reply(c.method, &c.err);
+  }
+  return c.out;
+}
+
+/* ---------------------------------------------------------------- contexts */
+
+static void ctx_recv(srv_ctx *x)
+{
+  x->state = CTX_RECV;
+  nng_ctx_recv(x->ctx, x->aio);
+}
+
+static void ctx_cb(void *arg)
+{
+  srv_ctx *x = arg;
+  server *s = x->srv;
+  int rv = nng_aio_result(x->aio);
+  switch (x->state) {
+  case CTX_RECV:
+    if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
+      return;
+    if (rv != 0) {
+      ctx_recv(x);
+      return;
+    }
+    x->msg = nng_aio_get_msg(x->aio);
+    x->queued_ms = mono_ms();
+    x->state = CTX_WORK;
+    pthread_mutex_lock(&s->qmu);
+    x->next = NULL;
+    if (s->qtail)
+      s->qtail->next = x;
+    else
+      s->qhead = x;
+    s->qtail = x;
+    s->busy++;
+    pthread_cond_signal(&s->qcv);
+    pthread_mutex_unlock(&s->qmu);
+    return;
+  case CTX_SEND:
+    if (rv != 0) {
+      nng_msg *m = nng_aio_get_msg(x->aio);
+      if (m)
+        nng_msg_free(m);
+    }
+    pthread_mutex_lock(&s->qmu);
+    if (--s->busy == 0)
+      pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->qmu);
+    if (rv == NNG_ECLOSED)
+      return;
+    ctx_recv(x);
+    return;
+  case CTX_WORK: return;
+  }
+}
+
+static void *worker_main(void *arg)
+{
+  server *s = arg;
+  for (;;) {
+    pthread_mutex_lock(&s->qmu);
+    while (!s->qhead && !s->stopping)
+      pthread_cond_wait(&s->qcv, &s->qmu);
+    srv_ctx *x = s->qhead;
+    if (!x) {
+      pthread_mutex_unlock(&s->qmu);
+      return NULL;
+    }
+    s->qhead = x->next;
+    if (!s->qhead)
+      s->qtail = NULL;
+    pthread_mutex_unlock(&s->qmu);
+    nng_msg *reply = handle(s, x->msg, x->queued_ms);
+    nng_msg_free(x->msg);
+    x->msg = NULL;
+    x->state = CTX_SEND;
+    if (reply) {
+      nng_aio_set_msg(x->aio, reply);
+      nng_ctx_send(x->ctx, x->aio);
+    } else {
+      /* could not even build an error reply: drop it; the client times out */
+      pthread_mutex_lock(&s->qmu);
+      s->busy--;
+      pthread_mutex_unlock(&s->qmu);
+      ctx_recv(x);
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- pipes, reaper */
+
+static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+  server *s = arg;
+  uint32_t id = (uint32_t)nng_pipe_id(p);
+  if (ev == NNG_PIPE_EV_ADD_POST) {
+    reg_session_touch(&s->reg, id);
+    log_msg(LOG_DEBUG, "connection %u opened", id);
+  } else if (ev == NNG_PIPE_EV_REM_POST) {
+    reg_session_drop(&s->reg, id);
+    transfers_drop(s, id);
+    log_msg(LOG_DEBUG, "connection %u closed: its tensors and uploads are freed", id);
+  }
+}
+
+static void *reaper_main(void *arg)
+{
+  server *s = arg;
+  pthread_mutex_lock(&s->rmu);
+  while (!s->stopping) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 1;
+    pthread_cond_timedwait(&s->rcv, &s->rmu, &ts);
+    if (s->stopping)
+      break;
+    pthread_mutex_unlock(&s->rmu);
+    int n = reg_expire(&s->reg, reg_now_ms());
+    if (n)
+      log_msg(LOG_INFO, "%d tensor%s expired", n, n == 1 ? "" : "s");
+    storage_reap(false);
+    pthread_mutex_lock(&s->rmu);
+  }
+  pthread_mutex_unlock(&s->rmu);
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- devices */
+
+static int configure_devices(const char *spec, tport_err *err)
+{
+  int nsim = 0;
+  if (spec) {
+    char *copy = strdup(spec), *save = NULL;
+    int rc = TPORT_OK;
+    for (char *t = strtok_r(copy, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
+      if (strcmp(t, "cpu") == 0 || strcmp(t, "cuda") == 0)
+        continue;
+      tport_device d;
+      rc = device_parse(t, "--devices", &d, err);
+      if (!rc && d.type == TPORT_DEV_SIM)
+        nsim = d.index < 0 ? 1 : d.index; /* sim:N means N devices */
+      else if (!rc && d.type != TPORT_DEV_CPU)
+        rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "--devices: '%s': list cpu, cuda or sim:N",
+                           t);
+    }
+    free(copy);
+    if (rc)
+      return rc;
+  }
+  sim_config cfg = {.ndevices = nsim};
+  return sim_configure(&cfg, err);
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+int server_start(const server_config *cfg, server **out, tport_err *err)
+{
+  server *s = calloc(1, sizeof *s);
+  if (!s)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  s->cfg = *cfg;
+  s->started_ms = reg_now_ms();
+  log_set_level(cfg->log_level);
+  pthread_mutex_init(&s->qmu, NULL);
+  pthread_cond_init(&s->qcv, NULL);
+  pthread_cond_init(&s->idle, NULL);
+  pthread_mutex_init(&s->tmu, NULL);
+  pthread_mutex_init(&s->rmu, NULL);
+  pthread_cond_init(&s->rcv, NULL);
+  reg_limits lim = {.max_tensor_bytes = cfg->max_tensor_bytes,
+                    .tenant_quota_bytes = cfg->tenant_quota_bytes,
+                    .max_inflight_chunks = cfg->max_inflight_chunks,
+                    .default_ttl_ms = (uint64_t)cfg->ttl_s * 1000};
+  reg_init(&s->reg, &lim);
+  int rc = configure_devices(cfg->devices, err);
+  int rv;
+  if (!rc && (rv = nng_rep0_open(&s->sock)) != 0)
+    rc = tport_err_set(err, TPORT_INTERNAL, "nng_rep0_open: %s", nng_strerror(rv));
+  if (rc) {
+    reg_destroy(&s->reg);
+    free(s);
+    return rc;
+  }
+  nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_POST, pipe_cb, s);
+  nng_pipe_notify(s->sock, NNG_PIPE_EV_REM_POST, pipe_cb, s);
+  s->nworkers = cfg->workers;
+  s->workers = calloc((size_t)s->nworkers, sizeof *s->workers);
+  for (int i = 0; i < s->nworkers; i++)
+    pthread_create(&s->workers[i], NULL, worker_main, s);
+  pthread_create(&s->reaper, NULL, reaper_main, s);
+  s->nctx = cfg->contexts;
+  s->ctxs = calloc((size_t)s->nctx, sizeof *s->ctxs);
+  for (int i = 0; i < s->nctx && !rc; i++) {
+    srv_ctx *x = &s->ctxs[i];
+    x->srv = s;
+    if ((rv = nng_aio_alloc(&x->aio, ctx_cb, x)) != 0 || (rv = nng_ctx_open(&x->ctx, s->sock)) != 0)
+      rc = tport_err_set(err, TPORT_INTERNAL, "nng context: %s", nng_strerror(rv));
+  }
+  for (int i = 0; i < cfg->nlisten && !rc; i++) {
+    nng_listener *l = &s->listeners[s->nlisteners];
+    if ((rv = nng_listener_create(l, s->sock, cfg->listen[i])) != 0) {
+      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "--listen %s: %s", cfg->listen[i],
+                         nng_strerror(rv));
+      break;
+    }
+    nng_listener_set_size(*l, NNG_OPT_RECVMAXSZ, cfg->max_message_bytes);
+    if ((rv = nng_listener_start(*l, 0)) != 0) {
+      rc = tport_err_set(err, TPORT_UNAVAILABLE, "cannot listen on %s: %s", cfg->listen[i],
+                         nng_strerror(rv));
+      nng_listener_close(*l);
+      break;
+    }
+    s->nlisteners++;
+    log_msg(LOG_INFO, "listening on %s", cfg->listen[i]);
+  }
+  if (rc) {
+    server_stop(s, 0);
+    return rc;
+  }
+  for (int i = 0; i < s->nctx; i++)
+    ctx_recv(&s->ctxs[i]);
+  *out = s;
+  return TPORT_OK;
+}
+
+void server_stop(server *s, unsigned long grace_ms)
+{
+  if (!s)
+    return;
+  /* stop accepting connections, then give in-flight requests the grace period */
+  for (int i = 0; i < s->nlisteners; i++)
+    nng_listener_close(s->listeners[i]);
+  pthread_mutex_lock(&s->qmu);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += (time_t)(grace_ms / 1000);
+  until.tv_nsec += (long)(grace_ms % 1000) * 1000000;
+  if (until.tv_nsec >= 1000000000) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000;
+  }
+  while (s->busy > 0 && pthread_cond_timedwait(&s->idle, &s->qmu, &until) == 0) {
+  }
+  if (s->busy > 0)
+    log_msg(LOG_WARN, "%d request%s still in flight after %lu ms: aborted", s->busy,
+            s->busy == 1 ? "" : "s", grace_ms);
+  s->stopping = true;
+  pthread_cond_broadcast(&s->qcv);
+  pthread_mutex_unlock(&s->qmu);
+  /* workers finish the request they hold and exit; queued ones are dropped */
+  for (int i = 0; i < s->nworkers; i++)
+    pthread_join(s->workers[i], NULL);
+  nng_close(s->sock); /* aborts every pending recv/send: callbacks see NNG_ECLOSED */
+  for (int i = 0; i < s->nctx; i++) {
+    if (s->ctxs[i].aio) {
+      nng_aio_stop(s->ctxs[i].aio);
+      nng_aio_free(s->ctxs[i].aio);
+    }
+    if (s->ctxs[i].msg)
+      nng_msg_free(s->ctxs[i].msg);
+  }
+  pthread_mutex_lock(&s->rmu);
+  pthread_cond_broadcast(&s->rcv);
+  pthread_mutex_unlock(&s->rmu);
+  pthread_join(s->reaper, NULL);
+  transfers_drop(s, 0);
+  reg_destroy(&s->reg);
+  engine_synchronize_all();
+  free(s->ctxs);
+  free(s->workers);
+  free(s);
+}

@@ -1,0 +1,111 @@
+/*
+ * server_internal.h: what the server's files share: the server, a request
+ * being handled (call), get transfers and the handler table.
+ */
+#ifndef TPORT_SERVER_INTERNAL_H
+#define TPORT_SERVER_INTERNAL_H
+
+#include <nng/nng.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "config.h"
+#include "frame.h"
+#include "registry.h"
+#include "server.h"
+
+#define SERVER_METHODS 18 /* 1..17 */
+#define TRANSFER_ID_BYTES 16
+
+typedef enum { CTX_RECV, CTX_WORK, CTX_SEND } ctx_state;
+
+/* One nng context: a request slot with its own async state machine. */
+typedef struct srv_ctx {
+  struct server *srv;
+  nng_ctx ctx;
+  nng_aio *aio;
+  ctx_state state;
+  nng_msg *msg;
+  int64_t queued_ms;
+  struct srv_ctx *next; /* work queue link */
+} srv_ctx;
+
+/* A get in progress: the tensor's bytes in logical C order on the host. */
+typedef struct get_transfer {
+  uint8_t id[TRANSFER_ID_BYTES];
+  uint32_t pipe;
+  tport_tensor *host;
+  size_t nbytes;
+  size_t served; /* bytes sent; the transfer ends when all were */
+  bool synced;
+  int refs; /* the list's (until it ends) plus one per chunk being served */
+  struct get_transfer *next;
+} get_transfer;
+
+struct server {
+  server_config cfg;
+  nng_socket sock;
+  nng_listener listeners[CONFIG_MAX_LISTEN];
+  int nlisteners;
+  srv_ctx *ctxs;
+  int nctx;
+  pthread_t *workers;
+  int nworkers;
+  pthread_mutex_t qmu;
+  pthread_cond_t qcv, idle;
+  srv_ctx *qhead, *qtail;
+  int busy; /* requests queued or being handled */
+  bool stopping;
+  registry reg;
+  pthread_mutex_t tmu;
+  get_transfer *transfers;
+  pthread_t reaper;
+  pthread_mutex_t rmu;
+  pthread_cond_t rcv;
+  atomic_uint_fast64_t requests[SERVER_METHODS], errors, bytes_in, bytes_out;
+  int64_t started_ms;
+};
+
+/* A request being handled. */
+typedef struct call {
+  struct server *srv;
+  uint32_t pipe;
+  uint16_t method;
+  ProtobufCMessage *req;
+  const uint8_t *payload;
+  size_t payload_len;
+  nng_msg *out;
+  tport_err err;
+} call;
+
+/* Packs a reply (whose status the handler has set) and a payload into the
+ * reply message. */
+int call_reply(call *c, ProtobufCMessage *reply, const void *payload, size_t n);
+
+typedef int (*handler_fn)(call *c);
+/* The handler of each method (NULL: unknown). */
+handler_fn handler_for(uint16_t method);
+
+/* Handlers, grouped by file. */
+int h_hello(call *c);
+int h_devices(call *c);
+int h_stats(call *c);
+int h_put_begin(call *c);
+int h_put_chunk(call *c);
+int h_put_commit(call *c);
+int h_put_abort(call *c);
+int h_get_begin(call *c);
+int h_get_chunk(call *c);
+int h_to(call *c);
+int h_copy(call *c);
+int h_view(call *c);
+int h_contiguous(call *c);
+int h_info(call *c);
+int h_list(call *c);
+int h_free(call *c);
+int h_sync(call *c);
+
+/* Drops the get transfers of a pipe (or all, with pipe 0). */
+void transfers_drop(struct server *s, uint32_t pipe);
+
+#endif

@@ -1,0 +1,107 @@
+/* wire.c: protobuf <-> engine helpers (see wire.h). */
+#include "wire.h"
+
+#include "device.h"
+#include "dtype.h"
+
+Tport__Status *wire_ok(void)
+{
+  static Tport__Status ok = TPORT__STATUS__INIT;
+  return &ok;
+}
+
+void wire_fill_info(wire_info *wi, const reg_entry *e, const tport_tensor *t)
+{
+  tport__tensor_info__init(&wi->info);
+  tport__tensor_desc__init(&wi->desc);
+  tport__ref__init(&wi->ref);
+  wi->ref.handle.data = (uint8_t *)e->handle;
+  wi->ref.handle.len = REG_HANDLE_BYTES;
+  wi->ref.name = (char *)e->name;
+  wi->desc.dtype = (Tport__DType)t->dtype;
+  wi->desc.n_sizes = wi->desc.n_strides = (size_t)t->layout.ndim;
+  wi->desc.sizes = (int64_t *)t->layout.sizes;
+  wi->desc.strides = (int64_t *)t->layout.strides;
+  wi->desc.storage_offset = t->layout.offset;
+  wi->desc.device = (char *)device_format(tensor_device(t), wi->device, sizeof wi->device);
+  wi->info.ref = &wi->ref;
+  wi->info.desc = &wi->desc;
+  wi->info.actual_format = (Tport__MemoryFormat)meta_actual_memory_format(&t->layout);
+  wi->info.suggested_format = (Tport__MemoryFormat)meta_suggest_memory_format(&t->layout);
+  wi->info.is_contiguous = meta_is_contiguous(&t->layout);
+  wi->info.nbytes = (int64_t)tensor_nbytes(t);
+  wi->info.managed = tensor_is_managed(t);
+  wi->info.conj = t->conj;
+  wi->info.neg = t->neg;
+  wi->info.expires_unix_ms = e->expires_ms;
+  wi->info.storage_nbytes = (int64_t)t->storage->nbytes;
+}
+
+int wire_find(call *c, const Tport__Ref *ref, const char *field, reg_entry **e, tport_tensor **t)
+{
+  if (!ref)
+    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "%s is missing", field);
+  int rc =
+      reg_find(&c->srv->reg, c->pipe, ref->handle.data, ref->handle.len, ref->name, e, &c->err);
+  if (rc)
+    return rc;
+  if ((*e)->state != REG_READY) {
+    reg_put(&c->srv->reg, *e);
+    return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION,
+                         "%s is still being uploaded (commit it first)", field);
+  }
+  *t = (*e)->tensor;
+  return TPORT_OK;
+}
+
+int wire_device(const char *s, const char *field, tport_device fallback, tport_device *out,
+                tport_err *err)
+{
+  if (!s || !*s) {
+    *out = fallback;
+    return TPORT_OK;
+  }
+  int rc = device_parse(s, field, out, err);
+  if (!rc && out->index < 0)
+    out->index = 0;
+  return rc;
+}
+
+int wire_dtype(int v, const char *field, tport_dtype *out, tport_err *err)
+{
+  if (!dtype_name(v))
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s is %d: not a dtype", field, v);
+  *out = (tport_dtype)v;
+  return TPORT_OK;
+}
+
+int wire_format(int v, const char *field, tport_memory_format *out, tport_err *err)
+{
+  if (v < TPORT_MF_CONTIGUOUS || v > TPORT_MF_PRESERVE)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "%s is %d: contiguous, channels_last, channels_last_3d or preserve", field,
+                         v);
+  *out = (tport_memory_format)v;
+  return TPORT_OK;
+}
+
+int wire_register_result(call *c, reg_entry *in, tport_tensor *res, bool aliased, const char *name,
+                         uint64_t ttl_ms, bool fresh_storage, reg_entry **out)
+{
+  if (aliased && (!name || !*name)) {
+    tensor_release(res);
+    pthread_mutex_lock(&c->srv->reg.mu);
+    in->refs++;
+    pthread_mutex_unlock(&c->srv->reg.mu);
+    *out = in;
+    return TPORT_OK;
+  }
+  size_t bytes = fresh_storage && !aliased ? res->storage->nbytes : 0;
+  if (bytes > c->srv->cfg.max_tensor_bytes) {
+    tensor_release(res);
+    return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED,
+                         "the result is %zu bytes: the limit per tensor is %zu", bytes,
+                         c->srv->cfg.max_tensor_bytes);
+  }
+  return reg_add(&c->srv->reg, c->pipe, res, NULL, name, ttl_ms, bytes, out, &c->err);
+}

@@ -1,0 +1,35 @@
+/*
+ * wire.h: between protobuf messages and the engine: refs, tensor info,
+ * options.  Every value read from a message is checked here or by the engine.
+ */
+#ifndef TPORT_WIRE_H
+#define TPORT_WIRE_H
+
+#include "server_internal.h"
+
+/* Storage for a TensorInfo that points into a tensor (valid while it lives). */
+typedef struct wire_info {
+  Tport__TensorInfo info;
+  Tport__TensorDesc desc;
+  Tport__Ref ref;
+  char device[32];
+} wire_info;
+
+/* Fills wi from entry e (its ref) and tensor t. */
+void wire_fill_info(wire_info *wi, const reg_entry *e, const tport_tensor *t);
+/* Finds a ready tensor by ref: NOT_FOUND, or FAILED_PRECONDITION while it uploads.
+ * On success *e holds a reference (reg_put it) and *t is its tensor. */
+int wire_find(call *c, const Tport__Ref *ref, const char *field, reg_entry **e, tport_tensor **t);
+/* A device string from the wire: empty means `fallback`. */
+int wire_device(const char *s, const char *field, tport_device fallback, tport_device *out,
+                tport_err *err);
+int wire_dtype(int v, const char *field, tport_dtype *out, tport_err *err);
+int wire_format(int v, const char *field, tport_memory_format *out, tport_err *err);
+/* A status OK message (static, shared). */
+Tport__Status *wire_ok(void);
+/* Registers a result of to/contiguous/view: aliased results with no name
+ * reuse the input's entry.  On success *out holds a reference. */
+int wire_register_result(call *c, reg_entry *in, tport_tensor *res, bool aliased, const char *name,
+                         uint64_t ttl_ms, bool fresh_storage, reg_entry **out);
+
+#endif

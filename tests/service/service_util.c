@@ -1,0 +1,101 @@
+/* service_util.c: see service_util.h. */
+#include "service_util.h"
+
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static atomic_int seq;
+
+server *svc_start_inproc(char *url, size_t len, const char *devices)
+{
+  snprintf(url, len, "inproc://tport-test-%d-%d", (int)getpid(), atomic_fetch_add(&seq, 1));
+  server_config cfg;
+  config_defaults(&cfg);
+  cfg.listen[0] = strdup(url);
+  cfg.nlisten = 1;
+  cfg.devices = strdup(devices ? devices : "cpu,sim:2");
+  cfg.chunk_bytes = 64 << 10; /* small chunks: many in flight even for small tensors */
+  cfg.log_level = 1;
+  cfg.workers = 4;
+  server *s;
+  tport_err err;
+  cr_assert_eq(server_start(&cfg, &s, &err), 0, "%s", err.msg);
+  config_free(&cfg);
+  return s;
+}
+
+void svc_tcp_url(char *url, size_t len)
+{
+  srand((unsigned)time(NULL) ^ (unsigned)getpid());
+  snprintf(url, len, "tcp://127.0.0.1:%d", 20000 + rand() % 30000);
+}
+
+void svc_ipc_url(char *url, size_t len)
+{
+  snprintf(url, len, "ipc:///tmp/tport-test-%d-%d.sock", (int)getpid(), atomic_fetch_add(&seq, 1));
+}
+
+pid_t svc_spawn(const char *url, const char *const *extra)
+{
+  pid_t pid = fork();
+  cr_assert_neq(pid, -1);
+  if (pid == 0) {
+    const char *argv[32] = {TPORTD_PATH,   "--listen", url,       "--devices", "cpu,sim:2",
+                            "--log-level", "1",        "--chunk", "65536"};
+    int n = 9;
+    for (int i = 0; extra && extra[i] && n < 30; i++)
+      argv[n++] = extra[i];
+    argv[n] = NULL;
+    execv(TPORTD_PATH, (char *const *)argv);
+    _exit(127);
+  }
+  for (int i = 0; i < 200; i++) {
+    tport_client *c;
+    if (tport_connect(url, &(tport_connect_options){.timeout_ms = 2000}, &c, NULL) == 0) {
+      tport_close(c);
+      return pid;
+    }
+    usleep(25000);
+  }
+  kill(pid, SIGKILL);
+  cr_assert_fail("tportd did not answer on %s", url);
+  return -1;
+}
+
+int svc_terminate(pid_t pid)
+{
+  kill(pid, SIGTERM);
+  int st;
+  if (waitpid(pid, &st, 0) != pid)
+    return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+tport_client *svc_connect(const char *url, const char *tenant)
+{
+  tport_client *c;
+  tport_err err;
+  tport_connect_options o = {.tenant = tenant, .timeout_ms = 20000};
+  cr_assert_eq(tport_connect(url, &o, &c, &err), 0, "connect %s: %s", url, err.msg);
+  return c;
+}
+
+int64_t svc_counter(tport_client *c, const char *name)
+{
+  tport_counter *v;
+  size_t n;
+  cr_assert_eq(tport_stats(c, &v, &n, NULL), 0);
+  int64_t r = -1;
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(v[i].name, name) == 0)
+      r = v[i].value;
+  free(v);
+  return r;
+}

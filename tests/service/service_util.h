@@ -1,0 +1,25 @@
+/* service_util.h: servers for the service tests: in-process (inproc) and
+ * tportd in a child process (tcp, ipc). */
+#ifndef TPORT_SERVICE_UTIL_H
+#define TPORT_SERVICE_UTIL_H
+
+#include <sys/types.h>
+
+#include "server.h"
+#include "tport.h"
+
+/* An in-process server on a fresh inproc:// URL with cpu and sim:2. */
+server *svc_start_inproc(char *url, size_t len, const char *extra_devices);
+/* tportd in a child process listening on url; waits until it answers. */
+pid_t svc_spawn(const char *url, const char *const *extra_args);
+/* SIGTERM, then wait; returns the exit status (or -1). */
+int svc_terminate(pid_t pid);
+/* A fresh tcp URL on loopback and a fresh ipc URL under /tmp. */
+void svc_tcp_url(char *url, size_t len);
+void svc_ipc_url(char *url, size_t len);
+/* Connects or fails the test. */
+tport_client *svc_connect(const char *url, const char *tenant);
+/* A counter from tport_stats (-1 when absent). */
+int64_t svc_counter(tport_client *c, const char *name);
+
+#endif

@@ -1,0 +1,256 @@
+/* test_rpcs.c: every RPC through libtport, against a server in this process
+ * (inproc) and tportd in another (tcp and ipc). */
+#include <complex.h>
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "service_util.h"
+
+typedef enum { INPROC, TCP, IPC } transport;
+
+static server *srv;
+static pid_t child;
+static char url[256];
+
+static void start(transport t)
+{
+  if (t == INPROC) {
+    srv = svc_start_inproc(url, sizeof url, NULL);
+  } else {
+    if (t == TCP)
+      svc_tcp_url(url, sizeof url);
+    else
+      svc_ipc_url(url, sizeof url);
+    child = svc_spawn(url, NULL);
+  }
+}
+
+static void stop(void)
+{
+  if (srv)
+    server_stop(srv, 1000);
+  if (child)
+    cr_assert_eq(svc_terminate(child), 0, "tportd exits 0 on SIGTERM");
+  srv = NULL;
+  child = 0;
+}
+
+static void every_rpc(void)
+{
+  tport_client *c = svc_connect(url, NULL);
+  tport_err err;
+  /* devices */
+  tport_device_info *devs;
+  size_t ndev;
+  char why[256];
+  cr_assert_eq(tport_devices(c, &devs, &ndev, why, sizeof why, &err), 0, "%s", err.msg);
+  cr_assert_eq(ndev, 3, "cpu, sim:0, sim:1");
+  cr_assert_str_eq(devs[0].device, "cpu");
+  cr_assert_str_eq(devs[1].device, "sim:0");
+  cr_assert_eq(devs[1].npeers, 1);
+  cr_assert(strlen(why) > 0, "the reason cuda is off is given");
+  free(devs);
+
+  /* put a 3x1000 float32 tensor (many 64 KiB chunks) onto sim:0, get it back */
+  enum { R = 30, C = 1000 };
+  float *v = malloc(R * C * 4), *back = malloc(R * C * 4);
+  for (int i = 0; i < R * C; i++)
+    v[i] = (float)i * 0.5f;
+  tport_put_options po;
+  tport_put_options_init(&po);
+  po.device = "sim:0";
+  tport_tensor_info a;
+  cr_assert_eq(tport_put(c, TPORT_FLOAT32, 2, (int64_t[]){R, C}, NULL, v, R * C * 4, &po, &a, &err),
+               0, "%s", err.msg);
+  cr_assert_str_eq(a.device, "sim:0");
+  cr_assert(a.is_contiguous && a.nbytes == R * C * 4);
+  cr_assert_eq(tport_get(c, &a.ref, back, R * C * 4, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+  cr_assert(memcmp(v, back, R * C * 4) == 0);
+
+  /* info */
+  tport_tensor_info i;
+  cr_assert_eq(tport_info(c, &a.ref, &i, &err), 0);
+  cr_assert(i.ndim == 2 && i.sizes[0] == R && i.strides[0] == C && i.dtype == TPORT_FLOAT32);
+
+  /* view: the transpose; its actual format is none */
+  tport_tensor_info t;
+  cr_assert_eq(tport_view(c, &a.ref, 2, (int64_t[]){C, R}, (int64_t[]){1, C}, 0, NULL, &t, &err), 0,
+               "%s", err.msg);
+  cr_assert_eq(t.actual_format, TPORT_MF_NONE);
+  cr_assert_not(t.is_contiguous);
+
+  /* to: issue #62027 aliasing, and the exact mode */
+  bool alias;
+  tport_tensor_info r;
+  tport_to_options to = {.has_memory_format = true, .memory_format = TPORT_MF_CONTIGUOUS};
+  cr_assert_eq(tport_to(c, &t.ref, &to, &r, &alias, &err), 0, "%s", err.msg);
+  cr_assert(alias);
+  to.exact_format = true;
+  cr_assert_eq(tport_to(c, &t.ref, &to, &r, &alias, &err), 0, "%s", err.msg);
+  cr_assert_not(alias);
+  cr_assert(r.is_contiguous);
+  /* to float64 on sim:1 (device to device with a conversion), then get */
+  tport_to_options to2 = {
+      .device = "sim:1", .has_dtype = true, .dtype = TPORT_FLOAT64, .name = "t64"};
+  tport_tensor_info r64;
+  cr_assert_eq(tport_to(c, &t.ref, &to2, &r64, &alias, &err), 0, "%s", err.msg);
+  cr_assert_str_eq(r64.device, "sim:1");
+  cr_assert_str_eq(r64.ref.name, "t64");
+  cr_assert(r64.strides[0] == 1 && r64.strides[1] == C, "preserve keeps the transposed layout");
+  double *d = malloc(R * C * 8);
+  tport_ref byname;
+  tport_ref_name(&byname, "t64");
+  cr_assert_eq(tport_get(c, &byname, d, R * C * 8, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+  for (int x = 0; x < C; x++)
+    for (int y = 0; y < R; y++)
+      cr_assert_eq(d[x * R + y], (double)v[y * C + x]);
+
+  /* contiguous(channels_last) of a 2-D tensor: PyTorch's error */
+  cr_assert_eq(tport_contiguous(c, &a.ref, TPORT_MF_CHANNELS_LAST, NULL, &r, &alias, &err),
+               TPORT_INVALID_ARGUMENT);
+  cr_assert_str_eq(err.msg, "required rank 4 tensor to use channels_last format");
+  cr_assert_eq(tport_contiguous(c, &a.ref, TPORT_MF_CONTIGUOUS, NULL, &r, &alias, &err), 0);
+  cr_assert(alias);
+
+  /* copy: the transpose's values into a fresh contiguous float64 tensor */
+  double *zeros = calloc(R * C, 8);
+  tport_tensor_info z;
+  cr_assert_eq(
+      tport_put(c, TPORT_FLOAT64, 2, (int64_t[]){C, R}, NULL, zeros, R * C * 8, NULL, &z, &err), 0);
+  cr_assert_eq(tport_copy(c, &z.ref, &t.ref, false, &err), 0, "%s", err.msg);
+  cr_assert_eq(tport_get(c, &z.ref, d, R * C * 8, NULL, NULL, NULL, &err), 0);
+  cr_assert_eq(d[1], (double)v[C]);
+
+  /* list, sync, stats, free */
+  tport_tensor_info *all;
+  size_t n;
+  cr_assert_eq(tport_list(c, &all, &n, &err), 0);
+  cr_assert_geq(n, 4);
+  free(all);
+  cr_assert_eq(tport_sync(c, &a.ref, &err), 0);
+  cr_assert_eq(tport_sync(c, NULL, &err), 0);
+  cr_assert_geq(svc_counter(c, "requests_PutChunk"), 1);
+  cr_assert_eq(tport_free(c, &byname, &err), 0);
+  cr_assert_eq(tport_info(c, &byname, &i, &err), TPORT_NOT_FOUND);
+  cr_assert_eq(tport_free(c, &a.ref, &err), 0);
+  cr_assert_eq(tport_get(c, &a.ref, back, R * C * 4, NULL, NULL, NULL, &err), TPORT_NOT_FOUND);
+  free(v);
+  free(back);
+  free(d);
+  free(zeros);
+  tport_close(c);
+}
+
+Test(rpcs, inproc)
+{
+  start(INPROC);
+  every_rpc();
+  stop();
+}
+Test(rpcs, tcp)
+{
+  start(TCP);
+  every_rpc();
+  stop();
+}
+Test(rpcs, ipc)
+{
+  start(IPC);
+  every_rpc();
+  stop();
+}
+
+static void progress_cb(void *arg, uint64_t done, uint64_t total)
+{
+  uint64_t *last = arg;
+  cr_assert_geq(done, *last);
+  cr_assert_leq(done, total);
+  *last = done;
+}
+
+Test(rpcs, conversions_on_put_dlpack_and_names)
+{
+  start(INPROC);
+  tport_client *c = svc_connect(url, "alice");
+  tport_err err;
+  /* uint8 NHWC from a loader -> float16 channels_last on sim:1, with progress */
+  enum { N = 2, H = 8, W = 9, CH = 3 };
+  uint8_t img[N * H * W * CH];
+  for (int i = 0; i < (int)sizeof img; i++)
+    img[i] = (uint8_t)(i * 7);
+  tport_put_options po;
+  tport_put_options_init(&po);
+  po.device = "sim:1";
+  po.has_dtype = true;
+  po.dtype = TPORT_FLOAT16;
+  po.memory_format = TPORT_MF_CHANNELS_LAST;
+  po.name = "batch";
+  uint64_t last = 0;
+  po.progress = progress_cb;
+  po.progress_arg = &last;
+  /* NCHW sizes with NHWC strides: the bytes are in NHWC order */
+  int64_t sizes[] = {N, CH, H, W}, strides[] = {H * W * CH, 1, W * CH, CH};
+  tport_tensor_info b;
+  cr_assert_eq(tport_put(c, TPORT_UINT8, 4, sizes, strides, img, sizeof img, &po, &b, &err), 0,
+               "%s", err.msg);
+  cr_assert_eq(last, sizeof img);
+  cr_assert_eq(b.dtype, TPORT_FLOAT16);
+  cr_assert_eq(b.actual_format, TPORT_MF_CHANNELS_LAST);
+  cr_assert_gt(b.expires_unix_ms, 0, "named: kept with a time to live");
+  /* a second put under the same name: ALREADY_EXISTS */
+  cr_assert_eq(tport_put(c, TPORT_UINT8, 4, sizes, strides, img, sizeof img, &po, NULL, &err),
+               TPORT_ALREADY_EXISTS);
+  /* get through DLPack: values in logical (NCHW) order as float16 */
+  DLManagedTensor *m;
+  cr_assert_eq(tport_get_dlpack(c, &b.ref, &m, &err), 0, "%s", err.msg);
+  cr_assert_eq(m->dl_tensor.ndim, 4);
+  cr_assert(m->dl_tensor.dtype.code == kDLFloat && m->dl_tensor.dtype.bits == 16);
+  const uint16_t *h = m->dl_tensor.data;
+  /* element (n=1, c=2, h=3, w=4) */
+  int li = ((1 * CH + 2) * H + 3) * W + 4, pi = ((1 * H + 3) * W + 4) * CH + 2;
+  uint16_t want;
+  {
+    /* float16 of an integer < 2048 is exact: build it from the float */
+    float f = (float)img[pi];
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    int e = (int)((u >> 23) & 0xff) - 127;
+    want = f == 0 ? 0 : (uint16_t)(((e + 15) << 10) | ((u >> 13) & 0x3ff));
+  }
+  cr_assert_eq(h[li], want);
+  m->deleter(m);
+  /* put from a DLTensor with gaps (every other column) */
+  float src[4][6];
+  for (int i = 0; i < 24; i++)
+    ((float *)src)[i] = (float)i;
+  int64_t shape[] = {4, 3}, dstr[] = {6, 2};
+  DLTensor dl = {.data = src,
+                 .device = {kDLCPU, 0},
+                 .ndim = 2,
+                 .dtype = {kDLFloat, 32, 1},
+                 .shape = shape,
+                 .strides = dstr};
+  tport_tensor_info g;
+  cr_assert_eq(tport_put_dlpack(c, &dl, NULL, &g, &err), 0, "%s", err.msg);
+  float got[12];
+  cr_assert_eq(tport_get(c, &g.ref, got, sizeof got, NULL, NULL, NULL, &err), 0);
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 3; j++)
+      cr_assert_eq(got[i * 3 + j], src[i][2 * j]);
+  tport_close(c);
+  /* the named tensor outlives its connection; another tenant cannot see it */
+  tport_client *c2 = svc_connect(url, "alice");
+  tport_ref byname;
+  tport_ref_name(&byname, "batch");
+  tport_tensor_info i;
+  cr_assert_eq(tport_info(c2, &byname, &i, &err), 0, "%s", err.msg);
+  cr_assert_eq(tport_info(c2, &g.ref, &i, &err), TPORT_NOT_FOUND, "unnamed: went with c");
+  tport_client *bob = svc_connect(url, "bob");
+  cr_assert_eq(tport_info(bob, &byname, &i, &err), TPORT_NOT_FOUND);
+  cr_assert_eq(tport_info(bob, &b.ref, &i, &err), TPORT_NOT_FOUND, "another tenant's handle");
+  tport_close(bob);
+  tport_close(c2);
+  stop();
+}
