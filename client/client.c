@@ -112,9 +112,10 @@ int client_unpack(uint16_t method, nng_msg *m, const ProtobufCMessageDescriptor 
     return rc;
   const Tport__Status *st = reply_status(r);
   if (st && st->code != TPORT__CODE__CODE_OK) {
-    tport_err_set(err, (int)st->code, "%s", st->message ? st->message : "");
+    int code = (int)st->code;
+    tport_err_set(err, code, "%s", st->message ? st->message : "");
     protobuf_c_message_free_unpacked(r, NULL);
-    return (int)st->code;
+    return code;
   }
   if (payload) {
     payload->data = v.payload;

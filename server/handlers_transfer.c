@@ -124,6 +124,7 @@ static int find_upload(call *c, const Tport__Ref *ref, reg_entry **e)
     return rc;
   if ((*e)->state != REG_UPLOADING) {
     reg_put(&c->srv->reg, *e);
+    *e = NULL;
     return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION,
                          "ref is not an upload in progress (already committed)");
   }

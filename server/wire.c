@@ -47,6 +47,7 @@ int wire_find(call *c, const Tport__Ref *ref, const char *field, reg_entry **e, 
     return rc;
   if ((*e)->state != REG_READY) {
     reg_put(&c->srv->reg, *e);
+    *e = NULL;
     return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION,
                          "%s is still being uploaded (commit it first)", field);
   }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -47,6 +48,7 @@ pid_t svc_spawn(const char *url, const char *const *extra)
   pid_t pid = fork();
   cr_assert_neq(pid, -1);
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a test that failed */
     const char *argv[32] = {TPORTD_PATH,   "--listen", url,       "--devices", "cpu,sim:2",
                             "--log-level", "1",        "--chunk", "65536"};
     int n = 9;

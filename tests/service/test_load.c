@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,6 +47,7 @@ Test(load, client_killed_mid_put_leaves_nothing)
   /* a separate process (nng is not fork-safe): it dies by SIGKILL mid-put */
   pid_t pid = fork();
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     execl(PUT_AND_DIE_PATH, PUT_AND_DIE_PATH, url, "sim:0", "8388608", (char *)NULL);
     _exit(127);
   }
