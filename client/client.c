@@ -27,6 +27,7 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
   if (!c)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : 60000;
+  c->keep = opts && opts->keep;
   int rv = nng_req0_open(&c->sock);
   if (rv) {
     free(c);

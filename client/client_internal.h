@@ -14,6 +14,7 @@ struct tport_client {
   int timeout_ms;
   size_t chunk_bytes; /* the server's */
   int window;
+  bool keep;
 };
 
 /* A request in flight on its own context. */

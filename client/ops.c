@@ -92,6 +92,7 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
   q.memory_format = (Tport__MemoryFormat)opts->memory_format;
   q.managed = opts->managed;
   q.non_blocking = opts->non_blocking;
+  q.keep = c->keep;
   Tport__PutBeginReply *b;
   int rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, NULL, 0,
                       &tport__put_begin_reply__descriptor, (ProtobufCMessage **)&b, NULL, err);
@@ -280,6 +281,7 @@ int tport_to(tport_client *c, const tport_ref *ref, const tport_to_options *o,
   q.exact_format = o->exact_format;
   q.name = (char *)(o->name ? o->name : "");
   q.ttl_ms = o->ttl_ms;
+  q.keep = c->keep;
   Tport__ToReply *r;
   int rc = client_rpc(c, TPORT__METHOD__METHOD_TO, &q.base, NULL, 0, &tport__to_reply__descriptor,
                       (ProtobufCMessage **)&r, NULL, err);
@@ -327,6 +329,7 @@ int tport_view(tport_client *c, const tport_ref *ref, int ndim, const int64_t *s
   q.strides = (int64_t *)strides;
   q.storage_offset = offset;
   q.name = (char *)(name ? name : "");
+  q.keep = c->keep;
   Tport__ViewReply *r;
   int rc = client_rpc(c, TPORT__METHOD__METHOD_VIEW, &q.base, NULL, 0,
                       &tport__view_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
@@ -347,6 +350,7 @@ int tport_contiguous(tport_client *c, const tport_ref *ref, tport_memory_format 
   q.ref = &w;
   q.memory_format = (Tport__MemoryFormat)fmt;
   q.name = (char *)(name ? name : "");
+  q.keep = c->keep;
   Tport__ContiguousReply *r;
   int rc = client_rpc(c, TPORT__METHOD__METHOD_CONTIGUOUS, &q.base, NULL, 0,
                       &tport__contiguous_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);

@@ -68,6 +68,8 @@ typedef struct tport_tensor_info {
 typedef struct tport_connect_options {
   const char *tenant; /* NULL: "default" */
   int timeout_ms;     /* per request; 0: 60000 */
+  bool keep;          /* keep every tensor this client makes for the tenant (with the server's
+                         time to live), named or not: a command-line tool's mode */
 } tport_connect_options;
 
 /* Progress of a transfer: bytes done of total.  Called on the calling thread. */

@@ -59,7 +59,7 @@ int h_to(call *c)
   if (!rc)
     rc = tensor_to(t, &o, &res, &aliased, &c->err);
   if (!rc)
-    rc = wire_register_result(c, e, res, aliased, q->name, q->ttl_ms, true, &out);
+    rc = wire_register_result(c, e, res, aliased, q->name, q->keep, q->ttl_ms, true, &out);
   if (!rc) {
     wire_info wi;
     wire_fill_info(&wi, out, out->tensor);
@@ -91,7 +91,7 @@ int h_contiguous(call *c)
   if (!rc)
     rc = tensor_contiguous(t, fmt, &res, &aliased, &c->err);
   if (!rc)
-    rc = wire_register_result(c, e, res, aliased, q->name, q->ttl_ms, true, &out);
+    rc = wire_register_result(c, e, res, aliased, q->name, q->keep, q->ttl_ms, true, &out);
   if (!rc) {
     wire_info wi;
     wire_fill_info(&wi, out, out->tensor);
@@ -124,7 +124,7 @@ int h_view(call *c)
     rc =
         tensor_as_strided(t, (int)q->n_sizes, q->sizes, q->strides, q->storage_offset, &v, &c->err);
   if (!rc)
-    rc = wire_register_result(c, e, v, false, q->name, q->ttl_ms, false, &out);
+    rc = wire_register_result(c, e, v, false, q->name, q->keep, q->ttl_ms, false, &out);
   if (!rc) {
     wire_info wi;
     wire_fill_info(&wi, out, out->tensor);

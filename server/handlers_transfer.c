@@ -84,8 +84,8 @@ int h_put_begin(call *c)
     return rc;
   }
   reg_entry *e;
-  rc = reg_add(&s->reg, c->pipe, NULL, up, q->name, q->ttl_ms, up->landing->storage->nbytes, &e,
-               &c->err);
+  rc = reg_add(&s->reg, c->pipe, NULL, up, q->name, q->keep, q->ttl_ms,
+               up->landing->storage->nbytes, &e, &c->err);
   if (rc)
     return rc;
   Tport__PutBeginReply r = TPORT__PUT_BEGIN_REPLY__INIT;

@@ -180,7 +180,7 @@ static reg_entry *find_name(registry *r, const char *tenant, const char *name)
 }
 
 int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
-            uint64_t ttl_ms, size_t new_bytes, reg_entry **out, tport_err *err)
+            bool keep, uint64_t ttl_ms, size_t new_bytes, reg_entry **out, tport_err *err)
 {
   if (name && strlen(name) >= REG_NAME_MAX) {
     tensor_release(t);
@@ -221,8 +221,9 @@ int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const c
     return rc;
   }
   snprintf(e->tenant, sizeof e->tenant, "%s", s->tenant);
-  if (name && *name) {
+  if (name && *name)
     snprintf(e->name, sizeof e->name, "%s", name);
+  if ((name && *name) || keep) {
     uint64_t ttl = ttl_ms ? ttl_ms : r->limits.default_ttl_ms;
     e->expires_ms = ttl ? reg_now_ms() + (int64_t)ttl : 0;
   } else {

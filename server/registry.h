@@ -93,11 +93,13 @@ void reg_chunk_leave(registry *r, uint32_t pipe);
 
 /* Registers a ready tensor t, or an upload up (exactly one of the two; the
  * entry takes ownership of it, and frees it on failure) for the pipe's
- * session.  name may be NULL or ""; ttl_ms 0 means the default.  new_bytes is
+ * session.  name may be NULL or ""; a named entry, or one with keep, is kept for
+ * the tenant with a time to live (ttl_ms 0: the default), any other lives with
+ * the connection.  new_bytes is
  * what the entry adds to the tenant's quota.  Returns the entry with a
  * reference for the caller (reg_put it). */
 int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
-            uint64_t ttl_ms, size_t new_bytes, reg_entry **out, tport_err *err);
+            bool keep, uint64_t ttl_ms, size_t new_bytes, reg_entry **out, tport_err *err);
 /* Finds a tensor by handle bytes or name, for the pipe's tenant; NOT_FOUND
  * otherwise (another tenant's handle included). */
 int reg_find(registry *r, uint32_t pipe, const uint8_t *handle, size_t handle_len, const char *name,

@@ -47,7 +47,6 @@ int call_reply(call *c, ProtobufCMessage *reply, const void *payload, size_t n)
   int rc = pack_reply(&c->out, c->method, reply, payload, n);
   if (rc)
     return tport_err_set(&c->err, rc, "out of memory for a %zu-byte reply", n);
-  atomic_fetch_add(&c->srv->bytes_out, n);
   return TPORT_OK;
 }
 
@@ -183,6 +182,7 @@ static void *worker_main(void *arg)
     x->msg = NULL;
     x->state = CTX_SEND;
     if (reply) {
+      atomic_fetch_add(&s->bytes_out, nng_msg_len(reply));
       nng_aio_set_msg(x->aio, reply);
       nng_ctx_send(x->ctx, x->aio);
     } else {

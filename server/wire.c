@@ -87,9 +87,9 @@ int wire_format(int v, const char *field, tport_memory_format *out, tport_err *e
 }
 
 int wire_register_result(call *c, reg_entry *in, tport_tensor *res, bool aliased, const char *name,
-                         uint64_t ttl_ms, bool fresh_storage, reg_entry **out)
+                         bool keep, uint64_t ttl_ms, bool fresh_storage, reg_entry **out)
 {
-  if (aliased && (!name || !*name)) {
+  if (aliased && (!name || !*name) && (!keep || in->owner_pipe == 0)) {
     tensor_release(res);
     pthread_mutex_lock(&c->srv->reg.mu);
     in->refs++;
@@ -104,5 +104,5 @@ int wire_register_result(call *c, reg_entry *in, tport_tensor *res, bool aliased
                          "the result is %zu bytes: the limit per tensor is %zu", bytes,
                          c->srv->cfg.max_tensor_bytes);
   }
-  return reg_add(&c->srv->reg, c->pipe, res, NULL, name, ttl_ms, bytes, out, &c->err);
+  return reg_add(&c->srv->reg, c->pipe, res, NULL, name, keep, ttl_ms, bytes, out, &c->err);
 }

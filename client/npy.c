@@ -1,0 +1,192 @@
+/* npy.c: .npy read and write (see npy.h). */
+#include "npy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+  const char *descr; /* without the byte-order character */
+  tport_dtype dtype;
+} npy_types[] = {
+    {"b1", TPORT_BOOL},      {"u1", TPORT_UINT8},       {"i1", TPORT_INT8},
+    {"i2", TPORT_INT16},     {"i4", TPORT_INT32},       {"i8", TPORT_INT64},
+    {"f2", TPORT_FLOAT16},   {"f4", TPORT_FLOAT32},     {"f8", TPORT_FLOAT64},
+    {"c8", TPORT_COMPLEX64}, {"c16", TPORT_COMPLEX128}, {"u2", TPORT_BFLOAT16},
+};
+
+void npy_free(npy_array *a)
+{
+  free(a->data);
+  a->data = NULL;
+}
+
+/* The value of 'key' in the header dict, as text up to its end. */
+static const char *dict_value(const char *h, const char *key)
+{
+  char pat[32];
+  snprintf(pat, sizeof pat, "'%s'", key);
+  const char *p = strstr(h, pat);
+  if (!p)
+    return NULL;
+  p = strchr(p + strlen(pat), ':');
+  if (!p)
+    return NULL;
+  p++;
+  while (*p == ' ')
+    p++;
+  return p;
+}
+
+static void swap_bytes(uint8_t *p, size_t n, size_t width)
+{
+  for (size_t i = 0; i < n; i += width)
+    for (size_t a = 0, b = width - 1; a < b; a++, b--) {
+      uint8_t t = p[i + a];
+      p[i + a] = p[i + b];
+      p[i + b] = t;
+    }
+}
+
+int npy_read(const char *path, npy_array *out, tport_err *err)
+{
+  memset(out, 0, sizeof *out);
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return tport_err_set(err, TPORT_NOT_FOUND, "%s: cannot open", path);
+  uint8_t pre[12];
+  int rc = TPORT_OK;
+  char *header = NULL;
+  size_t hlen = 0;
+  if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
+    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: not a .npy file", path);
+  } else if (pre[6] == 1) {
+    hlen = (size_t)pre[8] | (size_t)pre[9] << 8;
+  } else if (pre[6] == 2 || pre[6] == 3) {
+    if (fread(pre + 10, 1, 2, f) != 2)
+      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: truncated header", path);
+    hlen = (size_t)pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
+  } else {
+    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: .npy version %u is not supported", path,
+                       pre[6]);
+  }
+  if (!rc && hlen > (1u << 20))
+    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: header of %zu bytes", path, hlen);
+  if (!rc) {
+    header = calloc(1, hlen + 1);
+    if (!header || fread(header, 1, hlen, f) != hlen)
+      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: truncated header", path);
+  }
+  const char *descr = rc ? NULL : dict_value(header, "descr");
+  const char *fo = rc ? NULL : dict_value(header, "fortran_order");
+  const char *shape = rc ? NULL : dict_value(header, "shape");
+  if (!rc && (!descr || !fo || !shape))
+    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                       "%s: header lacks descr, fortran_order or shape", path);
+  bool big_endian = false;
+  if (!rc) {
+    char d[16] = {0};
+    if (sscanf(descr, "'%15[^']'", d) != 1)
+      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: bad descr", path);
+    const char *code = d;
+    if (*code == '<' || *code == '|' || *code == '=')
+      code++;
+    else if (*code == '>')
+      big_endian = true, code++;
+    bool found = false;
+    for (size_t i = 0; !rc && i < sizeof npy_types / sizeof npy_types[0]; i++)
+      if (strcmp(code, npy_types[i].descr) == 0) {
+        out->dtype = npy_types[i].dtype;
+        found = true;
+      }
+    if (!rc && !found)
+      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "%s: NumPy dtype '%s' has no tensorport equivalent", path, d);
+  }
+  if (!rc) {
+    out->fortran_order = strncmp(fo, "True", 4) == 0;
+    const char *p = strchr(shape, '(');
+    if (!p)
+      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: bad shape", path);
+    else
+      p++;
+    while (!rc && p && *p && *p != ')') {
+      while (*p == ' ' || *p == ',')
+        p++;
+      if (*p == ')')
+        break;
+      char *end;
+      long long v = strtoll(p, &end, 10);
+      if (end == p || v < 0 || out->ndim == TPORT_MAX_DIMS)
+        rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: bad shape", path);
+      else
+        out->sizes[out->ndim++] = v;
+      p = end;
+    }
+  }
+  size_t es = tport_dtype_size(out->dtype);
+  if (!rc) {
+    size_t numel = 1;
+    for (int d = 0; d < out->ndim; d++) {
+      if (out->sizes[d] && numel > SIZE_MAX / (size_t)out->sizes[d] / es)
+        rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: shape too large", path);
+      numel *= (size_t)out->sizes[d];
+    }
+    out->nbytes = numel * es;
+    /* C order: last dim fastest; Fortran order: first dim fastest */
+    int64_t s = 1;
+    for (int i = 0; i < out->ndim; i++) {
+      int d = out->fortran_order ? i : out->ndim - 1 - i;
+      out->strides[d] = s;
+      s *= out->sizes[d] > 1 ? out->sizes[d] : 1;
+    }
+  }
+  if (!rc) {
+    out->data = malloc(out->nbytes ? out->nbytes : 1);
+    if (!out->data || fread(out->data, 1, out->nbytes, f) != out->nbytes)
+      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: the data is shorter than its shape",
+                         path);
+    else if (big_endian && es > 1)
+      swap_bytes(out->data, out->nbytes, tport_dtype_is_complex(out->dtype) ? es / 2 : es);
+  }
+  free(header);
+  fclose(f);
+  if (rc)
+    npy_free(out);
+  return rc;
+}
+
+int npy_write(const char *path, tport_dtype dtype, int ndim, const int64_t *sizes, const void *data,
+              size_t nbytes, tport_err *err)
+{
+  const char *code = NULL;
+  for (size_t i = 0; i < sizeof npy_types / sizeof npy_types[0]; i++)
+    if (npy_types[i].dtype == dtype)
+      code = npy_types[i].descr;
+  if (!code)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "dtype %d cannot be written", dtype);
+  char dict[512];
+  int n = snprintf(dict, sizeof dict, "{'descr': '%c%s', 'fortran_order': False, 'shape': (",
+                   tport_dtype_size(dtype) == 1 ? '|' : '<', code);
+  for (int d = 0; d < ndim; d++)
+    n += snprintf(dict + n, sizeof dict - (size_t)n,
+                  ndim == 1 ? "%lld,"
+                  : d       ? ", %lld"
+                            : "%lld",
+                  (long long)sizes[d]);
+  n += snprintf(dict + n, sizeof dict - (size_t)n, "), }");
+  /* pad with spaces so that the data starts at a multiple of 64, then '\n' */
+  size_t total = 10 + (size_t)n + 1;
+  size_t pad = (64 - total % 64) % 64;
+  size_t hlen = (size_t)n + pad + 1;
+  FILE *f = fopen(path, "wb");
+  if (!f)
+    return tport_err_set(err, TPORT_PERMISSION_DENIED, "%s: cannot create", path);
+  uint8_t pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (uint8_t)hlen, (uint8_t)(hlen >> 8)};
+  bool ok = fwrite(pre, 1, 10, f) == 10 && fwrite(dict, 1, (size_t)n, f) == (size_t)n;
+  for (size_t i = 0; ok && i < pad; i++)
+    ok = fputc(' ', f) != EOF;
+  ok = ok && fputc('\n', f) != EOF && fwrite(data, 1, nbytes, f) == nbytes;
+  ok = (fclose(f) == 0) && ok;
+  return ok ? TPORT_OK : tport_err_set(err, TPORT_DATA_LOSS, "%s: write failed", path);
+}

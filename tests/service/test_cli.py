@@ -1,0 +1,139 @@
+#!/usr/bin/python3
+"""The tport tool end to end against a tportd it starts (ipc), with NumPy files.
+
+usage: test_cli.py TPORTD TPORT
+Checks exit codes (0 only on success), --json output, and the values of
+every file written, for every NumPy dtype tensorport has and bfloat16.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+TPORTD, TPORT = sys.argv[1], sys.argv[2]
+tmp = tempfile.mkdtemp(prefix="tport-cli-")
+url = "ipc://" + os.path.join(tmp, "s.sock")
+failures = []
+
+
+def tport(*args, ok=True):
+    p = subprocess.run([TPORT, "--url", url, *args], capture_output=True, text=True, timeout=60)
+    if ok and p.returncode != 0:
+        failures.append("tport %s: exit %d: %s" % (" ".join(args), p.returncode, p.stderr))
+    if not ok and p.returncode == 0:
+        failures.append("tport %s: exit 0, expected failure" % " ".join(args))
+    return p
+
+
+def tjson(*args):
+    p = tport("--json", *args)
+    try:
+        return json.loads(p.stdout)
+    except ValueError:
+        failures.append("tport %s: not JSON: %r" % (" ".join(args), p.stdout))
+        return {}
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+
+
+server = subprocess.Popen([TPORTD, "--listen", url, "--devices", "cpu,sim:2", "--log-level", "1"])
+try:
+    for _ in range(200):
+        probe = subprocess.run([TPORT, "--url", url, "stats"], capture_output=True)
+        if probe.returncode == 0:
+            break
+        time.sleep(0.05)
+    rng = np.random.default_rng(7)
+    arrays = {
+        "bool": rng.random((3, 4)) < 0.5,
+        "uint8": rng.integers(0, 255, (2, 3, 4), dtype=np.uint8),
+        "int8": rng.integers(-128, 127, (5,), dtype=np.int8),
+        "int16": np.asfortranarray(rng.integers(-999, 999, (3, 5), dtype=np.int16)),
+        "int32": rng.integers(-10**9, 10**9, (2, 2), dtype=np.int32).astype(">i4"),
+        "int64": rng.integers(-10**18, 10**18, (4, 1, 3), dtype=np.int64),
+        "float16": rng.standard_normal((2, 3)).astype(np.float16),
+        "float32": rng.standard_normal((2, 3, 4, 5)).astype(np.float32),
+        "float64": rng.standard_normal(()).astype(np.float64),
+        "complex64": (rng.standard_normal(6) + 1j * rng.standard_normal(6)).astype(np.complex64),
+        "complex128": (rng.standard_normal((2, 2)) + 1j).astype(np.complex128),
+    }
+    for name, a in arrays.items():
+        src, out = os.path.join(tmp, name + ".npy"), os.path.join(tmp, name + ".out.npy")
+        np.save(src, a)
+        info = tjson("put", src, "--name", name, "--device", "sim:1" if a.size > 3 else "cpu")
+        check(info.get("dtype") == name, "%s: put reports dtype %s" % (name, info.get("dtype")))
+        check(info.get("sizes") == list(a.shape), "%s: sizes %s" % (name, info.get("sizes")))
+        tport("get", name, out)
+        b = np.load(out)
+        check(b.dtype == a.dtype.newbyteorder("=") and np.array_equal(a, b),
+              "%s: values differ after put/get" % name)
+        check(b.flags["C_CONTIGUOUS"], "%s: get writes C order" % name)
+
+    # bfloat16 by the '<u2' convention, and conversions on the server
+    tport("put", os.path.join(tmp, "float32.npy"), "--name", "bf", "--dtype", "bfloat16",
+          "--memory-format", "channels_last", "--device", "sim:0")
+    info = tjson("info", "bf")
+    check(info.get("dtype") == "bfloat16" and info.get("memory_format") == "channels_last",
+          "bf: %s" % info)
+    tport("get", "bf", os.path.join(tmp, "bf.npy"))
+    bits = np.load(os.path.join(tmp, "bf.npy"))
+    check(bits.dtype == np.uint16, "bfloat16 is written as <u2")
+    f = arrays["float32"]
+    want = ((f.view(np.uint32) + 0x7FFF + ((f.view(np.uint32) >> 16) & 1)) >> 16).astype(np.uint16)
+    check(np.array_equal(bits, want), "bfloat16 bits round to nearest even")
+
+    # to: aliasing as PyTorch, the exact mode, views, contiguous, copy
+    v = tjson("view", "float32", "--sizes", "5,4,3,2", "--strides", "1,5,20,60", "--name", "t")
+    check(v.get("memory_format") == "none", "a transposed view is contiguous in no format")
+    r = tjson("to", "t", "--memory-format", "contiguous")
+    check(r.get("alias") is True, "to(contiguous) of a transpose aliases (pytorch#62027)")
+    r = tjson("to", "t", "--memory-format", "contiguous", "--exact-format", "--name", "tc")
+    check(r.get("alias") is False and r.get("is_contiguous") is True, "exact mode copies: %s" % r)
+    tport("get", "tc", os.path.join(tmp, "tc.npy"))
+    check(np.array_equal(np.load(os.path.join(tmp, "tc.npy")), f.transpose(3, 2, 1, 0)),
+          "the exact-mode copy holds the transposed values")
+    r = tjson("to", "float32", "--dtype", "float64", "--device", "sim:0", "--name", "f64")
+    check(r.get("device") == "sim:0" and r.get("dtype") == "float64", "to sim:0 float64: %s" % r)
+    r = tjson("contiguous", "float32", "--memory-format", "channels_last", "--name", "cl")
+    check(r.get("alias") is False and r.get("strides") == [60, 1, 15, 3], "contiguous(cl): %s" % r)
+    tport("copy", "cl", "bf")
+    tport("get", "cl", os.path.join(tmp, "cl.npy"))
+    got = np.load(os.path.join(tmp, "cl.npy"))
+    check(np.array_equal(got, (want.astype(np.uint32) << 16).view(np.float32)),
+          "copy bfloat16 -> float32 channels_last")
+
+    # listing, removal, devices, stats, errors and exit codes
+    names = [t["name"] for t in tjson("ls")]
+    check("bf" in names and "f64" in names, "ls lists the kept tensors: %s" % names)
+    tport("rm", "f64")
+    check(tport("info", "f64", ok=False).returncode == 1, "info of a removed tensor exits 1")
+    d = tjson("devices")
+    check([x["device"] for x in d.get("devices", [])] == ["cpu", "sim:0", "sim:1"], "devices: %s" % d)
+    check(d.get("cuda_unavailable_reason"), "devices says why cuda is off")
+    check(tjson("stats").get("tensors", 0) > 0, "stats counts tensors")
+    e = tport("--json", "view", "float32", "--sizes", "9", "--strides", "1", "--offset", "500",
+              ok=False)
+    check(json.loads(e.stdout or "{}").get("error") == "OUT_OF_RANGE", "view past the storage: %s" % e.stdout)
+    check(tport("to", "float32", "--memory-format", "channels_last_3d", ok=False).returncode == 1,
+          "a rank error exits 1")
+    check(tport("put", os.path.join(tmp, "missing.npy"), ok=False).returncode == 1, "missing file")
+    check(tport("bogus", ok=False).returncode == 1, "unknown command")
+    check(tport("get", ok=False).returncode != 0, "missing arguments")
+    check(tport("--url", "tcp://127.0.0.1:1", "ls", ok=False).returncode == 1,
+          "no server: exit 1")
+finally:
+    server.terminate()
+    rc = server.wait(timeout=30)
+    check(rc == 0, "tportd exits 0 on SIGTERM (got %s)" % rc)
+
+for f in failures:
+    print("FAIL", f)
+print("test_cli: %d failures" % len(failures))
+sys.exit(1 if failures else 0)
