@@ -93,11 +93,22 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
   q.managed = opts->managed;
   q.non_blocking = opts->non_blocking;
   q.keep = c->keep;
+  /* a tensor that fits in one chunk goes in one round trip */
+  q.commit = nbytes <= c->chunk_bytes;
   Tport__PutBeginReply *b;
-  int rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, NULL, 0,
-                      &tport__put_begin_reply__descriptor, (ProtobufCMessage **)&b, NULL, err);
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, q.commit ? data : NULL,
+                      q.commit ? nbytes : 0, &tport__put_begin_reply__descriptor,
+                      (ProtobufCMessage **)&b, NULL, err);
   if (rc)
     return rc;
+  if (q.commit) {
+    if (opts->progress)
+      opts->progress(opts->progress_arg, nbytes, nbytes);
+    if (out)
+      client_info_from_wire(b->info, out);
+    protobuf_c_message_free_unpacked(&b->base, NULL);
+    return TPORT_OK;
+  }
   Tport__Ref ref = TPORT__REF__INIT;
   uint8_t handle[TPORT_HANDLE_BYTES] = {0};
   if (b->ref && b->ref->handle.len == TPORT_HANDLE_BYTES)
@@ -189,14 +200,15 @@ static int get_chunks(tport_client *c, ProtobufCBinaryData transfer, uint8_t *bu
 }
 
 static int get_begin(tport_client *c, const tport_ref *ref, Tport__GetBeginReply **out,
-                     tport_err *err)
+                     client_payload *payload, tport_err *err)
 {
   Tport__Ref w;
   client_ref_to_wire(ref, &w);
   Tport__GetBeginRequest q = TPORT__GET_BEGIN_REQUEST__INIT;
   q.ref = &w;
+  q.inline_max = c->chunk_bytes; /* small tensors come back in the reply */
   return client_rpc(c, TPORT__METHOD__METHOD_GET_BEGIN, &q.base, NULL, 0,
-                    &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, NULL, err);
+                    &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload, err);
 }
 
 static int get_into(tport_client *c, const tport_ref *ref, void **bufp, size_t cap, bool alloc,
@@ -204,7 +216,8 @@ static int get_into(tport_client *c, const tport_ref *ref, void **bufp, size_t c
                     tport_err *err)
 {
   Tport__GetBeginReply *b;
-  int rc = get_begin(c, ref, &b, err);
+  client_payload inl = {0};
+  int rc = get_begin(c, ref, &b, &inl, err);
   if (rc)
     return rc;
   size_t n = (size_t)b->nbytes;
@@ -219,9 +232,20 @@ static int get_into(tport_client *c, const tport_ref *ref, void **bufp, size_t c
     rc = tport_err_set(err, TPORT_OUT_OF_RANGE, "the tensor is %zu bytes: the buffer holds %zu", n,
                        cap);
   }
-  if (!rc && n)
+  if (!rc && n && b->transfer.len == 0) {
+    /* the data came inline */
+    if (inl.len != n)
+      rc = tport_err_set(err, TPORT_DATA_LOSS, "%zu inline bytes came, %zu expected", inl.len, n);
+    else
+      memcpy(buf, inl.data, n);
+    if (!rc && progress)
+      progress(arg, n, n);
+  } else if (!rc && n) {
     rc = get_chunks(c, b->transfer, buf, n, b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes,
                     progress, arg, err);
+  }
+  if (inl.msg)
+    nng_msg_free(inl.msg);
   protobuf_c_message_free_unpacked(&b->base, NULL);
   if (rc) {
     if (alloc)

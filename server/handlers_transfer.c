@@ -24,6 +24,8 @@
 
 /* ---------------------------------------------------------------- put */
 
+static int commit_upload(call *c, reg_entry *e, bool non_blocking, tport_tensor **final_out);
+
 int h_put_begin(call *c)
 {
   Tport__PutBeginRequest *q = (Tport__PutBeginRequest *)c->req;
@@ -83,12 +85,58 @@ int h_put_begin(call *c)
     reg_upload_free(up);
     return rc;
   }
+  if (q->commit && c->payload_len != up->nbytes) {
+    size_t want = up->nbytes;
+    reg_upload_free(up);
+    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                         "a committed put carries the whole tensor: %zu bytes came, %zu expected",
+                         c->payload_len, want);
+  }
+  if (!q->commit && c->payload_len) {
+    reg_upload_free(up);
+    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "PutBegin carries data only with commit");
+  }
   reg_entry *e;
   rc = reg_add(&s->reg, c->pipe, NULL, up, q->name, q->keep, q->ttl_ms,
                up->landing->storage->nbytes, &e, &c->err);
   if (rc)
     return rc;
+  wire_info wi;
+  tport_tensor *final = NULL;
+  if (q->commit) {
+    /* the data, then the commit: one round trip */
+    if (up->nchunks) {
+      tport_tensor *src = NULL;
+      int64_t n = (int64_t)up->nbytes;
+      rc = tensor_wrap_host((void *)c->payload, up->nbytes, TPORT_UINT8, 1, &n, NULL, 0, &src,
+                            &c->err);
+      if (!rc) {
+        tport_tensor *view = NULL;
+        rc = tensor_byte_view(up->landing, 0, up->nbytes, &view, &c->err);
+        if (!rc)
+          rc = tensor_copy_(view, src, true, &c->err);
+        tensor_release(view);
+      }
+      tensor_release(src);
+      pthread_mutex_lock(&s->reg.mu);
+      if (!rc) {
+        memset(up->received, 0xff, (size_t)(up->nchunks + 7) / 8);
+        up->nreceived = up->nchunks;
+      }
+      pthread_mutex_unlock(&s->reg.mu);
+    }
+    if (!rc)
+      rc = commit_upload(c, e, q->non_blocking, &final);
+    if (rc) {
+      reg_remove(&s->reg, e);
+      reg_put(&s->reg, e);
+      return rc;
+    }
+    wire_fill_info(&wi, e, final);
+  }
   Tport__PutBeginReply r = TPORT__PUT_BEGIN_REPLY__INIT;
+  if (final)
+    r.info = &wi.info;
   Tport__Ref ref = TPORT__REF__INIT;
   ref.handle.data = e->handle;
   ref.handle.len = REG_HANDLE_BYTES;
@@ -235,49 +283,61 @@ int h_put_chunk(call *c)
   return rc;
 }
 
-int h_put_commit(call *c)
+/* Turns a complete upload into its stored tensor (converted if asked) and
+ * publishes it.  On success *final is the entry's tensor (borrowed). */
+static int commit_upload(call *c, reg_entry *e, bool non_blocking, tport_tensor **final_out)
 {
-  Tport__PutCommitRequest *q = (Tport__PutCommitRequest *)c->req;
   server *s = c->srv;
-  reg_entry *e;
-  int rc = find_upload(c, q->ref, &e);
-  if (rc)
-    return rc;
   pthread_mutex_lock(&s->reg.mu);
   reg_upload *up = e->up;
   uint64_t missing = up->nchunks - up->nreceived;
   int inflight = up->inflight;
   pthread_mutex_unlock(&s->reg.mu);
   if (inflight)
-    rc = tport_err_set(&c->err, TPORT_FAILED_PRECONDITION, "%d chunk%s still being written",
-                       inflight, inflight == 1 ? " is" : "s are");
-  else if (missing)
-    rc = tport_err_set(&c->err, TPORT_FAILED_PRECONDITION, "%llu of %llu chunks are missing",
-                       (unsigned long long)missing, (unsigned long long)up->nchunks);
+    return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION, "%d chunk%s still being written",
+                         inflight, inflight == 1 ? " is" : "s are");
+  if (missing)
+    return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION, "%llu of %llu chunks are missing",
+                         (unsigned long long)missing, (unsigned long long)up->nchunks);
   tport_tensor *final = NULL;
-  if (!rc && up->needs_convert) {
+  int rc = TPORT_OK;
+  if (up->needs_convert) {
     bool aliased;
     to_options o = up->convert;
-    o.non_blocking = q->non_blocking;
+    o.non_blocking = non_blocking;
     rc = tensor_to(up->landing, &o, &final, &aliased, &c->err);
-  } else if (!rc) {
+  } else {
     final = tensor_retain(up->landing);
   }
-  if (!rc && !q->non_blocking)
+  if (!rc && !non_blocking)
     rc = tensor_sync(final, &c->err);
   if (rc) {
     tensor_release(final);
-    reg_put(&s->reg, e);
     return rc;
   }
   reg_ready(&s->reg, e, final);
-  wire_info wi;
-  wire_fill_info(&wi, e, final);
-  Tport__PutCommitReply r = TPORT__PUT_COMMIT_REPLY__INIT;
-  r.status = wire_ok();
-  r.info = &wi.info;
-  rc = call_reply(c, &r.base, NULL, 0);
-  reg_put(&s->reg, e);
+  *final_out = final;
+  return TPORT_OK;
+}
+
+int h_put_commit(call *c)
+{
+  Tport__PutCommitRequest *q = (Tport__PutCommitRequest *)c->req;
+  reg_entry *e;
+  tport_tensor *final;
+  int rc = find_upload(c, q->ref, &e);
+  if (rc)
+    return rc;
+  rc = commit_upload(c, e, q->non_blocking, &final);
+  if (!rc) {
+    wire_info wi;
+    wire_fill_info(&wi, e, final);
+    Tport__PutCommitReply r = TPORT__PUT_COMMIT_REPLY__INIT;
+    r.status = wire_ok();
+    r.info = &wi.info;
+    rc = call_reply(c, &r.base, NULL, 0);
+  }
+  reg_put(&c->srv->reg, e);
   return rc;
 }
 
@@ -358,7 +418,21 @@ int h_get_begin(call *c)
   g->host = host;
   g->nbytes = tensor_nbytes(host);
   g->refs = 1;
-  bool keep = g->nbytes > 0; /* an empty tensor has no chunks to wait for */
+  /* small tensors come back in this reply; an empty one has nothing to wait for */
+  bool inline_data = g->nbytes <= q->inline_max && g->nbytes <= s->cfg.max_message_bytes;
+  bool keep = g->nbytes > 0 && !inline_data;
+  const uint8_t *payload = NULL;
+  if (inline_data && g->nbytes) {
+    rc = tensor_sync(host, &c->err);
+    payload = (const uint8_t *)host->storage->ptr +
+              host->layout.offset * (int64_t)tport_dtype_size(host->dtype);
+  }
+  if (rc) {
+    tensor_release(host);
+    free(g);
+    reg_put(&s->reg, e);
+    return rc;
+  }
   if (keep) {
     pthread_mutex_lock(&s->tmu);
     g->next = s->transfers;
@@ -374,7 +448,7 @@ int h_get_begin(call *c)
   r.chunk_bytes = s->cfg.chunk_bytes;
   r.transfer.data = g->id;
   r.transfer.len = keep ? TRANSFER_ID_BYTES : 0;
-  rc = call_reply(c, &r.base, NULL, 0);
+  rc = call_reply(c, &r.base, payload, payload ? g->nbytes : 0);
   if (!keep) {
     tensor_release(g->host);
     free(g);

@@ -186,6 +186,30 @@ Test(bad_input, descriptors)
   cr_assert_eq(put_begin(TPORT_FLOAT32, 2, sz, 2, st, 0, NULL, msg), 0, "%s", msg);
 }
 
+Test(bad_input, one_round_trip_put_needs_the_whole_tensor)
+{
+  char msg[256];
+  Tport__TensorDesc d = TPORT__TENSOR_DESC__INIT;
+  int64_t sz[] = {10};
+  d.dtype = TPORT__DTYPE__DTYPE_INT32;
+  d.n_sizes = 1;
+  d.sizes = sz;
+  Tport__PutBeginRequest q = TPORT__PUT_BEGIN_REQUEST__INIT;
+  q.desc = &d;
+  q.commit = true;
+  q.device = "sim:1";
+  int32_t v[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  cr_assert_eq(call(TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, v, 39, msg, sizeof msg),
+               TPORT_INVALID_ARGUMENT, "39 of 40 bytes");
+  cr_assert(strstr(msg, "39 bytes came, 40 expected"), "%s", msg);
+  q.commit = false;
+  cr_assert_eq(call(TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, v, 40, msg, sizeof msg),
+               TPORT_INVALID_ARGUMENT, "data without commit");
+  q.commit = true;
+  cr_assert_eq(call(TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, v, 40, msg, sizeof msg), 0, "%s",
+               msg);
+}
+
 Test(bad_input, chunks_and_commits)
 {
   char msg[256];
