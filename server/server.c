@@ -215,12 +215,12 @@ static void *reaper_main(void *arg)
 {
   server *s = arg;
   pthread_mutex_lock(&s->rmu);
-  while (!s->stopping) {
+  while (!s->reaper_stop) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_sec += 1;
     pthread_cond_timedwait(&s->rcv, &s->rmu, &ts);
-    if (s->stopping)
+    if (s->reaper_stop)
       break;
     pthread_mutex_unlock(&s->rmu);
     int n = reg_expire(&s->reg, reg_now_ms());
@@ -356,7 +356,7 @@ void server_stop(server *s, unsigned long grace_ms)
   s->stopping = true;
   pthread_cond_broadcast(&s->qcv);
   pthread_mutex_unlock(&s->qmu);
-  /* workers finish the request they hold and exit; queued ones are dropped */
+  /* workers drain what is queued and exit; then the socket closes */
   for (int i = 0; i < s->nworkers; i++)
     pthread_join(s->workers[i], NULL);
   nng_close(s->sock); /* aborts every pending recv/send: callbacks see NNG_ECLOSED */
@@ -369,6 +369,7 @@ void server_stop(server *s, unsigned long grace_ms)
       nng_msg_free(s->ctxs[i].msg);
   }
   pthread_mutex_lock(&s->rmu);
+  s->reaper_stop = true;
   pthread_cond_broadcast(&s->rcv);
   pthread_mutex_unlock(&s->rmu);
   pthread_join(s->reaper, NULL);

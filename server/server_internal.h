@@ -60,8 +60,9 @@ struct server {
   pthread_mutex_t tmu;
   get_transfer *transfers;
   pthread_t reaper;
-  pthread_mutex_t rmu;
+  pthread_mutex_t rmu; /* guards reaper_stop */
   pthread_cond_t rcv;
+  bool reaper_stop;
   atomic_uint_fast64_t requests[SERVER_METHODS], errors, bytes_in, bytes_out;
   int64_t started_ms;
 };
