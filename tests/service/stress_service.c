@@ -42,17 +42,17 @@ static void *worker(void *arg)
     po.non_blocking = rand_r(&seed) % 2;
     tport_tensor_info a, t, f;
     tport_err err;
-    tport_to_options to = {.device = devices[rand_r(&seed) % 3], .has_dtype = true,
-                           .dtype = TPORT_FLOAT64};
-    tport_to_options back_to = {.has_dtype = true, .dtype = TPORT_INT32,
-                                .device = devices[rand_r(&seed) % 3]};
-    bool ok = tport_put(c, TPORT_INT32, 2, (int64_t[]){rows, cols}, NULL, v, n * 4, &po, &a,
-                        &err) == 0 &&
-              tport_view(c, &a.ref, 2, (int64_t[]){cols, rows}, (int64_t[]){1, cols}, 0, NULL,
-                         &t, &err) == 0 &&
-              tport_to(c, &t.ref, &to, &f, NULL, &err) == 0 &&
-              tport_to(c, &f.ref, &back_to, &f, NULL, &err) == 0 &&
-              tport_get(c, &f.ref, back, n * 4, NULL, NULL, NULL, &err) == 0;
+    tport_to_options to = {
+        .device = devices[rand_r(&seed) % 3], .has_dtype = true, .dtype = TPORT_FLOAT64};
+    tport_to_options back_to = {
+        .has_dtype = true, .dtype = TPORT_INT32, .device = devices[rand_r(&seed) % 3]};
+    bool ok =
+        tport_put(c, TPORT_INT32, 2, (int64_t[]){rows, cols}, NULL, v, n * 4, &po, &a, &err) == 0 &&
+        tport_view(c, &a.ref, 2, (int64_t[]){cols, rows}, (int64_t[]){1, cols}, 0, NULL, &t,
+                   &err) == 0 &&
+        tport_to(c, &t.ref, &to, &f, NULL, &err) == 0 &&
+        tport_to(c, &f.ref, &back_to, &f, NULL, &err) == 0 &&
+        tport_get(c, &f.ref, back, n * 4, NULL, NULL, NULL, &err) == 0;
     for (int64_t i = 0; ok && i < rows; i++)
       for (int64_t j = 0; ok && j < cols; j++)
         ok = back[j * rows + i] == v[i * cols + j];

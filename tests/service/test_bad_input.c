@@ -237,6 +237,23 @@ Test(bad_input, chunks_and_commits)
   }
   cr_assert_eq(commit(h, msg), 0, "%s", msg);
   cr_assert_eq(commit(h, msg), TPORT_FAILED_PRECONDITION, "committed twice");
+  /* PutAbort: an upload in progress goes, a committed tensor is not an upload */
+  uint8_t h2[16];
+  cr_assert_eq(put_begin(TPORT_UINT8, 1, sz, 0, NULL, 0, h2, msg), 0, "%s", msg);
+  cr_assert_eq(chunk(h2, 0, data, 64 << 10, msg), 0, "%s", msg);
+  Tport__Ref aref = TPORT__REF__INIT;
+  aref.handle.data = h2;
+  aref.handle.len = 16;
+  Tport__PutAbortRequest aq = TPORT__PUT_ABORT_REQUEST__INIT;
+  aq.ref = &aref;
+  cr_assert_eq(call(TPORT__METHOD__METHOD_PUT_ABORT, &aq.base, NULL, 0, msg, sizeof msg), 0, "%s",
+               msg);
+  cr_assert_eq(chunk(h2, 1 << 16, data, 64 << 10, msg), TPORT_NOT_FOUND, "aborted: %s", msg);
+  cr_assert_eq(call(TPORT__METHOD__METHOD_PUT_ABORT, &aq.base, NULL, 0, msg, sizeof msg),
+               TPORT_NOT_FOUND);
+  aref.handle.data = h;
+  cr_assert_eq(call(TPORT__METHOD__METHOD_PUT_ABORT, &aq.base, NULL, 0, msg, sizeof msg),
+               TPORT_FAILED_PRECONDITION, "a committed tensor: %s", msg);
   cr_assert_eq(chunk(h, 0, data, 64 << 10, msg), TPORT_FAILED_PRECONDITION, "chunk after commit");
   /* the bytes, read by another connection of the same tenant: the duplicate
    * chunk did not overwrite the first */
