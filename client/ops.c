@@ -272,6 +272,17 @@ int tport_get_alloc(tport_client *c, const tport_ref *ref, void **buf, size_t *n
 
 /* ---------------------------------------------------------------- one-request RPCs */
 
+/* A request whose reply carries nothing but its status. */
+static int call_status(tport_client *c, uint16_t method, const ProtobufCMessage *q,
+                       const ProtobufCMessageDescriptor *d, tport_err *err)
+{
+  ProtobufCMessage *r;
+  int rc = client_rpc(c, method, q, NULL, 0, d, &r, NULL, err);
+  if (!rc)
+    protobuf_c_message_free_unpacked(r, NULL);
+  return rc;
+}
+
 int tport_info(tport_client *c, const tport_ref *ref, tport_tensor_info *out, tport_err *err)
 {
   Tport__Ref w;
@@ -329,12 +340,7 @@ int tport_copy(tport_client *c, const tport_ref *dst, const tport_ref *src, bool
   q.dst = &wd;
   q.src = &ws;
   q.non_blocking = non_blocking;
-  ProtobufCMessage *r;
-  int rc = client_rpc(c, TPORT__METHOD__METHOD_COPY, &q.base, NULL, 0,
-                      &tport__copy_reply__descriptor, &r, NULL, err);
-  if (!rc)
-    protobuf_c_message_free_unpacked(r, NULL);
-  return rc;
+  return call_status(c, TPORT__METHOD__METHOD_COPY, &q.base, &tport__copy_reply__descriptor, err);
 }
 
 int tport_view(tport_client *c, const tport_ref *ref, int ndim, const int64_t *sizes,
@@ -394,12 +400,7 @@ int tport_free(tport_client *c, const tport_ref *ref, tport_err *err)
   client_ref_to_wire(ref, &w);
   Tport__FreeRequest q = TPORT__FREE_REQUEST__INIT;
   q.ref = &w;
-  ProtobufCMessage *r;
-  int rc = client_rpc(c, TPORT__METHOD__METHOD_FREE, &q.base, NULL, 0,
-                      &tport__free_reply__descriptor, &r, NULL, err);
-  if (!rc)
-    protobuf_c_message_free_unpacked(r, NULL);
-  return rc;
+  return call_status(c, TPORT__METHOD__METHOD_FREE, &q.base, &tport__free_reply__descriptor, err);
 }
 
 int tport_sync(tport_client *c, const tport_ref *ref, tport_err *err)
@@ -410,12 +411,7 @@ int tport_sync(tport_client *c, const tport_ref *ref, tport_err *err)
     client_ref_to_wire(ref, &w);
     q.ref = &w;
   }
-  ProtobufCMessage *r;
-  int rc = client_rpc(c, TPORT__METHOD__METHOD_SYNC, &q.base, NULL, 0,
-                      &tport__sync_reply__descriptor, &r, NULL, err);
-  if (!rc)
-    protobuf_c_message_free_unpacked(r, NULL);
-  return rc;
+  return call_status(c, TPORT__METHOD__METHOD_SYNC, &q.base, &tport__sync_reply__descriptor, err);
 }
 
 int tport_list(tport_client *c, tport_tensor_info **out, size_t *n, tport_err *err)
