@@ -10,7 +10,8 @@
 
 /* An in-process server on a fresh inproc:// URL with cpu and sim:2. */
 server *svc_start_inproc(char *url, size_t len, const char *extra_devices);
-/* tportd in a child process listening on url; waits until it answers. */
+/* tportd in a child process listening on url; waits until it answers.
+ * Returns -1 when it could not start there (the port taken): pick another. */
 pid_t svc_spawn(const char *url, const char *const *extra_args);
 /* SIGTERM, then wait; returns the exit status (or -1). */
 int svc_terminate(pid_t pid);
