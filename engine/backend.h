@@ -107,6 +107,8 @@ int sim_configure(const sim_config *cfg, tport_err *err);
 /* Whether dev may ever reach peer's memory (cudaDeviceCanAccessPeer). */
 void sim_set_peer_possible(int dev, int peer, bool possible);
 void sim_set_delay(unsigned max_delay_us);
+/* Each stream op sleeps a random time in [min_us, max_us] (min == max: exactly). */
+void sim_set_delay_range(unsigned min_us, unsigned max_us);
 /* Bytes of device memory in use on dev (for leak tests). */
 size_t sim_bytes_in_use(int dev);
 

@@ -107,6 +107,7 @@ static struct {
   sim_alloc *allocs; /* sorted by base */
   int nallocs, cap;
   atomic_uint max_delay_us;
+  atomic_uint min_delay_us;
   unsigned seed;
 } sim = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -217,10 +218,12 @@ static void event_unref(be_event *e)
 
 static void sim_delay(be_stream *s)
 {
-  unsigned max = atomic_load(&sim.max_delay_us);
+  unsigned max = atomic_load(&sim.max_delay_us), min = atomic_load(&sim.min_delay_us);
   if (!max)
     return;
-  unsigned us = (unsigned)(rand_r(&s->rng) % (max + 1));
+  if (min > max)
+    min = max;
+  unsigned us = min + (unsigned)(rand_r(&s->rng) % (max - min + 1));
   struct timespec ts = {us / 1000000, (long)(us % 1000000) * 1000};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
@@ -380,6 +383,7 @@ int sim_configure(const sim_config *cfg, tport_err *err)
   sim.mem_bytes = cfg->mem_bytes ? cfg->mem_bytes : (size_t)1 << 30;
   sim.seed = cfg->seed;
   atomic_store(&sim.max_delay_us, cfg->max_delay_us);
+  atomic_store(&sim.min_delay_us, 0);
   memset(sim.used, 0, sizeof sim.used);
   for (int a = 0; a < SIM_MAX_DEVICES; a++)
     for (int b = 0; b < SIM_MAX_DEVICES; b++) {
@@ -404,7 +408,13 @@ void sim_set_peer_possible(int dev, int peer, bool possible)
 
 void sim_set_delay(unsigned max_delay_us)
 {
-  atomic_store(&sim.max_delay_us, max_delay_us);
+  sim_set_delay_range(0, max_delay_us);
+}
+
+void sim_set_delay_range(unsigned min_us, unsigned max_us)
+{
+  atomic_store(&sim.min_delay_us, min_us);
+  atomic_store(&sim.max_delay_us, max_us);
 }
 
 size_t sim_bytes_in_use(int dev)

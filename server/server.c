@@ -64,8 +64,10 @@ static nng_msg *error_reply(uint16_t method, const tport_err *e)
 
 /* ---------------------------------------------------------------- dispatch */
 
-static nng_msg *handle(server *s, nng_msg *req, int64_t queued_ms)
+static nng_msg *handle(server *s, srv_ctx *x)
 {
+  nng_msg *req = x->msg;
+  int64_t queued_ms = x->queued_ms;
   call c = {.srv = s, .pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(req))};
   tport_err_clear(&c.err);
   frame_view v;
@@ -82,6 +84,10 @@ static nng_msg *handle(server *s, nng_msg *req, int64_t queued_ms)
   const ProtobufCMethodDescriptor *md = rc ? NULL : frame_method(v.method);
   if (!rc && (!md || !handler_for(v.method)))
     rc = tport_err_set(&c.err, TPORT_UNIMPLEMENTED, "method %u is unknown", v.method);
+  if (!rc && x->chunk == CHUNK_REFUSED) {
+    c.err = x->chunk_err;
+    rc = c.err.code;
+  }
   if (!rc && mono_ms() - queued_ms > (int64_t)s->cfg.deadline_ms)
     rc = tport_err_set(&c.err, TPORT_DEADLINE_EXCEEDED,
                        "the request waited %lld ms in the queue (deadline %lu ms)",
@@ -132,6 +138,14 @@ static void ctx_cb(void *arg)
     x->msg = nng_aio_get_msg(x->aio);
     x->queued_ms = mono_ms();
     x->state = CTX_WORK;
+    x->chunk = CHUNK_NONE;
+    if (nng_msg_len(x->msg) >= FRAME_HEADER_BYTES) {
+      const uint8_t *h = nng_msg_body(x->msg);
+      if ((h[6] << 8 | h[7]) == TPORT__METHOD__METHOD_PUT_CHUNK) {
+        uint32_t pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(x->msg));
+        x->chunk = reg_chunk_enter(&s->reg, pipe, &x->chunk_err) ? CHUNK_REFUSED : CHUNK_COUNTED;
+      }
+    }
     pthread_mutex_lock(&s->qmu);
     x->next = NULL;
     if (s->qtail)
@@ -177,7 +191,9 @@ static void *worker_main(void *arg)
     if (!s->qhead)
       s->qtail = NULL;
     pthread_mutex_unlock(&s->qmu);
-    nng_msg *reply = handle(s, x->msg, x->queued_ms);
+    nng_msg *reply = handle(s, x);
+    if (x->chunk == CHUNK_COUNTED)
+      reg_chunk_leave(&s->reg, (uint32_t)nng_pipe_id(nng_msg_get_pipe(x->msg)));
     nng_msg_free(x->msg);
     x->msg = NULL;
     x->state = CTX_SEND;

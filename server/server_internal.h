@@ -27,6 +27,10 @@ typedef struct srv_ctx {
   ctx_state state;
   nng_msg *msg;
   int64_t queued_ms;
+  /* A PutChunk counts against its connection's in-flight limit from the
+   * moment it arrives until its reply is built. */
+  enum { CHUNK_NONE, CHUNK_COUNTED, CHUNK_REFUSED } chunk;
+  tport_err chunk_err;
   struct srv_ctx *next; /* work queue link */
 } srv_ctx;
 

@@ -14,22 +14,36 @@
 
 static atomic_int seq;
 
-server *svc_start_inproc(char *url, size_t len, const char *devices)
+void svc_config(server_config *cfg)
+{
+  config_defaults(cfg);
+  cfg->devices = strdup("cpu,sim:2");
+  cfg->chunk_bytes = 64 << 10; /* small chunks: many in flight even for small tensors */
+  cfg->log_level = 1;
+  cfg->workers = 4;
+}
+
+server *svc_start_with(server_config *cfg, char *url, size_t len)
 {
   snprintf(url, len, "inproc://tport-test-%d-%d", (int)getpid(), atomic_fetch_add(&seq, 1));
-  server_config cfg;
-  config_defaults(&cfg);
-  cfg.listen[0] = strdup(url);
-  cfg.nlisten = 1;
-  cfg.devices = strdup(devices ? devices : "cpu,sim:2");
-  cfg.chunk_bytes = 64 << 10; /* small chunks: many in flight even for small tensors */
-  cfg.log_level = 1;
-  cfg.workers = 4;
+  cfg->listen[0] = strdup(url);
+  cfg->nlisten = 1;
   server *s;
   tport_err err;
-  cr_assert_eq(server_start(&cfg, &s, &err), 0, "%s", err.msg);
-  config_free(&cfg);
+  cr_assert_eq(server_start(cfg, &s, &err), 0, "%s", err.msg);
+  config_free(cfg);
   return s;
+}
+
+server *svc_start_inproc(char *url, size_t len, const char *devices)
+{
+  server_config cfg;
+  svc_config(&cfg);
+  if (devices) {
+    free(cfg.devices);
+    cfg.devices = strdup(devices);
+  }
+  return svc_start_with(&cfg, url, len);
 }
 
 void svc_tcp_url(char *url, size_t len)

@@ -8,6 +8,11 @@
 #include "server.h"
 #include "tport.h"
 
+/* The tests' defaults (cpu,sim:2, 64 KiB chunks), to adjust before
+ * svc_start_with, which starts it in this process on a fresh inproc:// URL
+ * (and frees the config). */
+void svc_config(server_config *cfg);
+server *svc_start_with(server_config *cfg, char *url, size_t len);
 /* An in-process server on a fresh inproc:// URL with cpu and sim:2. */
 server *svc_start_inproc(char *url, size_t len, const char *extra_devices);
 /* tportd in a child process listening on url; waits until it answers.
