@@ -298,6 +298,12 @@ void reg_ready(registry *r, reg_entry *e, tport_tensor *t)
   e->up = NULL;
   e->tensor = t;
   e->state = REG_READY;
+  /* the tenant now holds the stored tensor's bytes, not the landing's */
+  size_t bytes = t->storage->nbytes;
+  reg_tenant *tn = e->removed ? NULL : tenant_get(r, e->tenant);
+  if (tn)
+    tn->bytes = tn->bytes - e->bytes + bytes;
+  e->bytes = bytes;
   pthread_mutex_unlock(&r->mu);
   reg_upload_free(up);
 }

@@ -107,7 +107,8 @@ int reg_find(registry *r, uint32_t pipe, const uint8_t *handle, size_t handle_le
 void reg_put(registry *r, reg_entry *e);
 /* Removes an entry (free, abort); its memory goes once no holder remains. */
 void reg_remove(registry *r, reg_entry *e);
-/* Turns an upload into a ready tensor. */
+/* Turns an upload into a ready tensor (and accounts its bytes instead of the
+ * landing tensor's). */
 void reg_ready(registry *r, reg_entry *e, tport_tensor *t);
 /* Removes expired entries. */
 int reg_expire(registry *r, int64_t now_ms);
