@@ -103,8 +103,6 @@ int h_put_begin(call *c)
                tport_dtype_size(up->convert.has_dtype ? up->convert.dtype : up->landing->dtype);
   reg_entry *e;
   rc = reg_add(&s->reg, c->pipe, NULL, up, q->name, q->keep, q->ttl_ms, reserve, &e, &c->err);
-  rc = reg_add(&s->reg, c->pipe, NULL, up, q->name, q->keep, q->ttl_ms,
-               up->landing->storage->nbytes, &e, &c->err);
   if (rc)
     return rc;
   wire_info wi;
@@ -325,13 +323,7 @@ static int commit_upload(call *c, reg_entry *e, bool non_blocking, tport_tensor 
 int h_put_commit(call *c)
 {
   Tport__PutCommitRequest *q = (Tport__PutCommitRequest *)c->req;
-  /* the quota holds the landing tensor and, during commit, the converted one */
-  size_t reserve = up->landing->storage->nbytes;
-  if (up->needs_convert)
-    reserve += (size_t)tensor_numel(up->landing) *
-               tport_dtype_size(up->convert.has_dtype ? up->convert.dtype : up->landing->dtype);
   reg_entry *e;
-  rc = reg_add(&s->reg, c->pipe, NULL, up, q->name, q->keep, q->ttl_ms, reserve, &e, &c->err);
   tport_tensor *final;
   int rc = find_upload(c, q->ref, &e);
   if (rc)
@@ -352,13 +344,7 @@ int h_put_commit(call *c)
 int h_put_abort(call *c)
 {
   Tport__PutAbortRequest *q = (Tport__PutAbortRequest *)c->req;
-  /* the quota holds the landing tensor and, during commit, the converted one */
-  size_t reserve = up->landing->storage->nbytes;
-  if (up->needs_convert)
-    reserve += (size_t)tensor_numel(up->landing) *
-               tport_dtype_size(up->convert.has_dtype ? up->convert.dtype : up->landing->dtype);
   reg_entry *e;
-  rc = reg_add(&s->reg, c->pipe, NULL, up, q->name, q->keep, q->ttl_ms, reserve, &e, &c->err);
   int rc = find_upload(c, q->ref, &e);
   if (rc)
     return rc;
@@ -400,13 +386,7 @@ int h_get_begin(call *c)
 {
   Tport__GetBeginRequest *q = (Tport__GetBeginRequest *)c->req;
   server *s = c->srv;
-  /* the quota holds the landing tensor and, during commit, the converted one */
-  size_t reserve = up->landing->storage->nbytes;
-  if (up->needs_convert)
-    reserve += (size_t)tensor_numel(up->landing) *
-               tport_dtype_size(up->convert.has_dtype ? up->convert.dtype : up->landing->dtype);
   reg_entry *e;
-  rc = reg_add(&s->reg, c->pipe, NULL, up, q->name, q->keep, q->ttl_ms, reserve, &e, &c->err);
   tport_tensor *t;
   int rc = wire_find(c, q->ref, "ref", &e, &t);
   if (rc)
