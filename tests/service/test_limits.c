@@ -29,6 +29,16 @@ Test(limits, tenant_quota)
   cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &n, NULL, v, (size_t)n, NULL, NULL, &err),
                TPORT_RESOURCE_EXHAUSTED);
   cr_assert(strstr(err.msg, "quota"), "%s", err.msg);
+  /* a put whose conversion would pass the quota is refused at its beginning */
+  tport_client *fresh = svc_connect(url, "q2");
+  tport_put_options po;
+  tport_put_options_init(&po);
+  po.has_dtype = true;
+  po.dtype = TPORT_FLOAT64;
+  int64_t small = 200 << 10;
+  cr_assert_eq(tport_put(fresh, TPORT_UINT8, 1, &small, NULL, v, (size_t)small, &po, NULL, &err),
+               TPORT_RESOURCE_EXHAUSTED, "200 KiB as float64 is 1.6 MiB: %s", err.msg);
+  tport_close(fresh);
   /* a conversion that would pass the quota is refused too */
   tport_to_options o = {.has_dtype = true, .dtype = TPORT_INT16};
   cr_assert_eq(tport_to(c, &a.ref, &o, NULL, NULL, &err), TPORT_RESOURCE_EXHAUSTED);
