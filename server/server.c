@@ -74,7 +74,6 @@ static nng_msg *handle(server *s, srv_ctx *x)
   const uint8_t *body = nng_msg_body(req);
   size_t len = nng_msg_len(req);
   atomic_fetch_add(&s->bytes_in, len);
-  reg_session_touch(&s->reg, c.pipe);
   int rc = frame_parse(body, len, &v, &c.err);
   if (!rc) {
     c.method = v.method;

@@ -116,12 +116,14 @@ static inline int64_t f_to_i64ish(double x)
 
 #define FOR_SRC(X, D)                                                                              \
   X(D, BOOL)                                                                                       \
-  X(D, UINT8) X(D, INT8) X(D, INT16) X(D, INT32) X(D, INT64) X(D, FLOAT16) X(D, BFLOAT16)          \
-      X(D, FLOAT32) X(D, FLOAT64) X(D, COMPLEX64) X(D, COMPLEX128)
+  X(D, UINT8)                                                                                      \
+  X(D, INT8) X(D, INT16) X(D, INT32) X(D, INT64) X(D, FLOAT16) X(D, BFLOAT16) X(D, FLOAT32)        \
+      X(D, FLOAT64) X(D, COMPLEX64) X(D, COMPLEX128)
 #define FOR_DST(X)                                                                                 \
   X(BOOL)                                                                                          \
-  X(UINT8) X(INT8) X(INT16) X(INT32) X(INT64) X(FLOAT16) X(BFLOAT16) X(FLOAT32) X(FLOAT64)         \
-      X(COMPLEX64) X(COMPLEX128)
+  X(UINT8)                                                                                         \
+  X(INT8) X(INT16) X(INT32) X(INT64) X(FLOAT16) X(BFLOAT16) X(FLOAT32) X(FLOAT64) X(COMPLEX64)     \
+      X(COMPLEX128)
 
 #define DEF_ROW(D) FOR_SRC(DEF_CAST, D)
 FOR_DST(DEF_ROW)

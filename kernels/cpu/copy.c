@@ -106,7 +106,8 @@ cpu_copy_path cpu_copy(const plan *p, void *dst, tport_dtype dt, const void *src
   }
   cast_loop_fn cast = cpu_cast_loop(dt, st);
   if (cpu_transpose_eligible(p, dsize, ssize)) {
-    cpu_transpose(p, dst, src, cast, post1, post2, dsize);
+    bool raw = dt == st && !post1 && !post2;
+    cpu_transpose(p, dst, src, cast, post1, post2, raw ? dsize : 0);
     return CPU_PATH_TRANSPOSE;
   }
   strided_ctx c = {.p = p, .dst = dst, .src = src, .cast = cast, .post1 = post1, .post2 = post2};

@@ -38,10 +38,12 @@ typedef enum {
 cpu_copy_path cpu_copy(const plan *p, void *dst, tport_dtype dst_dtype, const void *src,
                        tport_dtype src_dtype, unsigned flags);
 
-/* Tiled transpose (transpose.c); called by cpu_copy when eligible. */
+/* Tiled transpose (transpose.c); called by cpu_copy when eligible.  raw_size
+ * is the element size when the copy moves bits unchanged (same dtype, no
+ * conj/neg), else 0 (each tile row goes through cast and the post ops). */
 bool cpu_transpose_eligible(const plan *p, size_t dsize, size_t ssize);
 void cpu_transpose(const plan *p, char *dst, const char *src, cast_loop_fn cast,
-                   unary_loop_fn post1, unary_loop_fn post2, size_t dsize);
+                   unary_loop_fn post1, unary_loop_fn post2, size_t raw_size);
 
 /* A pool of worker threads shared by all CPU kernels. */
 typedef void (*parallel_fn)(void *ctx, int64_t begin, int64_t end);

@@ -6,6 +6,8 @@
  * block is read and written while its lines stay in L1.  The cast is fused:
  * each tile row goes through the pair's conversion loop.
  */
+#include <string.h>
+
 #include "cpu_kernels.h"
 
 #define TILE 32
@@ -23,7 +25,33 @@ typedef struct tr_ctx {
   cast_loop_fn cast;
   unary_loop_fn post1, post2;
   int64_t strips; /* strips of TILE along plan dim 1 per outer index */
+  size_t raw;     /* element size when the copy moves bits unchanged, else 0 */
 } tr_ctx;
+
+/* The bit-copy tile: typed loads and stores, no call per row, so that the
+ * compiler keeps the tile in registers and cache. */
+#define RAW_TILE(T)                                                                                \
+  for (int64_t i1 = i1b; i1 < i1e; i1++) {                                                         \
+    T *d = (T *)(dst + i1 * ds1);                                                                  \
+    const char *s = src + i1 * ss1;                                                                \
+    for (int64_t i0 = 0; i0 < len; i0++)                                                           \
+      d[i0] = *(const T *)(s + i0 * ss0);                                                          \
+  }
+
+static void raw_tile(size_t es, char *dst, const char *src, int64_t len, int64_t i1b, int64_t i1e,
+                     int64_t ds1, int64_t ss0, int64_t ss1)
+{
+  switch (es) {
+  case 1: RAW_TILE(uint8_t) break;
+  case 2: RAW_TILE(uint16_t) break;
+  case 4: RAW_TILE(uint32_t) break;
+  case 8: RAW_TILE(uint64_t) break;
+  default:
+    for (int64_t i1 = i1b; i1 < i1e; i1++)
+      for (int64_t i0 = 0; i0 < len; i0++)
+        memcpy(dst + i1 * ds1 + i0 * (int64_t)es, src + i1 * ss1 + i0 * ss0, es);
+  }
+}
 
 static void tr_range(void *vctx, int64_t begin, int64_t end)
 {
@@ -44,6 +72,11 @@ static void tr_range(void *vctx, int64_t begin, int64_t end)
     int64_t i1b = strip * TILE, i1e = i1b + TILE < n1 ? i1b + TILE : n1;
     for (int64_t i0b = 0; i0b < n0; i0b += TILE) {
       int64_t len = n0 - i0b < TILE ? n0 - i0b : TILE;
+      if (c->raw) {
+        raw_tile(c->raw, c->dst + doff + i0b * ds0, c->src + soff + i0b * ss0, len, i1b, i1e, ds1,
+                 ss0, ss1);
+        continue;
+      }
       for (int64_t i1 = i1b; i1 < i1e; i1++) {
         char *d = c->dst + doff + i0b * ds0 + i1 * ds1;
         c->cast(d, c->src + soff + i0b * ss0 + i1 * ss1, len, ds0, ss0);
@@ -57,10 +90,15 @@ static void tr_range(void *vctx, int64_t begin, int64_t end)
 }
 
 void cpu_transpose(const plan *p, char *dst, const char *src, cast_loop_fn cast,
-                   unary_loop_fn post1, unary_loop_fn post2, size_t dsize)
+                   unary_loop_fn post1, unary_loop_fn post2, size_t raw_size)
 {
-  (void)dsize;
-  tr_ctx c = {.p = p, .dst = dst, .src = src, .cast = cast, .post1 = post1, .post2 = post2};
+  tr_ctx c = {.p = p,
+              .dst = dst,
+              .src = src,
+              .cast = cast,
+              .post1 = post1,
+              .post2 = post2,
+              .raw = raw_size};
   c.strips = (p->shape[1] + TILE - 1) / TILE;
   int64_t outer = plan_numel(p) / (p->shape[0] * p->shape[1]);
   int64_t per_strip = p->shape[0] * TILE;

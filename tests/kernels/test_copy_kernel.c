@@ -179,6 +179,11 @@ Test(copy_kernel, paths_on_large_tensors)
   cr_assert_eq(path_of(4, sz, nhwc, nchw, TPORT_FLOAT32, TPORT_FLOAT32), CPU_PATH_TRANSPOSE);
   cr_assert_eq(path_of(4, sz, nchw, nhwc, TPORT_FLOAT32, TPORT_FLOAT32), CPU_PATH_TRANSPOSE);
   cr_assert_eq(path_of(4, sz, nhwc, nchw, TPORT_FLOAT16, TPORT_UINT8), CPU_PATH_TRANSPOSE);
+  /* the bit-copy tiles of every element size */
+  const tport_dtype raw[] = {TPORT_INT8, TPORT_BFLOAT16, TPORT_INT32, TPORT_FLOAT64,
+                             TPORT_COMPLEX128};
+  for (int i = 0; i < 5; i++)
+    cr_assert_eq(path_of(4, sz, nhwc, nchw, raw[i], raw[i]), CPU_PATH_TRANSPOSE);
   /* contiguous same dtype: memcpy, split across the pool */
   int64_t big[] = {1 << 21}, one[] = {1};
   cr_assert_eq(path_of(1, big, one, one, TPORT_INT16, TPORT_INT16), CPU_PATH_MEMCPY);
