@@ -4,6 +4,8 @@
  *
  *   tport-diff-driver CASES DATA OUT_TXT OUT_BIN
  *
+ *   tport-diff-driver --count-devices cuda     (prints the count; 77 when none)
+ *
  * Each line of CASES is "key=value" fields: the source storage (dtype,
  * element count, byte offset into DATA), the view on it (sizes, strides,
  * offset, conj), the device the source lives on (cpu or sim:0/1), and the
@@ -83,6 +85,20 @@ static void emit_error(FILE *o, const char *id, const tport_err *e)
 
 int main(int argc, char **argv)
 {
+  if (argc == 3 && strcmp(argv[1], "--count-devices") == 0) {
+    /* for the GPU run: how many devices of a type there are (77: none, skip) */
+    tport_device d;
+    if (device_parse(argv[2], "type", &d, NULL))
+      return 2;
+    const backend_ops *be = backend_get(d.type);
+    int n = be->device_count();
+    if (n == 0) {
+      fprintf(stderr, "no %s device: %s\n", be->name, be->unavailable_reason());
+      return 77;
+    }
+    printf("%d\n", n);
+    return 0;
+  }
   if (argc != 5) {
     fprintf(stderr, "usage: %s CASES DATA OUT_TXT OUT_BIN\n", argv[0]);
     return 2;

@@ -8,7 +8,10 @@ on: success or failure (with PyTorch's error message), values (bit for bit; NaN 
 dtype of the result, and whether the result aliased the input.  A device move
 in the engine is compared with torch's result of the same call without it.
 
-usage: diff_torch.py DRIVER [--cases N] [--seed S]
+usage: diff_torch.py DRIVER [--cases N] [--seed S] [--gpu cuda]
+
+With --gpu cuda the cases' devices are CUDA devices ("sim:k" becomes
+"cuda:k mod count"); without a CUDA device the test exits 77 (skipped).
 """
 import argparse
 import os
@@ -230,9 +233,20 @@ def main():
     ap.add_argument("driver")
     ap.add_argument("--cases", type=int, default=1500)
     ap.add_argument("--seed", type=int, default=20261121)
+    ap.add_argument("--gpu", choices=["cuda"], default=None)
     a = ap.parse_args()
     rng = random.Random(a.seed)
     cases, blob = make_cases(rng, a.cases)
+    if a.gpu:
+        p = subprocess.run([a.driver, "--count-devices", a.gpu], capture_output=True, text=True)
+        if p.returncode == 77:
+            print("diff_torch: skipped: %s" % p.stderr.strip())
+            return 77
+        count = int(p.stdout)
+        for c in cases:
+            for key in ("sdev", "dev", "ddev"):
+                if str(c.get(key, "")).startswith("sim:"):
+                    c[key] = "%s:%d" % (a.gpu, int(c[key][4:]) % count)
     with tempfile.TemporaryDirectory() as tmp:
         paths = [os.path.join(tmp, n) for n in ("cases.txt", "data.bin", "out.txt", "out.bin")]
         with open(paths[0], "w") as f:

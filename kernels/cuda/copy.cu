@@ -1,0 +1,250 @@
+// copy.cu: the strided copy kernel with a fused cast, compiled at run time by
+// NVRTC (engine/cuda_jit.c) once per (dst dtype, src dtype, index width,
+// compute capability).  It walks an iteration plan (kernels/plan.h: dim 0
+// innermost, byte strides) and converts exactly as kernels/cpu/convert.c
+// does, so that a device gives the host's bits: float -> integer goes
+// through int32 (int8/int16/int32) or int64 (int64/uint8) with NaN and
+// out-of-range values becoming INT32_MIN / INT64_MIN, as PyTorch computes
+// them on x86-64; float16/bfloat16 round to nearest even through float32.
+//
+// Defined by the compiler's options: TPORT_DST, TPORT_SRC (tport_dtype
+// numbers), TPORT_IDX (unsigned int or unsigned long long).
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef short i16;
+typedef int i32;
+typedef long long i64;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+struct c64 {
+  float re, im;
+};
+struct c128 {
+  double re, im;
+};
+
+#define TPORT_MAX_DIMS 16
+#define FLAG_CONJ 1u
+#define FLAG_NEG 2u
+
+struct Params {
+  long long shape[TPORT_MAX_DIMS];
+  long long dst_stride[TPORT_MAX_DIMS]; // bytes
+  long long src_stride[TPORT_MAX_DIMS]; // bytes
+  long long numel;
+  char *dst;
+  const char *src;
+  int ndim;
+  unsigned flags;
+};
+
+// ---- float16 / bfloat16, bit-exact with kernels/cpu/half.h
+__device__ inline float f16_to_f32(u16 h)
+{
+  const u32 w = (u32)h << 16;
+  const u32 sign = w & 0x80000000u;
+  const u32 two_w = w + w;
+  const float normalized = __uint_as_float((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  const float denormalized = __uint_as_float((two_w >> 17) | (126u << 23)) - 0.5f;
+  return __uint_as_float(sign | (two_w < (1u << 27) ? __float_as_uint(denormalized)
+                                                    : __float_as_uint(normalized)));
+}
+
+__device__ inline u16 f16_from_f32(float f)
+{
+  float base = (fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
+  const u32 w = __float_as_uint(f);
+  const u32 shl1_w = w + w;
+  const u32 sign = w & 0x80000000u;
+  u32 bias = shl1_w & 0xFF000000u;
+  if (bias < 0x71000000u)
+    bias = 0x71000000u;
+  base = __uint_as_float((bias >> 1) + 0x07800000u) + base;
+  const u32 bits = __float_as_uint(base);
+  const u32 nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
+  return (u16)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+__device__ inline float bf16_to_f32(u16 b) { return __uint_as_float((u32)b << 16); }
+
+__device__ inline u16 bf16_from_f32(float f)
+{
+  if (f != f)
+    return 0x7FC0;
+  u32 u = __float_as_uint(f);
+  return (u16)((u + (((u >> 16) & 1u) + 0x7FFFu)) >> 16);
+}
+
+// ---- float -> integer, defined everywhere (see the top of the file)
+__device__ inline i64 f_to_i32ish(double x)
+{
+  return (x > -2147483649.0 && x < 2147483648.0) ? (i64)x : (i64)(-2147483647 - 1);
+}
+__device__ inline i64 f_to_i64ish(double x)
+{
+  return (x >= -9223372036854775808.0 && x < 9223372036854775808.0) ? (i64)x
+                                                                     : (i64)(-9223372036854775807LL - 1);
+}
+
+// ---- the value categories a load gives: i64, float, double, c64, c128
+__device__ inline i64 i32ish(i64 v) { return v; }
+__device__ inline i64 i32ish(float v) { return f_to_i32ish((double)v); }
+__device__ inline i64 i32ish(double v) { return f_to_i32ish(v); }
+__device__ inline i64 i32ish(c64 v) { return f_to_i32ish((double)v.re); }
+__device__ inline i64 i32ish(c128 v) { return f_to_i32ish(v.re); }
+__device__ inline i64 i64ish(i64 v) { return v; }
+__device__ inline i64 i64ish(float v) { return f_to_i64ish((double)v); }
+__device__ inline i64 i64ish(double v) { return f_to_i64ish(v); }
+__device__ inline i64 i64ish(c64 v) { return f_to_i64ish((double)v.re); }
+__device__ inline i64 i64ish(c128 v) { return f_to_i64ish(v.re); }
+__device__ inline float to_f32(i64 v) { return (float)v; }
+__device__ inline float to_f32(float v) { return v; }
+__device__ inline float to_f32(double v) { return (float)v; }
+__device__ inline float to_f32(c64 v) { return v.re; }
+__device__ inline float to_f32(c128 v) { return (float)v.re; }
+__device__ inline double to_f64(i64 v) { return (double)v; }
+__device__ inline double to_f64(float v) { return (double)v; }
+__device__ inline double to_f64(double v) { return v; }
+__device__ inline double to_f64(c64 v) { return (double)v.re; }
+__device__ inline double to_f64(c128 v) { return v.re; }
+// complex -> bool looks at the real part (as PyTorch's cast does)
+__device__ inline bool nonzero(i64 v) { return v != 0; }
+__device__ inline bool nonzero(float v) { return v != 0; }
+__device__ inline bool nonzero(double v) { return v != 0; }
+__device__ inline bool nonzero(c64 v) { return v.re != 0; }
+__device__ inline bool nonzero(c128 v) { return v.re != 0; }
+__device__ inline c64 to_c64(i64 v) { return c64{(float)v, 0.0f}; }
+__device__ inline c64 to_c64(float v) { return c64{v, 0.0f}; }
+__device__ inline c64 to_c64(double v) { return c64{(float)v, 0.0f}; }
+__device__ inline c64 to_c64(c64 v) { return v; }
+__device__ inline c64 to_c64(c128 v) { return c64{(float)v.re, (float)v.im}; }
+__device__ inline c128 to_c128(i64 v) { return c128{(double)v, 0.0}; }
+__device__ inline c128 to_c128(float v) { return c128{(double)v, 0.0}; }
+__device__ inline c128 to_c128(double v) { return c128{v, 0.0}; }
+__device__ inline c128 to_c128(c64 v) { return c128{(double)v.re, (double)v.im}; }
+__device__ inline c128 to_c128(c128 v) { return v; }
+
+// ---- load (by TPORT_SRC)
+#if TPORT_SRC == 0
+__device__ inline i64 load(const char *p) { return *(const u8 *)p != 0; }
+#elif TPORT_SRC == 1
+__device__ inline i64 load(const char *p) { return *(const u8 *)p; }
+#elif TPORT_SRC == 2
+__device__ inline i64 load(const char *p) { return *(const i8 *)p; }
+#elif TPORT_SRC == 3
+__device__ inline i64 load(const char *p) { return *(const i16 *)p; }
+#elif TPORT_SRC == 4
+__device__ inline i64 load(const char *p) { return *(const i32 *)p; }
+#elif TPORT_SRC == 5
+__device__ inline i64 load(const char *p) { return *(const i64 *)p; }
+#elif TPORT_SRC == 6
+__device__ inline float load(const char *p) { return f16_to_f32(*(const u16 *)p); }
+#elif TPORT_SRC == 7
+__device__ inline float load(const char *p) { return bf16_to_f32(*(const u16 *)p); }
+#elif TPORT_SRC == 8
+__device__ inline float load(const char *p) { return *(const float *)p; }
+#elif TPORT_SRC == 9
+__device__ inline double load(const char *p) { return *(const double *)p; }
+#elif TPORT_SRC == 10
+__device__ inline c64 load(const char *p) { return *(const c64 *)p; }
+#elif TPORT_SRC == 11
+__device__ inline c128 load(const char *p) { return *(const c128 *)p; }
+#else
+#error "TPORT_SRC is not a dtype"
+#endif
+
+// ---- store, negate, conjugate (by TPORT_DST)
+#if TPORT_DST == 0
+template <class V> __device__ inline void store(char *p, V v) { *(u8 *)p = nonzero(v); }
+__device__ inline void negate(char *p) {}
+#elif TPORT_DST == 1
+template <class V> __device__ inline void store(char *p, V v) { *(u8 *)p = (u8)(u64)i64ish(v); }
+__device__ inline void negate(char *p) { *(u8 *)p = (u8)(0u - *(u8 *)p); }
+#elif TPORT_DST == 2
+template <class V> __device__ inline void store(char *p, V v) { *(i8 *)p = (i8)i32ish(v); }
+__device__ inline void negate(char *p) { *(i8 *)p = (i8)(0u - (u32)*(i8 *)p); }
+#elif TPORT_DST == 3
+template <class V> __device__ inline void store(char *p, V v) { *(i16 *)p = (i16)i32ish(v); }
+__device__ inline void negate(char *p) { *(i16 *)p = (i16)(0u - (u32)*(i16 *)p); }
+#elif TPORT_DST == 4
+template <class V> __device__ inline void store(char *p, V v) { *(i32 *)p = (i32)i32ish(v); }
+__device__ inline void negate(char *p) { *(i32 *)p = (i32)(0u - (u32)*(i32 *)p); }
+#elif TPORT_DST == 5
+template <class V> __device__ inline void store(char *p, V v) { *(i64 *)p = i64ish(v); }
+__device__ inline void negate(char *p) { *(i64 *)p = (i64)(0ull - (u64)*(i64 *)p); }
+#elif TPORT_DST == 6
+template <class V> __device__ inline void store(char *p, V v) { *(u16 *)p = f16_from_f32(to_f32(v)); }
+__device__ inline void negate(char *p) { *(u16 *)p ^= 0x8000u; }
+#elif TPORT_DST == 7
+template <class V> __device__ inline void store(char *p, V v) { *(u16 *)p = bf16_from_f32(to_f32(v)); }
+__device__ inline void negate(char *p) { *(u16 *)p ^= 0x8000u; }
+#elif TPORT_DST == 8
+template <class V> __device__ inline void store(char *p, V v) { *(float *)p = to_f32(v); }
+__device__ inline void negate(char *p) { *(float *)p = -*(float *)p; }
+#elif TPORT_DST == 9
+template <class V> __device__ inline void store(char *p, V v) { *(double *)p = to_f64(v); }
+__device__ inline void negate(char *p) { *(double *)p = -*(double *)p; }
+#elif TPORT_DST == 10
+template <class V> __device__ inline void store(char *p, V v) { *(c64 *)p = to_c64(v); }
+__device__ inline void negate(char *p) { c64 *e = (c64 *)p; e->re = -e->re; e->im = -e->im; }
+#define HAS_CONJ 1
+__device__ inline void conjugate(char *p) { ((c64 *)p)->im = -((c64 *)p)->im; }
+#elif TPORT_DST == 11
+template <class V> __device__ inline void store(char *p, V v) { *(c128 *)p = to_c128(v); }
+__device__ inline void negate(char *p) { c128 *e = (c128 *)p; e->re = -e->re; e->im = -e->im; }
+#define HAS_CONJ 1
+__device__ inline void conjugate(char *p) { ((c128 *)p)->im = -((c128 *)p)->im; }
+#else
+#error "TPORT_DST is not a dtype"
+#endif
+
+// the same dtype moves bits unchanged (NaN payloads, bool bytes), as PyTorch
+#if TPORT_DST == TPORT_SRC
+#define ES (TPORT_DST == 0 || TPORT_DST == 1 || TPORT_DST == 2 ? 1 : TPORT_DST == 3 || TPORT_DST == 6 || TPORT_DST == 7 ? 2 : TPORT_DST == 4 || TPORT_DST == 8 ? 4 : TPORT_DST == 11 ? 16 : 8)
+__device__ inline void convert(char *d, const char *s)
+{
+#if ES == 1
+  *(u8 *)d = *(const u8 *)s;
+#elif ES == 2
+  *(u16 *)d = *(const u16 *)s;
+#elif ES == 4
+  *(u32 *)d = *(const u32 *)s;
+#elif ES == 8
+  *(u64 *)d = *(const u64 *)s;
+#else
+  ((u64 *)d)[0] = ((const u64 *)s)[0];
+  ((u64 *)d)[1] = ((const u64 *)s)[1];
+#endif
+}
+#else
+__device__ inline void convert(char *d, const char *s) { store(d, load(s)); }
+#endif
+
+extern "C" __global__ void tport_copy(Params p)
+{
+  typedef TPORT_IDX idx;
+  const idx n = (idx)p.numel;
+  for (idx i = (idx)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (idx)gridDim.x * blockDim.x) {
+    idx r = i, doff = 0, soff = 0;
+#pragma unroll
+    for (int d = 0; d < TPORT_MAX_DIMS; d++) {
+      if (d >= p.ndim)
+        break;
+      const idx size = (idx)p.shape[d];
+      const idx k = r % size;
+      r /= size;
+      doff += k * (idx)p.dst_stride[d];
+      soff += k * (idx)p.src_stride[d];
+    }
+    char *dp = p.dst + doff;
+    convert(dp, p.src + soff);
+#ifdef HAS_CONJ
+    if (p.flags & FLAG_CONJ)
+      conjugate(dp);
+#endif
+    if (p.flags & FLAG_NEG)
+      negate(dp);
+  }
+}
