@@ -11,7 +11,8 @@ bool backend_complete(const backend_ops *o)
          o->memcpy_peer_async && o->copy_kernel && o->launch_host_func && o->event_create &&
          o->event_destroy && o->event_record && o->stream_wait_event && o->event_query &&
          o->event_synchronize && o->can_access_peer && o->enable_peer_access &&
-         o->mem_advise_preferred && o->mem_prefetch_async;
+         o->mem_advise_preferred && o->mem_prefetch_async && o->describe && o->stats &&
+         o->set_option;
 }
 
 const backend_ops *backend_get(tport_device_type t)

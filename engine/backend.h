@@ -29,6 +29,12 @@ typedef enum { BE_H2D, BE_D2H, BE_D2D, BE_H2H } be_copy_kind;
 
 typedef void (*be_host_fn)(void *arg);
 
+/* One counter of a backend (kernel cache, allocator), for Stats. */
+typedef struct be_stat {
+  char name[48];
+  int64_t value;
+} be_stat;
+
 typedef struct backend_ops {
   const char *name;
   tport_device_type type;
@@ -82,6 +88,13 @@ typedef struct backend_ops {
   /* Managed memory hints; NULL when unsupported. dev -1 means the host. */
   int (*mem_advise_preferred)(void *ptr, size_t n, int dev, tport_err *err);
   int (*mem_prefetch_async)(void *ptr, size_t n, int dev, be_stream *s, tport_err *err);
+
+  /* A device's name and compute capability ("" when it has none). */
+  void (*describe)(int dev, char *name, size_t name_len, char *cc, size_t cc_len);
+  /* Up to max counters of the backend; returns how many. */
+  size_t (*stats)(be_stat *out, size_t max);
+  /* Sets an option ("kernel-cache" = a directory); UNIMPLEMENTED when unknown. */
+  int (*set_option)(const char *key, const char *value, tport_err *err);
 } backend_ops;
 
 /* The table of a device type; every entry is non-NULL (unsupported ops point

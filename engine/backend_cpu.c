@@ -3,6 +3,7 @@
  * calling thread (the copy kernel on the CPU thread pool); its stream is a
  * formality and its events are complete as soon as they are recorded.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/sysinfo.h>
@@ -162,6 +163,22 @@ static int cpu_prefetch(void *ptr, size_t n, int dev, be_stream *s, tport_err *e
   return tport_err_set(err, TPORT_FAILED_PRECONDITION, "cpu: no managed memory to prefetch");
 }
 
+static void cpu_describe(int dev, char *name, size_t nl, char *cc, size_t cl)
+{
+  snprintf(name, nl, "host");
+  snprintf(cc, cl, "%s", "");
+}
+
+static size_t cpu_stats(be_stat *out, size_t max)
+{
+  return 0;
+}
+
+static int cpu_set_option(const char *key, const char *value, tport_err *err)
+{
+  return tport_err_set(err, TPORT_UNIMPLEMENTED, "cpu has no option '%s'", key);
+}
+
 const backend_ops backend_cpu = {
     .name = "cpu",
     .type = TPORT_DEV_CPU,
@@ -191,4 +208,7 @@ const backend_ops backend_cpu = {
     .enable_peer_access = cpu_enable_peer,
     .mem_advise_preferred = cpu_advise,
     .mem_prefetch_async = cpu_prefetch,
+    .describe = cpu_describe,
+    .stats = cpu_stats,
+    .set_option = cpu_set_option,
 };

@@ -427,6 +427,57 @@ static int cu_prefetch(void *ptr, size_t n, int dev, be_stream *s, tport_err *er
   return TPORT_OK;
 }
 
+static void cu_describe(int dev, char *name, size_t nl, char *cc, size_t cl)
+{
+  struct cudaDeviceProp p;
+  if (dev < 0 || dev >= cu_count() || cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(name, nl, "%s", "");
+    snprintf(cc, cl, "%s", "");
+    return;
+  }
+  snprintf(name, nl, "%s", p.name);
+  snprintf(cc, cl, "%d.%d", p.major, p.minor);
+}
+
+static size_t cu_stats(be_stat *out, size_t max)
+{
+  cuda_jit_stats js;
+  cuda_jit_get_stats(&js);
+  const struct {
+    const char *name;
+    int64_t v;
+  } jv[] = {{"kernel_cache_hits", (int64_t)js.hits},
+            {"kernel_cache_misses", (int64_t)js.misses},
+            {"kernel_cache_disk_hits", (int64_t)js.disk_hits},
+            {"kernel_compile_ms", (int64_t)js.compile_ms}};
+  size_t n = 0;
+  for (size_t i = 0; i < sizeof jv / sizeof jv[0] && n < max; i++, n++) {
+    snprintf(out[n].name, sizeof out[n].name, "%s", jv[i].name);
+    out[n].value = jv[i].v;
+  }
+  for (int d = 0; d < cu_count() && n + 3 <= max; d++) {
+    cuda_alloc_stats as;
+    cuda_alloc_get_stats(d, &as);
+    snprintf(out[n].name, sizeof out[n].name, "cuda%d_alloc_hits", d);
+    out[n++].value = (int64_t)as.hits;
+    snprintf(out[n].name, sizeof out[n].name, "cuda%d_bytes_in_use", d);
+    out[n++].value = (int64_t)as.bytes_in_use;
+    snprintf(out[n].name, sizeof out[n].name, "cuda%d_bytes_cached", d);
+    out[n++].value = (int64_t)as.bytes_cached;
+  }
+  return n;
+}
+
+static int cu_set_option(const char *key, const char *value, tport_err *err)
+{
+  if (strcmp(key, "kernel-cache") == 0) {
+    cuda_jit_set_cache_dir(value && *value ? value : NULL);
+    return TPORT_OK;
+  }
+  return tport_err_set(err, TPORT_UNIMPLEMENTED, "cuda has no option '%s'", key);
+}
+
 const backend_ops backend_cuda = {
     .name = "cuda",
     .type = TPORT_DEV_CUDA,
@@ -456,4 +507,7 @@ const backend_ops backend_cuda = {
     .enable_peer_access = cu_enable_peer,
     .mem_advise_preferred = cu_advise,
     .mem_prefetch_async = cu_prefetch,
+    .describe = cu_describe,
+    .stats = cu_stats,
+    .set_option = cu_set_option,
 };

@@ -109,6 +109,22 @@ static int cu_prefetch(void *p, size_t n, int d, be_stream *s, tport_err *err)
   return na(err);
 }
 
+static void cu_describe(int d, char *name, size_t nl, char *cc, size_t cl)
+{
+  if (nl)
+    name[0] = 0;
+  if (cl)
+    cc[0] = 0;
+}
+static size_t cu_stats(be_stat *out, size_t max)
+{
+  return 0;
+}
+static int cu_set_option(const char *k, const char *v, tport_err *err)
+{
+  return na(err);
+}
+
 const backend_ops backend_cuda = {
     .name = "cuda",
     .type = TPORT_DEV_CUDA,
@@ -138,4 +154,7 @@ const backend_ops backend_cuda = {
     .enable_peer_access = cu_enable_peer,
     .mem_advise_preferred = cu_advise,
     .mem_prefetch_async = cu_prefetch,
+    .describe = cu_describe,
+    .stats = cu_stats,
+    .set_option = cu_set_option,
 };

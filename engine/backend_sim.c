@@ -30,6 +30,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -793,6 +794,27 @@ static int sim_prefetch(void *ptr, size_t n, int dev, be_stream *s, tport_err *e
   return op ? enqueue(s, op) : TPORT_RESOURCE_EXHAUSTED;
 }
 
+static void sim_describe(int dev, char *name, size_t nl, char *cc, size_t cl)
+{
+  snprintf(name, nl, "simulated GPU");
+  snprintf(cc, cl, "%s", "");
+}
+
+static size_t sim_stats(be_stat *out, size_t max)
+{
+  size_t n = 0;
+  for (int d = 0; d < sim_count() && n < max; d++, n++) {
+    snprintf(out[n].name, sizeof out[n].name, "sim%d_bytes_in_use", d);
+    out[n].value = (int64_t)sim_bytes_in_use(d);
+  }
+  return n;
+}
+
+static int sim_set_option(const char *key, const char *value, tport_err *err)
+{
+  return tport_err_set(err, TPORT_UNIMPLEMENTED, "sim has no option '%s'", key);
+}
+
 const backend_ops backend_sim = {
     .name = "sim",
     .type = TPORT_DEV_SIM,
@@ -822,4 +844,7 @@ const backend_ops backend_sim = {
     .enable_peer_access = sim_enable_peer,
     .mem_advise_preferred = sim_advise,
     .mem_prefetch_async = sim_prefetch,
+    .describe = sim_describe,
+    .stats = sim_stats,
+    .set_option = sim_set_option,
 };

@@ -29,8 +29,10 @@ void config_free(server_config *c)
   for (int i = 0; i < c->nlisten; i++)
     free(c->listen[i]);
   free(c->devices);
+  free(c->kernel_cache);
   c->nlisten = 0;
   c->devices = NULL;
+  c->kernel_cache = NULL;
 }
 
 static const struct {
@@ -54,6 +56,10 @@ static const struct {
     {"deadline", "TPORT_DEADLINE_MS", "MS", "request deadline in the queue (default 30000)"},
     {"grace", "TPORT_GRACE_MS", "MS", "on SIGINT/SIGTERM, time to finish work (default 5000)"},
     {"log-level", "TPORT_LOG_LEVEL", "N", "0 error, 1 warn, 2 info (default), 3 debug"},
+    {"kernel-cache", "TPORT_KERNEL_CACHE", "DIR",
+     "keep runtime-compiled CUDA kernels in DIR across restarts (tport stats shows the cache's "
+     "hits, misses and compile time)"},
+    {"uvm", "TPORT_UVM", "0|1", "1: tensors put on a GPU are managed (unified) memory"},
 };
 #define NOPTS (int)(sizeof opts / sizeof opts[0])
 
@@ -135,6 +141,11 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
   case 11: return parse_ulong(v, opts[i].flag, 1, &c->deadline_ms, err);
   case 12: return parse_ulong(v, opts[i].flag, 0, &c->grace_ms, err);
   case 13: rc = parse_ulong(v, opts[i].flag, 0, &u, err), c->log_level = (int)u; break;
+  case 14:
+    free(c->kernel_cache);
+    c->kernel_cache = strdup(v);
+    return TPORT_OK;
+  case 15: rc = parse_ulong(v, opts[i].flag, 0, &u, err), c->uvm = u != 0; break;
   }
   if (!rc && (c->workers > 1024 || c->contexts > 4096 || c->window > 1024))
     rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "--%s: '%s' is too large", opts[i].flag, v);

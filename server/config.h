@@ -27,6 +27,8 @@ typedef struct server_config {
   unsigned long deadline_ms; /* a request queued longer than this is DEADLINE_EXCEEDED */
   unsigned long grace_ms;    /* SIGINT/SIGTERM: time to finish in-flight work */
   int log_level;             /* 0 error, 1 warn, 2 info, 3 debug */
+  char *kernel_cache;        /* directory for compiled CUDA kernels (owned); NULL: memory only */
+  bool uvm;                  /* tensors put on a GPU are managed (unified) memory */
 } server_config;
 
 void config_defaults(server_config *c);

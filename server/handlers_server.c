@@ -35,7 +35,7 @@ int h_devices(call *c)
 {
   enum { MAXDEV = 64 };
   Tport__DeviceInfo infos[MAXDEV], *ptrs[MAXDEV];
-  char names[MAXDEV][32], labels[MAXDEV][48];
+  char names[MAXDEV][32], labels[MAXDEV][64], ccs[MAXDEV][16];
   char peers[MAXDEV][MAXDEV][32];
   char *peer_ptrs[MAXDEV][MAXDEV];
   size_t n = 0;
@@ -46,11 +46,9 @@ int h_devices(call *c)
       tport__device_info__init(&infos[n]);
       tport_device dev = {(tport_device_type)type, d};
       infos[n].device = (char *)device_format(dev, names[n], sizeof names[n]);
-      snprintf(labels[n], sizeof labels[n], "%s",
-               type == TPORT_DEV_CPU   ? "host"
-               : type == TPORT_DEV_SIM ? "simulated GPU"
-                                       : "GPU");
+      be->describe(d, labels[n], sizeof labels[n], ccs[n], sizeof ccs[n]);
       infos[n].name = labels[n];
+      infos[n].compute_capability = ccs[n];
       size_t freeb = 0, total = 0;
       if (be->mem_info(d, &freeb, &total, NULL) == TPORT_OK) {
         infos[n].free_bytes = freeb;
@@ -82,7 +80,7 @@ int h_devices(call *c)
 int h_stats(call *c)
 {
   server *s = c->srv;
-  enum { MAXC = 48 };
+  enum { MAXC = 96 };
   Tport__Counter counters[MAXC], *ptrs[MAXC];
   char names[MAXC][48];
   size_t n = 0;
@@ -90,7 +88,7 @@ int h_stats(call *c)
   do {                                                                                             \
     if (n < MAXC) {                                                                                \
       tport__counter__init(&counters[n]);                                                          \
-      snprintf(names[n], sizeof names[n], "%s", label);                                            \
+      snprintf(names[n], sizeof names[n], "%.47s", label);                                         \
       counters[n].name = names[n];                                                                 \
       counters[n].value = (int64_t)(v);                                                            \
       ptrs[n] = &counters[n];                                                                      \
@@ -115,6 +113,12 @@ int h_stats(call *c)
   COUNTER("staging_bytes_cached", st.bytes_cached);
   COUNTER("staging_bytes_allocated", st.bytes_allocated);
   COUNTER("deferred_frees", storage_deferred_count());
+  for (int type = 0; type < TPORT_NUM_DEVICE_TYPES; type++) {
+    be_stat bs[16];
+    size_t nb = backend_get((tport_device_type)type)->stats(bs, 16);
+    for (size_t i = 0; i < nb; i++)
+      COUNTER(bs[i].name, bs[i].value);
+  }
   for (uint16_t m = 1; m < SERVER_METHODS; m++) {
     char label[48];
     snprintf(label, sizeof label, "requests_%s", frame_method(m)->name);

@@ -75,7 +75,8 @@ int h_put_begin(call *c)
   up->convert.non_blocking = true;
   up->convert.exact_format = true; /* the stored tensor really is in the format asked for */
   up->needs_convert = up->convert.has_dtype || up->convert.has_format;
-  unsigned flags = q->managed ? STORAGE_MANAGED : 0;
+  /* --uvm: every put to a device lands in managed memory */
+  unsigned flags = q->managed || (s->cfg.uvm && dev.type != TPORT_DEV_CPU) ? STORAGE_MANAGED : 0;
   if (!rc && (!up->claimed || !up->received))
     rc = tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   if (!rc)

@@ -283,6 +283,10 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
   if (!s)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   s->cfg = *cfg;
+  s->cfg.kernel_cache = NULL; /* the caller's; the backend keeps its own copy */
+  s->cfg.devices = NULL;
+  for (int i = 0; i < CONFIG_MAX_LISTEN; i++)
+    s->cfg.listen[i] = NULL;
   s->started_ms = reg_now_ms();
   log_set_level(cfg->log_level);
   pthread_mutex_init(&s->qmu, NULL);
@@ -297,6 +301,11 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
                     .default_ttl_ms = (uint64_t)cfg->ttl_s * 1000};
   reg_init(&s->reg, &lim);
   int rc = configure_devices(cfg->devices, err);
+  if (!rc && cfg->kernel_cache) {
+    tport_err e2;
+    if (backend_cuda.set_option("kernel-cache", cfg->kernel_cache, &e2))
+      log_msg(LOG_WARN, "--kernel-cache: %s", e2.msg);
+  }
   int rv;
   if (!rc && (rv = nng_rep0_open(&s->sock)) != 0)
     rc = tport_err_set(err, TPORT_INTERNAL, "nng_rep0_open: %s", nng_strerror(rv));

@@ -264,3 +264,37 @@ Test(limits, request_deadline)
   raw_close(&r);
   server_stop(s, 2000);
 }
+
+Test(limits, uvm_puts_are_managed_and_move)
+{
+  char url[128];
+  server_config cfg;
+  svc_config(&cfg);
+  cfg.uvm = true;
+  server *s = svc_start_with(&cfg, url, sizeof url);
+  tport_client *c = svc_connect(url, NULL);
+  int32_t v[64];
+  for (int i = 0; i < 64; i++)
+    v[i] = i;
+  tport_put_options po;
+  tport_put_options_init(&po);
+  po.device = "sim:0";
+  tport_tensor_info a, b;
+  tport_err err;
+  cr_assert_eq(tport_put(c, TPORT_INT32, 1, (int64_t[]){64}, NULL, v, sizeof v, &po, &a, &err), 0);
+  cr_assert(a.managed, "--uvm: a put to a device is managed");
+  /* to(device) of a managed tensor is a move: the same tensor, now on sim:1 */
+  bool alias;
+  tport_to_options o = {.device = "sim:1"};
+  cr_assert_eq(tport_to(c, &a.ref, &o, &b, &alias, &err), 0, "%s", err.msg);
+  cr_assert(alias);
+  cr_assert_str_eq(b.device, "sim:1");
+  int32_t back[64];
+  cr_assert_eq(tport_get(c, &a.ref, back, sizeof back, NULL, NULL, NULL, &err), 0);
+  cr_assert(memcmp(v, back, sizeof v) == 0);
+  po.device = "cpu";
+  cr_assert_eq(tport_put(c, TPORT_INT32, 1, (int64_t[]){64}, NULL, v, sizeof v, &po, &a, &err), 0);
+  cr_assert_not(a.managed, "host tensors are not managed");
+  tport_close(c);
+  server_stop(s, 1000);
+}
