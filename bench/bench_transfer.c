@@ -5,7 +5,7 @@
  * (and for the small RPC p50/p99 in microseconds); bench/run turns them into
  * ratio lines.
  *
- *   tport-bench-transfer [--max-mib N] [--reps R]
+ *   tport-bench-transfer [--max-mib N] [--reps R] [--device D]
  */
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -168,6 +168,7 @@ static void raw_transfer(nng_socket s, bool put, uint8_t *data, size_t n)
 /* ---------------------------------------------------------------- benches */
 
 static int reps = 5;
+static const char *put_device; /* --device: where puts land (default cpu) */
 
 static double median(double *v, int n)
 {
@@ -194,8 +195,11 @@ static void bench_size(const char *transport, const char *turl, const char *rurl
   int64_t sz = (int64_t)n;
   for (int r = 0; r < reps; r++) {
     tport_tensor_info info;
+    tport_put_options po;
+    tport_put_options_init(&po);
+    po.device = put_device;
     double t0 = now();
-    if (tport_put(c, TPORT_UINT8, 1, &sz, NULL, data, n, NULL, &info, &err)) {
+    if (tport_put(c, TPORT_UINT8, 1, &sz, NULL, data, n, &po, &info, &err)) {
       fprintf(stderr, "put: %s\n", err.msg);
       exit(1);
     }
@@ -305,6 +309,8 @@ int main(int argc, char **argv)
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--max-mib") == 0 && i + 1 < argc)
       max_mib = (size_t)atoi(argv[++i]);
+    else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
+      put_device = argv[++i];
     else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
       reps = atoi(argv[++i]) < 1 ? 1 : atoi(argv[i]) > 16 ? 16 : atoi(argv[i]);
   }
@@ -322,7 +328,7 @@ int main(int argc, char **argv)
   cfg.listen[0] = strdup(tcp_t);
   cfg.listen[1] = strdup(ipc_t);
   cfg.nlisten = 2;
-  cfg.devices = strdup("cpu");
+  cfg.devices = strdup(put_device ? "cpu,cuda" : "cpu");
   cfg.chunk_bytes = CHUNK;
   cfg.window = WINDOW;
   cfg.log_level = 0;

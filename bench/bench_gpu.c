@@ -1,0 +1,164 @@
+/*
+ * bench_gpu.c: the CUDA backend against CUDA itself, in the same run.
+ * Prints JSON lines {"op", "bytes", "seconds", "baseline", "baseline_seconds"};
+ * bench/run gpu turns them into ratio lines (and adds PyTorch's layout
+ * conversion when torch has CUDA).  Without a GPU it prints one
+ * {"skipped": REASON} line and exits 0.
+ *
+ *   tport-bench-gpu [--mib N] [--reps R]
+ */
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine.h"
+
+static int reps = 10;
+
+static double now(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v)
+{
+  qsort(v, (size_t)reps, sizeof *v, cmp_d);
+  return v[reps / 2];
+}
+
+static void line(const char *op, size_t bytes, double s, const char *base, double bs)
+{
+  printf("{\"op\": \"%s\", \"bytes\": %zu, \"seconds\": %.6f, \"baseline\": \"%s\", "
+         "\"baseline_seconds\": %.6f}\n",
+         op, bytes, s, base, bs);
+  fflush(stdout);
+}
+
+static void die(const char *what, const tport_err *e)
+{
+  fprintf(stderr, "bench_gpu: %s: %s\n", what, e ? e->msg : "");
+  exit(1);
+}
+
+int main(int argc, char **argv)
+{
+  size_t mib = 256;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--mib") == 0 && i + 1 < argc)
+      mib = (size_t)atoi(argv[++i]);
+    else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+      reps = atoi(argv[++i]) < 1 ? 1 : atoi(argv[i]) > 64 ? 64 : atoi(argv[i]);
+  }
+  if (backend_cuda.device_count() == 0) {
+    printf("{\"skipped\": \"%s\"}\n", backend_cuda.unavailable_reason());
+    return 0;
+  }
+  size_t n = mib << 20;
+  const tport_device cpu = {TPORT_DEV_CPU, 0}, g0 = {TPORT_DEV_CUDA, 0};
+  double t[64], b[64], b2[64];
+  tport_err e;
+
+  /* ---- staged H2D / D2H through the engine vs cudaMemcpy (pinned, pageable) */
+  uint8_t *pageable = malloc(n), *pinned;
+  memset(pageable, 1, n);
+  if (cudaHostAlloc((void **)&pinned, n, cudaHostAllocDefault) != cudaSuccess)
+    die("cudaHostAlloc", NULL);
+  void *dev;
+  cudaSetDevice(0);
+  if (cudaMalloc(&dev, n) != cudaSuccess)
+    die("cudaMalloc", NULL);
+  tport_tensor *h, *d;
+  int64_t sz = (int64_t)n;
+  if (tensor_wrap_host(pageable, n, TPORT_UINT8, 1, &sz, NULL, 0, &h, &e) ||
+      tensor_empty(g0, TPORT_UINT8, 1, &sz, TPORT_MF_CONTIGUOUS, 0, &d, &e))
+    die("tensors", &e);
+  for (int r = -1; r < reps; r++) {
+    double t0 = now();
+    if (tensor_copy_(d, h, false, &e))
+      die("H2D", &e);
+    double t1 = now();
+    cudaMemcpy(dev, pinned, n, cudaMemcpyHostToDevice);
+    double t2 = now();
+    cudaMemcpy(dev, pageable, n, cudaMemcpyHostToDevice);
+    double t3 = now();
+    if (r >= 0)
+      t[r] = t1 - t0, b[r] = t2 - t1, b2[r] = t3 - t2;
+  }
+  double th = median(t);
+  line("h2d_staged", n, th, "pinned_cudaMemcpy", median(b));
+  line("h2d_staged", n, th, "pageable_cudaMemcpy", median(b2));
+  for (int r = -1; r < reps; r++) {
+    double t0 = now();
+    if (tensor_copy_(h, d, false, &e))
+      die("D2H", &e);
+    double t1 = now();
+    cudaMemcpy(pinned, dev, n, cudaMemcpyDeviceToHost);
+    double t2 = now();
+    cudaMemcpy(pageable, dev, n, cudaMemcpyDeviceToHost);
+    double t3 = now();
+    if (r >= 0)
+      t[r] = t1 - t0, b[r] = t2 - t1, b2[r] = t3 - t2;
+  }
+  th = median(t);
+  line("d2h_staged", n, th, "pinned_cudaMemcpy", median(b));
+  line("d2h_staged", n, th, "pageable_cudaMemcpy", median(b2));
+
+  /* ---- layout conversion kernels vs a D2D cudaMemcpy of the same bytes */
+  int64_t nchw[] = {64, 64, 56, 56};
+  struct {
+    const char *op;
+    tport_dtype st, dt;
+    tport_memory_format sf, df;
+  } conv[] = {
+      {"nchw_to_nhwc_f32", TPORT_FLOAT32, TPORT_FLOAT32, TPORT_MF_CONTIGUOUS,
+       TPORT_MF_CHANNELS_LAST},
+      {"nhwc_to_nchw_f32", TPORT_FLOAT32, TPORT_FLOAT32, TPORT_MF_CHANNELS_LAST,
+       TPORT_MF_CONTIGUOUS},
+      {"nchw_f32_to_nhwc_f16", TPORT_FLOAT32, TPORT_FLOAT16, TPORT_MF_CONTIGUOUS,
+       TPORT_MF_CHANNELS_LAST},
+      {"cast_f32_to_bf16", TPORT_FLOAT32, TPORT_BFLOAT16, TPORT_MF_CONTIGUOUS, TPORT_MF_CONTIGUOUS},
+  };
+  for (size_t k = 0; k < sizeof conv / sizeof conv[0]; k++) {
+    tport_tensor *x, *y;
+    if (tensor_empty(g0, conv[k].st, 4, nchw, conv[k].sf, 0, &x, &e) ||
+        tensor_empty(g0, conv[k].dt, 4, nchw, conv[k].df, 0, &y, &e))
+      die("conversion tensors", &e);
+    size_t bytes = tensor_nbytes(x) + tensor_nbytes(y);
+    void *m1, *m2;
+    cudaMalloc(&m1, bytes / 2);
+    cudaMalloc(&m2, bytes / 2);
+    for (int r = -2; r < reps; r++) {
+      double t0 = now();
+      if (tensor_copy_(y, x, false, &e) || tensor_sync(y, &e))
+        die(conv[k].op, &e);
+      double t1 = now();
+      cudaMemcpy(m2, m1, bytes / 2, cudaMemcpyDeviceToDevice);
+      cudaDeviceSynchronize();
+      double t2 = now();
+      if (r >= 0)
+        t[r] = t1 - t0, b[r] = t2 - t1;
+    }
+    line(conv[k].op, bytes, median(t), "d2d_cudaMemcpy", median(b));
+    cudaFree(m1);
+    cudaFree(m2);
+    tensor_release(x);
+    tensor_release(y);
+  }
+  tensor_release(d);
+  tensor_release(h);
+  cudaFree(dev);
+  cudaFreeHost(pinned);
+  free(pageable);
+  (void)cpu;
+  return 0;
+}
