@@ -12,29 +12,33 @@ void tport_put_options_init(tport_put_options *o)
   o->memory_format = TPORT_MF_PRESERVE;
 }
 
-/* ---------------------------------------------------------------- put */
+/* ---------------------------------------------------------------- the window */
 
-static int put_chunks(tport_client *c, const Tport__Ref *ref, const uint8_t *data, size_t nbytes,
-                      size_t chunk, tport_progress_fn progress, void *arg, tport_err *err)
+/* Builds the request for bytes [off, off + len) / takes its reply. */
+typedef int (*window_make_fn)(void *ctx, size_t off, size_t len, nng_msg **out, tport_err *err);
+typedef int (*window_reply_fn)(void *ctx, client_slot *s, tport_err *err);
+
+/* Moves nbytes in chunks with up to the server's window of requests in
+ * flight, each on its own context; chunks go out in order and their replies
+ * are taken oldest first. */
+static int run_window(tport_client *c, size_t nbytes, size_t chunk, window_make_fn make,
+                      window_reply_fn take, void *ctx, tport_progress_fn progress, void *arg,
+                      tport_err *err)
 {
-  int window = c->window;
   client_slot slots[CLIENT_MAX_WINDOW];
-  int nslots = 0, rc = TPORT_OK;
+  int nslots = 0, rc = TPORT_OK, head = 0, inflight = 0;
   size_t next = 0, done = 0;
-  int head = 0, inflight = 0;
-  for (; nslots < window && rc == TPORT_OK; nslots++)
-    rc = client_slot_open(c, &slots[nslots], err);
-  /* chunk offsets go out in order; replies are taken oldest first */
+  while (nslots < c->window && (rc = client_slot_open(c, &slots[nslots], err)) == TPORT_OK)
+    nslots++;
+  if (nslots > 0)
+    rc = TPORT_OK; /* fewer contexts than the window: still fine */
   while (!rc && (next < nbytes || inflight > 0)) {
     while (!rc && inflight < nslots && next < nbytes) {
       client_slot *s = &slots[(head + inflight) % nslots];
-      Tport__PutChunkRequest q = TPORT__PUT_CHUNK_REQUEST__INIT;
-      q.ref = (Tport__Ref *)ref;
-      q.offset = next;
+      nng_msg *m;
       s->offset = next;
       s->len = nbytes - next < chunk ? nbytes - next : chunk;
-      nng_msg *m;
-      rc = client_pack(TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, data + next, s->len, &m, err);
+      rc = make(ctx, s->offset, s->len, &m, err);
       if (!rc) {
         client_slot_send(s, m);
         next += s->len;
@@ -45,12 +49,8 @@ static int put_chunks(tport_client *c, const Tport__Ref *ref, const uint8_t *dat
       break;
     client_slot *s = &slots[head];
     rc = client_slot_finish(s, err);
-    ProtobufCMessage *r = NULL;
     if (!rc)
-      rc = client_unpack(TPORT__METHOD__METHOD_PUT_CHUNK, s->reply,
-                         &tport__put_chunk_reply__descriptor, &r, NULL, err);
-    if (r)
-      protobuf_c_message_free_unpacked(r, NULL);
+      rc = take(ctx, s, err);
     head = (head + 1) % nslots;
     inflight--;
     if (!rc) {
@@ -61,6 +61,32 @@ static int put_chunks(tport_client *c, const Tport__Ref *ref, const uint8_t *dat
   }
   for (int i = 0; i < nslots; i++)
     client_slot_close(&slots[i]);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- put */
+
+typedef struct put_ctx {
+  const Tport__Ref *ref;
+  const uint8_t *data;
+} put_ctx;
+
+static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err *err)
+{
+  put_ctx *p = vctx;
+  Tport__PutChunkRequest q = TPORT__PUT_CHUNK_REQUEST__INIT;
+  q.ref = (Tport__Ref *)p->ref;
+  q.offset = off;
+  return client_pack(TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, p->data + off, len, out, err);
+}
+
+static int put_take(void *vctx, client_slot *s, tport_err *err)
+{
+  ProtobufCMessage *r;
+  int rc = client_unpack(TPORT__METHOD__METHOD_PUT_CHUNK, s->reply,
+                         &tport__put_chunk_reply__descriptor, &r, NULL, err);
+  if (!rc)
+    protobuf_c_message_free_unpacked(r, NULL);
   return rc;
 }
 
@@ -117,7 +143,9 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
   ref.handle.len = TPORT_HANDLE_BYTES;
   size_t chunk = b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes;
   protobuf_c_message_free_unpacked(&b->base, NULL);
-  rc = put_chunks(c, &ref, data, nbytes, chunk, opts->progress, opts->progress_arg, err);
+  put_ctx pc = {&ref, data};
+  rc = run_window(c, nbytes, chunk, put_make, put_take, &pc, opts->progress, opts->progress_arg,
+                  err);
   if (!rc) {
     Tport__PutCommitRequest cq = TPORT__PUT_COMMIT_REQUEST__INIT;
     cq.ref = &ref;
@@ -145,57 +173,36 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
 
 /* ---------------------------------------------------------------- get */
 
-static int get_chunks(tport_client *c, ProtobufCBinaryData transfer, uint8_t *buf, size_t nbytes,
-                      size_t chunk, tport_progress_fn progress, void *arg, tport_err *err)
+typedef struct get_ctx {
+  ProtobufCBinaryData transfer;
+  uint8_t *buf;
+} get_ctx;
+
+static int get_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err *err)
 {
-  client_slot slots[CLIENT_MAX_WINDOW];
-  int nslots = 0, rc = TPORT_OK, head = 0, inflight = 0;
-  size_t next = 0, done = 0;
-  for (; nslots < c->window && rc == TPORT_OK; nslots++)
-    rc = client_slot_open(c, &slots[nslots], err);
-  while (!rc && (next < nbytes || inflight > 0)) {
-    while (!rc && inflight < nslots && next < nbytes) {
-      client_slot *s = &slots[(head + inflight) % nslots];
-      Tport__GetChunkRequest q = TPORT__GET_CHUNK_REQUEST__INIT;
-      q.transfer = transfer;
-      q.offset = next;
-      q.length = nbytes - next < chunk ? nbytes - next : chunk;
-      s->offset = next;
-      s->len = (size_t)q.length;
-      nng_msg *m;
-      rc = client_pack(TPORT__METHOD__METHOD_GET_CHUNK, &q.base, NULL, 0, &m, err);
-      if (!rc) {
-        client_slot_send(s, m);
-        next += s->len;
-        inflight++;
-      }
-    }
-    if (rc || inflight == 0)
-      break;
-    client_slot *s = &slots[head];
-    rc = client_slot_finish(s, err);
-    ProtobufCMessage *r = NULL;
-    client_payload p = {0};
-    if (!rc)
-      rc = client_unpack(TPORT__METHOD__METHOD_GET_CHUNK, s->reply,
+  get_ctx *g = vctx;
+  Tport__GetChunkRequest q = TPORT__GET_CHUNK_REQUEST__INIT;
+  q.transfer = g->transfer;
+  q.offset = off;
+  q.length = len;
+  return client_pack(TPORT__METHOD__METHOD_GET_CHUNK, &q.base, NULL, 0, out, err);
+}
+
+static int get_take(void *vctx, client_slot *s, tport_err *err)
+{
+  get_ctx *g = vctx;
+  ProtobufCMessage *r;
+  client_payload p = {0};
+  int rc = client_unpack(TPORT__METHOD__METHOD_GET_CHUNK, s->reply,
                          &tport__get_chunk_reply__descriptor, &r, &p, err);
-    if (!rc && p.len != s->len)
-      rc = tport_err_set(err, TPORT_DATA_LOSS, "chunk at %zu: %zu bytes came, %zu expected",
-                         s->offset, p.len, s->len);
-    if (!rc)
-      memcpy(buf + s->offset, p.data, p.len);
-    if (r)
-      protobuf_c_message_free_unpacked(r, NULL);
-    head = (head + 1) % nslots;
-    inflight--;
-    if (!rc) {
-      done += s->len;
-      if (progress)
-        progress(arg, done, nbytes);
-    }
-  }
-  for (int i = 0; i < nslots; i++)
-    client_slot_close(&slots[i]);
+  if (rc)
+    return rc;
+  if (p.len != s->len)
+    rc = tport_err_set(err, TPORT_DATA_LOSS, "chunk at %zu: %zu bytes came, %zu expected",
+                       s->offset, p.len, s->len);
+  else
+    memcpy(g->buf + s->offset, p.data, p.len);
+  protobuf_c_message_free_unpacked(r, NULL);
   return rc;
 }
 
@@ -241,7 +248,8 @@ static int get_into(tport_client *c, const tport_ref *ref, void **bufp, size_t c
     if (!rc && progress)
       progress(arg, n, n);
   } else if (!rc && n) {
-    rc = get_chunks(c, b->transfer, buf, n, b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes,
+    get_ctx gc = {b->transfer, buf};
+    rc = run_window(c, n, b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes, get_make, get_take, &gc,
                     progress, arg, err);
   }
   if (inl.msg)
