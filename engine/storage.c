@@ -207,7 +207,27 @@ int storage_mark(tport_storage *const *sts, int n, const backend_ops *be, int de
       sts[i]->ev_be->event_destroy(sts[i]->ev);
     sts[i]->ev_be = be;
     sts[i]->ev = ev;
+    sts[i]->ev_stream = s;
+    sts[i]->ev_dev = dev;
     pthread_mutex_unlock(&sts[i]->mu);
   }
   return TPORT_OK;
+}
+
+int storage_fence(tport_storage *st, const backend_ops **be, be_event **ev, tport_err *err)
+{
+  pthread_mutex_lock(&st->mu);
+  int rc = TPORT_OK;
+  *ev = NULL;
+  if (st->ev && !st->ev_be->event_query(st->ev)) {
+    /* a new event on the same stream, after the pending work */
+    rc = st->ev_be->event_create(st->ev_dev, ev, err);
+    if (!rc && (rc = st->ev_be->event_record(*ev, st->ev_stream, err)) != TPORT_OK) {
+      st->ev_be->event_destroy(*ev);
+      *ev = NULL;
+    }
+    *be = st->ev_be;
+  }
+  pthread_mutex_unlock(&st->mu);
+  return rc;
 }

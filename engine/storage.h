@@ -35,6 +35,8 @@ typedef struct tport_storage {
   pthread_mutex_t mu; /* guards the pending event */
   const backend_ops *ev_be;
   be_event *ev;
+  be_stream *ev_stream; /* where ev was recorded */
+  int ev_dev;
 } tport_storage;
 
 /* New storage of nbytes on device (flags: STORAGE_MANAGED, STORAGE_PINNED for
@@ -55,6 +57,12 @@ int storage_sync(tport_storage *st, tport_err *err);
  * A no-op for the cpu backend (its work is done when the call returns). */
 int storage_mark(tport_storage *const *sts, int n, const backend_ops *be, int dev, be_stream *s,
                  tport_err *err);
+
+/* A fence: an event of the caller's own that completes once all work now
+ * pending on the storage has (NULL *ev: nothing is pending).  Destroy it
+ * with (*be)->event_destroy.  Lets a caller wait for one step of a series
+ * of async copies while later ones still run (read-ahead). */
+int storage_fence(tport_storage *st, const backend_ops **be, be_event **ev, tport_err *err);
 
 /* Frees storages whose last reference went while work was pending and whose
  * work has now completed; with wait, waits for all of them. */

@@ -358,12 +358,77 @@ int h_put_abort(call *c)
 
 /* ---------------------------------------------------------------- get */
 
+static void transfer_free(get_transfer *g)
+{
+  for (int k = 0; k < g->nfences; k++)
+    if (g->fence[k])
+      g->fence_be[k]->event_destroy(g->fence[k]);
+  free(g->fence);
+  free(g->fence_be);
+  tensor_release(g->host);
+  free(g);
+}
+
 static void transfer_unref(get_transfer *g)
 {
-  if (--g->refs == 0) {
-    tensor_release(g->host);
-    free(g);
+  if (--g->refs == 0)
+    transfer_free(g);
+}
+
+/* Starts copying t into pinned host memory in logical C order.  A device
+ * tensor served in chunks is copied chunk by chunk, each copy followed by a
+ * fence, so that GetChunk serves the first chunks while later ones are still
+ * copying (read-ahead); anything else is one non_blocking copy. */
+static int stage_for_get(call *c, tport_tensor *t, bool inline_data, get_transfer *g)
+{
+  size_t nbytes = tensor_nbytes(t), chunk = c->srv->cfg.chunk_bytes;
+  bool aliased;
+  if (tensor_device(t).type == TPORT_DEV_CPU || inline_data || nbytes <= chunk) {
+    /* an alias when t already is exactly that */
+    to_options o = {.has_device = true,
+                    .device = {TPORT_DEV_CPU, 0},
+                    .has_format = true,
+                    .format = TPORT_MF_CONTIGUOUS,
+                    .exact_format = true,
+                    .non_blocking = true,
+                    .copy = t->conj || t->neg};
+    return tensor_to(t, &o, &g->host, &aliased, &c->err);
   }
+  to_options o = {.has_format = true,
+                  .format = TPORT_MF_CONTIGUOUS,
+                  .exact_format = true,
+                  .non_blocking = true,
+                  .copy = t->conj || t->neg};
+  tport_tensor *dev_c = NULL;
+  int rc = tensor_to(t, &o, &dev_c, &aliased, &c->err); /* contiguous, on its device */
+  if (!rc)
+    rc = tensor_empty((tport_device){TPORT_DEV_CPU, 0}, t->dtype, t->layout.ndim, t->layout.sizes,
+                      TPORT_MF_CONTIGUOUS, STORAGE_PINNED, &g->host, &c->err);
+  g->chunk = chunk;
+  int n = (int)((nbytes + chunk - 1) / chunk);
+  if (!rc) {
+    g->fence = calloc((size_t)n, sizeof *g->fence);
+    g->fence_be = calloc((size_t)n, sizeof *g->fence_be);
+    if (!g->fence || !g->fence_be)
+      rc = tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  }
+  for (int k = 0; !rc && k < n; k++) {
+    size_t off = (size_t)k * chunk, len = nbytes - off < chunk ? nbytes - off : chunk;
+    tport_tensor *hv = NULL, *dv = NULL;
+    rc = tensor_byte_view(g->host, off, len, &hv, &c->err);
+    if (!rc)
+      rc = tensor_byte_view(dev_c, off, len, &dv, &c->err);
+    if (!rc)
+      rc = tensor_copy_(hv, dv, true, &c->err);
+    if (!rc)
+      rc = storage_fence(g->host->storage, &g->fence_be[k], &g->fence[k], &c->err);
+    if (!rc)
+      g->nfences = k + 1;
+    tensor_release(hv);
+    tensor_release(dv);
+  }
+  tensor_release(dev_c);
+  return rc;
 }
 
 void transfers_drop(server *s, uint32_t pipe)
@@ -392,35 +457,26 @@ int h_get_begin(call *c)
   int rc = wire_find(c, q->ref, "ref", &e, &t);
   if (rc)
     return rc;
-  /* logical C order on the host: an alias when t already is exactly that */
-  to_options o = {.has_device = true,
-                  .device = {TPORT_DEV_CPU, 0},
-                  .has_format = true,
-                  .format = TPORT_MF_CONTIGUOUS,
-                  .exact_format = true,
-                  .non_blocking = true,
-                  .copy = t->conj || t->neg};
-  tport_tensor *host = NULL;
-  bool aliased;
   get_transfer *g = calloc(1, sizeof *g);
-  if (!g)
-    rc = tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
-  if (!rc)
-    rc = tensor_to(t, &o, &host, &aliased, &c->err);
+  if (!g) {
+    reg_put(&s->reg, e);
+    return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  }
+  /* small tensors come back in this reply; an empty one has nothing to wait for */
+  size_t want = tensor_nbytes(t);
+  bool inline_data = want <= q->inline_max && want <= s->cfg.max_message_bytes;
+  rc = stage_for_get(c, t, inline_data, g);
   if (!rc && RAND_bytes(g->id, TRANSFER_ID_BYTES) != 1)
     rc = tport_err_set(&c->err, TPORT_INTERNAL, "cannot create a transfer id");
   if (rc) {
-    tensor_release(host);
-    free(g);
+    transfer_free(g);
     reg_put(&s->reg, e);
     return rc;
   }
+  tport_tensor *host = g->host;
   g->pipe = c->pipe;
-  g->host = host;
   g->nbytes = tensor_nbytes(host);
   g->refs = 1;
-  /* small tensors come back in this reply; an empty one has nothing to wait for */
-  bool inline_data = g->nbytes <= q->inline_max && g->nbytes <= s->cfg.max_message_bytes;
   bool keep = g->nbytes > 0 && !inline_data;
   const uint8_t *payload = NULL;
   if (inline_data && g->nbytes) {
@@ -429,8 +485,7 @@ int h_get_begin(call *c)
               host->layout.offset * (int64_t)tport_dtype_size(host->dtype);
   }
   if (rc) {
-    tensor_release(host);
-    free(g);
+    transfer_free(g);
     reg_put(&s->reg, e);
     return rc;
   }
@@ -450,10 +505,8 @@ int h_get_begin(call *c)
   r.transfer.data = g->id;
   r.transfer.len = keep ? TRANSFER_ID_BYTES : 0;
   rc = call_reply(c, &r.base, payload, payload ? g->nbytes : 0);
-  if (!keep) {
-    tensor_release(g->host);
-    free(g);
-  }
+  if (!keep)
+    transfer_free(g);
   reg_put(&s->reg, e);
   return rc;
 }
@@ -485,8 +538,17 @@ int h_get_chunk(call *c)
   else if (q->length > s->cfg.max_message_bytes)
     rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "length %llu is over the limit %zu",
                        (unsigned long long)q->length, s->cfg.max_message_bytes);
+  if (!rc && g->nfences && q->length) {
+    /* read-ahead: wait only for the copies of the chunks asked for (they
+     * complete in order on one stream: the last one's fence is enough) */
+    int last = (int)((q->offset + q->length - 1) / g->chunk);
+    if (last >= g->nfences)
+      last = g->nfences - 1;
+    if (g->fence[last])
+      rc = g->fence_be[last]->event_synchronize(g->fence[last], &c->err);
+  }
   pthread_mutex_lock(&s->tmu);
-  bool synced = g->synced;
+  bool synced = g->synced || g->nfences;
   pthread_mutex_unlock(&s->tmu);
   if (!rc && !synced) {
     rc = tensor_sync(g->host, &c->err);
@@ -521,9 +583,7 @@ int h_get_chunk(call *c)
   g->refs -= drops;
   bool gone = g->refs == 0;
   pthread_mutex_unlock(&s->tmu);
-  if (gone) {
-    tensor_release(g->host);
-    free(g);
-  }
+  if (gone)
+    transfer_free(g);
   return rc;
 }

@@ -42,6 +42,11 @@ typedef struct get_transfer {
   size_t nbytes;
   size_t served; /* bytes sent; the transfer ends when all were */
   bool synced;
+  /* read-ahead of a device tensor: one copy and one fence per chunk */
+  size_t chunk;
+  int nfences;
+  const backend_ops **fence_be;
+  be_event **fence;
   int refs; /* the list's (until it ends) plus one per chunk being served */
   struct get_transfer *next;
 } get_transfer;
