@@ -244,3 +244,45 @@ Test(sim, freed_while_in_use_is_deferred)
   cr_assert_eq(storage_deferred_count(), 0);
   cr_assert_eq(sim_bytes_in_use(0), 0, "nothing leaked on the device");
 }
+
+Test(sim, fences_mark_a_point_in_a_series_of_copies)
+{
+  tport_device s0 = {TPORT_DEV_SIM, 0};
+  tport_tensor *h = host_seq(TPORT_FLOAT32, 1, (int64_t[]){1 << 16}), *d;
+  tport_err e;
+  d = to_dev(h, s0, false);
+  const backend_ops *be;
+  be_event *none;
+  cr_assert_eq(storage_fence(h->storage, &be, &none, &e), 0);
+  cr_assert_null(none, "nothing pending: no fence");
+  /* two async copies into one pinned tensor; a fence after the first */
+  tport_tensor *p;
+  cr_assert_eq(tensor_empty((tport_device){TPORT_DEV_CPU, 0}, TPORT_FLOAT32, 1, (int64_t[]){1 << 16},
+                            TPORT_MF_CONTIGUOUS, STORAGE_PINNED, &p, &e), 0);
+  sim_set_delay_range(20000, 20000);
+  tport_tensor *pv1, *pv2, *dv1, *dv2;
+  cr_assert_eq(tensor_byte_view(p, 0, 1 << 17, &pv1, &e), 0);
+  cr_assert_eq(tensor_byte_view(p, 1 << 17, 1 << 17, &pv2, &e), 0);
+  cr_assert_eq(tensor_byte_view(d, 0, 1 << 17, &dv1, &e), 0);
+  cr_assert_eq(tensor_byte_view(d, 1 << 17, 1 << 17, &dv2, &e), 0);
+  cr_assert_eq(tensor_copy_(pv1, dv1, true, &e), 0, "%s", e.msg);
+  be_event *f1;
+  cr_assert_eq(storage_fence(p->storage, &be, &f1, &e), 0);
+  cr_assert_not_null(f1);
+  cr_assert_eq(tensor_copy_(pv2, dv2, true, &e), 0, "%s", e.msg);
+  cr_assert_eq(be->event_synchronize(f1, &e), 0);
+  /* after the first fence, the first half is there */
+  const float *v = p->storage->ptr;
+  for (int i = 0; i < 1 << 15; i++)
+    cr_assert_eq(v[i], (float)i);
+  be->event_destroy(f1);
+  sim_set_delay(0);
+  check_seq(p);
+  tensor_release(pv1);
+  tensor_release(pv2);
+  tensor_release(dv1);
+  tensor_release(dv2);
+  tensor_release(p);
+  tensor_release(d);
+  tensor_release(h);
+}
