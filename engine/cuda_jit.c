@@ -28,7 +28,7 @@ typedef struct copy_params {
 typedef struct jit_entry {
   int dt, st, wide, cc; /* cc: major * 10 + minor */
   cudaLibrary_t lib;
-  cudaKernel_t kernel;
+  cudaKernel_t copy, transpose; /* both kernels of kernels/cuda/copy.cu */
   struct jit_entry *next;
 } jit_entry;
 
@@ -147,7 +147,7 @@ static void write_file(const char *path, const void *b, size_t n)
     remove(tmp);
 }
 
-static int get_kernel(int dev, int dt, int st, int wide, cudaKernel_t *out, tport_err *err)
+static int get_kernel(int dev, int dt, int st, int wide, jit_entry **out, tport_err *err)
 {
   int major = 0, minor = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
@@ -160,7 +160,7 @@ static int get_kernel(int dev, int dt, int st, int wide, cudaKernel_t *out, tpor
   for (jit_entry *e = jit.entries; e; e = e->next)
     if (e->dt == dt && e->st == st && e->wide == wide && e->cc == cc) {
       jit.st.hits++;
-      *out = e->kernel;
+      *out = e;
       pthread_mutex_unlock(&jit.mu);
       return TPORT_OK;
     }
@@ -191,7 +191,9 @@ static int get_kernel(int dev, int dt, int st, int wide, cudaKernel_t *out, tpor
   if (!rc) {
     cudaError_t e = cudaLibraryLoadData(&k->lib, bin, NULL, NULL, 0, NULL, NULL, 0);
     if (e == cudaSuccess)
-      e = cudaLibraryGetKernel(&k->kernel, k->lib, "tport_copy");
+      e = cudaLibraryGetKernel(&k->copy, k->lib, "tport_copy");
+    if (e == cudaSuccess)
+      e = cudaLibraryGetKernel(&k->transpose, k->lib, "tport_transpose");
     if (e != cudaSuccess) {
       cudaGetLastError();
       rc = tport_err_set(err, TPORT_INTERNAL, "cudaLibraryLoadData/GetKernel(tport_copy): %s",
@@ -204,7 +206,7 @@ static int get_kernel(int dev, int dt, int st, int wide, cudaKernel_t *out, tpor
   } else {
     k->next = jit.entries;
     jit.entries = k;
-    *out = k->kernel;
+    *out = k;
   }
   pthread_mutex_unlock(&jit.mu);
   return rc;
@@ -233,16 +235,29 @@ int cuda_jit_copy(int dev, cudaStream_t s, const plan *p, void *dst, tport_dtype
   }
   int wide =
       (unsigned long long)prm.numel > 0xFFFFFFFFull || dmax > 0xFFFFFFFFull || smax > 0xFFFFFFFFull;
-  cudaKernel_t k = NULL;
+  jit_entry *k = NULL;
   int rc = get_kernel(dev, (int)dt, (int)st, wide, &k, err);
   if (rc)
     return rc;
-  long long blocks = (prm.numel + BLOCK - 1) / BLOCK;
-  if (blocks > 65535LL * 32)
-    blocks = 65535LL * 32; /* the grid-stride loop covers the rest */
   void *args[] = {&prm};
-  cudaError_t e = cudaLaunchKernel((const void *)k, (dim3){(unsigned)blocks, 1, 1},
-                                   (dim3){BLOCK, 1, 1}, args, 0, s);
+  cudaError_t e;
+  /* the tiled transpose when dst is dense along dim 0 and src along dim 1 */
+  long long tiles0 = p->ndim >= 2 ? (p->shape[0] + 31) / 32 : 0;
+  if (p->ndim >= 2 && p->strides[0][0] == (int64_t)tport_dtype_size(dt) &&
+      p->strides[1][1] == (int64_t)tport_dtype_size(st) &&
+      p->strides[1][0] != (int64_t)tport_dtype_size(st) && p->shape[0] >= 4 && p->shape[1] >= 4 &&
+      tiles0 <= 65535) {
+    long long outer = prm.numel / (p->shape[0] * p->shape[1]);
+    dim3 grid = {(unsigned)((p->shape[1] + 31) / 32), (unsigned)tiles0,
+                 (unsigned)(outer < 65535 ? outer : 65535)};
+    e = cudaLaunchKernel((const void *)k->transpose, grid, (dim3){32, 8, 1}, args, 0, s);
+  } else {
+    long long blocks = (prm.numel + BLOCK - 1) / BLOCK;
+    if (blocks > 65535LL * 32)
+      blocks = 65535LL * 32; /* the grid-stride loop covers the rest */
+    e = cudaLaunchKernel((const void *)k->copy, (dim3){(unsigned)blocks, 1, 1}, (dim3){BLOCK, 1, 1},
+                         args, 0, s);
+  }
   if (e != cudaSuccess) {
     cudaGetLastError();
     return tport_err_set(err, TPORT_INTERNAL, "cudaLaunchKernel(tport_copy %d <- %d): %s", (int)dt,

@@ -222,6 +222,84 @@ __device__ inline void convert(char *d, const char *s)
 __device__ inline void convert(char *d, const char *s) { store(d, load(s)); }
 #endif
 
+// The value a load gives, as the tile of the transpose kernel holds it.
+#if TPORT_DST == TPORT_SRC
+#if ES == 1
+typedef u8 tile_t;
+#elif ES == 2
+typedef u16 tile_t;
+#elif ES == 4
+typedef u32 tile_t;
+#elif ES == 8
+typedef u64 tile_t;
+#else
+struct u128 {
+  u64 lo, hi;
+};
+typedef u128 tile_t;
+#endif
+__device__ inline tile_t tile_load(const char *s) { return *(const tile_t *)s; }
+__device__ inline void tile_store(char *d, tile_t v) { *(tile_t *)d = v; }
+#else
+typedef decltype(load((const char *)0)) tile_t;
+__device__ inline tile_t tile_load(const char *s) { return load(s); }
+__device__ inline void tile_store(char *d, tile_t v) { store(d, v); }
+#endif
+
+__device__ inline void post_ops(char *dp, unsigned flags)
+{
+#ifdef HAS_CONJ
+  if (flags & FLAG_CONJ)
+    conjugate(dp);
+#endif
+  if (flags & FLAG_NEG)
+    negate(dp);
+}
+
+// The tiled transpose for plans whose dst is dense along plan dim 0 and whose
+// src is dense along plan dim 1 (contiguous <-> channels_last(3d) and their
+// kin): a TILE x TILE block is read with src-coalesced loads into shared
+// memory and written with dst-coalesced stores, the cast fused in between.
+// blockIdx.x: tiles along dim 1, blockIdx.y: tiles along dim 0, blockIdx.z:
+// the outer dims (2..ndim-1), grid-strided.
+#define TILE 32
+#define ROWS 8
+extern "C" __global__ void tport_transpose(Params p)
+{
+  __shared__ tile_t tile[TILE][TILE + 1];
+  const long long n0 = p.shape[0], n1 = p.shape[1];
+  long long outer_n = 1;
+  for (int d = 2; d < p.ndim; d++)
+    outer_n *= p.shape[d];
+  const long long i0b = (long long)blockIdx.y * TILE, i1b = (long long)blockIdx.x * TILE;
+  for (long long o = blockIdx.z; o < outer_n; o += gridDim.z) {
+    long long r = o, doff = 0, soff = 0;
+    for (int d = 2; d < p.ndim; d++) {
+      const long long k = r % p.shape[d];
+      r /= p.shape[d];
+      doff += k * p.dst_stride[d];
+      soff += k * p.src_stride[d];
+    }
+    // load: consecutive threads read consecutive src elements (along dim 1)
+    for (int y = threadIdx.y; y < TILE; y += ROWS) {
+      const long long i0 = i0b + y, i1 = i1b + threadIdx.x;
+      if (i0 < n0 && i1 < n1)
+        tile[y][threadIdx.x] = tile_load(p.src + soff + i0 * p.src_stride[0] + i1 * p.src_stride[1]);
+    }
+    __syncthreads();
+    // store: consecutive threads write consecutive dst elements (along dim 0)
+    for (int y = threadIdx.y; y < TILE; y += ROWS) {
+      const long long i0 = i0b + threadIdx.x, i1 = i1b + y;
+      if (i0 < n0 && i1 < n1) {
+        char *dp = p.dst + doff + i0 * p.dst_stride[0] + i1 * p.dst_stride[1];
+        tile_store(dp, tile[threadIdx.x][y]);
+        post_ops(dp, p.flags);
+      }
+    }
+    __syncthreads();
+  }
+}
+
 extern "C" __global__ void tport_copy(Params p)
 {
   typedef TPORT_IDX idx;
@@ -240,11 +318,6 @@ extern "C" __global__ void tport_copy(Params p)
     }
     char *dp = p.dst + doff;
     convert(dp, p.src + soff);
-#ifdef HAS_CONJ
-    if (p.flags & FLAG_CONJ)
-      conjugate(dp);
-#endif
-    if (p.flags & FLAG_NEG)
-      negate(dp);
+    post_ops(dp, p.flags);
   }
 }
