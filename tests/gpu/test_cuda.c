@@ -193,3 +193,59 @@ Test(cuda, kernel_cache)
   tensor_release(h);
   cuda_jit_set_cache_dir(NULL);
 }
+
+/* Every conversion kernel path (tiled transpose, strided copy) gives the
+ * CPU kernels' bits: the same to() on cpu and on cuda:0, compared byte for
+ * byte (both follow kernels/cpu/convert.c's rules).  NaN payloads are the one
+ * thing a GPU may change (it canonicalizes NaN in float conversions), so the
+ * inputs hold none. */
+Test(cuda, kernels_match_the_cpu_bit_for_bit)
+{
+  need_gpu(1);
+  const tport_dtype pairs[][2] = {
+      {TPORT_FLOAT32, TPORT_FLOAT32},  {TPORT_FLOAT16, TPORT_FLOAT32},
+      {TPORT_BFLOAT16, TPORT_FLOAT64}, {TPORT_UINT8, TPORT_FLOAT32},
+      {TPORT_INT8, TPORT_FLOAT16},     {TPORT_COMPLEX64, TPORT_INT64},
+      {TPORT_BOOL, TPORT_COMPLEX128},  {TPORT_FLOAT32, TPORT_UINT8},
+      {TPORT_INT32, TPORT_FLOAT64},    {TPORT_COMPLEX128, TPORT_COMPLEX64}};
+  int64_t sz[] = {3, 37, 19, 23};
+  size_t n = 3 * 37 * 19 * 23;
+  for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
+    tport_dtype dt = pairs[k][0], st = pairs[k][1];
+    /* random int16 values in the source dtype: out-of-range conversions
+     * included, but no NaN (whose payload a GPU may canonicalize) */
+    tport_tensor *h, *r16;
+    cr_assert_eq(tensor_empty(CPU, st, 4, sz, TPORT_MF_CONTIGUOUS, 0, &h, NULL), 0);
+    cr_assert_eq(tensor_empty(CPU, TPORT_INT16, 4, sz, TPORT_MF_CONTIGUOUS, 0, &r16, NULL), 0);
+    unsigned seed = (unsigned)k;
+    int16_t *rv = r16->storage->ptr;
+    for (size_t i = 0; i < n; i++)
+      rv[i] = (int16_t)rand_r(&seed);
+    cr_assert_eq(tensor_copy_(h, r16, false, NULL), 0);
+    tensor_release(r16);
+    for (int fmt = 0; fmt < 2; fmt++) {
+      to_options o = {.has_dtype = true,
+                      .dtype = dt,
+                      .has_format = true,
+                      .format = fmt ? TPORT_MF_CHANNELS_LAST : TPORT_MF_CONTIGUOUS};
+      tport_tensor *want, *d, *got;
+      bool a;
+      cr_assert_eq(tensor_to(h, &o, &want, &a, NULL), 0);
+      to_options up = {.has_device = true, .device = G0};
+      cr_assert_eq(tensor_to(h, &up, &d, &a, NULL), 0);
+      cr_assert_eq(tensor_to(d, &o, &got, &a, NULL), 0);
+      size_t nb = tensor_nbytes(want);
+      uint8_t *w = malloc(nb), *g = malloc(nb);
+      cr_assert_eq(tensor_read(want, w, nb, NULL), 0);
+      cr_assert_eq(tensor_read(got, g, nb, NULL), 0);
+      cr_assert(memcmp(w, g, nb) == 0, "%d <- %d, %s", dt, st,
+                fmt ? "channels_last" : "contiguous");
+      free(w);
+      free(g);
+      tensor_release(got);
+      tensor_release(d);
+      tensor_release(want);
+    }
+    tensor_release(h);
+  }
+}
