@@ -28,7 +28,7 @@ typedef struct copy_params {
 typedef struct jit_entry {
   int dt, st, wide, cc; /* cc: major * 10 + minor */
   cudaLibrary_t lib;
-  cudaKernel_t copy, transpose; /* both kernels of kernels/cuda/copy.cu */
+  cudaKernel_t copy, transpose, cast_vec; /* the kernels of kernels/cuda/copy.cu */
   struct jit_entry *next;
 } jit_entry;
 
@@ -194,6 +194,8 @@ static int get_kernel(int dev, int dt, int st, int wide, jit_entry **out, tport_
       e = cudaLibraryGetKernel(&k->copy, k->lib, "tport_copy");
     if (e == cudaSuccess)
       e = cudaLibraryGetKernel(&k->transpose, k->lib, "tport_transpose");
+    if (e == cudaSuccess)
+      e = cudaLibraryGetKernel(&k->cast_vec, k->lib, "tport_cast_vec");
     if (e != cudaSuccess) {
       cudaGetLastError();
       rc = tport_err_set(err, TPORT_INTERNAL, "cudaLibraryLoadData/GetKernel(tport_copy): %s",
@@ -243,10 +245,21 @@ int cuda_jit_copy(int dev, cudaStream_t s, const plan *p, void *dst, tport_dtype
   cudaError_t e;
   /* the tiled transpose when dst is dense along dim 0 and src along dim 1 */
   long long tiles0 = p->ndim >= 2 ? (p->shape[0] + 31) / 32 : 0;
-  if (p->ndim >= 2 && p->strides[0][0] == (int64_t)tport_dtype_size(dt) &&
-      p->strides[1][1] == (int64_t)tport_dtype_size(st) &&
-      p->strides[1][0] != (int64_t)tport_dtype_size(st) && p->shape[0] >= 4 && p->shape[1] >= 4 &&
-      tiles0 <= 65535) {
+  size_t ds = tport_dtype_size(dt), ss = tport_dtype_size(st);
+  if (p->ndim == 1 && p->strides[0][0] == (int64_t)ds && p->strides[1][0] == (int64_t)ss &&
+      prm.numel >= 4 && (uintptr_t)dst % (4 * ds) == 0 && (uintptr_t)src % (4 * ss) == 0) {
+    /* dense and aligned: VEC (4) elements per thread */
+    long long blocks = (prm.numel / 4 + BLOCK - 1) / BLOCK;
+    if (blocks < 1)
+      blocks = 1;
+    if (blocks > 65535LL * 32)
+      blocks = 65535LL * 32;
+    e = cudaLaunchKernel((const void *)k->cast_vec, (dim3){(unsigned)blocks, 1, 1},
+                         (dim3){BLOCK, 1, 1}, args, 0, s);
+  } else if (p->ndim >= 2 && p->strides[0][0] == (int64_t)tport_dtype_size(dt) &&
+             p->strides[1][1] == (int64_t)tport_dtype_size(st) &&
+             p->strides[1][0] != (int64_t)tport_dtype_size(st) && p->shape[0] >= 4 &&
+             p->shape[1] >= 4 && tiles0 <= 65535) {
     long long outer = prm.numel / (p->shape[0] * p->shape[1]);
     dim3 grid = {(unsigned)((p->shape[1] + 31) / 32), (unsigned)tiles0,
                  (unsigned)(outer < 65535 ? outer : 65535)};

@@ -300,6 +300,44 @@ extern "C" __global__ void tport_transpose(Params p)
   }
 }
 
+// Element sizes by dtype number (tport_types.h).
+#define TPORT_SIZE(t) ((t) <= 2 ? 1 : (t) == 3 || (t) == 6 || (t) == 7 ? 2 : (t) == 4 || (t) == 8 ? 4 : (t) == 11 ? 16 : 8)
+#define VEC 4
+struct alignas(VEC * TPORT_SIZE(TPORT_SRC)) src_vec {
+  char b[VEC * TPORT_SIZE(TPORT_SRC)];
+};
+struct alignas(VEC * TPORT_SIZE(TPORT_DST)) dst_vec {
+  char b[VEC * TPORT_SIZE(TPORT_DST)];
+};
+
+// The dense 1-D case (both operands contiguous, pointers aligned to VEC
+// elements): each thread loads VEC source elements at once, converts them and
+// stores VEC results at once; the last numel % VEC elements go one by one.
+extern "C" __global__ void tport_cast_vec(Params p)
+{
+  typedef TPORT_IDX idx;
+  const idx nvec = (idx)p.numel / VEC;
+  const idx stride = (idx)gridDim.x * blockDim.x;
+  for (idx i = (idx)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) {
+    const src_vec sv = ((const src_vec *)p.src)[i];
+    dst_vec dv;
+#pragma unroll
+    for (int k = 0; k < VEC; k++) {
+      convert(dv.b + k * TPORT_SIZE(TPORT_DST), sv.b + k * TPORT_SIZE(TPORT_SRC));
+      post_ops(dv.b + k * TPORT_SIZE(TPORT_DST), p.flags);
+    }
+    ((dst_vec *)p.dst)[i] = dv;
+  }
+  const idx tail = (idx)p.numel - nvec * VEC;
+  const idx t = (idx)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t < tail) {
+    const idx e = nvec * VEC + t;
+    char *dp = p.dst + e * TPORT_SIZE(TPORT_DST);
+    convert(dp, p.src + e * TPORT_SIZE(TPORT_SRC));
+    post_ops(dp, p.flags);
+  }
+}
+
 extern "C" __global__ void tport_copy(Params p)
 {
   typedef TPORT_IDX idx;
