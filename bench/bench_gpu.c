@@ -13,28 +13,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "engine.h"
 
 static int reps = 10;
-
-static double now(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v)
-{
-  qsort(v, (size_t)reps, sizeof *v, cmp_d);
-  return v[reps / 2];
-}
 
 static void line(const char *op, size_t bytes, double s, const char *base, double bs)
 {
@@ -83,35 +65,35 @@ int main(int argc, char **argv)
       tensor_empty(g0, TPORT_UINT8, 1, &sz, TPORT_MF_CONTIGUOUS, 0, &d, &e))
     die("tensors", &e);
   for (int r = -1; r < reps; r++) {
-    double t0 = now();
+    double t0 = bench_now();
     if (tensor_copy_(d, h, false, &e))
       die("H2D", &e);
-    double t1 = now();
+    double t1 = bench_now();
     cudaMemcpy(dev, pinned, n, cudaMemcpyHostToDevice);
-    double t2 = now();
+    double t2 = bench_now();
     cudaMemcpy(dev, pageable, n, cudaMemcpyHostToDevice);
-    double t3 = now();
+    double t3 = bench_now();
     if (r >= 0)
       t[r] = t1 - t0, b[r] = t2 - t1, b2[r] = t3 - t2;
   }
-  double th = median(t);
-  line("h2d_staged", n, th, "pinned_cudaMemcpy", median(b));
-  line("h2d_staged", n, th, "pageable_cudaMemcpy", median(b2));
+  double th = bench_median(t, reps);
+  line("h2d_staged", n, th, "pinned_cudaMemcpy", bench_median(b, reps));
+  line("h2d_staged", n, th, "pageable_cudaMemcpy", bench_median(b2, reps));
   for (int r = -1; r < reps; r++) {
-    double t0 = now();
+    double t0 = bench_now();
     if (tensor_copy_(h, d, false, &e))
       die("D2H", &e);
-    double t1 = now();
+    double t1 = bench_now();
     cudaMemcpy(pinned, dev, n, cudaMemcpyDeviceToHost);
-    double t2 = now();
+    double t2 = bench_now();
     cudaMemcpy(pageable, dev, n, cudaMemcpyDeviceToHost);
-    double t3 = now();
+    double t3 = bench_now();
     if (r >= 0)
       t[r] = t1 - t0, b[r] = t2 - t1, b2[r] = t3 - t2;
   }
-  th = median(t);
-  line("d2h_staged", n, th, "pinned_cudaMemcpy", median(b));
-  line("d2h_staged", n, th, "pageable_cudaMemcpy", median(b2));
+  th = bench_median(t, reps);
+  line("d2h_staged", n, th, "pinned_cudaMemcpy", bench_median(b, reps));
+  line("d2h_staged", n, th, "pageable_cudaMemcpy", bench_median(b2, reps));
 
   /* ---- layout conversion kernels vs a D2D cudaMemcpy of the same bytes */
   int64_t nchw[] = {64, 64, 56, 56};
@@ -138,17 +120,17 @@ int main(int argc, char **argv)
     cudaMalloc(&m1, bytes / 2);
     cudaMalloc(&m2, bytes / 2);
     for (int r = -2; r < reps; r++) {
-      double t0 = now();
+      double t0 = bench_now();
       if (tensor_copy_(y, x, false, &e) || tensor_sync(y, &e))
         die(conv[k].op, &e);
-      double t1 = now();
+      double t1 = bench_now();
       cudaMemcpy(m2, m1, bytes / 2, cudaMemcpyDeviceToDevice);
       cudaDeviceSynchronize();
-      double t2 = now();
+      double t2 = bench_now();
       if (r >= 0)
         t[r] = t1 - t0, b[r] = t2 - t1;
     }
-    line(conv[k].op, bytes, median(t), "d2d_cudaMemcpy", median(b));
+    line(conv[k].op, bytes, bench_median(t, reps), "d2d_cudaMemcpy", bench_median(b, reps));
     cudaFree(m1);
     cudaFree(m2);
     tensor_release(x);

@@ -13,29 +13,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "cpu_kernels.h"
 #include "engine.h"
 
-static double now(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 static int reps = 15;
-
-static double median(double *v, int n)
-{
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return v[n / 2];
-}
 
 static double time_memcpy(size_t bytes)
 {
@@ -44,14 +26,14 @@ static double time_memcpy(size_t bytes)
   memset(b, 2, bytes);
   double t[64];
   for (int r = 0; r < reps; r++) {
-    double t0 = now();
+    double t0 = bench_now();
     memcpy(b, a, bytes);
-    t[r] = now() - t0;
+    t[r] = bench_now() - t0;
     a[r] = b[bytes - 1 - (size_t)r]; /* keep the copies observable */
   }
   free(a);
   free(b);
-  return median(t, reps);
+  return bench_median(t, reps);
 }
 
 static tport_tensor *make(tport_dtype dt, int n, const int64_t *sz, tport_memory_format f)
@@ -71,17 +53,17 @@ static void bench(const char *name, tport_tensor *dst, tport_tensor *src)
   double t[64];
   tport_err e;
   for (int r = -2; r < reps; r++) { /* two warm-up runs */
-    double t0 = now();
+    double t0 = bench_now();
     if (tensor_copy_(dst, src, false, &e)) {
       fprintf(stderr, "%s: %s\n", name, e.msg);
       exit(1);
     }
     if (r >= 0)
-      t[r] = now() - t0;
+      t[r] = bench_now() - t0;
   }
   size_t bytes = tensor_nbytes(dst) + tensor_nbytes(src);
   printf("{\"op\": \"%s\", \"seconds\": %.9f, \"bytes\": %zu, \"memcpy_seconds\": %.9f}\n", name,
-         median(t, reps), bytes, time_memcpy(bytes / 2));
+         bench_median(t, reps), bytes, time_memcpy(bytes / 2));
   fflush(stdout);
 }
 

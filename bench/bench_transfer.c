@@ -17,25 +17,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "server.h"
 #include "tport.h"
 
 #define CHUNK (4u << 20)
 #define WINDOW 8
 #define RAW_CTX 32
-
-static double now(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 /* ---------------------------------------------------------------- raw nng server
  * A request is "P" + bytes (a put chunk: answered with a 1-byte ack), "G" +
@@ -170,12 +158,6 @@ static void raw_transfer(nng_socket s, bool put, uint8_t *data, size_t n)
 static int reps = 5;
 static const char *put_device; /* --device: where puts land (default cpu) */
 
-static double median(double *v, int n)
-{
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return v[n / 2];
-}
-
 static void bench_size(const char *transport, const char *turl, const char *rurl, size_t n)
 {
   uint8_t *data = malloc(n), *back = malloc(n);
@@ -198,32 +180,32 @@ static void bench_size(const char *transport, const char *turl, const char *rurl
     tport_put_options po;
     tport_put_options_init(&po);
     po.device = put_device;
-    double t0 = now();
+    double t0 = bench_now();
     if (tport_put(c, TPORT_UINT8, 1, &sz, NULL, data, n, &po, &info, &err)) {
       fprintf(stderr, "put: %s\n", err.msg);
       exit(1);
     }
-    tp[r] = now() - t0;
-    t0 = now();
+    tp[r] = bench_now() - t0;
+    t0 = bench_now();
     if (tport_get(c, &info.ref, back, n, NULL, NULL, NULL, &err)) {
       fprintf(stderr, "get: %s\n", err.msg);
       exit(1);
     }
-    tg[r] = now() - t0;
+    tg[r] = bench_now() - t0;
     tport_free(c, &info.ref, NULL);
-    t0 = now();
+    t0 = bench_now();
     raw_transfer(raw, true, data, n);
-    rp[r] = now() - t0;
-    t0 = now();
+    rp[r] = bench_now() - t0;
+    t0 = bench_now();
     raw_transfer(raw, false, back, n);
-    rg[r] = now() - t0;
+    rg[r] = bench_now() - t0;
   }
   printf("{\"op\": \"put\", \"transport\": \"%s\", \"bytes\": %zu, \"seconds\": %.6f, "
          "\"baseline_seconds\": %.6f}\n",
-         transport, n, median(tp, reps), median(rp, reps));
+         transport, n, bench_median(tp, reps), bench_median(rp, reps));
   printf("{\"op\": \"get\", \"transport\": \"%s\", \"bytes\": %zu, \"seconds\": %.6f, "
          "\"baseline_seconds\": %.6f}\n",
-         transport, n, median(tg, reps), median(rg, reps));
+         transport, n, bench_median(tg, reps), bench_median(rg, reps));
   fflush(stdout);
   nng_close(raw);
   tport_close(c);
@@ -245,21 +227,21 @@ static void bench_small_rpc(const char *turl, const char *rurl)
   nng_dial(raw, rurl, NULL, 0);
   for (int i = 0; i < N; i++) {
     tport_tensor_info out;
-    double t0 = now();
+    double t0 = bench_now();
     tport_info(c, &info.ref, &out, NULL);
-    t[i] = now() - t0;
+    t[i] = bench_now() - t0;
     /* the echo carries as many bytes as an Info request does */
     nng_msg *m;
     nng_msg_alloc(&m, 40);
     ((uint8_t *)nng_msg_body(m))[0] = 'E';
-    t0 = now();
+    t0 = bench_now();
     nng_sendmsg(raw, m, 0);
     nng_recvmsg(raw, &m, 0);
-    r[i] = now() - t0;
+    r[i] = bench_now() - t0;
     nng_msg_free(m);
   }
-  qsort(t, N, sizeof t[0], cmp_d);
-  qsort(r, N, sizeof r[0], cmp_d);
+  qsort(t, N, sizeof t[0], bench_cmp_double);
+  qsort(r, N, sizeof r[0], bench_cmp_double);
   printf("{\"op\": \"info_rtt\", \"transport\": \"tcp\", \"p50_us\": %.2f, \"p99_us\": %.2f, "
          "\"baseline_p50_us\": %.2f, \"baseline_p99_us\": %.2f}\n",
          t[N / 2] * 1e6, t[N * 99 / 100] * 1e6, r[N / 2] * 1e6, r[N * 99 / 100] * 1e6);
@@ -295,12 +277,12 @@ static double run_clients(const char *url, int k, size_t n)
 {
   pthread_t t[16];
   agg_arg a = {url, n};
-  double t0 = now();
+  double t0 = bench_now();
   for (int i = 0; i < k; i++)
     pthread_create(&t[i], NULL, agg_client, &a);
   for (int i = 0; i < k; i++)
     pthread_join(t[i], NULL);
-  return now() - t0;
+  return bench_now() - t0;
 }
 
 int main(int argc, char **argv)
