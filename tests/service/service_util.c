@@ -120,3 +120,24 @@ int64_t svc_counter(tport_client *c, const char *name)
   free(v);
   return r;
 }
+
+int svc_reply_status(nng_msg *m, const ProtobufCMessageDescriptor *d, char *msg,
+                     ProtobufCMessage **out)
+{
+  frame_view v;
+  cr_assert_eq(frame_parse(nng_msg_body(m), nng_msg_len(m), &v, NULL), 0);
+  cr_assert(v.flags & FRAME_FLAG_REPLY);
+  ProtobufCMessage *r;
+  cr_assert_eq(frame_unpack(&v, d, &r, NULL), 0);
+  const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(d, "status");
+  cr_assert_not_null(f);
+  const Tport__Status *st = *(Tport__Status *const *)((const char *)r + f->offset);
+  int code = st ? (int)st->code : 0;
+  if (msg)
+    snprintf(msg, 256, "%s", st && st->message ? st->message : "");
+  if (out)
+    *out = r;
+  else
+    protobuf_c_message_free_unpacked(r, NULL);
+  return code;
+}

@@ -3,7 +3,10 @@
 #ifndef TPORT_SERVICE_UTIL_H
 #define TPORT_SERVICE_UTIL_H
 
+#include <nng/nng.h>
 #include <sys/types.h>
+
+#include "frame.h"
 
 #include "server.h"
 #include "tport.h"
@@ -25,6 +28,12 @@ void svc_tcp_url(char *url, size_t len);
 void svc_ipc_url(char *url, size_t len);
 /* Connects or fails the test. */
 tport_client *svc_connect(const char *url, const char *tenant);
+/* The status code of a raw reply message (its Status is field 1 whatever
+ * its type d), with the message into msg (256 bytes) when not NULL.  With
+ * out, the unpacked reply is handed over (free it with
+ * protobuf_c_message_free_unpacked); m stays the caller's. */
+int svc_reply_status(nng_msg *m, const ProtobufCMessageDescriptor *d, char *msg,
+                     ProtobufCMessage **out);
 /* A counter from tport_stats (-1 when absent). */
 int64_t svc_counter(tport_client *c, const char *name);
 

@@ -41,16 +41,7 @@ static int raw(const void *bytes, size_t n, char *msg, size_t msglen)
   memcpy(nng_msg_body(m), bytes, n);
   cr_assert_eq(nng_sendmsg(sock, m, 0), 0);
   cr_assert_eq(nng_recvmsg(sock, &m, 0), 0, "the server must answer");
-  frame_view v;
-  cr_assert_eq(frame_parse(nng_msg_body(m), nng_msg_len(m), &v, NULL), 0);
-  cr_assert(v.flags & FRAME_FLAG_REPLY);
-  ProtobufCMessage *r;
-  cr_assert_eq(frame_unpack(&v, &tport__error_reply__descriptor, &r, NULL), 0);
-  Tport__ErrorReply *er = (Tport__ErrorReply *)r;
-  int code = er->status ? (int)er->status->code : 0;
-  if (msg)
-    snprintf(msg, msglen, "%s", er->status && er->status->message ? er->status->message : "");
-  protobuf_c_message_free_unpacked(r, NULL);
+  int code = svc_reply_status(m, &tport__error_reply__descriptor, msg, NULL);
   nng_msg_free(m);
   return code;
 }
@@ -92,16 +83,10 @@ static int put_begin(int dtype, size_t ndim, const int64_t *sizes, size_t nstrid
   free(buf);
   cr_assert_eq(nng_sendmsg(sock, m, 0), 0);
   cr_assert_eq(nng_recvmsg(sock, &m, 0), 0);
-  frame_view v;
-  cr_assert_eq(frame_parse(nng_msg_body(m), nng_msg_len(m), &v, NULL), 0);
   ProtobufCMessage *r;
-  cr_assert_eq(frame_unpack(&v, &tport__put_begin_reply__descriptor, &r, NULL), 0);
-  Tport__PutBeginReply *pr = (Tport__PutBeginReply *)r;
-  int code = pr->status ? (int)pr->status->code : 0;
-  if (msg)
-    snprintf(msg, 256, "%s", pr->status && pr->status->message ? pr->status->message : "");
+  int code = svc_reply_status(m, &tport__put_begin_reply__descriptor, msg, &r);
   if (!code && handle)
-    memcpy(handle, pr->ref->handle.data, 16);
+    memcpy(handle, ((Tport__PutBeginReply *)r)->ref->handle.data, 16);
   protobuf_c_message_free_unpacked(r, NULL);
   nng_msg_free(m);
   return code;

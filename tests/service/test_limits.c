@@ -128,15 +128,7 @@ static int raw_finish(rawc *r, int i, char *msg)
   nng_aio_wait(r->aio[i]);
   cr_assert_eq(nng_aio_result(r->aio[i]), 0);
   nng_msg *m = nng_aio_get_msg(r->aio[i]);
-  frame_view v;
-  cr_assert_eq(frame_parse(nng_msg_body(m), nng_msg_len(m), &v, NULL), 0);
-  ProtobufCMessage *rep;
-  cr_assert_eq(frame_unpack(&v, &tport__error_reply__descriptor, &rep, NULL), 0);
-  Tport__ErrorReply *er = (Tport__ErrorReply *)rep;
-  int code = er->status ? (int)er->status->code : 0;
-  if (msg)
-    snprintf(msg, 256, "%s", er->status && er->status->message ? er->status->message : "");
-  protobuf_c_message_free_unpacked(rep, NULL);
+  int code = svc_reply_status(m, &tport__error_reply__descriptor, msg, NULL);
   nng_msg_free(m);
   return code;
 }
@@ -193,14 +185,10 @@ Test(limits, chunks_in_flight_per_connection)
   nng_ctx_recv(r.ctx[1], r.aio[1]);
   nng_aio_wait(r.aio[1]);
   nng_msg *m = nng_aio_get_msg(r.aio[1]);
-  frame_view v;
-  frame_parse(nng_msg_body(m), nng_msg_len(m), &v, NULL);
   ProtobufCMessage *pm;
-  frame_unpack(&v, &tport__put_begin_reply__descriptor, &pm, NULL);
-  Tport__PutBeginReply *br = (Tport__PutBeginReply *)pm;
-  cr_assert_eq(br->status ? br->status->code : 0, 0);
+  cr_assert_eq(svc_reply_status(m, &tport__put_begin_reply__descriptor, NULL, &pm), 0);
   uint8_t handle[16];
-  memcpy(handle, br->ref->handle.data, 16);
+  memcpy(handle, ((Tport__PutBeginReply *)pm)->ref->handle.data, 16);
   protobuf_c_message_free_unpacked(pm, NULL);
   nng_msg_free(m);
   /* the worker is busy; three chunks arrive on this connection: the third is one too many */
