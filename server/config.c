@@ -11,7 +11,7 @@ void config_defaults(server_config *c)
 {
   memset(c, 0, sizeof *c);
   c->workers = 4;
-  c->contexts = 64;
+  c->contexts = 256;
   c->max_message_bytes = (size_t)80 << 20;
   c->chunk_bytes = (size_t)4 << 20;
   c->window = 8;
@@ -22,6 +22,12 @@ void config_defaults(server_config *c)
   c->deadline_ms = 30000;
   c->grace_ms = 5000;
   c->log_level = 2;
+  c->max_outstanding = 32;
+  c->send_timeout_ms = 10000;
+  c->max_transfers = 16;
+  c->transfer_timeout_ms = 60000;
+  c->max_tensors = 65536;
+  c->max_ttl_s = 7 * 24 * 3600;
 }
 
 void config_free(server_config *c)
@@ -30,9 +36,11 @@ void config_free(server_config *c)
     free(c->listen[i]);
   free(c->devices);
   free(c->kernel_cache);
+  free(c->admin);
   c->nlisten = 0;
   c->devices = NULL;
   c->kernel_cache = NULL;
+  c->admin = NULL;
 }
 
 static const struct {
@@ -45,7 +53,7 @@ static const struct {
      "devices to serve: cpu, sim:N (N simulated GPUs), cuda (every CUDA GPU); default cpu plus "
      "every CUDA GPU present"},
     {"workers", "TPORT_WORKERS", "N", "engine worker threads (default 4)"},
-    {"contexts", "TPORT_CONTEXTS", "N", "requests served at once (default 64)"},
+    {"contexts", "TPORT_CONTEXTS", "N", "requests served at once (default 256)"},
     {"max-message", "TPORT_MAX_MESSAGE", "BYTES", "largest request accepted (default 80 MiB)"},
     {"chunk", "TPORT_CHUNK", "BYTES", "put/get chunk size offered to clients (default 4 MiB)"},
     {"window", "TPORT_WINDOW", "N", "chunks a client may keep in flight (default 8)"},
@@ -60,6 +68,18 @@ static const struct {
      "keep runtime-compiled CUDA kernels in DIR across restarts (tport stats shows the cache's "
      "hits, misses and compile time)"},
     {"uvm", "TPORT_UVM", "0|1", "1: tensors put on a GPU are managed (unified) memory"},
+    {"admin", "TPORT_ADMIN", "LIST",
+     "operator tenants (comma-separated): they see server-wide Stats; others see their own"},
+    {"max-outstanding", "TPORT_MAX_OUTSTANDING", "N",
+     "requests one connection may have unanswered; past it the connection is dropped (default "
+     "32)"},
+    {"send-timeout", "TPORT_SEND_TIMEOUT_MS", "MS",
+     "a reply its connection does not take within MS drops that connection (default 10000)"},
+    {"max-transfers", "TPORT_MAX_TRANSFERS", "N", "gets in progress per connection (default 16)"},
+    {"transfer-timeout", "TPORT_TRANSFER_TIMEOUT_MS", "MS",
+     "a get not read from for MS ends (default 60000)"},
+    {"max-tensors", "TPORT_MAX_TENSORS", "N", "tensors each tenant may hold (default 65536)"},
+    {"max-ttl", "TPORT_MAX_TTL", "SECONDS", "longest time to live a client may ask for (default 7 days)"},
 };
 #define NOPTS (int)(sizeof opts / sizeof opts[0])
 
@@ -146,8 +166,19 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
     c->kernel_cache = strdup(v);
     return TPORT_OK;
   case 15: rc = parse_ulong(v, opts[i].flag, 0, &u, err), c->uvm = u != 0; break;
+  case 16:
+    free(c->admin);
+    c->admin = strdup(v);
+    return TPORT_OK;
+  case 17: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->max_outstanding = (int)u; break;
+  case 18: return parse_ulong(v, opts[i].flag, 1, &c->send_timeout_ms, err);
+  case 19: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->max_transfers = (int)u; break;
+  case 20: return parse_ulong(v, opts[i].flag, 1, &c->transfer_timeout_ms, err);
+  case 21: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->max_tensors = u; break;
+  case 22: return parse_ulong(v, opts[i].flag, 1, &c->max_ttl_s, err);
   }
-  if (!rc && (c->workers > 1024 || c->contexts > 4096 || c->window > 1024))
+  if (!rc && (c->workers > 1024 || c->contexts > 4096 || c->window > 1024 ||
+              c->max_outstanding > 4096 || c->max_transfers > 4096))
     rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "--%s: '%s' is too large", opts[i].flag, v);
   return rc;
 }
@@ -196,5 +227,31 @@ int config_parse(server_config *c, int argc, char **argv, tport_err *err)
                          argv[optind]);
   if (c->nlisten == 0)
     add_listen(c, DEFAULT_URL, err);
+  return config_check(c, err);
+}
+
+/* What no single flag can check: the flags against each other. */
+int config_check(const server_config *c, tport_err *err)
+{
+  if (c->chunk_bytes < 4096)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--chunk is %zu bytes: at least 4096",
+                         c->chunk_bytes);
+  if (c->max_message_bytes < CONFIG_MESSAGE_ROOM ||
+      c->chunk_bytes > c->max_message_bytes - CONFIG_MESSAGE_ROOM)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "--chunk %zu does not fit in --max-message %zu with %d bytes for the "
+                         "request around it",
+                         c->chunk_bytes, c->max_message_bytes, CONFIG_MESSAGE_ROOM);
+  if (c->max_ttl_s > CONFIG_MAX_TTL_S)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--max-ttl %lu: at most %d seconds",
+                         c->max_ttl_s, CONFIG_MAX_TTL_S);
+  if (c->ttl_s > c->max_ttl_s)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--ttl %lu is over --max-ttl %lu", c->ttl_s,
+                         c->max_ttl_s);
+  if (c->max_outstanding > c->contexts)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "--max-outstanding %d is over --contexts %d: one connection could hold "
+                         "every context",
+                         c->max_outstanding, c->contexts);
   return TPORT_OK;
 }

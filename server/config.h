@@ -10,6 +10,10 @@
 #include "tport_types.h"
 
 #define CONFIG_MAX_LISTEN 16
+/* room in a message for the frame header and the request around a chunk */
+#define CONFIG_MESSAGE_ROOM 4096
+/* ten years: keeps every deadline computed from a time to live far from overflow */
+#define CONFIG_MAX_TTL_S (10 * 366 * 24 * 3600)
 
 typedef struct server_config {
   char *listen[CONFIG_MAX_LISTEN]; /* URLs (owned) */
@@ -29,12 +33,23 @@ typedef struct server_config {
   int log_level;             /* 0 error, 1 warn, 2 info, 3 debug */
   char *kernel_cache;        /* directory for compiled CUDA kernels (owned); NULL: memory only */
   bool uvm;                  /* tensors put on a GPU are managed (unified) memory */
+  /* hostile clients: what one connection or tenant may hold */
+  char *admin;                  /* comma-separated operator tenants (owned); NULL: none */
+  int max_outstanding;          /* requests of one connection received and not yet answered */
+  unsigned long send_timeout_ms; /* a reply not taken by its connection in time drops it */
+  int max_transfers;            /* gets in progress per connection */
+  unsigned long transfer_timeout_ms; /* a get not read from this long ends */
+  size_t max_tensors;           /* tensors (and uploads) per tenant */
+  unsigned long max_ttl_s;      /* the longest time to live a client may ask for */
 } server_config;
 
 void config_defaults(server_config *c);
 /* Parses argv (and TPORT_* variables).  Returns 0, or 1 when --help was
  * printed (exit 0), or an error with a message. */
 int config_parse(server_config *c, int argc, char **argv, tport_err *err);
+/* Checks the flags against each other (chunk within message, ttl within
+ * max-ttl...); config_parse calls it, server_start again for configs built in code. */
+int config_check(const server_config *c, tport_err *err);
 void config_free(server_config *c);
 void config_usage(FILE *out);
 

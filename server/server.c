@@ -279,12 +279,16 @@ static int configure_devices(const char *spec, tport_err *err)
 
 int server_start(const server_config *cfg, server **out, tport_err *err)
 {
+  int crc = config_check(cfg, err);
+  if (crc)
+    return crc;
   server *s = calloc(1, sizeof *s);
   if (!s)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   s->cfg = *cfg;
   s->cfg.kernel_cache = NULL; /* the caller's; the backend keeps its own copy */
   s->cfg.devices = NULL;
+  s->cfg.admin = cfg->admin ? strdup(cfg->admin) : NULL;
   for (int i = 0; i < CONFIG_MAX_LISTEN; i++)
     s->cfg.listen[i] = NULL;
   s->started_ms = reg_now_ms();
@@ -311,6 +315,7 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
     rc = tport_err_set(err, TPORT_INTERNAL, "nng_rep0_open: %s", nng_strerror(rv));
   if (rc) {
     reg_destroy(&s->reg);
+    free(s->cfg.admin);
     free(s);
     return rc;
   }
@@ -402,5 +407,6 @@ void server_stop(server *s, unsigned long grace_ms)
   engine_synchronize_all();
   free(s->ctxs);
   free(s->workers);
+  free(s->cfg.admin);
   free(s);
 }
