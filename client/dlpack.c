@@ -128,8 +128,13 @@ int tport_put_dlpack(tport_client *c, const DLTensor *t, const tport_put_options
   for (int d = 0; d < t->ndim; d++) {
     if (t->shape[d] < 0)
       return tport_err_set(err, TPORT_INVALID_ARGUMENT, "DLPack shape[%d] is negative", d);
-    numel *= t->shape[d];
+    if (__builtin_mul_overflow(numel, t->shape[d], &numel))
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                           "DLPack shape: the number of elements overflows at shape[%d]", d);
   }
+  int64_t nbytes_checked;
+  if (__builtin_mul_overflow(numel, (int64_t)es, &nbytes_checked))
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "DLPack shape: the byte count overflows");
   const uint8_t *base = (const uint8_t *)t->data + t->byte_offset;
   if (!t->strides)
     return tport_put(c, dt, t->ndim, t->shape, NULL, base, (size_t)numel * es, opts, out, err);

@@ -9,6 +9,7 @@ PACKAGES=(
   libnng-dev                       # transport (REQ/REP, tcp/ipc/inproc)
   libprotobuf-c-dev protobuf-c-compiler
   libssl-dev                       # TLS engine, HMAC, RAND_bytes
+  uthash-dev                       # hash tables of the registry (header-only)
   libcriterion-dev                 # test framework
   libdlpack-dev                    # DLPack in/out for libtport
   python3 python3-torch python3-numpy   # differential tests and benchmark baselines

@@ -174,12 +174,12 @@ static int resolve_device(int dev, const void *p, size_t n, const char *what, vo
   int rc = TPORT_OK;
   if (i < 0) {
     rc = tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                       "sim:%d: %s %p (+%zu bytes) is not sim device memory", dev, what, p, n);
+                       "sim:%d: %s (%zu bytes) is not sim device memory", dev, what, n);
   } else {
     const sim_alloc *a = &sim.allocs[i];
     if (!a->managed && !is_tagged(p))
-      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "sim:%d: %s %p is an untagged alias", dev,
-                         what, p);
+      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "sim:%d: %s is an untagged alias", dev,
+                         what);
     else if (!a->managed && a->dev != dev && !sim.peer_enabled[dev][a->dev])
       rc = tport_err_set(err, TPORT_FAILED_PRECONDITION,
                          "sim:%d: %s is memory of sim:%d and peer access %d->%d is not enabled",
@@ -199,8 +199,8 @@ static int resolve_host(const void *p, size_t n, const char *what, void **out, t
     int i = find_alloc(untag(p), n ? n : 1);
     pthread_mutex_unlock(&sim.mu);
     (void)i;
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sim: %s %p is device memory, not host", what,
-                         p);
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sim: %s is device memory, not host",
+                         what);
   }
   *out = (void *)p;
   return TPORT_OK;
@@ -765,7 +765,7 @@ static int managed_index(void *ptr, size_t n, tport_err *err)
 {
   int i = find_alloc((uintptr_t)ptr, n ? n : 1);
   if (i < 0 || !sim.allocs[i].managed)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sim: %p is not managed memory", ptr), -1;
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sim: the pointer is not managed memory"), -1;
   return i;
 }
 

@@ -63,7 +63,10 @@ int validate_desc(int dtype, size_t ndim, const int64_t *sizes, size_t nstrides,
                              "strides[%zu] is %lld: the storage extent overflows", d,
                              (long long)l.strides[d]);
     }
-    span += 1;
+    if (!validate_add(span, 1, &span))
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                           "strides: the storage extent overflows (%lld elements)",
+                           (long long)span);
   }
   int64_t need_elems, need_bytes;
   if (!validate_add(offset, span, &need_elems) || !validate_mul(need_elems, esize, &need_bytes) ||

@@ -16,10 +16,9 @@ int h_hello(call *c)
     return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION,
                          "protocol_version %u: this server speaks %d", q->protocol_version,
                          PROTOCOL_VERSION);
-  if (q->tenant && strlen(q->tenant) >= REG_TENANT_MAX)
-    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "tenant is longer than %d bytes",
-                         REG_TENANT_MAX - 1);
-  reg_session_set_tenant(&c->srv->reg, c->pipe, q->tenant);
+  int rc = reg_session_set_tenant(&c->srv->reg, c->pipe, q->tenant, &c->err);
+  if (rc)
+    return rc;
   Tport__HelloReply r = TPORT__HELLO_REPLY__INIT;
   r.status = wire_ok();
   r.protocol_version = PROTOCOL_VERSION;
@@ -77,9 +76,28 @@ int h_devices(call *c)
   return call_reply(c, &r.base, NULL, 0);
 }
 
+/* True when the tenant is one of --admin's. */
+static bool is_operator(const server *s, const char *tenant)
+{
+  const char *list = s->cfg.admin;
+  size_t n = strlen(tenant);
+  while (list && *list) {
+    const char *end = strchr(list, ',');
+    size_t len = end ? (size_t)(end - list) : strlen(list);
+    if (len == n && strncmp(list, tenant, n) == 0)
+      return true;
+    list = end ? end + 1 : NULL;
+  }
+  return false;
+}
+
 int h_stats(call *c)
 {
   server *s = c->srv;
+  char tenant[REG_TENANT_MAX];
+  if (!reg_session_tenant(&s->reg, c->pipe, tenant, sizeof tenant))
+    return tport_err_set(&c->err, TPORT_ABORTED, "the connection is closing");
+  bool op = is_operator(s, tenant);
   enum { MAXC = 96 };
   Tport__Counter counters[MAXC], *ptrs[MAXC];
   char names[MAXC][48];
@@ -95,11 +113,24 @@ int h_stats(call *c)
       n++;                                                                                         \
     }                                                                                              \
   } while (0)
-  uint64_t entries, uploads, bytes;
-  reg_counts(&s->reg, &entries, &uploads, &bytes);
-  COUNTER("tensors", entries);
-  COUNTER("uploads_in_progress", uploads);
-  COUNTER("tensor_bytes", bytes);
+  /* a tenant sees its own; the operator sees the server's */
+  reg_stats rs;
+  if (op)
+    reg_counts(&s->reg, &rs);
+  else
+    reg_tenant_counts(&s->reg, c->pipe, &rs);
+  COUNTER("tensors", rs.tensors);
+  COUNTER("uploads_in_progress", rs.uploads);
+  COUNTER("tensor_bytes", rs.bytes);
+  COUNTER("quota_bytes", s->cfg.tenant_quota_bytes);
+  COUNTER("max_tensors", s->cfg.max_tensors);
+  COUNTER("max_tensor_bytes", s->cfg.max_tensor_bytes);
+  if (!op)
+    goto done;
+  COUNTER("sessions", rs.sessions);
+  COUNTER("tenants", rs.tenants);
+  COUNTER("transfers_in_progress", transfers_count(&s->xfers));
+  COUNTER("connections_dropped", atomic_load(&s->dropped));
   COUNTER("bytes_in", atomic_load(&s->bytes_in));
   COUNTER("bytes_out", atomic_load(&s->bytes_out));
   COUNTER("errors", atomic_load(&s->errors));
@@ -124,6 +155,7 @@ int h_stats(call *c)
     snprintf(label, sizeof label, "requests_%s", frame_method(m)->name);
     COUNTER(label, atomic_load(&s->requests[m]));
   }
+done:
 #undef COUNTER
   Tport__StatsReply r = TPORT__STATS_REPLY__INIT;
   r.status = wire_ok();

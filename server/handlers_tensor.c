@@ -49,17 +49,18 @@ int h_to(call *c)
     o.has_format = true;
     rc = wire_format(q->memory_format, "memory_format", &o.format, &c->err);
   }
-  size_t want = (size_t)tensor_numel(t) * tport_dtype_size(o.has_dtype ? o.dtype : t->dtype);
-  if (!rc && want > c->srv->cfg.max_tensor_bytes)
-    rc = tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED,
-                       "the result would be %zu bytes: the limit per tensor is %zu", want,
-                       c->srv->cfg.max_tensor_bytes);
+  /* the work: what it reads and what it makes */
+  if (!rc)
+    rc = wire_check_bytes(c, "the source", tensor_numel(t), tport_dtype_size(t->dtype));
+  if (!rc)
+    rc = wire_check_bytes(c, "the result", tensor_numel(t),
+                          tport_dtype_size(o.has_dtype ? o.dtype : t->dtype));
   tport_tensor *res = NULL;
   bool aliased = false;
   if (!rc)
     rc = tensor_to(t, &o, &res, &aliased, &c->err);
   if (!rc)
-    rc = wire_register_result(c, e, res, aliased, q->name, q->keep, q->ttl_ms, true, &out);
+    rc = wire_register_result(c, e, res, aliased, q->name, q->keep, q->ttl_ms, &out);
   if (!rc) {
     wire_info wi;
     wire_fill_info(&wi, out, out->tensor);
@@ -86,12 +87,12 @@ int h_contiguous(call *c)
   tport_tensor *res = NULL;
   bool aliased = false;
   rc = wire_format(q->memory_format, "memory_format", &fmt, &c->err);
-  if (!rc && tensor_nbytes(t) > c->srv->cfg.max_tensor_bytes)
-    rc = tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "the result would be too large");
+  if (!rc)
+    rc = wire_check_bytes(c, "the result", tensor_numel(t), tport_dtype_size(t->dtype));
   if (!rc)
     rc = tensor_contiguous(t, fmt, &res, &aliased, &c->err);
   if (!rc)
-    rc = wire_register_result(c, e, res, aliased, q->name, q->keep, q->ttl_ms, true, &out);
+    rc = wire_register_result(c, e, res, aliased, q->name, q->keep, q->ttl_ms, &out);
   if (!rc) {
     wire_info wi;
     wire_fill_info(&wi, out, out->tensor);
@@ -123,8 +124,13 @@ int h_view(call *c)
   if (!rc)
     rc =
         tensor_as_strided(t, (int)q->n_sizes, q->sizes, q->strides, q->storage_offset, &v, &c->err);
+  /* a view costs nothing now, but whatever reads it later iterates all of it */
   if (!rc)
-    rc = wire_register_result(c, e, v, false, q->name, q->keep, q->ttl_ms, false, &out);
+    rc = wire_check_bytes(c, "the view", tensor_numel(v), tport_dtype_size(v->dtype));
+  if (!rc)
+    rc = wire_register_result(c, e, v, false, q->name, q->keep, q->ttl_ms, &out);
+  else
+    tensor_release(v);
   if (!rc) {
     wire_info wi;
     wire_fill_info(&wi, out, out->tensor);
@@ -151,7 +157,12 @@ int h_copy(call *c)
     reg_put(&c->srv->reg, de);
     return rc;
   }
-  rc = tensor_copy_(d, s, q->non_blocking, &c->err);
+  size_t esize = tport_dtype_size(d->dtype) > tport_dtype_size(s->dtype)
+                     ? tport_dtype_size(d->dtype)
+                     : tport_dtype_size(s->dtype);
+  rc = wire_check_bytes(c, "the copy", tensor_numel(d), esize);
+  if (!rc)
+    rc = tensor_copy_(d, s, q->non_blocking, &c->err);
   if (!rc) {
     Tport__CopyReply r = TPORT__COPY_REPLY__INIT;
     r.status = wire_ok();

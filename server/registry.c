@@ -1,16 +1,45 @@
 /* registry.c: tensors, sessions and tenants of the server (see registry.h). */
-#include "registry.h"
-
 #include <openssl/rand.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+/* uthash: an allocation failure leaves the table as it was (reported through
+ * reg_oom) instead of exiting the process. */
+static _Thread_local bool reg_oom;
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(e) (reg_oom = true)
+
+#include "registry.h"
+
+/* What a tenant pays for one storage, however many entries reference it. */
+typedef struct reg_charge {
+  const tport_storage *storage;
+  size_t nbytes;
+  int count;
+  UT_hash_handle hh;
+} reg_charge;
+
 typedef struct reg_tenant {
   char name[REG_TENANT_MAX];
-  size_t bytes;
-  struct reg_tenant *next;
+  size_t bytes;     /* distinct storages plus reservations */
+  uint64_t tensors; /* entries, uploads included */
+  uint64_t uploads;
+  int refs;         /* sessions, entries and transfers that name it */
+  reg_charge *charges;
+  reg_entry *names; /* hash (hh_name) */
+  UT_hash_handle hh;
 } reg_tenant;
+
+typedef struct reg_session {
+  uint32_t pipe;
+  reg_tenant *tn;
+  bool tenant_fixed; /* by Hello */
+  int inflight_chunks, outstanding, transfers;
+  reg_entry *owned; /* list (sprev/snext) */
+  UT_hash_handle hh;
+} reg_session;
 
 int64_t reg_now_ms(void)
 {
@@ -43,51 +72,131 @@ static void entry_free(reg_entry *e)
   free(e);
 }
 
-static reg_tenant *tenant_get(registry *r, const char *name)
+/* ---------------------------------------------------------------- tenants */
+
+/* A reference to the tenant record of that name, created on first use.  mu held. */
+static reg_tenant *tenant_ref(registry *r, const char *name)
 {
-  for (reg_tenant *t = r->tenants; t; t = t->next)
-    if (strcmp(t->name, name) == 0)
-      return t;
-  reg_tenant *t = calloc(1, sizeof *t);
-  if (!t)
-    return NULL;
-  snprintf(t->name, sizeof t->name, "%s", name);
-  t->next = r->tenants;
-  r->tenants = t;
+  reg_tenant *t;
+  HASH_FIND_STR(r->tenants, name, t);
+  if (!t) {
+    t = calloc(1, sizeof *t);
+    if (!t)
+      return NULL;
+    snprintf(t->name, sizeof t->name, "%s", name);
+    reg_oom = false;
+    HASH_ADD_STR(r->tenants, name, t);
+    if (reg_oom) {
+      free(t);
+      return NULL;
+    }
+    r->ntenants++;
+  }
+  t->refs++;
   return t;
 }
 
-static reg_session *session_get(registry *r, uint32_t pipe, bool create)
+/* A tenant no one names any more is forgotten.  mu held. */
+static void tenant_unref(registry *r, reg_tenant *t)
 {
-  for (reg_session *s = r->sessions; s; s = s->next)
-    if (s->pipe == pipe)
-      return s;
-  if (!create)
-    return NULL;
-  reg_session *s = calloc(1, sizeof *s);
+  if (!t || --t->refs > 0)
+    return;
+  HASH_DEL(r->tenants, t);
+  r->ntenants--;
+  free(t);
+}
+
+/* Bytes the tenant would newly pay for storage s.  mu held. */
+static size_t charge_cost(reg_tenant *t, const tport_storage *s)
+{
+  reg_charge *c;
   if (!s)
-    return NULL;
-  s->pipe = pipe;
-  s->alive = true;
-  snprintf(s->tenant, sizeof s->tenant, "default");
-  s->next = r->sessions;
-  r->sessions = s;
+    return 0;
+  HASH_FIND_PTR(t->charges, &s, c);
+  return c ? 0 : s->nbytes;
+}
+
+static bool charge(reg_tenant *t, const tport_storage *s)
+{
+  reg_charge *c;
+  HASH_FIND_PTR(t->charges, &s, c);
+  if (!c) {
+    c = calloc(1, sizeof *c);
+    if (!c)
+      return false;
+    c->storage = s;
+    c->nbytes = s->nbytes;
+    reg_oom = false;
+    HASH_ADD_PTR(t->charges, storage, c);
+    if (reg_oom) {
+      free(c);
+      return false;
+    }
+    t->bytes += c->nbytes;
+  }
+  c->count++;
+  return true;
+}
+
+static void uncharge(reg_tenant *t, const tport_storage *s)
+{
+  reg_charge *c;
+  HASH_FIND_PTR(t->charges, &s, c);
+  if (c && --c->count == 0) {
+    t->bytes -= c->nbytes;
+    HASH_DEL(t->charges, c);
+    free(c);
+  }
+}
+
+/* ---------------------------------------------------------------- entries */
+
+static reg_session *session_find(registry *r, uint32_t pipe)
+{
+  reg_session *s;
+  HASH_FIND(hh, r->sessions, &pipe, sizeof pipe, s);
   return s;
 }
 
-/* Unlinks e and drops the registry's reference.  mu held. */
+static void owner_unlink(reg_entry *e)
+{
+  reg_session *s = e->owner;
+  if (!s)
+    return;
+  if (e->sprev)
+    e->sprev->snext = e->snext;
+  else
+    s->owned = e->snext;
+  if (e->snext)
+    e->snext->sprev = e->sprev;
+  e->owner = NULL;
+  e->sprev = e->snext = NULL;
+}
+
+/* Unlinks e, stops charging its tenant and drops the registry's reference.  mu held. */
 static void unlink_entry(registry *r, reg_entry *e)
 {
-  for (reg_entry **p = &r->entries; *p; p = &(*p)->next)
-    if (*p == e) {
-      *p = e->next;
-      break;
-    }
+  HASH_DELETE(hh, r->by_handle, e);
+  if (e->name[0])
+    HASH_DELETE(hh_name, e->tn->names, e);
+  if (e->prev)
+    e->prev->next = e->next;
+  else
+    r->entries = e->next;
+  if (e->next)
+    e->next->prev = e->prev;
+  owner_unlink(e);
   e->removed = true;
-  reg_tenant *t = tenant_get(r, e->tenant);
-  if (t)
-    t->bytes -= e->bytes;
+  if (e->charged)
+    uncharge(e->tn, e->charged);
+  e->charged = NULL;
+  e->tn->bytes -= e->reserved;
+  e->reserved = 0;
+  e->tn->tensors--;
+  e->tn->uploads -= e->state == REG_UPLOADING;
   r->count--;
+  r->uploads -= e->state == REG_UPLOADING;
+  tenant_unref(r, e->tn);
   if (--e->refs == 0)
     entry_free(e);
 }
@@ -97,61 +206,133 @@ void reg_destroy(registry *r)
   pthread_mutex_lock(&r->mu);
   while (r->entries)
     unlink_entry(r, r->entries);
-  while (r->sessions) {
-    reg_session *s = r->sessions;
-    r->sessions = s->next;
+  reg_session *s, *stmp;
+  HASH_ITER(hh, r->sessions, s, stmp)
+  {
+    HASH_DEL(r->sessions, s);
+    tenant_unref(r, s->tn);
     free(s);
   }
-  while (r->tenants) {
-    reg_tenant *t = r->tenants;
-    r->tenants = t->next;
+  reg_tenant *t, *ttmp; /* only transfers not yet ended could still hold some */
+  HASH_ITER(hh, r->tenants, t, ttmp)
+  {
+    HASH_DEL(r->tenants, t);
     free(t);
   }
   pthread_mutex_unlock(&r->mu);
   pthread_mutex_destroy(&r->mu);
 }
 
-void reg_session_touch(registry *r, uint32_t pipe)
-{
-  pthread_mutex_lock(&r->mu);
-  session_get(r, pipe, true);
-  pthread_mutex_unlock(&r->mu);
-}
+/* ---------------------------------------------------------------- sessions */
 
-void reg_session_set_tenant(registry *r, uint32_t pipe, const char *tenant)
+void reg_session_open(registry *r, uint32_t pipe)
 {
   pthread_mutex_lock(&r->mu);
-  reg_session *s = session_get(r, pipe, true);
-  if (s)
-    snprintf(s->tenant, sizeof s->tenant, "%s", tenant && *tenant ? tenant : "default");
-  pthread_mutex_unlock(&r->mu);
-}
-
-void reg_session_drop(registry *r, uint32_t pipe)
-{
-  pthread_mutex_lock(&r->mu);
-  for (reg_entry *e = r->entries, *next; e; e = next) {
-    next = e->next;
-    if (e->owner_pipe == pipe)
-      unlink_entry(r, e);
+  reg_session *s = session_find(r, pipe);
+  if (!s && (s = calloc(1, sizeof *s)) != NULL) {
+    s->pipe = pipe;
+    s->tn = tenant_ref(r, "default");
+    reg_oom = false;
+    if (s->tn)
+      HASH_ADD(hh, r->sessions, pipe, sizeof s->pipe, s);
+    if (!s->tn || reg_oom) {
+      /* no session: every request of this pipe is refused */
+      tenant_unref(r, s->tn);
+      free(s);
+    } else {
+      r->nsessions++;
+    }
   }
-  /* A tombstone, not a free: a request of this pipe still in a worker must
-   * find the session closed and register nothing (reg_add: ABORTED). */
-  reg_session *s = session_get(r, pipe, true);
+  pthread_mutex_unlock(&r->mu);
+}
+
+void reg_session_close(registry *r, uint32_t pipe)
+{
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, pipe);
   if (s) {
-    s->alive = false;
-    s->dropped_ms = reg_now_ms();
+    while (s->owned)
+      unlink_entry(r, s->owned);
+    HASH_DEL(r->sessions, s);
+    r->nsessions--;
+    tenant_unref(r, s->tn);
+    free(s);
   }
+  pthread_mutex_unlock(&r->mu);
+}
+
+int reg_session_set_tenant(registry *r, uint32_t pipe, const char *tenant, tport_err *err)
+{
+  if (!tenant || !*tenant)
+    tenant = "default";
+  if (strlen(tenant) >= REG_TENANT_MAX)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "tenant is longer than %d bytes",
+                         REG_TENANT_MAX - 1);
+  int rc = TPORT_OK;
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, pipe);
+  if (!s) {
+    rc = tport_err_set(err, TPORT_ABORTED, "the connection is closing");
+  } else if (strcmp(s->tn->name, tenant) == 0) {
+    s->tenant_fixed = true;
+  } else if (s->tenant_fixed) {
+    rc = tport_err_set(err, TPORT_PERMISSION_DENIED,
+                       "this connection is tenant '%s': a connection's tenant is set once",
+                       s->tn->name);
+  } else if (s->owned || s->transfers) {
+    rc = tport_err_set(err, TPORT_PERMISSION_DENIED,
+                       "this connection already holds tensors of tenant '%s'", s->tn->name);
+  } else {
+    reg_tenant *t = tenant_ref(r, tenant);
+    if (!t) {
+      rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a tenant");
+    } else {
+      tenant_unref(r, s->tn);
+      s->tn = t;
+      s->tenant_fixed = true;
+    }
+  }
+  pthread_mutex_unlock(&r->mu);
+  return rc;
+}
+
+bool reg_session_tenant(registry *r, uint32_t pipe, char *buf, size_t len)
+{
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, pipe);
+  if (s)
+    snprintf(buf, len, "%s", s->tn->name);
+  pthread_mutex_unlock(&r->mu);
+  return s != NULL;
+}
+
+bool reg_request_enter(registry *r, uint32_t pipe)
+{
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, pipe);
+  bool ok = s && s->outstanding < r->limits.max_outstanding;
+  if (s)
+    s->outstanding++; /* left by reg_request_leave whatever happens */
+  pthread_mutex_unlock(&r->mu);
+  return ok;
+}
+
+void reg_request_leave(registry *r, uint32_t pipe)
+{
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, pipe);
+  if (s && s->outstanding > 0)
+    s->outstanding--;
   pthread_mutex_unlock(&r->mu);
 }
 
 int reg_chunk_enter(registry *r, uint32_t pipe, tport_err *err)
 {
   pthread_mutex_lock(&r->mu);
-  reg_session *s = session_get(r, pipe, true);
+  reg_session *s = session_find(r, pipe);
   int rc = TPORT_OK;
   if (!s)
-    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a session");
+    rc = tport_err_set(err, TPORT_ABORTED, "the connection is closing");
   else if (s->inflight_chunks >= r->limits.max_inflight_chunks)
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
                        "%d chunks already in flight on this connection (limit %d)",
@@ -165,74 +346,156 @@ int reg_chunk_enter(registry *r, uint32_t pipe, tport_err *err)
 void reg_chunk_leave(registry *r, uint32_t pipe)
 {
   pthread_mutex_lock(&r->mu);
-  reg_session *s = session_get(r, pipe, false);
+  reg_session *s = session_find(r, pipe);
   if (s && s->inflight_chunks > 0)
     s->inflight_chunks--;
   pthread_mutex_unlock(&r->mu);
 }
 
-static reg_entry *find_name(registry *r, const char *tenant, const char *name)
+int reg_transfer_enter(registry *r, uint32_t pipe, size_t bytes, reg_tenant **tn, tport_err *err)
 {
-  for (reg_entry *e = r->entries; e; e = e->next)
-    if (e->name[0] && strcmp(e->name, name) == 0 && strcmp(e->tenant, tenant) == 0)
-      return e;
-  return NULL;
+  int rc = TPORT_OK;
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, pipe);
+  if (!s)
+    rc = tport_err_set(err, TPORT_ABORTED, "the connection is closing");
+  else if (s->transfers >= r->limits.max_transfers)
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                       "%d gets already in progress on this connection (limit %d): read or "
+                       "finish them first",
+                       s->transfers, r->limits.max_transfers);
+  else if (bytes > r->limits.tenant_quota_bytes - s->tn->bytes)
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                       "tenant '%s' would hold %zu bytes with this get's host copy: its quota is "
+                       "%zu",
+                       s->tn->name, s->tn->bytes + bytes, r->limits.tenant_quota_bytes);
+  if (!rc) {
+    s->transfers++;
+    s->tn->bytes += bytes;
+    s->tn->refs++;
+    *tn = s->tn;
+  }
+  pthread_mutex_unlock(&r->mu);
+  return rc;
+}
+
+void reg_transfer_leave(registry *r, uint32_t pipe, reg_tenant *tn, size_t bytes)
+{
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, pipe);
+  if (s && s->transfers > 0)
+    s->transfers--;
+  tn->bytes -= bytes;
+  tenant_unref(r, tn);
+  pthread_mutex_unlock(&r->mu);
+}
+
+/* ---------------------------------------------------------------- add, find */
+
+static reg_entry *find_name(reg_tenant *t, const char *name)
+{
+  reg_entry *e;
+  HASH_FIND(hh_name, t->names, name, strlen(name), e);
+  return e;
+}
+
+static void set_expiry(registry *r, reg_entry *e, uint64_t ttl_ms)
+{
+  uint64_t ttl = ttl_ms ? ttl_ms : r->limits.default_ttl_ms;
+  e->expires_ms = ttl ? reg_now_ms() + (int64_t)ttl : 0; /* ttl <= max_ttl: no overflow */
 }
 
 int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
-            bool keep, uint64_t ttl_ms, size_t new_bytes, reg_entry **out, tport_err *err)
+            bool keep, uint64_t ttl_ms, size_t reserve, reg_entry **out, tport_err *err)
 {
-  if (name && strlen(name) >= REG_NAME_MAX) {
-    tensor_release(t);
-    reg_upload_free(up);
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "name is %zu bytes: the limit is %d",
-                         strlen(name), REG_NAME_MAX - 1);
-  }
-  reg_entry *e = calloc(1, sizeof *e);
-  if (!e || RAND_bytes(e->handle, REG_HANDLE_BYTES) != 1) {
+  int rc = TPORT_OK;
+  bool named = name && *name;
+  if (named && strlen(name) >= REG_NAME_MAX)
+    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "name is %zu bytes: the limit is %d",
+                       strlen(name), REG_NAME_MAX - 1);
+  else if (ttl_ms > r->limits.max_ttl_ms)
+    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "ttl_ms is %llu: the longest is %llu",
+                       (unsigned long long)ttl_ms, (unsigned long long)r->limits.max_ttl_ms);
+  reg_entry *e = rc ? NULL : calloc(1, sizeof *e);
+  if (!rc && (!e || RAND_bytes(e->handle, REG_HANDLE_BYTES) != 1))
+    rc = tport_err_set(err, TPORT_INTERNAL, "cannot create a handle");
+  if (rc) {
     free(e);
     tensor_release(t);
     reg_upload_free(up);
-    return tport_err_set(err, TPORT_INTERNAL, "cannot create a handle");
+    return rc;
   }
   e->tensor = t;
   e->up = up;
   e->state = up ? REG_UPLOADING : REG_READY;
-  e->bytes = new_bytes;
   e->refs = 2; /* the registry's and the caller's */
+  if (named)
+    snprintf(e->name, sizeof e->name, "%s", name);
+  if (up) {
+    up->keep = named || keep;
+    up->ttl_ms = ttl_ms;
+  }
+  const tport_storage *st = up ? up->landing->storage : t->storage;
   pthread_mutex_lock(&r->mu);
-  int rc = TPORT_OK;
-  reg_session *s = session_get(r, pipe, true);
-  reg_tenant *tn = s ? tenant_get(r, s->tenant) : NULL;
-  if (!s || !tn) {
-    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a session");
-  } else if (!s->alive) {
+  reg_session *s = session_find(r, pipe);
+  reg_tenant *tn = s ? s->tn : NULL;
+  size_t add = tn ? charge_cost(tn, st) : 0;
+  if (!s) {
     rc = tport_err_set(err, TPORT_ABORTED, "the connection is closing");
-  } else if (name && *name && find_name(r, s->tenant, name)) {
+  } else if (named && find_name(tn, name)) {
     rc = tport_err_set(err, TPORT_ALREADY_EXISTS, "a tensor named '%s' already exists", name);
-  } else if (tn->bytes + new_bytes > r->limits.tenant_quota_bytes) {
+  } else if (tn->tensors >= r->limits.max_tensors) {
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
-                       "tenant '%s' would hold %zu bytes: its quota is %zu", s->tenant,
-                       tn->bytes + new_bytes, r->limits.tenant_quota_bytes);
+                       "tenant '%s' holds %llu tensors: its limit is %llu", tn->name,
+                       (unsigned long long)tn->tensors, (unsigned long long)r->limits.max_tensors);
+  } else if (add > r->limits.tenant_quota_bytes || reserve > r->limits.tenant_quota_bytes - add ||
+             add + reserve > r->limits.tenant_quota_bytes - tn->bytes) {
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                       "tenant '%s' would hold %zu more bytes than its %zu: its quota is %zu",
+                       tn->name, add + reserve, tn->bytes, r->limits.tenant_quota_bytes);
+  } else if (!charge(tn, st)) {
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for an entry");
+  }
+  if (!rc) {
+    reg_oom = false;
+    HASH_ADD(hh, r->by_handle, handle, REG_HANDLE_BYTES, e);
+    if (!reg_oom && named) {
+      HASH_ADD(hh_name, tn->names, name, strlen(e->name), e);
+      if (reg_oom)
+        HASH_DELETE(hh, r->by_handle, e);
+    }
+    if (reg_oom) {
+      uncharge(tn, st);
+      rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for an entry");
+    }
   }
   if (rc) {
     pthread_mutex_unlock(&r->mu);
     entry_free(e); /* releases t or up */
     return rc;
   }
-  snprintf(e->tenant, sizeof e->tenant, "%s", s->tenant);
-  if (name && *name)
-    snprintf(e->name, sizeof e->name, "%s", name);
-  if ((name && *name) || keep) {
-    uint64_t ttl = ttl_ms ? ttl_ms : r->limits.default_ttl_ms;
-    e->expires_ms = ttl ? reg_now_ms() + (int64_t)ttl : 0;
+  e->tn = tn;
+  tn->refs++;
+  tn->tensors++;
+  e->charged = st;
+  e->reserved = reserve;
+  tn->bytes += reserve;
+  if (!up && (named || keep)) {
+    set_expiry(r, e, ttl_ms);
   } else {
-    e->owner_pipe = pipe;
+    e->owner = s;
+    e->snext = s->owned;
+    if (s->owned)
+      s->owned->sprev = e;
+    s->owned = e;
   }
-  tn->bytes += new_bytes;
   e->next = r->entries;
+  if (r->entries)
+    r->entries->prev = e;
   r->entries = e;
   r->count++;
+  r->uploads += up != NULL;
+  tn->uploads += up != NULL;
   pthread_mutex_unlock(&r->mu);
   *out = e;
   return TPORT_OK;
@@ -241,33 +504,31 @@ int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const c
 int reg_find(registry *r, uint32_t pipe, const uint8_t *handle, size_t handle_len, const char *name,
              reg_entry **out, tport_err *err)
 {
-  pthread_mutex_lock(&r->mu);
-  reg_session *s = session_get(r, pipe, true);
-  const char *tenant = s ? s->tenant : "default";
-  reg_entry *hit = NULL;
-  if (handle_len == REG_HANDLE_BYTES) {
-    for (reg_entry *e = r->entries; e; e = e->next)
-      if (memcmp(e->handle, handle, REG_HANDLE_BYTES) == 0 && strcmp(e->tenant, tenant) == 0) {
-        hit = e;
-        break;
-      }
-  } else if (handle_len == 0 && name && *name) {
-    hit = find_name(r, tenant, name);
-  } else if (handle_len != 0) {
-    pthread_mutex_unlock(&r->mu);
+  if (handle_len != 0 && handle_len != REG_HANDLE_BYTES)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "ref.handle is %zu bytes: handles are %d",
                          handle_len, REG_HANDLE_BYTES);
-  } else {
-    pthread_mutex_unlock(&r->mu);
+  if (handle_len == 0 && (!name || !*name))
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "ref has neither a handle nor a name");
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, pipe);
+  reg_entry *hit = NULL;
+  if (!s) {
+    pthread_mutex_unlock(&r->mu);
+    return tport_err_set(err, TPORT_ABORTED, "the connection is closing");
+  }
+  if (handle_len) {
+    HASH_FIND(hh, r->by_handle, handle, REG_HANDLE_BYTES, hit);
+    if (hit && hit->tn != s->tn)
+      hit = NULL; /* another tenant's: exactly as if it did not exist */
+  } else if (strlen(name) < REG_NAME_MAX) {
+    hit = find_name(s->tn, name);
   }
   if (hit)
     hit->refs++;
   pthread_mutex_unlock(&r->mu);
   if (!hit)
-    return name && *name && handle_len == 0
-               ? tport_err_set(err, TPORT_NOT_FOUND, "no tensor named '%.100s'", name)
-               : tport_err_set(err, TPORT_NOT_FOUND, "no tensor with that handle");
+    return handle_len == 0 ? tport_err_set(err, TPORT_NOT_FOUND, "no tensor named '%.100s'", name)
+                           : tport_err_set(err, TPORT_NOT_FOUND, "no tensor with that handle");
   *out = hit;
   return TPORT_OK;
 }
@@ -291,36 +552,196 @@ void reg_remove(registry *r, reg_entry *e)
   pthread_mutex_unlock(&r->mu);
 }
 
-void reg_ready(registry *r, reg_entry *e, tport_tensor *t)
+bool reg_connection_scoped(registry *r, const reg_entry *e)
 {
   pthread_mutex_lock(&r->mu);
+  bool scoped = e->owner != NULL;
+  pthread_mutex_unlock(&r->mu);
+  return scoped;
+}
+
+/* ---------------------------------------------------------------- uploads */
+
+static bool bit(const uint8_t *b, uint64_t i)
+{
+  return b[i / 8] >> (i % 8) & 1;
+}
+
+static void set_bit(uint8_t *b, uint64_t i, bool v)
+{
+  if (v)
+    b[i / 8] |= (uint8_t)(1u << (i % 8));
+  else
+    b[i / 8] &= (uint8_t) ~(1u << (i % 8));
+}
+
+/* The upload of e, if it is still receiving.  mu held. */
+static reg_upload *receiving(reg_entry *e, tport_err *err)
+{
+  if (e->removed)
+    return tport_err_set(err, TPORT_ABORTED, "the upload was aborted"), NULL;
+  if (e->state != REG_UPLOADING)
+    return tport_err_set(err, TPORT_FAILED_PRECONDITION,
+                         "ref is not an upload in progress (already committed)"),
+           NULL;
+  if (e->up->state != UP_RECEIVING)
+    return tport_err_set(err, TPORT_FAILED_PRECONDITION, "the upload is being committed"), NULL;
+  return e->up;
+}
+
+int reg_chunk_claim(registry *r, reg_entry *e, uint64_t offset, size_t len,
+                    tport_tensor **landing, tport_err *err)
+{
+  *landing = NULL;
+  pthread_mutex_lock(&r->mu);
+  reg_upload *up = receiving(e, err);
+  int rc = up ? TPORT_OK : err->code;
+  uint64_t first = 0, end = 0;
+  if (!rc && up->nbytes == 0) {
+    /* an empty tensor: the only chunk is the empty one at 0, and it is
+     * complete from the start */
+    if (offset != 0 || len != 0)
+      rc = tport_err_set(err, TPORT_OUT_OF_RANGE,
+                         "the tensor has no bytes: the only chunk is offset 0 with none");
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+  }
+  if (!rc && offset >= up->nbytes)
+    rc = tport_err_set(err, TPORT_OUT_OF_RANGE, "offset %llu is past the tensor's %zu bytes",
+                       (unsigned long long)offset, up->nbytes);
+  else if (!rc && offset % up->chunk_bytes)
+    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                       "offset %llu is not a multiple of the chunk size %zu: chunks may not "
+                       "overlap",
+                       (unsigned long long)offset, up->chunk_bytes);
+  else if (!rc && (len > up->nbytes - offset ||
+                   (offset + len != up->nbytes && len % up->chunk_bytes) || len == 0))
+    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                       "chunk at offset %llu carries %zu bytes: it must carry %zu",
+                       (unsigned long long)offset, len,
+                       up->nbytes - offset < up->chunk_bytes ? up->nbytes - (size_t)offset
+                                                             : up->chunk_bytes);
+  if (!rc) {
+    first = offset / up->chunk_bytes;
+    end = first + (len + up->chunk_bytes - 1) / up->chunk_bytes;
+    uint64_t done = 0;
+    for (uint64_t i = first; i < end && !rc; i++) {
+      if (bit(up->claimed, i) && !bit(up->received, i))
+        rc = tport_err_set(err, TPORT_ABORTED,
+                           "chunk %llu is being written by another request: retry",
+                           (unsigned long long)i);
+      done += bit(up->received, i);
+    }
+    if (!rc && done == end - first) {
+      pthread_mutex_unlock(&r->mu);
+      return TPORT_OK; /* all written already: idempotent */
+    }
+    if (!rc && done)
+      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "bytes [%llu, %llu) were partly written already",
+                         (unsigned long long)offset, (unsigned long long)(offset + len));
+  }
+  if (!rc) {
+    for (uint64_t i = first; i < end; i++)
+      set_bit(up->claimed, i, true);
+    up->inflight++;
+    *landing = tensor_retain(up->landing);
+  }
+  pthread_mutex_unlock(&r->mu);
+  return rc;
+}
+
+void reg_chunk_done(registry *r, reg_entry *e, uint64_t offset, size_t len, bool ok)
+{
+  pthread_mutex_lock(&r->mu);
+  reg_upload *up = e->up; /* not freed while a chunk is in flight: commit waits for none */
+  uint64_t first = offset / up->chunk_bytes;
+  uint64_t end = first + (len + up->chunk_bytes - 1) / up->chunk_bytes;
+  up->inflight--;
+  for (uint64_t i = first; i < end; i++) {
+    if (ok) {
+      set_bit(up->received, i, true);
+      up->nreceived++;
+    } else {
+      set_bit(up->claimed, i, false);
+    }
+  }
+  pthread_mutex_unlock(&r->mu);
+}
+
+int reg_commit_begin(registry *r, reg_entry *e, tport_tensor **landing, to_options *convert,
+                     bool *needs_convert, tport_err *err)
+{
+  pthread_mutex_lock(&r->mu);
+  reg_upload *up = receiving(e, err);
+  int rc = up ? TPORT_OK : err->code;
+  if (!rc && up->inflight)
+    rc = tport_err_set(err, TPORT_FAILED_PRECONDITION, "%d chunk%s still being written",
+                       up->inflight, up->inflight == 1 ? " is" : "s are");
+  else if (!rc && up->nreceived != up->nchunks)
+    rc = tport_err_set(err, TPORT_FAILED_PRECONDITION, "%llu of %llu chunks are missing",
+                       (unsigned long long)(up->nchunks - up->nreceived),
+                       (unsigned long long)up->nchunks);
+  if (!rc) {
+    up->state = UP_COMMITTING;
+    *landing = tensor_retain(up->landing);
+    *convert = up->convert;
+    *needs_convert = up->needs_convert;
+  }
+  pthread_mutex_unlock(&r->mu);
+  return rc;
+}
+
+int reg_commit_end(registry *r, reg_entry *e, tport_tensor *final, tport_err *err)
+{
+  pthread_mutex_lock(&r->mu);
+  if (e->removed) {
+    pthread_mutex_unlock(&r->mu);
+    tensor_release(final);
+    return tport_err_set(err, TPORT_ABORTED, "the upload was aborted during its commit");
+  }
   reg_upload *up = e->up;
+  reg_tenant *tn = e->tn;
+  /* the tenant now pays for the stored tensor's storage, not the landing's
+   * nor the reservation (charged before uncharged: they may be one storage) */
+  if (!charge(tn, final->storage)) {
+    up->state = UP_RECEIVING;
+    pthread_mutex_unlock(&r->mu);
+    tensor_release(final);
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for an entry");
+  }
+  uncharge(tn, e->charged);
+  e->charged = final->storage;
+  tn->bytes -= e->reserved;
+  e->reserved = 0;
   e->up = NULL;
-  e->tensor = t;
+  e->tensor = final;
   e->state = REG_READY;
-  /* the tenant now holds the stored tensor's bytes, not the landing's */
-  size_t bytes = t->storage->nbytes;
-  reg_tenant *tn = e->removed ? NULL : tenant_get(r, e->tenant);
-  if (tn)
-    tn->bytes = tn->bytes - e->bytes + bytes;
-  e->bytes = bytes;
+  r->uploads--;
+  tn->uploads--;
+  if (up->keep) {
+    owner_unlink(e);
+    set_expiry(r, e, up->ttl_ms);
+  }
   pthread_mutex_unlock(&r->mu);
   reg_upload_free(up);
+  return TPORT_OK;
 }
+
+void reg_commit_fail(registry *r, reg_entry *e)
+{
+  pthread_mutex_lock(&r->mu);
+  if (e->up)
+    e->up->state = UP_RECEIVING;
+  pthread_mutex_unlock(&r->mu);
+}
+
+/* ---------------------------------------------------------------- the rest */
 
 int reg_expire(registry *r, int64_t now_ms)
 {
   int n = 0;
   pthread_mutex_lock(&r->mu);
-  for (reg_session **p = &r->sessions; *p;) {
-    reg_session *s = *p;
-    if (!s->alive && now_ms - s->dropped_ms > REG_TOMBSTONE_MS) {
-      *p = s->next;
-      free(s);
-    } else {
-      p = &s->next;
-    }
-  }
   for (reg_entry *e = r->entries, *next; e; e = next) {
     next = e->next;
     if (e->expires_ms && e->expires_ms <= now_ms) {
@@ -335,19 +756,16 @@ int reg_expire(registry *r, int64_t now_ms)
 int reg_list(registry *r, uint32_t pipe, reg_entry ***out, size_t *n)
 {
   pthread_mutex_lock(&r->mu);
-  reg_session *s = session_get(r, pipe, true);
-  const char *tenant = s ? s->tenant : "default";
-  size_t count = 0;
-  for (reg_entry *e = r->entries; e; e = e->next)
-    count += strcmp(e->tenant, tenant) == 0 && e->state == REG_READY;
+  reg_session *s = session_find(r, pipe);
+  size_t count = s ? (size_t)s->tn->tensors : 0;
   reg_entry **v = calloc(count ? count : 1, sizeof *v);
   if (!v) {
     pthread_mutex_unlock(&r->mu);
     return TPORT_RESOURCE_EXHAUSTED;
   }
   size_t i = 0;
-  for (reg_entry *e = r->entries; e; e = e->next)
-    if (strcmp(e->tenant, tenant) == 0 && e->state == REG_READY) {
+  for (reg_entry *e = r->entries; s && e && i < count; e = e->next)
+    if (e->tn == s->tn && e->state == REG_READY) {
       e->refs++;
       v[i++] = e;
     }
@@ -357,17 +775,28 @@ int reg_list(registry *r, uint32_t pipe, reg_entry ***out, size_t *n)
   return TPORT_OK;
 }
 
-void reg_counts(registry *r, uint64_t *entries, uint64_t *uploads, uint64_t *bytes)
+void reg_counts(registry *r, reg_stats *out)
 {
+  memset(out, 0, sizeof *out);
   pthread_mutex_lock(&r->mu);
-  uint64_t n = 0, u = 0, b = 0;
-  for (reg_entry *e = r->entries; e; e = e->next) {
-    n++;
-    u += e->state == REG_UPLOADING;
-    b += e->bytes;
+  out->tensors = r->count;
+  out->uploads = r->uploads;
+  for (reg_tenant *t = r->tenants; t; t = t->hh.next)
+    out->bytes += t->bytes;
+  out->sessions = r->nsessions;
+  out->tenants = r->ntenants;
+  pthread_mutex_unlock(&r->mu);
+}
+
+void reg_tenant_counts(registry *r, uint32_t pipe, reg_stats *out)
+{
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, pipe);
+  if (s) {
+    out->tensors = s->tn->tensors;
+    out->bytes = s->tn->bytes;
+    out->uploads = s->tn->uploads;
   }
   pthread_mutex_unlock(&r->mu);
-  *entries = n;
-  *uploads = u;
-  *bytes = b;
 }

@@ -1,18 +1,30 @@
 /*
- * registry.h: the server's tensors, sessions and tenants.
+ * registry.h: the server's tensors, sessions and tenants, and what each may
+ * hold.
  *
- * A session is one connection (an nng pipe) and belongs to a tenant.  A
- * tensor is either connection-scoped (unnamed: freed when its connection
- * goes) or kept for its tenant under a unique name with a time to live.  A
- * handle is 128 random bits; a handle or name of another tenant is "not
- * found".  Entries are refcounted: a handler holds its own reference while
- * it works, so a concurrent free or disconnect never pulls a tensor from
- * under it.  Bytes are accounted per tenant against a quota.
+ * A session is one connection (an nng pipe): it exists from the pipe's
+ * ADD_PRE event to its REM_POST event, never longer, and belongs to one
+ * tenant.  A tensor is either connection-scoped (owned by its session, freed
+ * when the connection goes) or kept for its tenant under a unique name with a
+ * time to live.  An upload always belongs to its connection until it is
+ * committed, whatever its name.  A handle is 128 random bits; a handle or
+ * name of another tenant is "not found".  Entries are refcounted: a handler
+ * holds its own reference while it works, so a concurrent free or disconnect
+ * never pulls a tensor from under it.  Handles, names, sessions and tenants
+ * are found through hash tables.
+ *
+ * What a tenant pays for is storage: each distinct storage its entries
+ * reference is counted once, however many views and aliases reference it,
+ * for as long as any of them lives; plus what is reserved (the converted
+ * result of an upload in progress, the host copies of gets in progress).
+ * One mutex guards it all; every operation under it is O(1) but reg_expire
+ * and the dropping of a session (O(what that session owns)).
  */
 #ifndef TPORT_REGISTRY_H
 #define TPORT_REGISTRY_H
 
 #include <pthread.h>
+#include <uthash.h>
 
 #include "engine.h"
 
@@ -22,8 +34,13 @@
 
 typedef enum { REG_UPLOADING, REG_READY } reg_state;
 
-/* An upload in progress (PutBegin .. PutCommit). */
+/* An upload's life: RECEIVING (chunks are claimed and written) ->
+ * COMMITTING (one PutCommit owns it; chunks are refused) -> the entry turns
+ * READY and the upload is freed; a failed commit goes back to RECEIVING. */
+typedef enum { UP_RECEIVING, UP_COMMITTING } upload_state;
+
 typedef struct reg_upload {
+  upload_state state;
   tport_tensor *landing; /* the bytes land here, in the client's layout */
   size_t nbytes, chunk_bytes;
   uint64_t nchunks;
@@ -33,73 +50,99 @@ typedef struct reg_upload {
   /* what commit makes of the landing tensor */
   to_options convert;
   bool needs_convert;
+  /* what commit makes of the entry: kept for the tenant (named or keep) */
+  bool keep;
+  uint64_t ttl_ms;
 } reg_upload;
+
+struct reg_tenant;
+struct reg_session;
 
 typedef struct reg_entry {
   uint8_t handle[REG_HANDLE_BYTES];
   char name[REG_NAME_MAX]; /* "" when unnamed */
-  char tenant[REG_TENANT_MAX];
-  uint32_t owner_pipe; /* 0: kept for the tenant */
-  int64_t expires_ms;  /* 0: no time limit */
+  struct reg_tenant *tn;
+  struct reg_session *owner; /* NULL: kept for the tenant */
+  int64_t expires_ms;        /* 0: no time limit */
   reg_state state;
   tport_tensor *tensor; /* READY */
   reg_upload *up;       /* UPLOADING */
-  size_t bytes;         /* accounted to the tenant */
-  int refs;             /* the registry's own plus one per holder */
+  const tport_storage *charged; /* the storage the tenant pays for (NULL: none) */
+  size_t reserved;              /* bytes reserved beyond it */
+  int refs;                     /* the registry's own plus one per holder */
   bool removed;
-  struct reg_entry *next;
+  UT_hash_handle hh;      /* by handle */
+  UT_hash_handle hh_name; /* by name, in its tenant */
+  struct reg_entry *prev, *next;   /* every entry */
+  struct reg_entry *sprev, *snext; /* its owner session's */
 } reg_entry;
-
-/* A closed session is kept this long so late requests of its pipe fail. */
-#define REG_TOMBSTONE_MS (10 * 60 * 1000)
-
-typedef struct reg_session {
-  uint32_t pipe;
-  char tenant[REG_TENANT_MAX];
-  bool alive;
-  int64_t dropped_ms;
-  int inflight_chunks;
-  struct reg_session *next;
-} reg_session;
 
 typedef struct reg_limits {
   size_t max_tensor_bytes;
   size_t tenant_quota_bytes;
+  uint64_t max_tensors; /* per tenant, uploads included */
   int max_inflight_chunks;
+  int max_outstanding; /* requests per connection not yet answered */
+  int max_transfers;   /* gets in progress per connection */
   uint64_t default_ttl_ms;
+  uint64_t max_ttl_ms;
 } reg_limits;
 
 typedef struct registry {
   pthread_mutex_t mu;
-  reg_entry *entries;
-  reg_session *sessions;
+  reg_entry *by_handle; /* hash */
+  reg_entry *entries;   /* list */
+  struct reg_session *sessions;
   struct reg_tenant *tenants;
   reg_limits limits;
-  uint64_t count;
+  uint64_t count, uploads, nsessions, ntenants;
 } registry;
 
 void reg_init(registry *r, const reg_limits *limits);
-/* Frees every entry (the server is stopping). */
+/* Frees every entry, session and tenant (the server is stopping). */
 void reg_destroy(registry *r);
 
-/* The session of a pipe, created on first sight (tenant "default"). */
-void reg_session_touch(registry *r, uint32_t pipe);
-void reg_session_set_tenant(registry *r, uint32_t pipe, const char *tenant);
-/* The pipe went away: its connection-scoped tensors and half-done uploads go. */
-void reg_session_drop(registry *r, uint32_t pipe);
+/* A connection arrived (the pipe's ADD_PRE event: before its first
+ * request): its session, of tenant "default". */
+void reg_session_open(registry *r, uint32_t pipe);
+/* The connection went (REM_POST): its connection-scoped tensors and
+ * uploads go, then the session itself.  A request of that pipe still in a
+ * worker finds no session and registers nothing. */
+void reg_session_close(registry *r, uint32_t pipe);
+/* Fixes the session's tenant, once: a later call naming another tenant is
+ * PERMISSION_DENIED and changes nothing (as is one on a connection that
+ * already holds something). */
+int reg_session_set_tenant(registry *r, uint32_t pipe, const char *tenant, tport_err *err);
+/* The session's tenant name into buf; false when the session is gone. */
+bool reg_session_tenant(registry *r, uint32_t pipe, char *buf, size_t len);
+
+/* A request of the pipe arrived / was answered.  enter is false when the
+ * pipe has max_outstanding requests unanswered already (or is gone): the
+ * caller drops the connection. */
+bool reg_request_enter(registry *r, uint32_t pipe);
+void reg_request_leave(registry *r, uint32_t pipe);
 /* Claims an in-flight chunk slot for the pipe (RESOURCE_EXHAUSTED past the limit). */
 int reg_chunk_enter(registry *r, uint32_t pipe, tport_err *err);
 void reg_chunk_leave(registry *r, uint32_t pipe);
 
+/* A get in progress of the pipe that holds bytes of host memory: counted
+ * against the connection's transfer limit and its tenant's quota.  Fails
+ * with ABORTED when the connection is gone.  On success *tn is a tenant
+ * reference for reg_transfer_leave. */
+int reg_transfer_enter(registry *r, uint32_t pipe, size_t bytes, struct reg_tenant **tn,
+                       tport_err *err);
+void reg_transfer_leave(registry *r, uint32_t pipe, struct reg_tenant *tn, size_t bytes);
+
 /* Registers a ready tensor t, or an upload up (exactly one of the two; the
  * entry takes ownership of it, and frees it on failure) for the pipe's
- * session.  name may be NULL or ""; a named entry, or one with keep, is kept for
- * the tenant with a time to live (ttl_ms 0: the default), any other lives with
- * the connection.  new_bytes is
- * what the entry adds to the tenant's quota.  Returns the entry with a
- * reference for the caller (reg_put it). */
+ * session.  name may be NULL or ""; a named ready tensor, or one with keep,
+ * is kept for the tenant with a time to live (ttl_ms 0: the default; over
+ * the maximum: INVALID_ARGUMENT), any other lives with the connection (an
+ * upload always does until its commit).  The tenant pays for the tensor's
+ * storage unless it already does, plus reserve bytes.  Returns the entry
+ * with a reference for the caller (reg_put it). */
 int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
-            bool keep, uint64_t ttl_ms, size_t new_bytes, reg_entry **out, tport_err *err);
+            bool keep, uint64_t ttl_ms, size_t reserve, reg_entry **out, tport_err *err);
 /* Finds a tensor by handle bytes or name, for the pipe's tenant; NOT_FOUND
  * otherwise (another tenant's handle included). */
 int reg_find(registry *r, uint32_t pipe, const uint8_t *handle, size_t handle_len, const char *name,
@@ -107,15 +150,43 @@ int reg_find(registry *r, uint32_t pipe, const uint8_t *handle, size_t handle_le
 void reg_put(registry *r, reg_entry *e);
 /* Removes an entry (free, abort); its memory goes once no holder remains. */
 void reg_remove(registry *r, reg_entry *e);
-/* Turns an upload into a ready tensor (and accounts its bytes instead of the
- * landing tensor's). */
-void reg_ready(registry *r, reg_entry *e, tport_tensor *t);
+/* True when the entry lives with a connection rather than its tenant. */
+bool reg_connection_scoped(registry *r, const reg_entry *e);
+
+/* The upload's state machine (every transition under the registry's lock).
+ * Claims the whole chunks of bytes [offset, offset + len) for writing:
+ * *landing is a reference to the landing tensor to write them into, or NULL
+ * when they were all written already (chunks are idempotent). */
+int reg_chunk_claim(registry *r, reg_entry *e, uint64_t offset, size_t len,
+                    tport_tensor **landing, tport_err *err);
+/* The claimed chunks were written (ok) or not (they can be sent again). */
+void reg_chunk_done(registry *r, reg_entry *e, uint64_t offset, size_t len, bool ok);
+/* RECEIVING -> COMMITTING when every chunk arrived and none is being
+ * written; *landing (a reference) and *up's conversion are the caller's to
+ * use until reg_commit_end or reg_commit_fail. */
+int reg_commit_begin(registry *r, reg_entry *e, tport_tensor **landing, to_options *convert,
+                     bool *needs_convert, tport_err *err);
+/* COMMITTING -> READY with the stored tensor final (the entry takes it): the
+ * tenant now pays for final's storage instead of the landing's and the
+ * reservation; a named or kept upload goes to its tenant.  ABORTED (final
+ * released) when the entry was removed meanwhile. */
+int reg_commit_end(registry *r, reg_entry *e, tport_tensor *final, tport_err *err);
+/* COMMITTING -> RECEIVING: the commit failed; it may be tried again. */
+void reg_commit_fail(registry *r, reg_entry *e);
+
 /* Removes expired entries. */
 int reg_expire(registry *r, int64_t now_ms);
 /* Entries of the pipe's tenant (references held; reg_put each, free the array). */
 int reg_list(registry *r, uint32_t pipe, reg_entry ***out, size_t *n);
-/* Tenant bytes and entry counts for stats. */
-void reg_counts(registry *r, uint64_t *entries, uint64_t *uploads, uint64_t *bytes);
+
+typedef struct reg_stats {
+  uint64_t tensors, uploads, bytes; /* of the tenant, or of everyone */
+  uint64_t sessions, tenants;       /* server-wide only */
+} reg_stats;
+/* Server-wide counts. */
+void reg_counts(registry *r, reg_stats *out);
+/* The counts of the pipe's tenant. */
+void reg_tenant_counts(registry *r, uint32_t pipe, reg_stats *out);
 
 int64_t reg_now_ms(void);
 void reg_upload_free(reg_upload *up);

@@ -91,6 +91,11 @@ static nng_msg *handle(server *s, srv_ctx *x)
     rc = tport_err_set(&c.err, TPORT_DEADLINE_EXCEEDED,
                        "the request waited %lld ms in the queue (deadline %lu ms)",
                        (long long)(mono_ms() - queued_ms), s->cfg.deadline_ms);
+  if (!rc && v.payload_len && v.method != TPORT__METHOD__METHOD_PUT_BEGIN &&
+      v.method != TPORT__METHOD__METHOD_PUT_CHUNK)
+    rc = tport_err_set(&c.err, TPORT_INVALID_ARGUMENT,
+                       "%s takes no payload: %zu bytes came after the request", md->name,
+                       v.payload_len);
   if (!rc)
     rc = frame_unpack(&v, md->input, &c.req, &c.err);
   if (!rc) {
@@ -115,10 +120,48 @@ static nng_msg *handle(server *s, srv_ctx *x)
 
 /* ---------------------------------------------------------------- contexts */
 
+/* Waits for the next request (no time limit).  A callback that sees the
+ * server stopping never re-arms: server_stop then stops every aio. */
 static void ctx_recv(srv_ctx *x)
 {
   x->state = CTX_RECV;
+  nng_aio_set_timeout(x->aio, NNG_DURATION_INFINITE);
   nng_ctx_recv(x->ctx, x->aio);
+}
+
+/* A connection over a limit is dropped: that costs only itself. */
+static void drop_pipe(server *s, nng_pipe p, const char *why)
+{
+  atomic_fetch_add(&s->dropped, 1);
+  log_msg(LOG_WARN, "connection %u dropped: %s", (unsigned)nng_pipe_id(p), why);
+  nng_pipe_close(p);
+}
+
+/* The request of x is done: its reply (if any) goes out with a time limit,
+ * else x waits for the next request. */
+static void ctx_finish(server *s, srv_ctx *x, nng_msg *reply)
+{
+  pthread_mutex_lock(&s->qmu);
+  if (reply && !s->stopping) {
+    x->state = CTX_SEND;
+    atomic_fetch_add(&s->bytes_out, nng_msg_len(reply));
+    nng_aio_set_msg(x->aio, reply);
+    /* a connection that does not take its replies must not hold this
+     * context for ever: past the time limit it is dropped */
+    nng_aio_set_timeout(x->aio, (nng_duration)s->cfg.send_timeout_ms);
+    nng_ctx_send(x->ctx, x->aio);
+    pthread_mutex_unlock(&s->qmu);
+    return;
+  }
+  if (reply)
+    nng_msg_free(reply);
+  reg_request_leave(&s->reg, nng_pipe_id(x->pipe));
+  x->pipe = (nng_pipe)NNG_PIPE_INITIALIZER;
+  if (--s->busy == 0)
+    pthread_cond_broadcast(&s->idle);
+  if (!s->stopping)
+    ctx_recv(x);
+  pthread_mutex_unlock(&s->qmu);
 }
 
 static void ctx_cb(void *arg)
@@ -128,22 +171,28 @@ static void ctx_cb(void *arg)
   int rv = nng_aio_result(x->aio);
   switch (x->state) {
   case CTX_RECV:
-    if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
-      return;
     if (rv != 0) {
-      ctx_recv(x);
+      if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
+        return;
+      pthread_mutex_lock(&s->qmu);
+      if (!s->stopping)
+        ctx_recv(x);
+      pthread_mutex_unlock(&s->qmu);
       return;
     }
     x->msg = nng_aio_get_msg(x->aio);
+    x->pipe = nng_msg_get_pipe(x->msg);
     x->queued_ms = mono_ms();
     x->state = CTX_WORK;
     x->chunk = CHUNK_NONE;
-    if (nng_msg_len(x->msg) >= FRAME_HEADER_BYTES) {
+    /* every request of a connection counts until it is answered: one that
+     * sends more than its share without reading is dropped */
+    x->drop = !reg_request_enter(&s->reg, nng_pipe_id(x->pipe));
+    if (!x->drop && nng_msg_len(x->msg) >= FRAME_HEADER_BYTES) {
       const uint8_t *h = nng_msg_body(x->msg);
-      if ((h[6] << 8 | h[7]) == TPORT__METHOD__METHOD_PUT_CHUNK) {
-        uint32_t pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(x->msg));
-        x->chunk = reg_chunk_enter(&s->reg, pipe, &x->chunk_err) ? CHUNK_REFUSED : CHUNK_COUNTED;
-      }
+      if ((h[6] << 8 | h[7]) == TPORT__METHOD__METHOD_PUT_CHUNK)
+        x->chunk = reg_chunk_enter(&s->reg, nng_pipe_id(x->pipe), &x->chunk_err) ? CHUNK_REFUSED
+                                                                               : CHUNK_COUNTED;
     }
     pthread_mutex_lock(&s->qmu);
     x->next = NULL;
@@ -156,20 +205,26 @@ static void ctx_cb(void *arg)
     pthread_cond_signal(&s->qcv);
     pthread_mutex_unlock(&s->qmu);
     return;
-  case CTX_SEND:
+  case CTX_SEND: {
+    nng_pipe p = x->pipe;
     if (rv != 0) {
       nng_msg *m = nng_aio_get_msg(x->aio);
+      nng_aio_set_msg(x->aio, NULL);
       if (m)
         nng_msg_free(m);
+      if (rv == NNG_ETIMEDOUT)
+        drop_pipe(s, p, "it does not read its replies");
     }
+    reg_request_leave(&s->reg, nng_pipe_id(p));
     pthread_mutex_lock(&s->qmu);
+    x->pipe = (nng_pipe)NNG_PIPE_INITIALIZER;
     if (--s->busy == 0)
       pthread_cond_broadcast(&s->idle);
+    if (!s->stopping && rv != NNG_ECLOSED && rv != NNG_ECANCELED)
+      ctx_recv(x);
     pthread_mutex_unlock(&s->qmu);
-    if (rv == NNG_ECLOSED)
-      return;
-    ctx_recv(x);
     return;
+  }
   case CTX_WORK: return;
   }
 }
@@ -189,24 +244,18 @@ static void *worker_main(void *arg)
     s->qhead = x->next;
     if (!s->qhead)
       s->qtail = NULL;
+    bool stopping = s->stopping; /* past the grace period: what is queued is not run */
     pthread_mutex_unlock(&s->qmu);
-    nng_msg *reply = handle(s, x);
+    nng_msg *reply = NULL;
+    if (x->drop && !stopping)
+      drop_pipe(s, x->pipe, "too many requests unanswered");
+    else if (!x->drop && !stopping)
+      reply = handle(s, x);
     if (x->chunk == CHUNK_COUNTED)
-      reg_chunk_leave(&s->reg, (uint32_t)nng_pipe_id(nng_msg_get_pipe(x->msg)));
+      reg_chunk_leave(&s->reg, nng_pipe_id(x->pipe));
     nng_msg_free(x->msg);
     x->msg = NULL;
-    x->state = CTX_SEND;
-    if (reply) {
-      atomic_fetch_add(&s->bytes_out, nng_msg_len(reply));
-      nng_aio_set_msg(x->aio, reply);
-      nng_ctx_send(x->ctx, x->aio);
-    } else {
-      /* could not even build an error reply: drop it; the client times out */
-      pthread_mutex_lock(&s->qmu);
-      s->busy--;
-      pthread_mutex_unlock(&s->qmu);
-      ctx_recv(x);
-    }
+    ctx_finish(s, x, reply);
   }
 }
 
@@ -216,13 +265,15 @@ static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
   server *s = arg;
   uint32_t id = (uint32_t)nng_pipe_id(p);
-  if (ev == NNG_PIPE_EV_ADD_POST) {
-    reg_session_touch(&s->reg, id);
+  if (ev == NNG_PIPE_EV_ADD_PRE) {
+    /* before the pipe's first request can arrive */
+    reg_session_open(&s->reg, id);
     log_msg(LOG_DEBUG, "connection %u opened", id);
   } else if (ev == NNG_PIPE_EV_REM_POST) {
-    reg_session_drop(&s->reg, id);
-    transfers_drop(s, id);
-    log_msg(LOG_DEBUG, "connection %u closed: its tensors and uploads are freed", id);
+    /* the session first, then its transfers (see transfers_insert) */
+    reg_session_close(&s->reg, id);
+    transfers_drop(&s->xfers, id);
+    log_msg(LOG_DEBUG, "connection %u closed: its tensors, uploads and gets are freed", id);
   }
 }
 
@@ -241,6 +292,10 @@ static void *reaper_main(void *arg)
     int n = reg_expire(&s->reg, reg_now_ms());
     if (n)
       log_msg(LOG_INFO, "%d tensor%s expired", n, n == 1 ? "" : "s");
+    n = transfers_expire(&s->xfers, transfers_now_ms(), (int64_t)s->cfg.transfer_timeout_ms);
+    if (n)
+      log_msg(LOG_INFO, "%d get%s not read for %lu ms ended", n, n == 1 ? "" : "s",
+              s->cfg.transfer_timeout_ms);
     storage_reap(false);
     pthread_mutex_lock(&s->rmu);
   }
@@ -296,14 +351,18 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
   pthread_mutex_init(&s->qmu, NULL);
   pthread_cond_init(&s->qcv, NULL);
   pthread_cond_init(&s->idle, NULL);
-  pthread_mutex_init(&s->tmu, NULL);
   pthread_mutex_init(&s->rmu, NULL);
   pthread_cond_init(&s->rcv, NULL);
   reg_limits lim = {.max_tensor_bytes = cfg->max_tensor_bytes,
                     .tenant_quota_bytes = cfg->tenant_quota_bytes,
+                    .max_tensors = cfg->max_tensors,
                     .max_inflight_chunks = cfg->max_inflight_chunks,
-                    .default_ttl_ms = (uint64_t)cfg->ttl_s * 1000};
+                    .max_outstanding = cfg->max_outstanding,
+                    .max_transfers = cfg->max_transfers,
+                    .default_ttl_ms = (uint64_t)cfg->ttl_s * 1000,
+                    .max_ttl_ms = (uint64_t)cfg->max_ttl_s * 1000};
   reg_init(&s->reg, &lim);
+  transfers_init(&s->xfers, &s->reg);
   int rc = configure_devices(cfg->devices, err);
   if (!rc && cfg->kernel_cache) {
     tport_err e2;
@@ -319,7 +378,7 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
     free(s);
     return rc;
   }
-  nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_POST, pipe_cb, s);
+  nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_PRE, pipe_cb, s);
   nng_pipe_notify(s->sock, NNG_PIPE_EV_REM_POST, pipe_cb, s);
   s->nworkers = cfg->workers;
   s->workers = calloc((size_t)s->nworkers, sizeof *s->workers);
@@ -382,18 +441,29 @@ void server_stop(server *s, unsigned long grace_ms)
   if (s->busy > 0)
     log_msg(LOG_WARN, "%d request%s still in flight after %lu ms: aborted", s->busy,
             s->busy == 1 ? "" : "s", grace_ms);
+  /* From here no callback re-arms and no worker sends or runs what is
+   * queued; then every aio is stopped (pending receives and sends are
+   * aborted, callbacks waited for) before the socket closes, so that
+   * nng_close has nothing of ours left to wait for. */
   s->stopping = true;
   pthread_cond_broadcast(&s->qcv);
   pthread_mutex_unlock(&s->qmu);
-  /* workers drain what is queued and exit; then the socket closes */
+  for (int i = 0; i < s->nctx; i++)
+    if (s->ctxs[i].aio)
+      nng_aio_stop(s->ctxs[i].aio);
   for (int i = 0; i < s->nworkers; i++)
     pthread_join(s->workers[i], NULL);
-  nng_close(s->sock); /* aborts every pending recv/send: callbacks see NNG_ECLOSED */
   for (int i = 0; i < s->nctx; i++) {
-    if (s->ctxs[i].aio) {
-      nng_aio_stop(s->ctxs[i].aio);
+    nng_msg *m = s->ctxs[i].aio ? nng_aio_get_msg(s->ctxs[i].aio) : NULL;
+    if (m && s->ctxs[i].state == CTX_SEND)
+      nng_msg_free(m); /* a reply whose send was aborted */
+    if (s->ctxs[i].aio)
+      nng_aio_set_msg(s->ctxs[i].aio, NULL);
+  }
+  nng_close(s->sock);
+  for (int i = 0; i < s->nctx; i++) {
+    if (s->ctxs[i].aio)
       nng_aio_free(s->ctxs[i].aio);
-    }
     if (s->ctxs[i].msg)
       nng_msg_free(s->ctxs[i].msg);
   }
@@ -402,7 +472,7 @@ void server_stop(server *s, unsigned long grace_ms)
   pthread_cond_broadcast(&s->rcv);
   pthread_mutex_unlock(&s->rmu);
   pthread_join(s->reaper, NULL);
-  transfers_drop(s, 0);
+  transfers_destroy(&s->xfers);
   reg_destroy(&s->reg);
   engine_synchronize_all();
   free(s->ctxs);

@@ -1,6 +1,6 @@
 /*
  * server_internal.h: what the server's files share: the server, a request
- * being handled (call), get transfers and the handler table.
+ * being handled (call) and the handler table.
  */
 #ifndef TPORT_SERVER_INTERNAL_H
 #define TPORT_SERVER_INTERNAL_H
@@ -13,9 +13,9 @@
 #include "frame.h"
 #include "registry.h"
 #include "server.h"
+#include "transfers.h"
 
 #define SERVER_METHODS 18 /* 1..17 */
-#define TRANSFER_ID_BYTES 16
 
 typedef enum { CTX_RECV, CTX_WORK, CTX_SEND } ctx_state;
 
@@ -31,25 +31,11 @@ typedef struct srv_ctx {
    * moment it arrives until its reply is built. */
   enum { CHUNK_NONE, CHUNK_COUNTED, CHUNK_REFUSED } chunk;
   tport_err chunk_err;
+  nng_pipe pipe;  /* of the request held */
+  bool drop;      /* the connection is over its limit: drop it, answer nothing */
   struct srv_ctx *next; /* work queue link */
 } srv_ctx;
 
-/* A get in progress: the tensor's bytes in logical C order on the host. */
-typedef struct get_transfer {
-  uint8_t id[TRANSFER_ID_BYTES];
-  uint32_t pipe;
-  tport_tensor *host;
-  size_t nbytes;
-  size_t served; /* bytes sent; the transfer ends when all were */
-  bool synced;
-  /* read-ahead of a device tensor: one copy and one fence per chunk */
-  size_t chunk;
-  int nfences;
-  const backend_ops **fence_be;
-  be_event **fence;
-  int refs; /* the list's (until it ends) plus one per chunk being served */
-  struct get_transfer *next;
-} get_transfer;
 
 struct server {
   server_config cfg;
@@ -66,13 +52,12 @@ struct server {
   int busy; /* requests queued or being handled */
   bool stopping;
   registry reg;
-  pthread_mutex_t tmu;
-  get_transfer *transfers;
+  transfers xfers;
   pthread_t reaper;
   pthread_mutex_t rmu; /* guards reaper_stop */
   pthread_cond_t rcv;
   bool reaper_stop;
-  atomic_uint_fast64_t requests[SERVER_METHODS], errors, bytes_in, bytes_out;
+  atomic_uint_fast64_t requests[SERVER_METHODS], errors, bytes_in, bytes_out, dropped;
   int64_t started_ms;
 };
 
@@ -114,8 +99,5 @@ int h_info(call *c);
 int h_list(call *c);
 int h_free(call *c);
 int h_sync(call *c);
-
-/* Drops the get transfers of a pipe (or all, with pipe 0). */
-void transfers_drop(struct server *s, uint32_t pipe);
 
 #endif

@@ -87,22 +87,27 @@ int wire_format(int v, const char *field, tport_memory_format *out, tport_err *e
 }
 
 int wire_register_result(call *c, reg_entry *in, tport_tensor *res, bool aliased, const char *name,
-                         bool keep, uint64_t ttl_ms, bool fresh_storage, reg_entry **out)
+                         bool keep, uint64_t ttl_ms, reg_entry **out)
 {
-  if (aliased && (!name || !*name) && (!keep || in->owner_pipe == 0)) {
+  registry *r = &c->srv->reg;
+  if (aliased && (!name || !*name) && (!keep || !reg_connection_scoped(r, in))) {
     tensor_release(res);
-    pthread_mutex_lock(&c->srv->reg.mu);
+    pthread_mutex_lock(&r->mu);
     in->refs++;
-    pthread_mutex_unlock(&c->srv->reg.mu);
+    pthread_mutex_unlock(&r->mu);
     *out = in;
     return TPORT_OK;
   }
-  size_t bytes = fresh_storage && !aliased ? res->storage->nbytes : 0;
-  if (bytes > c->srv->cfg.max_tensor_bytes) {
-    tensor_release(res);
+  return reg_add(r, c->pipe, res, NULL, name, keep, ttl_ms, 0, out, &c->err);
+}
+
+int wire_check_bytes(call *c, const char *what, int64_t numel, size_t esize)
+{
+  int64_t bytes;
+  size_t limit = c->srv->cfg.max_tensor_bytes;
+  if (numel < 0 || __builtin_mul_overflow(numel, (int64_t)esize, &bytes) || (uint64_t)bytes > limit)
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED,
-                         "the result is %zu bytes: the limit per tensor is %zu", bytes,
-                         c->srv->cfg.max_tensor_bytes);
-  }
-  return reg_add(&c->srv->reg, c->pipe, res, NULL, name, keep, ttl_ms, bytes, out, &c->err);
+                         "%s would be %lld elements of %zu bytes: the limit per tensor is %zu bytes",
+                         what, (long long)numel, esize, limit);
+  return TPORT_OK;
 }

@@ -28,9 +28,14 @@ int wire_format(int v, const char *field, tport_memory_format *out, tport_err *e
 /* A status OK message (static, shared). */
 Tport__Status *wire_ok(void);
 /* Registers a result of to/contiguous/view: aliased results with no name
- * reuse the input's entry (unless keep asks to keep a connection-scoped input).  On success *out
- * holds a reference. */
+ * reuse the input's entry (unless keep asks to keep a connection-scoped
+ * input).  The tenant pays for the result's storage unless it already does.
+ * On success *out holds a reference. */
 int wire_register_result(call *c, reg_entry *in, tport_tensor *res, bool aliased, const char *name,
-                         bool keep, uint64_t ttl_ms, bool fresh_storage, reg_entry **out);
+                         bool keep, uint64_t ttl_ms, reg_entry **out);
+/* The work of a request is bounded by what it makes and what it iterates:
+ * numel elements of esize bytes (overflow-checked) must fit in --max-tensor,
+ * else RESOURCE_EXHAUSTED naming `what`. */
+int wire_check_bytes(call *c, const char *what, int64_t numel, size_t esize);
 
 #endif

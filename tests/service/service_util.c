@@ -21,6 +21,7 @@ void svc_config(server_config *cfg)
   cfg->chunk_bytes = 64 << 10; /* small chunks: many in flight even for small tensors */
   cfg->log_level = 1;
   cfg->workers = 4;
+  cfg->admin = strdup(SVC_OPERATOR); /* sees server-wide Stats */
 }
 
 server *svc_start_with(server_config *cfg, char *url, size_t len)
@@ -66,8 +67,9 @@ pid_t svc_spawn(const char *url, const char *const *extra)
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a test that failed */
     const char *argv[32] = {TPORTD_PATH,   "--listen", url,       "--devices", "cpu,sim:2",
-                            "--log-level", "1",        "--chunk", "65536"};
-    int n = 9;
+                            "--log-level", "1",        "--chunk", "65536",
+                            "--admin",     SVC_OPERATOR};
+    int n = 11;
     for (int i = 0; extra && extra[i] && n < 30; i++)
       argv[n++] = extra[i];
     argv[n] = NULL;

@@ -11,7 +11,10 @@
 #include "server.h"
 #include "tport.h"
 
-/* The tests' defaults (cpu,sim:2, 64 KiB chunks), to adjust before
+/* The operator tenant of the tests' servers (--admin). */
+#define SVC_OPERATOR "ops"
+
+/* The tests' defaults (cpu,sim:2, 64 KiB chunks, operator SVC_OPERATOR), to adjust before
  * svc_start_with, which starts it in this process on a fresh inproc:// URL
  * (and frees the config). */
 void svc_config(server_config *cfg);

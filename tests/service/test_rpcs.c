@@ -135,7 +135,13 @@ static void every_rpc(void)
   free(all);
   cr_assert_eq(tport_sync(c, &a.ref, &err), 0);
   cr_assert_eq(tport_sync(c, NULL, &err), 0);
-  cr_assert_geq(svc_counter(c, "requests_PutChunk"), 1);
+  /* a tenant sees its own counters; the operator sees the server's */
+  cr_assert_geq(svc_counter(c, "tensors"), 4);
+  cr_assert_eq(svc_counter(c, "requests_PutChunk"), -1, "server-wide counters are the operator's");
+  tport_client *op = svc_connect(url, SVC_OPERATOR);
+  cr_assert_geq(svc_counter(op, "requests_PutChunk"), 1);
+  cr_assert_geq(svc_counter(op, "sessions"), 2);
+  tport_close(op);
   cr_assert_eq(tport_free(c, &byname, &err), 0);
   cr_assert_eq(tport_info(c, &byname, &i, &err), TPORT_NOT_FOUND);
   cr_assert_eq(tport_free(c, &a.ref, &err), 0);

@@ -1,0 +1,77 @@
+/*
+ * transfers.h: the gets in progress.
+ *
+ * A get copies a tensor into host memory in logical C order (GetBegin) and
+ * serves it in byte ranges (GetChunk).  A transfer belongs to the connection
+ * that began it: it counts against that connection's limit of gets in
+ * progress and its tenant's quota (for the host copy it holds), it ends
+ * once every byte was served, when it has not been read from for the idle
+ * timeout, or with its connection.  Transfers are found by their 128-bit
+ * random id in a hash table.
+ */
+#ifndef TPORT_TRANSFERS_H
+#define TPORT_TRANSFERS_H
+
+#include <pthread.h>
+#include <uthash.h>
+
+#include "backend.h"
+#include "registry.h"
+
+#define TRANSFER_ID_BYTES 16
+
+typedef struct get_transfer {
+  uint8_t id[TRANSFER_ID_BYTES];
+  uint32_t pipe;
+  tport_tensor *host;
+  size_t nbytes;
+  size_t served; /* bytes sent; the transfer ends when all were */
+  bool synced;
+  /* read-ahead of a device tensor: one copy and one fence per chunk */
+  size_t chunk;
+  int nfences;
+  const backend_ops **fence_be;
+  be_event **fence;
+  /* what it costs its tenant (reg_transfer_enter) */
+  struct reg_tenant *tn;
+  size_t charged;
+  int64_t last_ms; /* monotonic: when it was last read from */
+  int refs;        /* the table's (while listed) plus one per chunk being served */
+  bool listed;
+  UT_hash_handle hh;
+} get_transfer;
+
+typedef struct transfers {
+  pthread_mutex_t mu;
+  registry *reg;
+  get_transfer *by_id;
+  uint64_t count;
+} transfers;
+
+void transfers_init(transfers *ts, registry *reg);
+/* Ends every transfer (the server is stopping). */
+void transfers_destroy(transfers *ts);
+
+/* Counts a new transfer of g->pipe that will hold `charge` bytes against the
+ * connection's and its tenant's limits (g->tn, g->charged are set). */
+int transfers_reserve(transfers *ts, get_transfer *g, size_t charge, tport_err *err);
+/* Lists g (its id must be set) if its connection still lives; ABORTED
+ * otherwise (then the caller frees it with transfers_free). */
+int transfers_insert(transfers *ts, get_transfer *g, tport_err *err);
+/* Frees a transfer that was never listed (or whose last reference went). */
+void transfers_free(transfers *ts, get_transfer *g);
+
+/* The pipe's transfer of that id, with a reference (transfers_release). */
+get_transfer *transfers_get(transfers *ts, uint32_t pipe, const uint8_t *id);
+/* Drops the reference; `served` bytes more went out, and once all have the
+ * transfer ends. */
+void transfers_release(transfers *ts, get_transfer *g, size_t served);
+/* Ends the transfers of a pipe (or all, with pipe 0). */
+void transfers_drop(transfers *ts, uint32_t pipe);
+/* Ends the transfers not read from for idle_ms. */
+int transfers_expire(transfers *ts, int64_t now_mono_ms, int64_t idle_ms);
+uint64_t transfers_count(transfers *ts);
+
+int64_t transfers_now_ms(void); /* the monotonic clock of last_ms */
+
+#endif
