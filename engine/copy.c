@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <time.h>
+
 #include "cpu_kernels.h"
 #include "engine.h"
 #include "staging.h"
@@ -110,6 +112,58 @@ static void build_plan(const tport_tensor *dst, const tport_tensor *src, plan *p
   plan_build(p, dst->layout.ndim, dst->layout.sizes, 2, strides);
 }
 
+/* ---------------------------------------------------------------- deadlines */
+
+static _Thread_local int64_t deadline_ms;
+
+void engine_set_deadline(int64_t mono_ms)
+{
+  deadline_ms = mono_ms;
+}
+
+int64_t engine_deadline(void)
+{
+  return deadline_ms;
+}
+
+static bool past_deadline(void)
+{
+  if (!deadline_ms)
+    return false;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 > deadline_ms;
+}
+
+/* Runs the kernel of plan p in pieces along its outermost dimension (each
+ * about ENGINE_PIECE_ELEMS elements), checking the thread's deadline before
+ * each: the same elements, in the same per-element way, so the bits are
+ * those of one launch. */
+static int kernel_in_pieces(const backend_ops *be, int dev, be_stream *s, const plan *p, char *dst,
+                            tport_dtype dt, const char *src, tport_dtype st, unsigned flags,
+                            tport_err *err)
+{
+  int64_t numel = plan_numel(p);
+  if (!deadline_ms || p->ndim == 0 || numel <= ENGINE_PIECE_ELEMS)
+    return be->copy_kernel(dev, s, p, dst, dt, src, st, flags, err);
+  int outer = p->ndim - 1;
+  int64_t rows = p->shape[outer], per_row = numel / rows;
+  int64_t step = ENGINE_PIECE_ELEMS / per_row > 0 ? ENGINE_PIECE_ELEMS / per_row : 1;
+  for (int64_t r = 0; r < rows; r += step) {
+    if (past_deadline())
+      return tport_err_set(err, TPORT_DEADLINE_EXCEEDED,
+                           "the request ran past its deadline (%lld of %lld rows done)",
+                           (long long)r, (long long)rows);
+    plan piece = *p;
+    piece.shape[outer] = rows - r < step ? rows - r : step;
+    int rc = be->copy_kernel(dev, s, &piece, dst + r * p->strides[0][outer], dt,
+                             src + r * p->strides[1][outer], st, flags, err);
+    if (rc)
+      return rc;
+  }
+  return TPORT_OK;
+}
+
 /* ---------------------------------------------------------------- paths */
 
 static int run_kernel(tport_tensor *dst, tport_tensor *src, const plan *p, unsigned flags,
@@ -121,13 +175,17 @@ static int run_kernel(tport_tensor *dst, tport_tensor *src, const plan *p, unsig
   int rc = storage_wait(dst->storage, be, s, err);
   if (!rc && src->storage != dst->storage)
     rc = storage_wait(src->storage, be, s, err);
-  if (!rc)
-    rc = be->copy_kernel(dev.index, s, p, data_ptr(dst), dst->dtype, data_ptr(src), src->dtype,
-                         flags, err);
   if (rc)
     return rc;
+  rc = kernel_in_pieces(be, dev.index, s, p, data_ptr(dst), dst->dtype, data_ptr(src), src->dtype,
+                        flags, err);
+  /* whatever ran is marked, an interrupted sequence of pieces included */
   tport_storage *sts[2] = {dst->storage, src->storage};
-  return storage_mark(sts, src->storage == dst->storage ? 1 : 2, be, dev.index, s, err);
+  tport_err merr;
+  int mrc = storage_mark(sts, src->storage == dst->storage ? 1 : 2, be, dev.index, s, &merr);
+  if (!rc && mrc)
+    *err = merr;
+  return rc ? rc : mrc;
 }
 
 /* After a byte copy between devices, apply the conj/neg bits in place. */

@@ -110,6 +110,16 @@ enum {
 void engine_set_test_faults(unsigned faults);
 unsigned engine_test_faults(void);
 
+/* A deadline for the engine work of the calling thread (CLOCK_MONOTONIC
+ * milliseconds; 0: none).  A kernel over more than ENGINE_PIECE_ELEMS
+ * elements runs in pieces along its outermost dimension, and past the
+ * deadline no further piece starts: the call returns DEADLINE_EXCEEDED (a
+ * copy_ into an existing tensor then leaves it partly written; work already
+ * queued on a device stream completes). */
+#define ENGINE_PIECE_ELEMS ((int64_t)1 << 24)
+void engine_set_deadline(int64_t mono_ms);
+int64_t engine_deadline(void);
+
 /* Waits for all work of every device and frees deferred storages and the
  * staging pool's cache. */
 void engine_synchronize_all(void);

@@ -7,10 +7,31 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "log.h"
 #include "server.h"
+
+/* The last resort of a shutdown: server_stop waits for the requests that
+ * are running (a conversion is bounded by --max-tensor but may take
+ * seconds); past grace + 1.5 s the process ends anyway, so that an
+ * orchestrator's SIGTERM always ends it in time. */
+static unsigned long watchdog_ms;
+
+static void *watchdog_main(void *arg)
+{
+  (void)arg;
+  struct timespec ts = {.tv_sec = (time_t)(watchdog_ms / 1000),
+                        .tv_nsec = (long)(watchdog_ms % 1000) * 1000000};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+  log_msg(LOG_WARN, "requests still running %lu ms after the signal: exiting without them",
+          watchdog_ms);
+  _exit(0);
+  return NULL;
+}
 
 int main(int argc, char **argv)
 {
@@ -48,6 +69,10 @@ int main(int argc, char **argv)
   sigwait(&set, &sig);
   log_msg(LOG_INFO, "%s: stopping (grace %lu ms)", sig == SIGINT ? "SIGINT" : "SIGTERM",
           cfg.grace_ms);
+  watchdog_ms = cfg.grace_ms + 1500;
+  pthread_t wd;
+  if (pthread_create(&wd, NULL, watchdog_main, NULL) == 0)
+    pthread_detach(wd);
   server_stop(s, cfg.grace_ms);
   log_msg(LOG_INFO, "stopped");
   config_free(&cfg);

@@ -3,6 +3,7 @@
 #include <complex.h>
 #include <criterion/criterion.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine.h"
 
@@ -310,4 +311,36 @@ Test(engine, wrap_host_and_read_write)
       tensor_wrap_host(buf, sizeof buf, TPORT_FLOAT32, 1, (int64_t[]){7}, NULL, 0, &bad, &err),
       TPORT_OUT_OF_RANGE);
   tensor_release(t);
+}
+
+/* Hostile clients, defect 6: a deadline stops a running copy between pieces
+ * of work; without one (or before it) the same copy runs whole, and a copy
+ * run in pieces gives the bits of one run. */
+Test(engine, deadline_stops_a_copy_between_pieces)
+{
+  int64_t sz[2] = {64, ENGINE_PIECE_ELEMS / 16}; /* 4 pieces' worth of floats */
+  int64_t tsz[2] = {sz[1], sz[0]};
+  tport_tensor *src = arange_f32(2, sz), *dst, *ref;
+  cr_assert_eq(tensor_empty(CPU, TPORT_FLOAT64, 2, tsz, TPORT_MF_CONTIGUOUS, 0, &dst, NULL), 0);
+  cr_assert_eq(tensor_empty(CPU, TPORT_FLOAT64, 2, tsz, TPORT_MF_CONTIGUOUS, 0, &ref, NULL), 0);
+  tport_tensor *srct;
+  tport_err e;
+  /* a transposed, converting copy: the strided kernel, not a memcpy */
+  cr_assert_eq(tensor_as_strided(src, 2, tsz, (int64_t[]){1, sz[1]}, 0, &srct, &e), 0);
+  engine_set_deadline(1); /* long past */
+  cr_assert_eq(tensor_copy_(dst, srct, false, &e), TPORT_DEADLINE_EXCEEDED);
+  cr_assert(strstr(e.msg, "deadline"), "%s", e.msg);
+  engine_set_deadline(0);
+  cr_assert_eq(tensor_copy_(ref, srct, false, &e), 0, "%s", e.msg);
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  engine_set_deadline((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + 600000);
+  cr_assert_eq(tensor_copy_(dst, srct, false, &e), 0, "%s", e.msg);
+  engine_set_deadline(0);
+  cr_assert_eq(memcmp(dst->storage->ptr, ref->storage->ptr, tensor_nbytes(ref)), 0,
+               "pieces must give the bits of one run");
+  tensor_release(srct);
+  tensor_release(src);
+  tensor_release(dst);
+  tensor_release(ref);
 }
