@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "client_internal.h"
 #include "dtype.h"
@@ -28,6 +29,9 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : 60000;
   c->keep = opts && opts->keep;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  c->credits = 1; /* the Hello */
   int rv = nng_req0_open(&c->sock);
   if (rv) {
     free(c);
@@ -56,6 +60,13 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
   c->window = r->max_inflight_chunks ? (int)r->max_inflight_chunks : 4;
   if (c->window > CLIENT_MAX_WINDOW)
     c->window = CLIENT_MAX_WINDOW;
+  /* a server that does not say gets what this library kept to before */
+  int most = r->max_outstanding ? (int)r->max_outstanding : 32;
+  if (c->window > most)
+    c->window = most;
+  pthread_mutex_lock(&c->mu);
+  c->credits = most;
+  pthread_mutex_unlock(&c->mu);
   protobuf_c_message_free_unpacked(&r->base, NULL);
   *out = c;
   return TPORT_OK;
@@ -66,7 +77,41 @@ void tport_close(tport_client *c)
   if (!c)
     return;
   nng_close(c->sock);
+  pthread_mutex_destroy(&c->mu);
+  pthread_cond_destroy(&c->cv);
   free(c);
+}
+
+int client_credits_take(tport_client *c, int k, tport_err *err)
+{
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += c->timeout_ms / 1000;
+  until.tv_nsec += (long)(c->timeout_ms % 1000) * 1000000;
+  if (until.tv_nsec >= 1000000000) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000;
+  }
+  int rc = TPORT_OK;
+  pthread_mutex_lock(&c->mu);
+  while (c->credits < k && !rc)
+    if (pthread_cond_timedwait(&c->cv, &c->mu, &until) != 0 && c->credits < k)
+      rc = tport_err_set(err, TPORT_DEADLINE_EXCEEDED,
+                         "%d requests of this client's other threads are still in flight after "
+                         "%d ms",
+                         k, c->timeout_ms);
+  if (!rc)
+    c->credits -= k;
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+void client_credits_give(tport_client *c, int k)
+{
+  pthread_mutex_lock(&c->mu);
+  c->credits += k;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
 }
 
 /* ---------------------------------------------------------------- the RPC core */
@@ -209,9 +254,14 @@ int client_rpc(tport_client *c, uint16_t method, const ProtobufCMessage *q, cons
 {
   client_slot s;
   nng_msg *m;
-  int rc = client_slot_open(c, &s, err);
+  int rc = client_credits_take(c, 1, err);
   if (rc)
     return rc;
+  rc = client_slot_open(c, &s, err);
+  if (rc) {
+    client_credits_give(c, 1);
+    return rc;
+  }
   rc = client_pack(method, q, payload, n, &m, err);
   if (!rc) {
     client_slot_send(&s, m);
@@ -225,6 +275,7 @@ int client_rpc(tport_client *c, uint16_t method, const ProtobufCMessage *q, cons
     s.reply = NULL;
   }
   client_slot_close(&s);
+  client_credits_give(c, 1);
   return rc;
 }
 

@@ -3,6 +3,7 @@
 #define TPORT_CLIENT_INTERNAL_H
 
 #include <nng/nng.h>
+#include <pthread.h>
 
 #include "frame.h"
 #include "tport.h"
@@ -15,6 +16,11 @@ struct tport_client {
   size_t chunk_bytes; /* the server's */
   int window;
   bool keep;
+  /* requests in flight across all threads stay within the server's
+   * max_outstanding (it drops a connection that goes past it) */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int credits;
 };
 
 /* A request in flight on its own context. */
@@ -40,6 +46,10 @@ int client_unpack(uint16_t method, nng_msg *m, const ProtobufCMessageDescriptor 
 int client_rpc(tport_client *c, uint16_t method, const ProtobufCMessage *q, const void *payload,
                size_t n, const ProtobufCMessageDescriptor *d, ProtobufCMessage **out,
                client_payload *reply_payload, tport_err *err);
+/* Takes k request credits, all at once (so that threads that each need
+ * several never deadlock), waiting up to the client's timeout. */
+int client_credits_take(tport_client *c, int k, tport_err *err);
+void client_credits_give(tport_client *c, int k);
 int client_slot_open(tport_client *c, client_slot *s, tport_err *err);
 void client_slot_close(client_slot *s);
 void client_slot_send(client_slot *s, nng_msg *m);

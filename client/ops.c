@@ -28,7 +28,10 @@ static int run_window(tport_client *c, size_t nbytes, size_t chunk, window_make_
   client_slot slots[CLIENT_MAX_WINDOW];
   int nslots = 0, rc = TPORT_OK, head = 0, inflight = 0;
   size_t next = 0, done = 0;
-  while (nslots < c->window && (rc = client_slot_open(c, &slots[nslots], err)) == TPORT_OK)
+  int credits = c->window;
+  if ((rc = client_credits_take(c, credits, err)) != TPORT_OK)
+    return rc;
+  while (nslots < credits && (rc = client_slot_open(c, &slots[nslots], err)) == TPORT_OK)
     nslots++;
   if (nslots > 0)
     rc = TPORT_OK; /* fewer contexts than the window: still fine */
@@ -61,6 +64,7 @@ static int run_window(tport_client *c, size_t nbytes, size_t chunk, window_make_
   }
   for (int i = 0; i < nslots; i++)
     client_slot_close(&slots[i]);
+  client_credits_give(c, credits);
   return rc;
 }
 

@@ -248,6 +248,10 @@ int config_check(const server_config *c, tport_err *err)
   if (c->ttl_s > c->max_ttl_s)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--ttl %lu is over --max-ttl %lu", c->ttl_s,
                          c->max_ttl_s);
+  if (c->window > c->max_outstanding)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "--window %d is over --max-outstanding %d: a client's window must fit",
+                         c->window, c->max_outstanding);
   if (c->max_outstanding > c->contexts)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT,
                          "--max-outstanding %d is over --contexts %d: one connection could hold "

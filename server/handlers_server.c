@@ -27,6 +27,7 @@ int h_hello(call *c)
   r.max_message_bytes = c->srv->cfg.max_message_bytes;
   r.max_chunk_bytes = c->srv->cfg.chunk_bytes;
   r.max_inflight_chunks = (uint32_t)c->srv->cfg.window;
+  r.max_outstanding = (uint32_t)c->srv->cfg.max_outstanding;
   return call_reply(c, &r.base, NULL, 0);
 }
 

@@ -36,6 +36,7 @@ typedef struct reg_session {
   uint32_t pipe;
   reg_tenant *tn;
   bool tenant_fixed; /* by Hello */
+  bool dropped;      /* the server is closing it */
   int inflight_chunks, outstanding, transfers;
   reg_entry *owned; /* list (sprev/snext) */
   UT_hash_handle hh;
@@ -306,11 +307,22 @@ bool reg_session_tenant(registry *r, uint32_t pipe, char *buf, size_t len)
   return s != NULL;
 }
 
+bool reg_session_mark_dropped(registry *r, uint32_t pipe)
+{
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, pipe);
+  bool first = s && !s->dropped;
+  if (s)
+    s->dropped = true;
+  pthread_mutex_unlock(&r->mu);
+  return first;
+}
+
 bool reg_request_enter(registry *r, uint32_t pipe)
 {
   pthread_mutex_lock(&r->mu);
   reg_session *s = session_find(r, pipe);
-  bool ok = s && s->outstanding < r->limits.max_outstanding;
+  bool ok = s && !s->dropped && s->outstanding < r->limits.max_outstanding;
   if (s)
     s->outstanding++; /* left by reg_request_leave whatever happens */
   pthread_mutex_unlock(&r->mu);

@@ -120,6 +120,9 @@ bool reg_session_tenant(registry *r, uint32_t pipe, char *buf, size_t len);
  * pipe has max_outstanding requests unanswered already (or is gone): the
  * caller drops the connection. */
 bool reg_request_enter(registry *r, uint32_t pipe);
+/* The server is dropping the pipe's connection: true the first time (its
+ * later requests are dropped unanswered too). */
+bool reg_session_mark_dropped(registry *r, uint32_t pipe);
 void reg_request_leave(registry *r, uint32_t pipe);
 /* Claims an in-flight chunk slot for the pipe (RESOURCE_EXHAUSTED past the limit). */
 int reg_chunk_enter(registry *r, uint32_t pipe, tport_err *err);

@@ -102,7 +102,10 @@ static nng_msg *handle(server *s, srv_ctx *x)
     atomic_fetch_add(&s->requests[v.method], 1);
     c.payload = v.payload;
     c.payload_len = v.payload_len;
+    /* the deadline covers the time queued and the time running */
+    engine_set_deadline(queued_ms + (int64_t)s->cfg.deadline_ms);
     rc = handler_for(v.method)(&c);
+    engine_set_deadline(0);
     protobuf_c_message_free_unpacked(c.req, NULL);
   }
   if (rc || !c.out) {
@@ -132,8 +135,10 @@ static void ctx_recv(srv_ctx *x)
 /* A connection over a limit is dropped: that costs only itself. */
 static void drop_pipe(server *s, nng_pipe p, const char *why)
 {
-  atomic_fetch_add(&s->dropped, 1);
-  log_msg(LOG_WARN, "connection %u dropped: %s", (unsigned)nng_pipe_id(p), why);
+  if (reg_session_mark_dropped(&s->reg, nng_pipe_id(p))) {
+    atomic_fetch_add(&s->dropped, 1);
+    log_msg(LOG_WARN, "connection %u dropped: %s", (unsigned)nng_pipe_id(p), why);
+  }
   nng_pipe_close(p);
 }
 

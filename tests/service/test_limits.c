@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -284,5 +285,117 @@ Test(limits, uvm_puts_are_managed_and_move)
   cr_assert_eq(tport_put(c, TPORT_INT32, 1, (int64_t[]){64}, NULL, v, sizeof v, &po, &a, &err), 0);
   cr_assert_not(a.managed, "host tensors are not managed");
   tport_close(c);
+  server_stop(s, 1000);
+}
+
+/* --max-outstanding drops a connection that has too many requests
+ * unanswered; libtport keeps to the limit the server gave in Hello across
+ * all the threads of one client, so a busy well-behaved client is never
+ * dropped. */
+typedef struct {
+  tport_client *c;
+  int id, failures;
+} busy_thread;
+
+static void *busy_puts(void *arg)
+{
+  busy_thread *b = arg;
+  int64_t n = 300 << 10; /* 5 chunks of 64 KiB */
+  uint8_t *v = malloc((size_t)n), *back = malloc((size_t)n);
+  for (int round = 0; round < 4; round++) {
+    memset(v, b->id * 16 + round, (size_t)n);
+    tport_tensor_info t;
+    tport_err err;
+    if (tport_put(b->c, TPORT_UINT8, 1, &n, NULL, v, (size_t)n, NULL, &t, &err) ||
+        tport_get(b->c, &t.ref, back, (size_t)n, NULL, NULL, NULL, &err) ||
+        memcmp(v, back, (size_t)n) != 0 || tport_free(b->c, &t.ref, &err))
+      b->failures++;
+  }
+  free(v);
+  free(back);
+  return NULL;
+}
+
+Test(limits, many_threads_on_one_client_stay_within_max_outstanding)
+{
+  char url[128];
+  server_config cfg;
+  svc_config(&cfg);
+  cfg.max_outstanding = 6;
+  cfg.window = 4;
+  server *s = svc_start_with(&cfg, url, sizeof url);
+  tport_client *c = svc_connect(url, "busy");
+  enum { THREADS = 8 };
+  pthread_t th[THREADS];
+  busy_thread b[THREADS];
+  for (int i = 0; i < THREADS; i++) {
+    b[i] = (busy_thread){.c = c, .id = i};
+    pthread_create(&th[i], NULL, busy_puts, &b[i]);
+  }
+  for (int i = 0; i < THREADS; i++) {
+    pthread_join(th[i], NULL);
+    cr_expect_eq(b[i].failures, 0, "thread %d failed %d rounds", i, b[i].failures);
+  }
+  tport_client *op = svc_connect(url, SVC_OPERATOR);
+  cr_assert_eq(svc_counter(op, "connections_dropped"), 0);
+  tport_close(op);
+  tport_close(c);
+  server_stop(s, 1000);
+}
+
+/* The other side: a raw connection that sends more requests than
+ * --max-outstanding without waiting for replies is dropped, and only it. */
+Test(limits, a_connection_past_max_outstanding_is_dropped)
+{
+  char url[128];
+  server_config cfg;
+  svc_config(&cfg);
+  cfg.max_outstanding = 4;
+  cfg.window = 4;
+  cfg.workers = 1;
+  server *s = svc_start_with(&cfg, url, sizeof url);
+  nng_socket raw;
+  cr_assert_eq(nng_req0_open(&raw), 0);
+  nng_socket_set_ms(raw, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+  cr_assert_eq(nng_dial(raw, url, NULL, 0), 0);
+  enum { N = 64 };
+  nng_ctx ctx[N];
+  nng_aio *aio[N];
+  Tport__SyncRequest q = TPORT__SYNC_REQUEST__INIT;
+  size_t head = frame_head_size(&q.base);
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(nng_ctx_open(&ctx[i], raw), 0);
+    cr_assert_eq(nng_aio_alloc(&aio[i], NULL, NULL), 0);
+    nng_msg *m;
+    nng_msg_alloc(&m, head);
+    frame_write_head(nng_msg_body(m), TPORT__METHOD__METHOD_SYNC, 0, &q.base);
+    nng_aio_set_msg(aio[i], m);
+    nng_ctx_send(ctx[i], aio[i]);
+  }
+  for (int i = 0; i < N; i++) {
+    nng_aio_wait(aio[i]);
+    if (nng_aio_result(aio[i]))
+      nng_msg_free(nng_aio_get_msg(aio[i]));
+  }
+  tport_client *op = svc_connect(url, SVC_OPERATOR);
+  int64_t dropped = 0;
+  for (int i = 0; i < 100 && (dropped = svc_counter(op, "connections_dropped")) < 1; i++)
+    usleep(50000);
+  cr_assert_geq(dropped, 1, "64 requests at once on a connection allowed 4 must drop it");
+  /* everyone else is served */
+  int64_t n = 1000;
+  uint8_t v[1000] = {7}, back[1000];
+  tport_tensor_info t;
+  tport_err err;
+  cr_assert_eq(tport_put(op, TPORT_UINT8, 1, &n, NULL, v, sizeof v, NULL, &t, &err), 0, "%s",
+               err.msg);
+  cr_assert_eq(tport_get(op, &t.ref, back, sizeof back, NULL, NULL, NULL, &err), 0);
+  cr_assert_eq(memcmp(v, back, sizeof v), 0);
+  tport_close(op);
+  for (int i = 0; i < N; i++) {
+    nng_aio_free(aio[i]);
+    nng_ctx_close(ctx[i]);
+  }
+  nng_close(raw);
   server_stop(s, 1000);
 }
