@@ -71,8 +71,8 @@ static const struct {
     {"admin", "TPORT_ADMIN", "LIST",
      "operator tenants (comma-separated): they see server-wide Stats; others see their own"},
     {"max-outstanding", "TPORT_MAX_OUTSTANDING", "N",
-     "requests one connection may have unanswered; past it the connection is dropped (default "
-     "32)"},
+     "requests one connection may have unanswered (libtport keeps to it); past twice that the "
+     "connection is dropped (default 32)"},
     {"send-timeout", "TPORT_SEND_TIMEOUT_MS", "MS",
      "a reply its connection does not take within MS drops that connection (default 10000)"},
     {"max-transfers", "TPORT_MAX_TRANSFERS", "N", "gets in progress per connection (default 16)"},
@@ -252,10 +252,10 @@ int config_check(const server_config *c, tport_err *err)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT,
                          "--window %d is over --max-outstanding %d: a client's window must fit",
                          c->window, c->max_outstanding);
-  if (c->max_outstanding > c->contexts)
+  if (2 * c->max_outstanding > c->contexts)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                         "--max-outstanding %d is over --contexts %d: one connection could hold "
-                         "every context",
+                         "--max-outstanding %d is over half --contexts %d: one connection could "
+                         "hold every context",
                          c->max_outstanding, c->contexts);
   return TPORT_OK;
 }

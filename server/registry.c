@@ -322,7 +322,10 @@ bool reg_request_enter(registry *r, uint32_t pipe)
 {
   pthread_mutex_lock(&r->mu);
   reg_session *s = session_find(r, pipe);
-  bool ok = s && !s->dropped && s->outstanding < r->limits.max_outstanding;
+  /* Twice the limit a client is told: the count falls when a reply's send
+   * completes, which nng reports a little after the reply may already have
+   * reached the client and been answered by a new request. */
+  bool ok = s && !s->dropped && s->outstanding < 2 * r->limits.max_outstanding;
   if (s)
     s->outstanding++; /* left by reg_request_leave whatever happens */
   pthread_mutex_unlock(&r->mu);

@@ -116,9 +116,11 @@ int reg_session_set_tenant(registry *r, uint32_t pipe, const char *tenant, tport
 /* The session's tenant name into buf; false when the session is gone. */
 bool reg_session_tenant(registry *r, uint32_t pipe, char *buf, size_t len);
 
-/* A request of the pipe arrived / was answered.  enter is false when the
- * pipe has max_outstanding requests unanswered already (or is gone): the
- * caller drops the connection. */
+/* A request of the pipe arrived / its reply was sent.  enter is false when
+ * the pipe has twice max_outstanding requests unanswered already (or is
+ * gone): the caller drops the connection.  Clients are told max_outstanding
+ * (HelloReply) and libtport keeps to it; the margin absorbs the delay with
+ * which a send's completion is reported. */
 bool reg_request_enter(registry *r, uint32_t pipe);
 /* The server is dropping the pipe's connection: true the first time (its
  * later requests are dropped unanswered too). */

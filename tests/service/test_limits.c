@@ -381,7 +381,7 @@ Test(limits, a_connection_past_max_outstanding_is_dropped)
   int64_t dropped = 0;
   for (int i = 0; i < 100 && (dropped = svc_counter(op, "connections_dropped")) < 1; i++)
     usleep(50000);
-  cr_assert_geq(dropped, 1, "64 requests at once on a connection allowed 4 must drop it");
+  cr_assert_geq(dropped, 1, "64 requests at once on a connection told 4 must drop it");
   /* everyone else is served */
   int64_t n = 1000;
   uint8_t v[1000] = {7}, back[1000];
