@@ -11,7 +11,7 @@ void config_defaults(server_config *c)
 {
   memset(c, 0, sizeof *c);
   c->workers = 4;
-  c->contexts = 256;
+  c->contexts = 1024;
   c->max_message_bytes = (size_t)80 << 20;
   c->chunk_bytes = (size_t)4 << 20;
   c->window = 8;
@@ -53,7 +53,7 @@ static const struct {
      "devices to serve: cpu, sim:N (N simulated GPUs), cuda (every CUDA GPU); default cpu plus "
      "every CUDA GPU present"},
     {"workers", "TPORT_WORKERS", "N", "engine worker threads (default 4)"},
-    {"contexts", "TPORT_CONTEXTS", "N", "requests served at once (default 256)"},
+    {"contexts", "TPORT_CONTEXTS", "N", "requests served at once (default 1024)"},
     {"max-message", "TPORT_MAX_MESSAGE", "BYTES", "largest request accepted (default 80 MiB)"},
     {"chunk", "TPORT_CHUNK", "BYTES", "put/get chunk size offered to clients (default 4 MiB)"},
     {"window", "TPORT_WINDOW", "N", "chunks a client may keep in flight (default 8)"},

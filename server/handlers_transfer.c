@@ -292,7 +292,9 @@ static int stage_for_get(call *c, tport_tensor *t, bool inline_data, get_transfe
                     .format = TPORT_MF_CONTIGUOUS,
                     .exact_format = true,
                     .non_blocking = true,
-                    .copy = t->conj || t->neg};
+                    /* a managed tensor would otherwise move to the host: a
+                     * get reads, it never changes where a tensor lives */
+                    .copy = t->conj || t->neg || tensor_is_managed(t)};
     return tensor_to(t, &o, &g->host, &aliased, &c->err);
   }
   to_options o = {.has_format = true,
@@ -416,7 +418,7 @@ int h_get_chunk(call *c)
   int rc = TPORT_OK;
   if (q->offset > g->nbytes || q->length > g->nbytes - q->offset)
     rc = tport_err_set(&c->err, TPORT_OUT_OF_RANGE,
-                       "bytes [%llu, +%llu) are outside the tensor's %zu bytes",
+                       "offset %llu + length %llu is outside the tensor's %zu bytes",
                        (unsigned long long)q->offset, (unsigned long long)q->length, g->nbytes);
   else if (q->length > s->cfg.chunk_bytes)
     rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "length %llu is over the chunk size %zu",

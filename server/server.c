@@ -465,6 +465,9 @@ void server_stop(server *s, unsigned long grace_ms)
     if (s->ctxs[i].aio)
       nng_aio_set_msg(s->ctxs[i].aio, NULL);
   }
+  for (int i = 0; i < s->nctx; i++)
+    if (s->ctxs[i].aio)
+      nng_ctx_close(s->ctxs[i].ctx);
   nng_close(s->sock);
   for (int i = 0; i < s->nctx; i++) {
     if (s->ctxs[i].aio)

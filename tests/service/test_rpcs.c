@@ -264,3 +264,29 @@ Test(rpcs, conversions_on_put_dlpack_and_names)
   tport_close(c2);
   stop();
 }
+
+/* A get reads a tensor; it never moves it.  A managed tensor on a device
+ * that fits in one chunk used to come back from the get on the cpu. */
+Test(rpcs, a_get_leaves_a_managed_tensor_where_it_is)
+{
+  start(INPROC);
+  tport_client *c = svc_connect(url, NULL);
+  tport_put_options po;
+  tport_put_options_init(&po);
+  po.device = "sim:0";
+  po.managed = true;
+  int32_t v[64], back[64];
+  for (int i = 0; i < 64; i++)
+    v[i] = i * 3;
+  tport_tensor_info t, i;
+  tport_err err;
+  cr_assert_eq(tport_put(c, TPORT_INT32, 1, (int64_t[]){64}, NULL, v, sizeof v, &po, &t, &err), 0,
+               "%s", err.msg);
+  cr_assert_eq(tport_get(c, &t.ref, back, sizeof back, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+  cr_assert_eq(memcmp(v, back, sizeof v), 0);
+  cr_assert_eq(tport_info(c, &t.ref, &i, &err), 0, "%s", err.msg);
+  cr_assert_str_eq(i.device, "sim:0", "the get moved the tensor to %s", i.device);
+  cr_assert(i.managed);
+  tport_close(c);
+  stop();
+}
