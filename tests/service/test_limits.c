@@ -354,6 +354,11 @@ Test(limits, a_connection_past_max_outstanding_is_dropped)
   cfg.window = 4;
   cfg.workers = 1;
   server *s = svc_start_with(&cfg, url, sizeof url);
+  /* the only worker is kept busy, so that the requests below pile up
+   * unanswered whatever the machine's speed */
+  rawc blocker;
+  raw_open(&blocker, url);
+  block_the_worker(&blocker);
   nng_socket raw;
   cr_assert_eq(nng_req0_open(&raw), 0);
   nng_socket_set_ms(raw, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
@@ -377,6 +382,10 @@ Test(limits, a_connection_past_max_outstanding_is_dropped)
     if (nng_aio_result(aio[i]))
       nng_msg_free(nng_aio_get_msg(aio[i]));
   }
+  char msg[256];
+  raw_finish(&blocker, 0, msg);
+  sim_set_delay(0);
+  raw_close(&blocker);
   tport_client *op = svc_connect(url, SVC_OPERATOR);
   int64_t dropped = 0;
   for (int i = 0; i < 100 && (dropped = svc_counter(op, "connections_dropped")) < 1; i++)
