@@ -5,7 +5,7 @@ SAN_BUILD  ?= build-san
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all build test test-sanitize test-tsan run install deps bench clean
+.PHONY: all build test test-sanitize test-tsan run install deps bench clean fuzz
 
 all: build
 
@@ -36,6 +36,16 @@ test-tsan: deps
 	cmake -S . -B build-tsan -DTPORT_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug $(CMAKE_ARGS)
 	cmake --build build-tsan -j $(JOBS)
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -L stress
+
+# libFuzzer (clang, ASan + UBSan) on the three harnesses of tests/fuzz, each
+# for FUZZ_SECONDS on a scratch copy of its seed corpus; fails on any
+# finding and prints the path of its input (under build-fuzz/fuzz/).
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	CC=clang cmake -S . -B build-fuzz -DTPORT_FUZZ=ON -DTPORT_CUDA=OFF -DTPORT_TESTS=OFF \
+	  -DTPORT_WERROR=OFF $(CMAKE_ARGS)
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_frame fuzz_npy fuzz_server
+	./tests/fuzz/run_fuzzers.sh build-fuzz $(FUZZ_SECONDS)
 
 bench: build
 	./bench/run kernels

@@ -1,9 +1,11 @@
 /* npy.c: .npy read and write (see npy.h). */
 #include "npy.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const struct {
   const char *descr; /* without the byte-order character */
@@ -116,8 +118,9 @@ int npy_read(const char *path, npy_array *out, tport_err *err)
       if (*p == ')')
         break;
       char *end;
+      errno = 0;
       long long v = strtoll(p, &end, 10);
-      if (end == p || v < 0 || out->ndim == TPORT_MAX_DIMS)
+      if (end == p || v < 0 || errno == ERANGE || out->ndim == TPORT_MAX_DIMS)
         rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: bad shape", path);
       else
         out->sizes[out->ndim++] = v;
@@ -133,14 +136,23 @@ int npy_read(const char *path, npy_array *out, tport_err *err)
       numel *= (size_t)out->sizes[d];
     }
     out->nbytes = numel * es;
-    /* C order: last dim fastest; Fortran order: first dim fastest */
+    /* C order: last dim fastest; Fortran order: first dim fastest (an
+     * empty array's other dims may be huge: the strides are checked too) */
     int64_t s = 1;
-    for (int i = 0; i < out->ndim; i++) {
+    for (int i = 0; i < out->ndim && !rc; i++) {
       int d = out->fortran_order ? i : out->ndim - 1 - i;
       out->strides[d] = s;
-      s *= out->sizes[d] > 1 ? out->sizes[d] : 1;
+      if (__builtin_mul_overflow(s, out->sizes[d] > 1 ? out->sizes[d] : 1, &s))
+        rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: shape too large", path);
     }
   }
+  /* the file must hold the bytes its header promises before any are allocated */
+  struct stat stt;
+  long here = rc ? 0 : ftell(f);
+  if (!rc && (here < 0 || fstat(fileno(f), &stt) != 0 ||
+              (S_ISREG(stt.st_mode) && (uint64_t)stt.st_size - (uint64_t)here < out->nbytes)))
+    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: the data is shorter than its shape",
+                       path);
   if (!rc) {
     out->data = malloc(out->nbytes ? out->nbytes : 1);
     if (!out->data || fread(out->data, 1, out->nbytes, f) != out->nbytes)

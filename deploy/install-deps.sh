@@ -10,9 +10,11 @@ PACKAGES=(
   libprotobuf-c-dev protobuf-c-compiler
   libssl-dev                       # TLS engine, HMAC, RAND_bytes
   uthash-dev                       # hash tables of the registry (header-only)
+  dpkg-dev patch                   # deploy/nng/build-nng.sh: nng's Debian source, our fix
   libcriterion-dev                 # test framework
   libdlpack-dev                    # DLPack in/out for libtport
   python3 python3-torch python3-numpy   # differential tests and benchmark baselines
+  clang libclang-rt-14-dev llvm    # make fuzz: libFuzzer + ASan/UBSan runtimes, llvm-symbolizer
 )
 
 missing=()
@@ -20,13 +22,15 @@ for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all dependencies present"
-  exit 0
-fi
-
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-echo "install-deps: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# nng 1.5.2 with our fix for nanomsg/nng#1636 (once; a stamp says it is done)
+"$(dirname "$0")/nng/build-nng.sh"

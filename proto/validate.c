@@ -29,7 +29,7 @@ int validate_desc(int dtype, size_t ndim, const int64_t *sizes, size_t nstrides,
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "storage_offset is %lld: it must be >= 0",
                          (long long)offset);
   meta_layout l = {.ndim = (int)ndim, .offset = offset};
-  int64_t numel = 1;
+  int64_t numel = 1, fresh = 1;
   for (size_t d = 0; d < ndim; d++) {
     if (sizes[d] < 0)
       return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sizes[%zu] is %lld: sizes must be >= 0", d,
@@ -38,6 +38,11 @@ int validate_desc(int dtype, size_t ndim, const int64_t *sizes, size_t nstrides,
     if (!validate_mul(numel, sizes[d], &numel) || numel > VALIDATE_MAX_BYTES)
       return tport_err_set(err, TPORT_INVALID_ARGUMENT,
                            "sizes: the number of elements overflows at sizes[%zu]", d);
+    /* an empty tensor has no elements, but the strides of a fresh tensor
+     * of its sizes (a copy of it) multiply all the others */
+    if (!validate_mul(fresh, sizes[d] > 1 ? sizes[d] : 1, &fresh) || fresh > VALIDATE_MAX_BYTES)
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                           "sizes: the strides of these sizes overflow at sizes[%zu]", d);
   }
   if (nstrides) {
     for (size_t d = 0; d < ndim; d++) {

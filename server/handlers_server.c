@@ -156,7 +156,7 @@ int h_stats(call *c)
     snprintf(label, sizeof label, "requests_%s", frame_method(m)->name);
     COUNTER(label, atomic_load(&s->requests[m]));
   }
-done:
+done:;
 #undef COUNTER
   Tport__StatsReply r = TPORT__STATS_REPLY__INIT;
   r.status = wire_ok();

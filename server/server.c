@@ -10,6 +10,7 @@
  */
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
+#include <openssl/crypto.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -244,6 +245,7 @@ static void *worker_main(void *arg)
     srv_ctx *x = s->qhead;
     if (!x) {
       pthread_mutex_unlock(&s->qmu);
+      OPENSSL_thread_stop(); /* this thread's RAND state */
       return NULL;
     }
     s->qhead = x->next;

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Builds the nng tensorport links with: Debian 12's own nng 1.5.2 source
+# package (the version and patches of libnng-dev), plus closed-pipe-io.patch,
+# our fix for nanomsg/nng#1636 (fixed upstream in 1.6.0): a tcp, ipc or tls
+# pipe closed while a message is between two reads or writes leaves an
+# operation that never completes, and nng's single reaper thread then waits
+# for it for ever -- no closed connection is cleaned up again and nng_close
+# never returns.  A server on a network cannot live with that.
+#
+# Installs a static, position-independent libnng with its headers and CMake
+# package under PREFIX (default /opt/tensorport/nng), once per patch version
+# (a stamp file says which).  TLS is built with the "none" engine: tensorport
+# registers its own (OpenSSL) engine.  Needs root for apt (deb-src) and dpkg-dev.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+PREFIX="${1:-/opt/tensorport/nng}"
+patch_id="$(sha256sum "$here/closed-pipe-io.patch" "$0" | sha256sum | cut -c1-16)"
+stamp="$PREFIX/.tensorport-nng-$patch_id"
+if [ -f "$stamp" ]; then
+  exit 0
+fi
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+work="$(mktemp -d)"
+src_list=/etc/apt/sources.list.d/tensorport-nng-src.sources
+cleanup() {
+  $SUDO rm -f "$src_list"
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "build-nng: fetching Debian's nng 1.5.2 source package"
+# the same mirror as the machine's own Debian sources
+uri="$(grep -h -m1 '^URIs:' /etc/apt/sources.list.d/debian.sources 2>/dev/null | awk '{print $2}')"
+uri="${uri:-http://deb.debian.org/debian}"
+printf 'Types: deb-src\nURIs: %s\nSuites: bookworm\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+  "$uri" | $SUDO tee "$src_list" >/dev/null
+$SUDO apt-get update -qq -o Dir::Etc::sourcelist="$src_list" -o Dir::Etc::sourceparts=- \
+  -o APT::Get::List-Cleanup=0
+(cd "$work" && apt-get source -qq nng=1.5.2-2 2>/dev/null)
+cd "$work/nng-1.5.2"
+patch -p1 -s < "$here/closed-pipe-io.patch"
+
+echo "build-nng: building (static, PIC) into $PREFIX"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_SHARED_LIBS=OFF \
+  -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DNNG_TESTS=OFF -DNNG_TOOLS=OFF \
+  -DNNG_ENABLE_NNGCAT=OFF -DNNG_ENABLE_TLS=ON -DNNG_TLS_ENGINE=none \
+  -DCMAKE_INSTALL_PREFIX="$PREFIX" >/dev/null
+cmake --build build -j "$(nproc)" >/dev/null 2>&1
+$SUDO rm -rf "$PREFIX"
+$SUDO cmake --install build >/dev/null
+$SUDO touch "$stamp"
+echo "build-nng: done"
