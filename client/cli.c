@@ -1,7 +1,7 @@
 /*
  * cli.c: tport, the command line of tensorport.
  *
- *   tport [--url URL] [--tenant T] [--json] COMMAND ...
+ *   tport [--url URL] [--tenant T] [--secret-file F] [--json] COMMAND ...
  *
  * Exit status 0 only on success; errors go to stderr as "tport: CODE: message".
  * Tensors made by the tool are kept for the tenant (with the server's time to
@@ -37,9 +37,11 @@ static int usage_error(const char *fmt, const char *arg)
 
 static void usage(FILE *o)
 {
-  fprintf(o, "usage: tport [--url URL] [--tenant T] [--json] COMMAND ...\n\n"
+  fprintf(o, "usage: tport [--url URL] [--tenant T] [--secret-file F] [--json] COMMAND ...\n\n"
              "  --url URL     the server (default $TPORT_URL, else tcp://127.0.0.1:7450)\n"
              "  --tenant T    the tenant (default $TPORT_TENANT, else default)\n"
+             "  --secret-file F  the tenant's secret, in hex, for a server that authenticates\n"
+             "                (default $TPORT_SECRET_FILE; mode 600)\n"
              "  --json        machine-readable output\n\n"
              "commands (a REF is a handle or a name):\n"
              "  put FILE.npy [--name N] [--device D] [--dtype T] [--memory-format F] [--ttl S]\n"
@@ -153,14 +155,16 @@ enum {
   O_SIZES,
   O_STRIDES,
   O_OFFSET,
+  O_SECRET_FILE,
 };
 
-static const char *url_opt, *tenant_opt;
+static const char *url_opt, *tenant_opt, *secret_file_opt;
 
 static const struct option cmd_opts[] = {
     {"json", no_argument, NULL, O_JSON},
     {"url", required_argument, NULL, O_URL},
     {"tenant", required_argument, NULL, O_TENANT},
+    {"secret-file", required_argument, NULL, O_SECRET_FILE},
     {"name", required_argument, NULL, O_NAME},
     {"device", required_argument, NULL, O_DEVICE},
     {"dtype", required_argument, NULL, O_DTYPE},
@@ -199,6 +203,7 @@ static int parse_cmd(int argc, char **argv, cmd_args *a, tport_err *err)
     case O_JSON: json = true; break; /* global options may follow the command too */
     case O_URL: url_opt = optarg; break;
     case O_TENANT: tenant_opt = optarg; break;
+    case O_SECRET_FILE: secret_file_opt = optarg; break;
     case O_NAME: a->name = optarg; break;
     case O_DEVICE: a->device = optarg; break;
     case O_DTYPE:
@@ -440,7 +445,8 @@ static int run(tport_client *c, const char *cmd, const cmd_args *a, tport_err *e
 
 int main(int argc, char **argv)
 {
-  const char *url = getenv("TPORT_URL"), *tenant = getenv("TPORT_TENANT");
+  const char *url = getenv("TPORT_URL"), *tenant = getenv("TPORT_TENANT"),
+             *secret_file = getenv("TPORT_SECRET_FILE");
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -452,6 +458,8 @@ int main(int argc, char **argv)
       url = argv[++i];
     } else if (strcmp(argv[i], "--tenant") == 0 && i + 1 < argc) {
       tenant = argv[++i];
+    } else if (strcmp(argv[i], "--secret-file") == 0 && i + 1 < argc) {
+      secret_file = argv[++i];
     } else {
       return usage_error("unknown option '%s'", argv[i]);
     }
@@ -472,8 +480,11 @@ int main(int argc, char **argv)
     url = url_opt;
   if (tenant_opt)
     tenant = tenant_opt;
+  if (secret_file_opt)
+    secret_file = secret_file_opt;
   tport_client *c;
-  tport_connect_options co = {.tenant = tenant, .keep = true};
+  tport_connect_options co = {
+      .tenant = tenant, .keep = true, .secret_file = secret_file && *secret_file ? secret_file : NULL};
   if (tport_connect(url && *url ? url : "tcp://127.0.0.1:7450", &co, &c, &err))
     return fail(&err);
   rc = run(c, cmd, &a, &err);

@@ -13,12 +13,52 @@
 #include <string.h>
 #include <time.h>
 
+#include <openssl/crypto.h>
+
 #include "client_internal.h"
+#include "hello_mac.h"
 #include "dtype.h"
 
 const char *tport_strerror(int code)
 {
   return tport_status_name(code);
+}
+
+/* Fills q->auth_response with the answer to r's challenge (malloc'd). */
+static int answer_challenge(tport_client *c, const tport_connect_options *opts,
+                            Tport__HelloRequest *q, const Tport__HelloReply *r, tport_err *err)
+{
+  (void)c;
+  if (r->auth_challenge.len == 0)
+    return TPORT_UNAUTHENTICATED; /* refused outright: err holds the server's reason */
+  if (r->auth_challenge.len != HELLO_CHALLENGE_BYTES)
+    return tport_err_set(err, TPORT_UNAUTHENTICATED, "the server's challenge is %zu bytes, not %d",
+                         r->auth_challenge.len, HELLO_CHALLENGE_BYTES);
+  uint8_t secret[HELLO_SECRET_MAX_BYTES];
+  size_t len = 0;
+  int rc;
+  if (opts && opts->secret)
+    rc = transport_hello_secret_parse(opts->secret, secret, &len, err);
+  else if (opts && opts->secret_file)
+    rc = transport_hello_secret_file(opts->secret_file, secret, &len, err);
+  else
+    return tport_err_set(err, TPORT_UNAUTHENTICATED,
+                         "the server requires authentication: give tenant '%s' its secret "
+                         "(--secret-file, TPORT_SECRET_FILE)",
+                         q->tenant);
+  uint8_t *answer = rc ? NULL : malloc(HELLO_MAC_BYTES);
+  if (!rc && !answer)
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  if (!rc)
+    rc = transport_hello_mac(secret, len, r->auth_challenge.data, q->tenant, answer, err);
+  OPENSSL_cleanse(secret, sizeof secret);
+  if (rc) {
+    free(answer);
+    return rc;
+  }
+  q->auth_response.data = answer;
+  q->auth_response.len = HELLO_MAC_BYTES;
+  return TPORT_OK;
 }
 
 int tport_connect(const char *url, const tport_connect_options *opts, tport_client **out,
@@ -48,9 +88,24 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
   q.protocol_version = 1;
   q.client = "libtport 0.1.0";
   q.tenant = (char *)(opts && opts->tenant ? opts->tenant : "default");
-  Tport__HelloReply *r;
+  Tport__HelloReply *r = NULL;
   int rc = client_rpc(c, TPORT__METHOD__METHOD_HELLO, &q.base, NULL, 0,
                       &tport__hello_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
+  if (rc == TPORT_UNAUTHENTICATED && r) {
+    /* the server authenticates: answer its challenge with the secret */
+    rc = answer_challenge(c, opts, &q, r, err);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    r = NULL;
+    if (!rc)
+      rc = client_rpc(c, TPORT__METHOD__METHOD_HELLO, &q.base, NULL, 0,
+                      &tport__hello_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
+    OPENSSL_cleanse(q.auth_response.data, q.auth_response.len);
+    free(q.auth_response.data);
+    if (rc == TPORT_UNAUTHENTICATED && r) {
+      protobuf_c_message_free_unpacked(&r->base, NULL); /* a second challenge: refused */
+      r = NULL;
+    }
+  }
   if (rc) {
     nng_close(c->sock);
     free(c);
@@ -160,6 +215,10 @@ int client_unpack(uint16_t method, nng_msg *m, const ProtobufCMessageDescriptor 
   if (st && st->code != TPORT__CODE__CODE_OK) {
     int code = (int)st->code;
     tport_err_set(err, code, "%s", st->message ? st->message : "");
+    if (code == TPORT_UNAUTHENTICATED && method == TPORT__METHOD__METHOD_HELLO && out) {
+      *out = r; /* the challenge is in it: the caller answers and frees it */
+      return code;
+    }
     protobuf_c_message_free_unpacked(r, NULL);
     return code;
   }

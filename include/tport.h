@@ -70,6 +70,11 @@ typedef struct tport_connect_options {
   int timeout_ms;     /* per request; 0: 60000 */
   bool keep;          /* keep every tensor this client makes for the tenant (with the server's
                          time to live), named or not: a command-line tool's mode */
+  /* The tenant's secret, for a server that authenticates (--auth-file): in
+   * hex (secret), or in a file only its owner may read (secret_file).  It
+   * never travels: the client answers the server's challenge with an HMAC. */
+  const char *secret;
+  const char *secret_file;
 } tport_connect_options;
 
 /* Progress of a transfer: bytes done of total.  Called on the calling thread. */

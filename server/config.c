@@ -28,6 +28,7 @@ void config_defaults(server_config *c)
   c->transfer_timeout_ms = 60000;
   c->max_tensors = 65536;
   c->max_ttl_s = 7 * 24 * 3600;
+  c->ipc_mode = 0600;
 }
 
 void config_free(server_config *c)
@@ -37,6 +38,8 @@ void config_free(server_config *c)
   free(c->devices);
   free(c->kernel_cache);
   free(c->admin);
+  free(c->auth_file);
+  c->auth_file = NULL;
   c->nlisten = 0;
   c->devices = NULL;
   c->kernel_cache = NULL;
@@ -80,6 +83,14 @@ static const struct {
      "a get not read from for MS ends (default 60000)"},
     {"max-tensors", "TPORT_MAX_TENSORS", "N", "tensors each tenant may hold (default 65536)"},
     {"max-ttl", "TPORT_MAX_TTL", "SECONDS", "longest time to live a client may ask for (default 7 days)"},
+    {"auth-file", "TPORT_AUTH_FILE", "PATH",
+     "tenants and their secrets, one 'TENANT SECRET' a line (SECRET: 32+ hex digits; mode 600); "
+     "clients must prove their tenant (reloaded on SIGHUP); without it tenants are claimed and "
+     "tportd listens on loopback only"},
+    {"insecure", "TPORT_INSECURE", "",
+     "allow plain tcp:// on an address that is not loopback (bytes and the answers to "
+     "challenges travel unencrypted; the variable takes 0 or 1)"},
+    {"ipc-mode", "TPORT_IPC_MODE", "OCTAL", "permissions of ipc:// socket files (default 600)"},
 };
 #define NOPTS (int)(sizeof opts / sizeof opts[0])
 
@@ -176,6 +187,20 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
   case 20: return parse_ulong(v, opts[i].flag, 1, &c->transfer_timeout_ms, err);
   case 21: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->max_tensors = u; break;
   case 22: return parse_ulong(v, opts[i].flag, 1, &c->max_ttl_s, err);
+  case 23:
+    free(c->auth_file);
+    c->auth_file = strdup(v);
+    return TPORT_OK;
+  case 24: rc = parse_ulong(v, opts[i].flag, 0, &u, err), c->insecure = u != 0; break;
+  case 25: {
+    char *end;
+    unsigned long m = strtoul(v, &end, 8);
+    if (end == v || *end || m > 0777)
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--ipc-mode: '%s' is not an octal mode",
+                           v);
+    c->ipc_mode = (unsigned)m;
+    return TPORT_OK;
+  }
   }
   if (!rc && (c->workers > 1024 || c->contexts > 4096 || c->window > 1024 ||
               c->max_outstanding > 4096 || c->max_transfers > 4096))
@@ -196,7 +221,8 @@ int config_parse(server_config *c, int argc, char **argv, tport_err *err)
   }
   struct option lopts[NOPTS + 2];
   for (int i = 0; i < NOPTS; i++)
-    lopts[i] = (struct option){opts[i].flag, required_argument, NULL, i};
+    lopts[i] = (struct option){opts[i].flag, opts[i].arg[0] ? required_argument : no_argument,
+                               NULL, i};
   lopts[NOPTS] = (struct option){"help", no_argument, NULL, 'h'};
   lopts[NOPTS + 1] = (struct option){0, 0, 0, 0};
   bool cli_listen = false;
@@ -218,7 +244,7 @@ int config_parse(server_config *c, int argc, char **argv, tport_err *err)
       c->nlisten = 0;
       cli_listen = true;
     }
-    int rc = apply(c, ch, optarg, err);
+    int rc = apply(c, ch, optarg ? optarg : "1", err);
     if (rc)
       return rc;
   }
@@ -230,9 +256,60 @@ int config_parse(server_config *c, int argc, char **argv, tport_err *err)
   return config_check(c, err);
 }
 
+/* True when a tcp:// or tls+tcp:// URL's host is a loopback address; *tcp
+ * says whether the URL is one of those at all. */
+static bool loopback_url(const char *url, bool *tcp, bool *plain)
+{
+  static const char *const schemes[] = {"tcp://", "tcp4://", "tcp6://", "tls+tcp://",
+                                         "tls+tcp4://", "tls+tcp6://", "ws://", "wss://"};
+  *tcp = false;
+  const char *host = NULL;
+  for (size_t i = 0; i < sizeof schemes / sizeof *schemes && !host; i++)
+    if (strncmp(url, schemes[i], strlen(schemes[i])) == 0) {
+      host = url + strlen(schemes[i]);
+      *plain = strncmp(schemes[i], "tcp", 3) == 0 || strcmp(schemes[i], "ws://") == 0;
+    }
+  if (!host)
+    return true; /* ipc://, inproc://: never leave this machine */
+  *tcp = true;
+  char h[256];
+  size_t n;
+  if (*host == '[') {
+    const char *end = strchr(host, ']');
+    n = end ? (size_t)(end - host - 1) : 0;
+    host++;
+  } else {
+    const char *colon = strrchr(host, ':');
+    n = colon ? (size_t)(colon - host) : strlen(host);
+  }
+  if (n == 0 || n >= sizeof h)
+    return false; /* "tcp://:7450" or "tcp://[*]:7450": every interface */
+  memcpy(h, host, n);
+  h[n] = 0;
+  return strcmp(h, "localhost") == 0 || strcmp(h, "::1") == 0 || strncmp(h, "127.", 4) == 0;
+}
+
 /* What no single flag can check: the flags against each other. */
 int config_check(const server_config *c, tport_err *err)
 {
+  /* safe defaults: nothing off loopback without authentication, and no
+   * plain tcp off loopback unless asked for in so many words */
+  for (int i = 0; i < c->nlisten; i++) {
+    bool tcp, plain = false;
+    if (loopback_url(c->listen[i], &tcp, &plain) || !tcp)
+      continue;
+    if (!c->auth_file)
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                           "--listen %s is not a loopback address and authentication is off: "
+                           "add --auth-file FILE (and listen on tls+tcp:// with --tls-cert and "
+                           "--tls-key), or listen on 127.0.0.1",
+                           c->listen[i]);
+    if (plain && !c->insecure)
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                           "--listen %s is plain tcp off loopback: tensors travel unencrypted; "
+                           "listen on tls+tcp:// instead, or add --insecure",
+                           c->listen[i]);
+  }
   if (c->chunk_bytes < 4096)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--chunk is %zu bytes: at least 4096",
                          c->chunk_bytes);

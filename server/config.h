@@ -41,6 +41,10 @@ typedef struct server_config {
   unsigned long transfer_timeout_ms; /* a get not read from this long ends */
   size_t max_tensors;           /* tensors (and uploads) per tenant */
   unsigned long max_ttl_s;      /* the longest time to live a client may ask for */
+  /* who may connect (see auth.h) */
+  char *auth_file;              /* tenants and their secrets (owned); NULL: tenants are claimed */
+  bool insecure;                /* allow plain tcp:// on an address that is not loopback */
+  unsigned ipc_mode;            /* permissions of ipc:// socket files */
 } server_config;
 
 void config_defaults(server_config *c);

@@ -3,32 +3,116 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
+
 #include "device.h"
+#include "log.h"
 #include "staging.h"
 #include "wire.h"
 
 #define PROTOCOL_VERSION 1
 
-int h_hello(call *c)
+/* The Hello reply, with status code (and a challenge, when one is out). */
+static int hello_reply(call *c, int code, const char *msg, const uint8_t *challenge)
 {
-  Tport__HelloRequest *q = (Tport__HelloRequest *)c->req;
-  if (q->protocol_version != PROTOCOL_VERSION)
-    return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION,
-                         "protocol_version %u: this server speaks %d", q->protocol_version,
-                         PROTOCOL_VERSION);
-  int rc = reg_session_set_tenant(&c->srv->reg, c->pipe, q->tenant, &c->err);
-  if (rc)
-    return rc;
   Tport__HelloReply r = TPORT__HELLO_REPLY__INIT;
-  r.status = wire_ok();
+  Tport__Status st = TPORT__STATUS__INIT;
+  st.code = (Tport__Code)code;
+  st.message = (char *)msg;
+  r.status = code ? &st : wire_ok();
   r.protocol_version = PROTOCOL_VERSION;
   r.server = "tportd "
              "0.1.0";
+  if (challenge) {
+    r.auth_challenge.data = (uint8_t *)challenge;
+    r.auth_challenge.len = REG_CHALLENGE_BYTES;
+  }
   r.max_message_bytes = c->srv->cfg.max_message_bytes;
   r.max_chunk_bytes = c->srv->cfg.chunk_bytes;
   r.max_inflight_chunks = (uint32_t)c->srv->cfg.window;
   r.max_outstanding = (uint32_t)c->srv->cfg.max_outstanding;
   return call_reply(c, &r.base, NULL, 0);
+}
+
+/* Checks an answer to the connection's challenge (taken: used once). */
+static int check_answer(call *c, auth_file *a, const char *tenant, const uint8_t *answer,
+                        size_t len)
+{
+  uint8_t challenge[REG_CHALLENGE_BYTES], secret[HELLO_SECRET_MAX_BYTES], want[HELLO_MAC_BYTES];
+  size_t slen = 0;
+  if (!reg_session_take_challenge(&c->srv->reg, c->pipe, challenge))
+    return tport_err_set(&c->err, TPORT_UNAUTHENTICATED,
+                         "no challenge is out on this connection: Hello without an answer first");
+  /* an unknown tenant is refused exactly as a wrong answer, after the same work */
+  bool known = auth_file_secret(a, tenant, secret, &slen);
+  if (!known) {
+    memset(secret, 0, sizeof secret);
+    slen = HELLO_SECRET_MIN_BYTES;
+  }
+  tport_err e;
+  int rc = transport_hello_mac(secret, slen, challenge, tenant, want, &e);
+  OPENSSL_cleanse(secret, sizeof secret);
+  if (rc)
+    return tport_err_set(&c->err, rc, "%s", e.msg);
+  bool ok = len == HELLO_MAC_BYTES && transport_hello_mac_equal(answer, want) && known;
+  return ok ? TPORT_OK
+            : tport_err_set(&c->err, TPORT_UNAUTHENTICATED,
+                            "tenant '%.64s' was not authenticated: unknown tenant or wrong secret",
+                            tenant);
+}
+
+int h_hello(call *c)
+{
+  Tport__HelloRequest *q = (Tport__HelloRequest *)c->req;
+  server *s = c->srv;
+  if (q->protocol_version != PROTOCOL_VERSION)
+    return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION,
+                         "protocol_version %u: this server speaks %d", q->protocol_version,
+                         PROTOCOL_VERSION);
+  const char *tenant = q->tenant && *q->tenant ? q->tenant : "default";
+  if (strlen(tenant) >= REG_TENANT_MAX)
+    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "tenant is longer than %d bytes",
+                         REG_TENANT_MAX - 1);
+  auth_file *a = server_auth(s);
+  int rc = TPORT_OK;
+  if (!a) {
+    /* authentication is off: the tenant is claimed (once per connection) */
+    rc = reg_session_authenticate(&s->reg, c->pipe, tenant, &c->err);
+    return rc ? rc : hello_reply(c, TPORT_OK, NULL, NULL);
+  }
+  char peer[64];
+  server_peer_address(c->pipe, peer, sizeof peer);
+  int64_t now = reg_now_ms();
+  if (reg_session_authenticated(&s->reg, c->pipe)) {
+    /* proved already: the same tenant again is fine, another is not */
+    rc = reg_session_authenticate(&s->reg, c->pipe, tenant, &c->err);
+  } else if (!auth_limiter_allows(s->limiter, peer, now)) {
+    rc = tport_err_set(&c->err, TPORT_UNAUTHENTICATED,
+                       "too many failed attempts from %s: try again in a minute", peer);
+  } else if (q->auth_response.len == 0) {
+    /* the first Hello: a fresh challenge for this connection */
+    uint8_t challenge[REG_CHALLENGE_BYTES];
+    rc = reg_session_challenge(&s->reg, c->pipe, challenge, &c->err);
+    auth_file_release(a);
+    return rc ? rc
+              : hello_reply(c, TPORT_UNAUTHENTICATED,
+                            "authentication required: answer the challenge with HMAC-SHA256 of "
+                            "the tenant's secret",
+                            challenge);
+  } else {
+    rc = check_answer(c, a, tenant, q->auth_response.data, q->auth_response.len);
+    if (rc) {
+      auth_limiter_fail(s->limiter, peer, now);
+      log_msg(LOG_WARN, "authentication failed: tenant '%.64s' from %s", tenant, peer);
+    } else {
+      rc = reg_session_authenticate(&s->reg, c->pipe, tenant, &c->err);
+      if (!rc)
+        log_msg(LOG_INFO, "connection %u from %s authenticated as tenant '%s'", c->pipe, peer,
+                tenant);
+    }
+  }
+  auth_file_release(a);
+  return rc ? rc : hello_reply(c, TPORT_OK, NULL, NULL);
 }
 
 int h_devices(call *c)

@@ -55,6 +55,7 @@ int main(int argc, char **argv)
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set, NULL);
   signal(SIGPIPE, SIG_IGN);
   server *s;
@@ -66,7 +67,12 @@ int main(int argc, char **argv)
   log_msg(LOG_INFO, "ready (devices: %s; cuda: %s)", cfg.devices ? cfg.devices : "cpu",
           backend_cuda.device_count() ? "on" : backend_cuda.unavailable_reason());
   int sig = 0;
-  sigwait(&set, &sig);
+  /* SIGHUP reloads the auth file; SIGINT and SIGTERM stop */
+  while (sigwait(&set, &sig) == 0 && sig == SIGHUP) {
+    tport_err e;
+    if (server_reload_auth(s, &e))
+      log_msg(LOG_ERROR, "SIGHUP: %s (the previous auth file stays in force)", e.msg);
+  }
   log_msg(LOG_INFO, "%s: stopping (grace %lu ms)", sig == SIGINT ? "SIGINT" : "SIGTERM",
           cfg.grace_ms);
   watchdog_ms = cfg.grace_ms + 1500;

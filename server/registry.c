@@ -35,8 +35,11 @@ typedef struct reg_tenant {
 typedef struct reg_session {
   uint32_t pipe;
   reg_tenant *tn;
-  bool tenant_fixed; /* by Hello */
-  bool dropped;      /* the server is closing it */
+  bool tenant_fixed;  /* by Hello */
+  bool authenticated; /* proved its tenant (or authentication is off) */
+  bool challenged;    /* a challenge is out, unanswered */
+  uint8_t challenge[REG_CHALLENGE_BYTES];
+  bool dropped; /* the server is closing it */
   int inflight_chunks, outstanding, transfers;
   reg_entry *owned; /* list (sprev/snext) */
   UT_hash_handle hh;
@@ -295,6 +298,56 @@ int reg_session_set_tenant(registry *r, uint32_t pipe, const char *tenant, tport
   }
   pthread_mutex_unlock(&r->mu);
   return rc;
+}
+
+int reg_session_authenticate(registry *r, uint32_t pipe, const char *tenant, tport_err *err)
+{
+  int rc = reg_session_set_tenant(r, pipe, tenant, err);
+  if (!rc) {
+    pthread_mutex_lock(&r->mu);
+    reg_session *s = session_find(r, pipe);
+    if (s)
+      s->authenticated = true;
+    pthread_mutex_unlock(&r->mu);
+  }
+  return rc;
+}
+
+bool reg_session_authenticated(registry *r, uint32_t pipe)
+{
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, pipe);
+  bool ok = s && s->authenticated;
+  pthread_mutex_unlock(&r->mu);
+  return ok;
+}
+
+int reg_session_challenge(registry *r, uint32_t pipe, uint8_t out[REG_CHALLENGE_BYTES],
+                          tport_err *err)
+{
+  if (RAND_bytes(out, REG_CHALLENGE_BYTES) != 1)
+    return tport_err_set(err, TPORT_INTERNAL, "cannot make a challenge");
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, pipe);
+  if (s) {
+    memcpy(s->challenge, out, REG_CHALLENGE_BYTES);
+    s->challenged = true;
+  }
+  pthread_mutex_unlock(&r->mu);
+  return s ? TPORT_OK : tport_err_set(err, TPORT_ABORTED, "the connection is closing");
+}
+
+bool reg_session_take_challenge(registry *r, uint32_t pipe, uint8_t out[REG_CHALLENGE_BYTES])
+{
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, pipe);
+  bool had = s && s->challenged;
+  if (had) {
+    memcpy(out, s->challenge, REG_CHALLENGE_BYTES);
+    s->challenged = false; /* used once, whatever the answer */
+  }
+  pthread_mutex_unlock(&r->mu);
+  return had;
 }
 
 bool reg_session_tenant(registry *r, uint32_t pipe, char *buf, size_t len)

@@ -31,6 +31,7 @@
 #define REG_HANDLE_BYTES 16
 #define REG_NAME_MAX 128
 #define REG_TENANT_MAX 64
+#define REG_CHALLENGE_BYTES 32
 
 typedef enum { REG_UPLOADING, REG_READY } reg_state;
 
@@ -113,6 +114,15 @@ void reg_session_close(registry *r, uint32_t pipe);
  * PERMISSION_DENIED and changes nothing (as is one on a connection that
  * already holds something). */
 int reg_session_set_tenant(registry *r, uint32_t pipe, const char *tenant, tport_err *err);
+/* Fixes the tenant as reg_session_set_tenant and marks the connection
+ * authenticated (its identity proven, or authentication is off). */
+int reg_session_authenticate(registry *r, uint32_t pipe, const char *tenant, tport_err *err);
+bool reg_session_authenticated(registry *r, uint32_t pipe);
+/* A fresh random challenge for the connection (replacing any other). */
+int reg_session_challenge(registry *r, uint32_t pipe, uint8_t out[REG_CHALLENGE_BYTES],
+                          tport_err *err);
+/* The connection's outstanding challenge, taken: each is answered once. */
+bool reg_session_take_challenge(registry *r, uint32_t pipe, uint8_t out[REG_CHALLENGE_BYTES]);
 /* The session's tenant name into buf; false when the session is gone. */
 bool reg_session_tenant(registry *r, uint32_t pipe, char *buf, size_t len);
 

@@ -11,6 +11,7 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <openssl/crypto.h>
+#include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -84,6 +85,11 @@ static nng_msg *handle(server *s, srv_ctx *x)
   const ProtobufCMethodDescriptor *md = rc ? NULL : frame_method(v.method);
   if (!rc && (!md || !handler_for(v.method)))
     rc = tport_err_set(&c.err, TPORT_UNIMPLEMENTED, "method %u is unknown", v.method);
+  if (!rc && s->auth && v.method != TPORT__METHOD__METHOD_HELLO &&
+      !reg_session_authenticated(&s->reg, c.pipe))
+    rc = tport_err_set(&c.err, TPORT_UNAUTHENTICATED,
+                       "this connection has not proved its tenant: Hello with the answer to its "
+                       "challenge first");
   if (!rc && x->chunk == CHUNK_REFUSED) {
     c.err = x->chunk_err;
     rc = c.err.code;
@@ -120,6 +126,50 @@ static nng_msg *handle(server *s, srv_ctx *x)
     c.out = error_reply(c.method, &c.err);
   }
   return c.out;
+}
+
+/* ---------------------------------------------------------------- auth */
+
+auth_file *server_auth(server *s)
+{
+  pthread_mutex_lock(&s->amu);
+  auth_file *a = auth_file_retain(s->auth);
+  pthread_mutex_unlock(&s->amu);
+  return a;
+}
+
+int server_reload_auth(server *s, tport_err *err)
+{
+  if (!s->cfg.auth_file)
+    return tport_err_set(err, TPORT_FAILED_PRECONDITION, "no --auth-file to reload");
+  auth_file *fresh;
+  int rc = auth_file_load(s->cfg.auth_file, &fresh, err);
+  if (rc)
+    return rc;
+  pthread_mutex_lock(&s->amu);
+  auth_file *old = s->auth;
+  s->auth = fresh;
+  pthread_mutex_unlock(&s->amu);
+  auth_file_release(old);
+  log_msg(LOG_INFO, "auth file reloaded: %zu tenants", auth_file_count(fresh));
+  return TPORT_OK;
+}
+
+void server_peer_address(uint32_t pipe, char *buf, size_t len)
+{
+  nng_sockaddr sa;
+  snprintf(buf, len, "unknown");
+  if (nng_pipe_get_addr((nng_pipe){.id = pipe}, NNG_OPT_REMADDR, &sa) != 0)
+    return;
+  char ip[INET6_ADDRSTRLEN] = "";
+  switch (sa.s_family) {
+  case NNG_AF_INET: inet_ntop(AF_INET, &sa.s_in.sa_addr, ip, sizeof ip); break;
+  case NNG_AF_INET6: inet_ntop(AF_INET6, sa.s_in6.sa_addr, ip, sizeof ip); break;
+  case NNG_AF_IPC: snprintf(ip, sizeof ip, "ipc"); break;
+  case NNG_AF_INPROC: snprintf(ip, sizeof ip, "inproc"); break;
+  default: return;
+  }
+  snprintf(buf, len, "%s", ip);
 }
 
 /* ---------------------------------------------------------------- contexts */
@@ -360,6 +410,8 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
   pthread_cond_init(&s->idle, NULL);
   pthread_mutex_init(&s->rmu, NULL);
   pthread_cond_init(&s->rcv, NULL);
+  pthread_mutex_init(&s->amu, NULL);
+  s->cfg.auth_file = cfg->auth_file ? strdup(cfg->auth_file) : NULL;
   reg_limits lim = {.max_tensor_bytes = cfg->max_tensor_bytes,
                     .tenant_quota_bytes = cfg->tenant_quota_bytes,
                     .max_tensors = cfg->max_tensors,
@@ -371,6 +423,14 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
   reg_init(&s->reg, &lim);
   transfers_init(&s->xfers, &s->reg);
   int rc = configure_devices(cfg->devices, err);
+  if (!rc && cfg->auth_file) {
+    rc = auth_file_load(cfg->auth_file, &s->auth, err);
+    if (!rc && !(s->limiter = auth_limiter_new()))
+      rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+    if (!rc)
+      log_msg(LOG_INFO, "authentication on: %zu tenants in %s", auth_file_count(s->auth),
+              cfg->auth_file);
+  }
   if (!rc && cfg->kernel_cache) {
     tport_err e2;
     if (backend_cuda.set_option("kernel-cache", cfg->kernel_cache, &e2))
@@ -381,6 +441,9 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
     rc = tport_err_set(err, TPORT_INTERNAL, "nng_rep0_open: %s", nng_strerror(rv));
   if (rc) {
     reg_destroy(&s->reg);
+    auth_file_release(s->auth);
+    auth_limiter_free(s->limiter);
+    free(s->cfg.auth_file);
     free(s->cfg.admin);
     free(s);
     return rc;
@@ -408,6 +471,13 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
       break;
     }
     nng_listener_set_size(*l, NNG_OPT_RECVMAXSZ, cfg->max_message_bytes);
+    if (strncmp(cfg->listen[i], "ipc://", 6) == 0 &&
+        (rv = nng_listener_set_int(*l, NNG_OPT_IPC_PERMISSIONS, (int)cfg->ipc_mode)) != 0) {
+      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "--listen %s: --ipc-mode: %s",
+                         cfg->listen[i], nng_strerror(rv));
+      nng_listener_close(*l);
+      break;
+    }
     if ((rv = nng_listener_start(*l, 0)) != 0) {
       rc = tport_err_set(err, TPORT_UNAVAILABLE, "cannot listen on %s: %s", cfg->listen[i],
                          nng_strerror(rv));
@@ -487,6 +557,9 @@ void server_stop(server *s, unsigned long grace_ms)
   engine_synchronize_all();
   free(s->ctxs);
   free(s->workers);
+  auth_file_release(s->auth);
+  auth_limiter_free(s->limiter);
+  free(s->cfg.auth_file);
   free(s->cfg.admin);
   free(s);
 }

@@ -16,5 +16,9 @@ int server_start(const server_config *cfg, server **out, tport_err *err);
 /* Stops accepting requests, lets in-flight work finish for up to grace_ms,
  * aborts the rest, frees every tensor and returns. */
 void server_stop(server *s, unsigned long grace_ms);
+/* Loads the auth file again (SIGHUP): connections keep the identity they
+ * proved; new ones are checked against the new file.  On an error the old
+ * file stays in force. */
+int server_reload_auth(server *s, tport_err *err);
 
 #endif

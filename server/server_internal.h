@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "auth.h"
 #include "config.h"
 #include "frame.h"
 #include "registry.h"
@@ -53,6 +54,9 @@ struct server {
   bool stopping;
   registry reg;
   transfers xfers;
+  pthread_mutex_t amu; /* guards auth (swapped by SIGHUP's reload) */
+  auth_file *auth;     /* NULL: authentication is off */
+  auth_limiter *limiter;
   pthread_t reaper;
   pthread_mutex_t rmu; /* guards reaper_stop */
   pthread_cond_t rcv;
@@ -72,6 +76,12 @@ typedef struct call {
   nng_msg *out;
   tport_err err;
 } call;
+
+/* The auth file in force, with a reference (auth_file_release it); NULL
+ * when authentication is off. */
+auth_file *server_auth(struct server *s);
+/* The peer address of a connection ("ipc", "inproc" for local ones). */
+void server_peer_address(uint32_t pipe, char *buf, size_t len);
 
 /* Packs a reply (whose status the handler has set) and a payload into the
  * reply message. */

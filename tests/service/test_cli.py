@@ -133,6 +133,47 @@ finally:
     rc = server.wait(timeout=30)
     check(rc == 0, "tportd exits 0 on SIGTERM (got %s)" % rc)
 
+# a server that authenticates: the tool proves its tenant with a secret file
+secret = "a1" * 20
+auth = os.path.join(tmp, "auth")
+with open(auth, "w") as f:
+    f.write("# tenant secret\ncarol %s\n" % secret)
+os.chmod(auth, 0o600)
+key = os.path.join(tmp, "carol.key")
+with open(key, "w") as f:
+    f.write(secret + "\n")
+os.chmod(key, 0o600)
+aurl = "ipc://" + os.path.join(tmp, "auth.sock")
+server = subprocess.Popen([TPORTD, "--listen", aurl, "--auth-file", auth, "--log-level", "0"])
+try:
+    for _ in range(200):
+        if os.path.exists(aurl[len("ipc://"):]):
+            break
+        time.sleep(0.05)
+    time.sleep(0.1)
+    x = os.path.join(tmp, "auth-x.npy")
+    np.save(x, np.arange(12, dtype=np.int32).reshape(3, 4))
+    base = [TPORT, "--url", aurl, "--tenant", "carol"]
+    p = subprocess.run(base + ["--secret-file", key, "put", x, "--name", "ax"], capture_output=True,
+                       text=True, timeout=60)
+    check(p.returncode == 0, "put with the secret: %s" % p.stderr)
+    back = os.path.join(tmp, "auth-back.npy")
+    p = subprocess.run(base + ["get", "ax", back], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, TPORT_SECRET_FILE=key))
+    check(p.returncode == 0 and np.array_equal(np.load(back), np.arange(12).reshape(3, 4)),
+          "get with TPORT_SECRET_FILE: %s" % p.stderr)
+    p = subprocess.run(base + ["ls"], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 1 and "UNAUTHENTICATED" in p.stderr, "no secret: %s" % p.stderr)
+    os.chmod(key, 0o644)
+    p = subprocess.run(base + ["--secret-file", key, "ls"], capture_output=True, text=True,
+                       timeout=60)
+    check(p.returncode == 1 and "chmod 600" in p.stderr, "a secret file others can read: %s"
+          % p.stderr)
+finally:
+    server.terminate()
+    rc = server.wait(timeout=30)
+    check(rc == 0, "tportd with --auth-file exits 0 on SIGTERM (got %s)" % rc)
+
 for f in failures:
     print("FAIL", f)
 print("test_cli: %d failures" % len(failures))

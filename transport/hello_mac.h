@@ -1,0 +1,40 @@
+/*
+ * hello_mac.h: the shared-secret proof of a tenant's identity, the same on
+ * both ends.
+ *
+ * A server that authenticates answers a connection's first Hello with a
+ * fresh random challenge; the client proves it knows its tenant's secret by
+ * answering with
+ *   HMAC-SHA256(secret, "tensorport-hello-v1" 0x00 challenge tenant 0x00)
+ * and the server compares in constant time.  The secret never travels; the
+ * challenge is the connection's own and used once, so an answer seen on one
+ * connection is worth nothing on another.  Secrets are written as hex (at
+ * least 32 digits: 128 bits).
+ */
+#ifndef TPORT_TRANSPORT_HELLO_MAC_H
+#define TPORT_TRANSPORT_HELLO_MAC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tport_types.h"
+
+#define HELLO_CHALLENGE_BYTES 32
+#define HELLO_MAC_BYTES 32
+#define HELLO_SECRET_MIN_BYTES 16
+#define HELLO_SECRET_MAX_BYTES 64
+
+/* Parses a secret written in hex (whitespace around it ignored). */
+int transport_hello_secret_parse(const char *hex, uint8_t *out, size_t *len, tport_err *err);
+/* Reads a secret from a file that holds it in hex (as an auth file line's
+ * SECRET); the file must not be readable by group or others. */
+int transport_hello_secret_file(const char *path, uint8_t *out, size_t *len, tport_err *err);
+/* The answer to a challenge for a tenant. */
+int transport_hello_mac(const uint8_t *secret, size_t secret_len,
+                        const uint8_t challenge[HELLO_CHALLENGE_BYTES], const char *tenant,
+                        uint8_t out[HELLO_MAC_BYTES], tport_err *err);
+/* Constant-time comparison of two answers. */
+bool transport_hello_mac_equal(const uint8_t *a, const uint8_t *b);
+
+#endif

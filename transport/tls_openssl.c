@@ -1,0 +1,812 @@
+/*
+ * tls_openssl.c: nng's TLS engine on OpenSSL 3 (tls_openssl.h); tls_config.c
+ * builds its configurations from PEM files.
+ *
+ * How nng drives an engine (nng 1.5.2, src/supplemental/tls/tls_common.c):
+ * it owns the TCP stream and a 16 KiB ring buffer each way; it calls the
+ * conn ops below with the connection's lock held, from the user's send/recv
+ * and from its TCP completion callbacks; the engine moves ciphertext with
+ * nng_tls_engine_send/recv, which copy into/out of those buffers and answer
+ * NNG_EAGAIN when the buffer is full/empty, having started the TCP transfer
+ * whose completion calls the engine again.  So OpenSSL sits on a custom,
+ * non-blocking BIO whose read and write are exactly those two calls: one
+ * copy less than a pair of memory BIOs, and an op may only answer NNG_EAGAIN
+ * after the BIO has seen NNG_EAGAIN (otherwise nobody would call again).
+ *
+ * Error codes matter beyond the connection: a failed handshake on a
+ * listener's connection finishes nng's accept with our code, and nng's
+ * listener stops accepting on NNG_ECLOSED and pauses 100 ms on codes it does
+ * not know.  A server connection therefore fails with NNG_EPEERAUTH (a
+ * certificate refused) or NNG_ECONNABORTED (anything else the peer did),
+ * both "remote condition, accept again at once", and never with NNG_ECLOSED.
+ *
+ * What nng 1.5.2's engine interface cannot do, and what is done instead:
+ * - it has no operation for the peer's certificate: transport_tls_pipe_peer
+ *   asks nng for a pipe's NNG_OPT_TLS_VERIFIED, which nng answers on the
+ *   caller's thread through conn_verified, and conn_verified fills the
+ *   caller's request left in a thread-local (peer_capture);
+ * - a close_notify is best effort: nng closes the TCP stream right after
+ *   conn_close, and it may already have torn it down (closing a pipe aborts
+ *   the pending TCP read first, whose callback closes the stream) or still
+ *   hold an earlier send; the record then never leaves;
+ * - nng never marks a configuration busy: the engine freezes one itself at
+ *   its first connection (cfg_frozen).
+ *
+ * OpenSSL's error queue is per thread and nng's threads are shared: every
+ * call into OpenSSL starts with an empty queue and leaves one.
+ */
+#include "tls_openssl.h"
+#include "tls_internal.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nng/supplemental/tls/engine.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+/* AEAD suites only; AES-128-GCM first (AES-NI makes it the fastest), and
+ * SSL_OP_PRIORITIZE_CHACHA picks ChaCha20 for a client that asks for it first
+ * (one without AES hardware). */
+#define TLS13_SUITES "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
+#define TLS12_SUITES                                                                               \
+  "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"       \
+  "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305"
+#define TLS_GROUPS "X25519:P-256:P-384"
+
+/* ---------------------------------------------------------------- errors */
+
+int tls_err(tport_err *err, int code, const char *fmt, ...)
+{
+  if (err) {
+    va_list ap;
+    va_start(ap, fmt);
+    err->code = code;
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+/* Why the latest config op failed on this thread: config ops can only return
+ * an nng code, and tls_config.c calls them synchronously, so it reads the
+ * reason from here to put it in its message. */
+static _Thread_local char cfg_why[TPORT_ERR_MSG_MAX];
+
+const char *tls_config_why(int rv)
+{
+  return cfg_why[0] ? cfg_why : nng_strerror(rv);
+}
+
+void tls_config_why_clear(void)
+{
+  cfg_why[0] = '\0';
+}
+
+static int cfg_fail(int rv, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int cfg_fail(int rv, const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cfg_why, sizeof cfg_why, fmt, ap);
+  va_end(ap);
+  ERR_clear_error();
+  return rv;
+}
+
+/* OpenSSL's reason for the last error of this thread, for a message. */
+static const char *ossl_reason(char *buf, size_t n)
+{
+  unsigned long e = ERR_peek_last_error();
+  const char *r = e ? ERR_reason_error_string(e) : NULL;
+  snprintf(buf, n, "%s", r ? r : (e ? "unknown OpenSSL error" : "no OpenSSL error recorded"));
+  return buf;
+}
+
+/* ---------------------------------------------------------------- counters */
+
+static struct {
+  atomic_uint_fast64_t connections, tls13, tls12, failures, verify_failures, peer_refused,
+      notify_sent, notify_received;
+} counters;
+static pthread_mutex_t failure_lock = PTHREAD_MUTEX_INITIALIZER;
+static char last_server_failure[TPORT_ERR_MSG_MAX], last_client_failure[TPORT_ERR_MSG_MAX];
+
+void transport_tls_stats_get(transport_tls_stats *out)
+{
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&failure_lock);
+  out->connections = atomic_load(&counters.connections);
+  out->handshakes_tls13 = atomic_load(&counters.tls13);
+  out->handshakes_tls12 = atomic_load(&counters.tls12);
+  out->failures = atomic_load(&counters.failures);
+  out->verify_failures = atomic_load(&counters.verify_failures);
+  out->peer_refused = atomic_load(&counters.peer_refused);
+  out->close_notify_sent = atomic_load(&counters.notify_sent);
+  out->close_notify_received = atomic_load(&counters.notify_received);
+  memcpy(out->last_server_failure, last_server_failure, sizeof last_server_failure);
+  memcpy(out->last_client_failure, last_client_failure, sizeof last_client_failure);
+  pthread_mutex_unlock(&failure_lock);
+}
+
+/* ---------------------------------------------------------------- config */
+
+struct nng_tls_engine_config {
+  SSL_CTX *ctx;
+  nng_tls_mode mode;
+  nng_tls_auth_mode auth;
+  char *server_name;  /* owned; NULL: no name to check */
+  atomic_bool in_use; /* a connection was made from it: frozen from then on */
+};
+
+/* nng 1.5.2 declares a configuration busy once used but never marks it so;
+ * replacing a CA store or key under a running handshake would free what it
+ * reads.  So the engine freezes a configuration at its first connection. */
+static int cfg_frozen(nng_tls_engine_config *cfg, const char *what)
+{
+  if (!atomic_load(&cfg->in_use))
+    return 0;
+  return cfg_fail(NNG_EBUSY, "%s: the configuration is in use by a connection; make a new one",
+                  what);
+}
+
+/* Never lets OpenSSL prompt on a terminal: no password means "cannot decrypt". */
+static int pass_cb(char *buf, int size, int rwflag, void *u)
+{
+  (void)rwflag;
+  if (u == NULL || size <= 0)
+    return 0;
+  size_t n = strlen(u);
+  if (n > (size_t)size)
+    return 0;
+  memcpy(buf, u, n);
+  return (int)n;
+}
+
+static int cfg_init(nng_tls_engine_config *cfg, nng_tls_mode mode)
+{
+  char why[128];
+  ERR_clear_error();
+  SSL_CTX *ctx =
+      SSL_CTX_new(mode == NNG_TLS_MODE_SERVER ? TLS_server_method() : TLS_client_method());
+  if (ctx == NULL)
+    return cfg_fail(NNG_ENOMEM, "SSL_CTX_new: %s", ossl_reason(why, sizeof why));
+  if (!SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION) ||
+      !SSL_CTX_set_max_proto_version(ctx, TLS1_3_VERSION) ||
+      !SSL_CTX_set_ciphersuites(ctx, TLS13_SUITES) || !SSL_CTX_set_cipher_list(ctx, TLS12_SUITES) ||
+      !SSL_CTX_set1_groups_list(ctx, TLS_GROUPS)) {
+    ossl_reason(why, sizeof why);
+    SSL_CTX_free(ctx);
+    return cfg_fail(NNG_ENOTSUP, "TLS defaults: %s", why);
+  }
+  /* no renegotiation (TLS 1.2), no compression, no resumption: each
+   * connection is one full, verified handshake and nothing is cached */
+  SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION | SSL_OP_NO_TICKET |
+                               SSL_OP_CIPHER_SERVER_PREFERENCE | SSL_OP_PRIORITIZE_CHACHA);
+  SSL_CTX_set_num_tickets(ctx, 0);
+  SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+  /* partial writes: conn_send returns what went out instead of holding a
+   * whole multi-MiB buffer; moving buffer: nng retries from the same bytes
+   * but does not promise the same pointer */
+  SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  SSL_CTX_set_verify_depth(ctx, 8);
+  SSL_CTX_set_default_passwd_cb(ctx, pass_cb);
+  if (mode == NNG_TLS_MODE_CLIENT) {
+    /* the system store until ca_chain replaces it: a client trusts either the
+     * CAs it was given or the system's, never both */
+    SSL_CTX_set_default_verify_paths(ctx);
+  }
+  ERR_clear_error();
+  cfg->ctx = ctx;
+  cfg->mode = mode;
+  /* nng's defaults: a client verifies its server, a server asks nothing */
+  cfg->auth = mode == NNG_TLS_MODE_SERVER ? NNG_TLS_AUTH_MODE_NONE : NNG_TLS_AUTH_MODE_REQUIRED;
+  return 0;
+}
+
+static void cfg_fini(nng_tls_engine_config *cfg)
+{
+  SSL_CTX_free(cfg->ctx);
+  free(cfg->server_name);
+}
+
+static int cfg_server(nng_tls_engine_config *cfg, const char *name)
+{
+  char *copy = NULL;
+  if (cfg_frozen(cfg, "server name"))
+    return NNG_EBUSY;
+  if (name != NULL && name[0] != '\0' && (copy = strdup(name)) == NULL)
+    return cfg_fail(NNG_ENOMEM, "server name: out of memory");
+  free(cfg->server_name);
+  cfg->server_name = copy;
+  return 0;
+}
+
+static int cfg_auth(nng_tls_engine_config *cfg, nng_tls_auth_mode mode)
+{
+  if (cfg_frozen(cfg, "auth mode"))
+    return NNG_EBUSY;
+  if (mode != NNG_TLS_AUTH_MODE_NONE && mode != NNG_TLS_AUTH_MODE_OPTIONAL &&
+      mode != NNG_TLS_AUTH_MODE_REQUIRED)
+    return cfg_fail(NNG_EINVAL, "auth mode %d: not none (0), optional (1) or required (2)", mode);
+  cfg->auth = mode;
+  return 0;
+}
+
+/* Adds every certificate (or every CRL) of a PEM text to st; returns how many. */
+static int store_add_pem(X509_STORE *st, const char *pem, bool crls)
+{
+  BIO *b = BIO_new_mem_buf(pem, -1);
+  if (b == NULL)
+    return -1;
+  STACK_OF(X509_INFO) *infos = PEM_X509_INFO_read_bio(b, NULL, pass_cb, NULL);
+  BIO_free(b);
+  if (infos == NULL)
+    return -1;
+  int n = 0;
+  for (int i = 0; i < sk_X509_INFO_num(infos); i++) {
+    X509_INFO *info = sk_X509_INFO_value(infos, i);
+    if (!crls && info->x509 != NULL)
+      n += X509_STORE_add_cert(st, info->x509) == 1;
+    if (crls && info->crl != NULL)
+      n += X509_STORE_add_crl(st, info->crl) == 1;
+  }
+  sk_X509_INFO_pop_free(infos, X509_INFO_free);
+  return n;
+}
+
+static int cfg_ca_chain(nng_tls_engine_config *cfg, const char *certs, const char *crl)
+{
+  char why[128];
+  if (cfg_frozen(cfg, "CA certificates"))
+    return NNG_EBUSY;
+  ERR_clear_error();
+  X509_STORE *st = X509_STORE_new();
+  if (st == NULL)
+    return cfg_fail(NNG_ENOMEM, "CA store: out of memory");
+  int n = certs ? store_add_pem(st, certs, false) : 0;
+  if (n <= 0) {
+    ossl_reason(why, sizeof why);
+    X509_STORE_free(st);
+    return cfg_fail(NNG_EINVAL, "CA certificates: %s",
+                    n < 0 ? why : "no PEM certificate (-----BEGIN CERTIFICATE-----) found");
+  }
+  if (crl != NULL) {
+    if ((n = store_add_pem(st, crl, true)) <= 0) {
+      X509_STORE_free(st);
+      return cfg_fail(NNG_EINVAL, "CRL: no PEM CRL (-----BEGIN X509 CRL-----) found");
+    }
+    X509_STORE_set_flags(st, X509_V_FLAG_CRL_CHECK | X509_V_FLAG_CRL_CHECK_ALL);
+  }
+  SSL_CTX_set_cert_store(cfg->ctx, st); /* frees the store it replaces */
+  ERR_clear_error();
+  return 0;
+}
+
+static int cfg_own_cert(nng_tls_engine_config *cfg, const char *cert, const char *key,
+                        const char *pass)
+{
+  char why[128];
+  int rv = 0;
+  X509 *x = NULL;
+  EVP_PKEY *k = NULL;
+  STACK_OF(X509) *chain = NULL;
+  BIO *cb = NULL, *kb = NULL;
+
+  if (cfg_frozen(cfg, "certificate"))
+    return NNG_EBUSY;
+  ERR_clear_error();
+  if (cert == NULL || key == NULL)
+    return cfg_fail(NNG_EINVAL, "certificate and key: both are required");
+  if ((cb = BIO_new_mem_buf(cert, -1)) == NULL || (kb = BIO_new_mem_buf(key, -1)) == NULL ||
+      (chain = sk_X509_new_null()) == NULL) {
+    rv = cfg_fail(NNG_ENOMEM, "certificate: out of memory");
+    goto out;
+  }
+  if ((x = PEM_read_bio_X509(cb, NULL, pass_cb, NULL)) == NULL) {
+    rv =
+        cfg_fail(NNG_EINVAL, "certificate: no PEM certificate (-----BEGIN CERTIFICATE-----) found");
+    goto out;
+  }
+  for (X509 *c; (c = PEM_read_bio_X509(cb, NULL, pass_cb, NULL)) != NULL;) {
+    if (!sk_X509_push(chain, c)) {
+      X509_free(c);
+      rv = cfg_fail(NNG_ENOMEM, "certificate chain: out of memory");
+      goto out;
+    }
+  }
+  ERR_clear_error(); /* the end of the chain reads as "no start line" */
+  if ((k = PEM_read_bio_PrivateKey(kb, NULL, pass_cb, (void *)pass)) == NULL) {
+    rv = cfg_fail(NNG_EINVAL, "private key: %s",
+                  pass ? "cannot read it (wrong password, or no PEM key)"
+                       : "no PEM private key found, or it is encrypted and no password was given");
+    goto out;
+  }
+  if (X509_check_private_key(x, k) != 1) {
+    rv = cfg_fail(NNG_EINVAL, "private key: does not match the certificate");
+    goto out;
+  }
+  if (SSL_CTX_use_certificate(cfg->ctx, x) != 1 || SSL_CTX_use_PrivateKey(cfg->ctx, k) != 1 ||
+      SSL_CTX_set1_chain(cfg->ctx, chain) != 1) {
+    rv = cfg_fail(NNG_EINVAL, "certificate: refused: %s", ossl_reason(why, sizeof why));
+    goto out;
+  }
+out:
+  sk_X509_pop_free(chain, X509_free);
+  X509_free(x);
+  EVP_PKEY_free(k);
+  BIO_free(cb);
+  BIO_free(kb);
+  ERR_clear_error();
+  return rv;
+}
+
+static int cfg_version(nng_tls_engine_config *cfg, nng_tls_version lo, nng_tls_version hi)
+{
+  if (cfg_frozen(cfg, "version"))
+    return NNG_EBUSY;
+  if (hi < lo)
+    return cfg_fail(NNG_EINVAL, "version: maximum %#x is below minimum %#x", (unsigned)hi,
+                    (unsigned)lo);
+  /* TLS 1.0 and 1.1 are never offered: the range shrinks to what is left */
+  if (lo < NNG_TLS_1_2)
+    lo = NNG_TLS_1_2;
+  if (hi > NNG_TLS_1_3)
+    hi = NNG_TLS_1_3;
+  if (hi < lo)
+    return cfg_fail(NNG_ENOTSUP, "version: only TLS 1.2 and 1.3 are offered");
+  /* nng's version numbers are the wire's, as are OpenSSL's */
+  if (!SSL_CTX_set_min_proto_version(cfg->ctx, (int)lo) ||
+      !SSL_CTX_set_max_proto_version(cfg->ctx, (int)hi))
+    return cfg_fail(NNG_ENOTSUP, "version: OpenSSL refused %#x..%#x", (unsigned)lo, (unsigned)hi);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- BIO */
+
+struct nng_tls_engine_conn {
+  void *nng; /* the framework's handle for nng_tls_engine_send/recv */
+  SSL *ssl;
+  nng_tls_auth_mode auth;
+  bool server;
+  bool hs_done;
+  bool peer_closed; /* the peer's close_notify arrived */
+  bool closed;
+  int io_error; /* the last failure of nng_tls_engine_send/recv (not EAGAIN) */
+  int fatal;    /* sticky: once set, every op answers it */
+};
+
+static BIO_METHOD *bio_method;
+
+static int bio_write(BIO *b, const char *buf, size_t len, size_t *written)
+{
+  struct nng_tls_engine_conn *c = BIO_get_data(b);
+  size_t n = len;
+  int rv;
+  BIO_clear_retry_flags(b);
+  if ((rv = nng_tls_engine_send(c->nng, (const uint8_t *)buf, &n)) == 0) {
+    *written = n;
+    return 1;
+  }
+  if (rv == NNG_EAGAIN)
+    BIO_set_retry_write(b);
+  else
+    c->io_error = rv;
+  return 0;
+}
+
+static int bio_read(BIO *b, char *buf, size_t len, size_t *got)
+{
+  struct nng_tls_engine_conn *c = BIO_get_data(b);
+  size_t n = len;
+  int rv;
+  BIO_clear_retry_flags(b);
+  if ((rv = nng_tls_engine_recv(c->nng, (uint8_t *)buf, &n)) == 0) {
+    *got = n;
+    return 1;
+  }
+  if (rv == NNG_EAGAIN)
+    BIO_set_retry_read(b);
+  else
+    c->io_error = rv;
+  return 0;
+}
+
+static long bio_ctrl(BIO *b, int cmd, long num, void *ptr)
+{
+  (void)b, (void)num, (void)ptr;
+  /* nng sends what it was given at once: nothing to flush, nothing pending */
+  return cmd == BIO_CTRL_FLUSH ? 1 : 0;
+}
+
+/* ---------------------------------------------------------------- connections */
+
+static int verify_keep_going(int ok, X509_STORE_CTX *x)
+{
+  (void)ok, (void)x;
+  return 1; /* optional mode: the result is kept (SSL_get_verify_result), not enforced */
+}
+
+static int conn_init(nng_tls_engine_conn *c, void *nng, nng_tls_engine_config *cfg)
+{
+  unsigned char ip[16];
+  int rv = NNG_ENOMEM;
+  ERR_clear_error();
+  atomic_store(&cfg->in_use, true);
+  c->nng = nng;
+  c->server = cfg->mode == NNG_TLS_MODE_SERVER;
+  c->auth = cfg->auth;
+  BIO *b = NULL;
+  if ((c->ssl = SSL_new(cfg->ctx)) == NULL || (b = BIO_new(bio_method)) == NULL)
+    goto fail;
+  BIO_set_data(b, c);
+  BIO_set_init(b, 1);
+  SSL_set_bio(c->ssl, b, b);
+
+  int verify = SSL_VERIFY_NONE;
+  if (c->auth != NNG_TLS_AUTH_MODE_NONE)
+    verify = SSL_VERIFY_PEER;
+  if (c->auth == NNG_TLS_AUTH_MODE_REQUIRED && c->server)
+    verify |= SSL_VERIFY_FAIL_IF_NO_PEER_CERT;
+  SSL_set_verify(c->ssl, verify, c->auth == NNG_TLS_AUTH_MODE_OPTIONAL ? verify_keep_going : NULL);
+
+  if (c->server) {
+    SSL_set_accept_state(c->ssl);
+  } else {
+    SSL_set_connect_state(c->ssl);
+    const char *name = cfg->server_name;
+    if (name != NULL) {
+      /* an address is checked against the certificate's IP entries and is
+       * never sent as SNI (RFC 6066); a name against its DNS entries */
+      bool is_ip = inet_pton(AF_INET, name, ip) == 1 || inet_pton(AF_INET6, name, ip) == 1;
+      rv = NNG_EINVAL; /* a name OpenSSL cannot take; no connection will prove it */
+      if (is_ip) {
+        if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(c->ssl), name) != 1)
+          goto fail;
+      } else {
+        /* the name must be among the subjectAltNames, as browsers require:
+         * a CN is not a host name */
+        SSL_set_hostflags(c->ssl, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS |
+                                      X509_CHECK_FLAG_NEVER_CHECK_SUBJECT);
+        if (SSL_set1_host(c->ssl, name) != 1 || SSL_set_tlsext_host_name(c->ssl, name) != 1)
+          goto fail;
+      }
+    }
+  }
+  atomic_fetch_add(&counters.connections, 1);
+  return 0;
+fail:
+  SSL_free(c->ssl); /* and b: it is attached from the moment it exists */
+  c->ssl = NULL;
+  ERR_clear_error();
+  return rv;
+}
+
+static void conn_fini(nng_tls_engine_conn *c)
+{
+  SSL_free(c->ssl);
+  c->ssl = NULL;
+}
+
+static void conn_handshake_done(nng_tls_engine_conn *c)
+{
+  if (c->hs_done || !SSL_is_init_finished(c->ssl))
+    return;
+  c->hs_done = true;
+  if (SSL_version(c->ssl) == TLS1_3_VERSION)
+    atomic_fetch_add(&counters.tls13, 1);
+  else
+    atomic_fetch_add(&counters.tls12, 1);
+}
+
+/* The peer's alerts that mean "I refuse your certificate". */
+static bool reason_is_refusal(int reason)
+{
+  switch (reason) {
+  case SSL_R_SSLV3_ALERT_BAD_CERTIFICATE:
+  case SSL_R_SSLV3_ALERT_UNSUPPORTED_CERTIFICATE:
+  case SSL_R_SSLV3_ALERT_CERTIFICATE_REVOKED:
+  case SSL_R_SSLV3_ALERT_CERTIFICATE_EXPIRED:
+  case SSL_R_SSLV3_ALERT_CERTIFICATE_UNKNOWN:
+  case SSL_R_TLSV1_ALERT_UNKNOWN_CA:
+  case SSL_R_TLSV1_ALERT_ACCESS_DENIED:
+  case SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED: return true;
+  default: return false;
+  }
+}
+
+/* Turns a failed SSL_* call (its return value ret) into an nng code: EAGAIN
+ * when OpenSSL waits on the BIO, else a fatal, sticky error, counted and
+ * described in last_server_failure or last_client_failure. */
+static int conn_fail(nng_tls_engine_conn *c, int ret, const char *op)
+{
+  char why[160];
+  int rv;
+  int e = SSL_get_error(c->ssl, ret);
+
+  if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+    ERR_clear_error();
+    return NNG_EAGAIN;
+  }
+  if (c->io_error != 0) {
+    /* the TCP stream failed beneath us: not a TLS failure.  NNG_ECLOSED
+     * from below would stop a listener (see the top of the file) */
+    rv = c->io_error == NNG_ECLOSED ? NNG_ECONNSHUT : c->io_error;
+    c->fatal = rv;
+    ERR_clear_error();
+    return rv;
+  }
+  if (e == SSL_ERROR_ZERO_RETURN) {
+    atomic_fetch_add(&counters.notify_received, 1);
+    c->peer_closed = true;
+    c->fatal = NNG_ECONNSHUT;
+    ERR_clear_error();
+    return NNG_ECONNSHUT;
+  }
+  unsigned long err = ERR_peek_last_error();
+  int reason = ERR_GET_REASON(err);
+  atomic_uint_fast64_t *kind = NULL;
+  if (reason == SSL_R_CERTIFICATE_VERIFY_FAILED ||
+      reason == SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE) {
+    long vr = SSL_get_verify_result(c->ssl);
+    kind = &counters.verify_failures;
+    snprintf(why, sizeof why, "peer certificate refused: %s",
+             reason == SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE ? "the peer sent no certificate"
+                                                               : X509_verify_cert_error_string(vr));
+    rv = NNG_EPEERAUTH;
+  } else if (reason_is_refusal(reason)) {
+    kind = &counters.peer_refused;
+    snprintf(why, sizeof why, "the peer refused our certificate: %s", ERR_reason_error_string(err));
+    rv = NNG_EPEERAUTH;
+  } else {
+    if (e == SSL_ERROR_SSL)
+      ossl_reason(why, sizeof why);
+    else
+      snprintf(why, sizeof why, "SSL error %d", e);
+    rv = c->server ? NNG_ECONNABORTED : NNG_ECRYPTO;
+  }
+  /* the counts and the message change together: a reader that sees a count
+   * move sees its message */
+  pthread_mutex_lock(&failure_lock);
+  snprintf(c->server ? last_server_failure : last_client_failure, TPORT_ERR_MSG_MAX, "%s %s: %s",
+           c->server ? "server" : "client", c->hs_done ? op : "handshake", why);
+  atomic_fetch_add(&counters.failures, 1);
+  if (kind != NULL)
+    atomic_fetch_add(kind, 1);
+  pthread_mutex_unlock(&failure_lock);
+  c->fatal = rv;
+  ERR_clear_error();
+  return rv;
+}
+
+static int conn_handshake(nng_tls_engine_conn *c)
+{
+  if (c->fatal)
+    return c->fatal;
+  if (c->hs_done)
+    return 0;
+  ERR_clear_error();
+  int r = SSL_do_handshake(c->ssl);
+  if (r == 1) {
+    conn_handshake_done(c);
+    return 0;
+  }
+  return conn_fail(c, r, "handshake");
+}
+
+/* Both directions take as much as OpenSSL gives without waiting, and answer
+ * with what they moved when they moved something: nng completes the user's
+ * operation as soon as we return data. */
+static int conn_recv(nng_tls_engine_conn *c, uint8_t *buf, size_t *szp)
+{
+  size_t total = 0, n;
+  if (c->fatal)
+    return c->fatal;
+  while (total < *szp) {
+    ERR_clear_error();
+    if (SSL_read_ex(c->ssl, buf + total, *szp - total, &n) == 1) {
+      total += n;
+      continue;
+    }
+    int rv = conn_fail(c, 0, "read");
+    if (total == 0)
+      return rv;
+    break; /* a fatal error is sticky: the next call reports it */
+  }
+  conn_handshake_done(c);
+  *szp = total;
+  return 0;
+}
+
+static int conn_send(nng_tls_engine_conn *c, const uint8_t *buf, size_t *szp)
+{
+  size_t total = 0, n;
+  if (c->fatal)
+    return c->fatal;
+  while (total < *szp) {
+    ERR_clear_error();
+    if (SSL_write_ex(c->ssl, buf + total, *szp - total, &n) == 1) {
+      total += n;
+      continue;
+    }
+    /* a record OpenSSL encrypted but could not hand to nng waits in its
+     * buffer; nng's next call starts at buf + total, the same bytes */
+    int rv = conn_fail(c, 0, "write");
+    if (total == 0)
+      return rv;
+    break;
+  }
+  conn_handshake_done(c);
+  *szp = total;
+  return 0;
+}
+
+static void conn_close(nng_tls_engine_conn *c)
+{
+  if (c->closed)
+    return;
+  c->closed = true;
+  /* a close_notify only on a connection that worked (OpenSSL forbids it
+   * after a fatal error); nng closes the TCP stream right after this, so it
+   * is sent only if nng's buffer takes it now */
+  if (c->hs_done && (c->fatal == 0 || c->peer_closed)) {
+    ERR_clear_error();
+    if (SSL_shutdown(c->ssl) >= 0)
+      atomic_fetch_add(&counters.notify_sent, 1);
+    ERR_clear_error();
+  }
+}
+
+/* Where transport_tls_pipe_peer waits for conn_verified to describe the
+ * connection: set only around its nng_pipe_get_bool call, on its thread. */
+static _Thread_local transport_tls_peer *peer_capture;
+
+/* The subject CN of x, only when there is exactly one, it converts to UTF-8
+ * without a NUL and fits: a truncated or ambiguous name must never become
+ * someone's identity. */
+static void subject_cn(X509 *x, char *out, size_t n)
+{
+  X509_NAME *name = X509_get_subject_name(x);
+  int i = X509_NAME_get_index_by_NID(name, NID_commonName, -1);
+  if (i < 0 || X509_NAME_get_index_by_NID(name, NID_commonName, i) >= 0)
+    return;
+  unsigned char *u = NULL;
+  int len = ASN1_STRING_to_UTF8(&u, X509_NAME_ENTRY_get_data(X509_NAME_get_entry(name, i)));
+  if (len > 0 && (size_t)len < n && memchr(u, 0, (size_t)len) == NULL) {
+    memcpy(out, u, (size_t)len);
+    out[len] = '\0';
+  }
+  OPENSSL_free(u);
+  ERR_clear_error();
+}
+
+static bool conn_verified(nng_tls_engine_conn *c)
+{
+  X509 *peer = c->hs_done ? SSL_get0_peer_certificate(c->ssl) : NULL;
+  /* with SSL_VERIFY_NONE nothing is checked and the result reads "ok" */
+  bool v = peer != NULL && c->auth != NNG_TLS_AUTH_MODE_NONE &&
+           SSL_get_verify_result(c->ssl) == X509_V_OK;
+  transport_tls_peer *out = peer_capture;
+  if (out != NULL) {
+    peer_capture = NULL; /* one connection answers */
+    memset(out, 0, sizeof *out);
+    out->handshake_done = c->hs_done;
+    if (c->hs_done) {
+      out->verified = v;
+      out->version = SSL_version(c->ssl);
+      snprintf(out->version_name, sizeof out->version_name, "%s", SSL_get_version(c->ssl));
+      snprintf(out->cipher, sizeof out->cipher, "%s", SSL_get_cipher_name(c->ssl));
+      if (v)
+        subject_cn(peer, out->cn, sizeof out->cn);
+    }
+  }
+  return v;
+}
+
+/* ---------------------------------------------------------------- registration */
+
+static nng_tls_engine_config_ops config_ops = {
+    .size = sizeof(struct nng_tls_engine_config),
+    .init = cfg_init,
+    .fini = cfg_fini,
+    .server = cfg_server,
+    .auth = cfg_auth,
+    .ca_chain = cfg_ca_chain,
+    .own_cert = cfg_own_cert,
+    .version = cfg_version,
+};
+
+static nng_tls_engine_conn_ops conn_ops = {
+    .size = sizeof(struct nng_tls_engine_conn),
+    .init = conn_init,
+    .fini = conn_fini,
+    .close = conn_close,
+    .handshake = conn_handshake,
+    .recv = conn_recv,
+    .send = conn_send,
+    .verified = conn_verified,
+};
+
+static char engine_description[128];
+static nng_tls_engine engine = {
+    .version = NNG_TLS_ENGINE_VERSION,
+    .config_ops = &config_ops,
+    .conn_ops = &conn_ops,
+    .name = TRANSPORT_TLS_ENGINE_NAME,
+    .description = engine_description,
+};
+static pthread_mutex_t register_lock = PTHREAD_MUTEX_INITIALIZER;
+
+bool transport_tls_registered(void)
+{
+  /* nng_tls_engine_name() initializes nng first, which registers nng's own
+   * engine: comparing after it is what makes registering stick */
+  return strcmp(nng_tls_engine_name(), TRANSPORT_TLS_ENGINE_NAME) == 0;
+}
+
+int transport_tls_register(tport_err *err)
+{
+  int rc = TPORT_OK;
+  pthread_mutex_lock(&register_lock);
+  if (bio_method == NULL) {
+    BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "tport-nng");
+    if (m == NULL || !BIO_meth_set_write_ex(m, bio_write) || !BIO_meth_set_read_ex(m, bio_read) ||
+        !BIO_meth_set_ctrl(m, bio_ctrl)) {
+      BIO_meth_free(m);
+      ERR_clear_error();
+      rc = tls_err(err, TPORT_INTERNAL, "tls engine: cannot create its OpenSSL BIO method");
+      goto out;
+    }
+    bio_method = m; /* lives as long as the process: connections may outlive any caller */
+    snprintf(engine_description, sizeof engine_description, "tensorport engine on %s",
+             OpenSSL_version(OPENSSL_VERSION));
+    engine.fips_mode = EVP_default_properties_is_fips_enabled(NULL) == 1;
+  }
+  if (!transport_tls_registered()) {
+    int rv = nng_tls_engine_register(&engine);
+    if (rv != 0 || !transport_tls_registered())
+      rc = tls_err(err, TPORT_INTERNAL, "tls engine: nng refused it: %s (nng's engine is %s)",
+                   rv ? nng_strerror(rv) : "registered, yet not current", nng_tls_engine_name());
+  }
+out:
+  pthread_mutex_unlock(&register_lock);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- peers */
+
+int transport_tls_pipe_peer(nng_pipe p, transport_tls_peer *out, tport_err *err)
+{
+  transport_tls_peer peer;
+  bool verified;
+  if (out == NULL)
+    return tls_err(err, TPORT_INVALID_ARGUMENT, "tls peer: out is required");
+  memset(&peer, 0, sizeof peer);
+  peer.version = -1; /* stays -1 unless this engine's conn_verified answers */
+  peer_capture = &peer;
+  int rv = nng_pipe_get_bool(p, NNG_OPT_TLS_VERIFIED, &verified);
+  peer_capture = NULL;
+  unsigned id = (unsigned)nng_pipe_id(p);
+  if (rv == NNG_ENOENT || rv == NNG_ECLOSED)
+    return tls_err(err, TPORT_NOT_FOUND, "pipe %u: no such pipe (closed?)", id);
+  if (rv == NNG_ENOTSUP)
+    return tls_err(err, TPORT_FAILED_PRECONDITION, "pipe %u: not a TLS connection", id);
+  if (rv != 0)
+    return tls_err(err, TPORT_INTERNAL, "pipe %u: %s", id, nng_strerror(rv));
+  if (peer.version == -1)
+    return tls_err(err, TPORT_FAILED_PRECONDITION,
+                   "pipe %u: its TLS engine is not tensorport's (made before "
+                   "transport_tls_register?)",
+                   id);
+  *out = peer;
+  return TPORT_OK;
+}
