@@ -42,6 +42,12 @@ static void usage(FILE *o)
              "  --tenant T    the tenant (default $TPORT_TENANT, else default)\n"
              "  --secret-file F  the tenant's secret, in hex, for a server that authenticates\n"
              "                (default $TPORT_SECRET_FILE; mode 600)\n"
+             "  --tls-ca F    tls+tcp://: PEM CAs of the server's certificate (default\n"
+             "                $TPORT_TLS_CA, else the system's store)\n"
+             "  --tls-cert F --tls-key F  this client's certificate and key, for a server that\n"
+             "                asks for one ($TPORT_TLS_CERT, $TPORT_TLS_KEY)\n"
+             "  --tls-server-name N  the name the server's certificate must carry (default\n"
+             "                $TPORT_TLS_SERVER_NAME, else the URL's host)\n"
              "  --json        machine-readable output\n\n"
              "commands (a REF is a handle or a name):\n"
              "  put FILE.npy [--name N] [--device D] [--dtype T] [--memory-format F] [--ttl S]\n"
@@ -446,7 +452,9 @@ static int run(tport_client *c, const char *cmd, const cmd_args *a, tport_err *e
 int main(int argc, char **argv)
 {
   const char *url = getenv("TPORT_URL"), *tenant = getenv("TPORT_TENANT"),
-             *secret_file = getenv("TPORT_SECRET_FILE");
+             *secret_file = getenv("TPORT_SECRET_FILE"), *tls_ca = getenv("TPORT_TLS_CA"),
+             *tls_cert = getenv("TPORT_TLS_CERT"), *tls_key = getenv("TPORT_TLS_KEY"),
+             *tls_name = getenv("TPORT_TLS_SERVER_NAME");
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -460,6 +468,14 @@ int main(int argc, char **argv)
       tenant = argv[++i];
     } else if (strcmp(argv[i], "--secret-file") == 0 && i + 1 < argc) {
       secret_file = argv[++i];
+    } else if (strcmp(argv[i], "--tls-ca") == 0 && i + 1 < argc) {
+      tls_ca = argv[++i];
+    } else if (strcmp(argv[i], "--tls-cert") == 0 && i + 1 < argc) {
+      tls_cert = argv[++i];
+    } else if (strcmp(argv[i], "--tls-key") == 0 && i + 1 < argc) {
+      tls_key = argv[++i];
+    } else if (strcmp(argv[i], "--tls-server-name") == 0 && i + 1 < argc) {
+      tls_name = argv[++i];
     } else {
       return usage_error("unknown option '%s'", argv[i]);
     }
@@ -483,8 +499,15 @@ int main(int argc, char **argv)
   if (secret_file_opt)
     secret_file = secret_file_opt;
   tport_client *c;
-  tport_connect_options co = {
-      .tenant = tenant, .keep = true, .secret_file = secret_file && *secret_file ? secret_file : NULL};
+#define SET(v) ((v) && *(v) ? (v) : NULL)
+  tport_connect_options co = {.tenant = tenant,
+                              .keep = true,
+                              .secret_file = SET(secret_file),
+                              .tls_ca = SET(tls_ca),
+                              .tls_cert = SET(tls_cert),
+                              .tls_key = SET(tls_key),
+                              .tls_server_name = SET(tls_name)};
+#undef SET
   if (tport_connect(url && *url ? url : "tcp://127.0.0.1:7450", &co, &c, &err))
     return fail(&err);
   rc = run(c, cmd, &a, &err);

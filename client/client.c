@@ -17,11 +17,59 @@
 
 #include "client_internal.h"
 #include "hello_mac.h"
+#include "tls_openssl.h"
 #include "dtype.h"
 
 const char *tport_strerror(int code)
 {
   return tport_status_name(code);
+}
+
+/* The reason a dial failed, with what TLS knows of it. */
+static void tport_tls_failure(const char *url, int rv, tport_err *err)
+{
+  if (strncmp(url, "tls+", 4) == 0) {
+    transport_tls_stats st;
+    transport_tls_stats_get(&st);
+    if (st.last_client_failure[0]) {
+      tport_err_set(err, TPORT_UNAVAILABLE, "cannot connect to %s: %s (%s)", url, nng_strerror(rv),
+                    st.last_client_failure);
+      return;
+    }
+  }
+  tport_err_set(err, TPORT_UNAVAILABLE, "cannot connect to %s: %s", url, nng_strerror(rv));
+}
+
+/* Dials url (synchronously), over TLS for tls+tcp:// URLs. */
+static int dial(tport_client *c, const char *url, const tport_connect_options *opts, tport_err *err)
+{
+  nng_tls_config *cfg = NULL;
+  if (strncmp(url, "tls+", 4) == 0) {
+    /* first: it registers the OpenSSL engine, which a dialer binds when made */
+    transport_tls_client_opts to = {.ca_file = opts ? opts->tls_ca : NULL,
+                                    .cert_file = opts ? opts->tls_cert : NULL,
+                                    .key_file = opts ? opts->tls_key : NULL,
+                                    .server_name = opts ? opts->tls_server_name : NULL};
+    int rc = transport_tls_client_config(&to, url, &cfg, err);
+    if (rc)
+      return rc;
+  }
+  nng_dialer d;
+  int rv = nng_dialer_create(&d, c->sock, url);
+  if (!rv && cfg)
+    rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg);
+  if (cfg)
+    nng_tls_config_free(cfg); /* the dialer holds its own */
+  if (rv) {
+    nng_dialer_close(d);
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "cannot dial %s: %s", url, nng_strerror(rv));
+  }
+  if ((rv = nng_dialer_start(d, 0)) != 0) {
+    nng_dialer_close(d);
+    tport_tls_failure(url, rv, err);
+    return TPORT_UNAVAILABLE;
+  }
+  return TPORT_OK;
 }
 
 /* Fills q->auth_response with the answer to r's challenge (malloc'd). */
@@ -79,10 +127,11 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
   }
   nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
   nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, (size_t)1 << 30);
-  if ((rv = nng_dial(c->sock, url, NULL, 0)) != 0) {
+  int trc = dial(c, url, opts, err);
+  if (trc) {
     nng_close(c->sock);
     free(c);
-    return tport_err_set(err, TPORT_UNAVAILABLE, "cannot connect to %s: %s", url, nng_strerror(rv));
+    return trc;
   }
   Tport__HelloRequest q = TPORT__HELLO_REQUEST__INIT;
   q.protocol_version = 1;

@@ -75,6 +75,14 @@ typedef struct tport_connect_options {
    * never travels: the client answers the server's challenge with an HMAC. */
   const char *secret;
   const char *secret_file;
+  /* tls+tcp:// URLs (TLS 1.3 on OpenSSL): the CAs that sign the server's
+   * certificate (NULL: the system's store), this client's certificate and
+   * key for a server that asks for one (its subject CN is the tenant), and
+   * the name the server's certificate must carry (NULL: the URL's host). */
+  const char *tls_ca;
+  const char *tls_cert;
+  const char *tls_key;
+  const char *tls_server_name;
 } tport_connect_options;
 
 /* Progress of a transfer: bytes done of total.  Called on the calling thread. */

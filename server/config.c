@@ -40,6 +40,10 @@ void config_free(server_config *c)
   free(c->admin);
   free(c->auth_file);
   c->auth_file = NULL;
+  free(c->tls_cert);
+  free(c->tls_key);
+  free(c->tls_ca);
+  c->tls_cert = c->tls_key = c->tls_ca = NULL;
   c->nlisten = 0;
   c->devices = NULL;
   c->kernel_cache = NULL;
@@ -91,6 +95,13 @@ static const struct {
      "allow plain tcp:// on an address that is not loopback (bytes and the answers to "
      "challenges travel unencrypted; the variable takes 0 or 1)"},
     {"ipc-mode", "TPORT_IPC_MODE", "OCTAL", "permissions of ipc:// socket files (default 600)"},
+    {"tls-cert", "TPORT_TLS_CERT", "FILE",
+     "PEM certificate (and chain) of tls+tcp:// listeners (TLS 1.3 on OpenSSL)"},
+    {"tls-key", "TPORT_TLS_KEY", "FILE", "PEM private key of --tls-cert (default: in that file)"},
+    {"tls-ca", "TPORT_TLS_CA", "FILE",
+     "PEM CAs of client certificates: tls+tcp:// clients must present one, and its subject CN "
+     "is their tenant (mutual TLS)"},
+    {"tls-min-version", "TPORT_TLS_MIN_VERSION", "1.2|1.3", "oldest TLS accepted (default 1.3)"},
 };
 #define NOPTS (int)(sizeof opts / sizeof opts[0])
 
@@ -201,6 +212,19 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
     c->ipc_mode = (unsigned)m;
     return TPORT_OK;
   }
+  case 26:
+  case 27:
+  case 28: {
+    char **slot = i == 26 ? &c->tls_cert : i == 27 ? &c->tls_key : &c->tls_ca;
+    free(*slot);
+    *slot = strdup(v);
+    return TPORT_OK;
+  }
+  case 29:
+    if (strcmp(v, "1.2") && strcmp(v, "1.3"))
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--tls-min-version: '%s': 1.2 or 1.3", v);
+    c->tls12 = strcmp(v, "1.2") == 0;
+    return TPORT_OK;
   }
   if (!rc && (c->workers > 1024 || c->contexts > 4096 || c->window > 1024 ||
               c->max_outstanding > 4096 || c->max_transfers > 4096))
@@ -298,11 +322,11 @@ int config_check(const server_config *c, tport_err *err)
     bool tcp, plain = false;
     if (loopback_url(c->listen[i], &tcp, &plain) || !tcp)
       continue;
-    if (!c->auth_file)
+    if (!c->auth_file && !c->tls_ca)
       return tport_err_set(err, TPORT_INVALID_ARGUMENT,
                            "--listen %s is not a loopback address and authentication is off: "
-                           "add --auth-file FILE (and listen on tls+tcp:// with --tls-cert and "
-                           "--tls-key), or listen on 127.0.0.1",
+                           "add --auth-file FILE or --tls-ca FILE (and listen on tls+tcp:// with "
+                           "--tls-cert and --tls-key), or listen on 127.0.0.1",
                            c->listen[i]);
     if (plain && !c->insecure)
       return tport_err_set(err, TPORT_INVALID_ARGUMENT,
@@ -310,6 +334,11 @@ int config_check(const server_config *c, tport_err *err)
                            "listen on tls+tcp:// instead, or add --insecure",
                            c->listen[i]);
   }
+  for (int i = 0; i < c->nlisten; i++)
+    if (strncmp(c->listen[i], "tls+", 4) == 0 && !c->tls_cert)
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                           "--listen %s needs a certificate: add --tls-cert FILE (and --tls-key)",
+                           c->listen[i]);
   if (c->chunk_bytes < 4096)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--chunk is %zu bytes: at least 4096",
                          c->chunk_bytes);

@@ -45,6 +45,11 @@ typedef struct server_config {
   char *auth_file;              /* tenants and their secrets (owned); NULL: tenants are claimed */
   bool insecure;                /* allow plain tcp:// on an address that is not loopback */
   unsigned ipc_mode;            /* permissions of ipc:// socket files */
+  /* TLS of tls+tcp:// listeners (transport/tls_openssl.h) */
+  char *tls_cert, *tls_key;     /* PEM (owned) */
+  char *tls_ca;                 /* PEM CAs of client certificates (owned): mutual TLS, the
+                                   certificate's subject CN is the tenant */
+  bool tls12;                   /* --tls-min-version 1.2 */
 } server_config;
 
 void config_defaults(server_config *c);

@@ -6,6 +6,7 @@
 #include <openssl/crypto.h>
 
 #include "device.h"
+#include "tls_openssl.h"
 #include "log.h"
 #include "staging.h"
 #include "wire.h"
@@ -73,10 +74,32 @@ int h_hello(call *c)
   if (strlen(tenant) >= REG_TENANT_MAX)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "tenant is longer than %d bytes",
                          REG_TENANT_MAX - 1);
+  /* mutual TLS: a verified client certificate names the tenant */
+  transport_tls_peer tp;
+  tport_err terr;
+  bool by_cert = s->mtls && transport_tls_pipe_peer((nng_pipe){.id = c->pipe}, &tp, &terr) == 0 &&
+                 tp.verified && tp.cn[0];
+  if (by_cert) {
+    bool named = q->tenant && *q->tenant && strcmp(q->tenant, "default") != 0;
+    if (named && strcmp(q->tenant, tp.cn) != 0)
+      return tport_err_set(&c->err, TPORT_PERMISSION_DENIED,
+                           "the client certificate names tenant '%.64s', the Hello '%.64s'", tp.cn,
+                           q->tenant);
+    if (strlen(tp.cn) >= REG_TENANT_MAX)
+      return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                           "the certificate's CN is longer than %d bytes", REG_TENANT_MAX - 1);
+    tenant = tp.cn;
+  }
   auth_file *a = server_auth(s);
   int rc = TPORT_OK;
-  if (!a) {
-    /* authentication is off: the tenant is claimed (once per connection) */
+  if (!a || (by_cert && q->auth_response.len == 0)) {
+    /* no secrets (or the certificate speaks alone): a claimed tenant is
+     * taken only where no proof is required at all */
+    auth_file_release(a);
+    if (s->authn && !by_cert)
+      return tport_err_set(&c->err, TPORT_UNAUTHENTICATED,
+                           "this server requires a client certificate (tls+tcp://) to prove "
+                           "the tenant");
     rc = reg_session_authenticate(&s->reg, c->pipe, tenant, &c->err);
     return rc ? rc : hello_reply(c, TPORT_OK, NULL, NULL);
   }

@@ -19,6 +19,7 @@
 #include "device.h"
 #include "log.h"
 #include "server_internal.h"
+#include "tls_openssl.h"
 
 static int64_t mono_ms(void)
 {
@@ -85,7 +86,7 @@ static nng_msg *handle(server *s, srv_ctx *x)
   const ProtobufCMethodDescriptor *md = rc ? NULL : frame_method(v.method);
   if (!rc && (!md || !handler_for(v.method)))
     rc = tport_err_set(&c.err, TPORT_UNIMPLEMENTED, "method %u is unknown", v.method);
-  if (!rc && s->auth && v.method != TPORT__METHOD__METHOD_HELLO &&
+  if (!rc && s->authn && v.method != TPORT__METHOD__METHOD_HELLO &&
       !reg_session_authenticated(&s->reg, c.pipe))
     rc = tport_err_set(&c.err, TPORT_UNAUTHENTICATED,
                        "this connection has not proved its tenant: Hello with the answer to its "
@@ -422,7 +423,20 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
                     .max_ttl_ms = (uint64_t)cfg->max_ttl_s * 1000};
   reg_init(&s->reg, &lim);
   transfers_init(&s->xfers, &s->reg);
+  s->mtls = cfg->tls_ca != NULL;
+  s->authn = cfg->auth_file || cfg->tls_ca;
   int rc = configure_devices(cfg->devices, err);
+  nng_tls_config *tls = NULL;
+  bool any_tls = false;
+  for (int i = 0; i < cfg->nlisten; i++)
+    any_tls = any_tls || strncmp(cfg->listen[i], "tls+", 4) == 0;
+  if (!rc && any_tls) {
+    transport_tls_server_opts to = {.cert_file = cfg->tls_cert,
+                                    .key_file = cfg->tls_key,
+                                    .client_ca_file = cfg->tls_ca,
+                                    .allow_tls12 = cfg->tls12};
+    rc = transport_tls_server_config(&to, &tls, err);
+  }
   if (!rc && cfg->auth_file) {
     rc = auth_file_load(cfg->auth_file, &s->auth, err);
     if (!rc && !(s->limiter = auth_limiter_new()))
@@ -440,6 +454,8 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
   if (!rc && (rv = nng_rep0_open(&s->sock)) != 0)
     rc = tport_err_set(err, TPORT_INTERNAL, "nng_rep0_open: %s", nng_strerror(rv));
   if (rc) {
+    if (tls)
+      nng_tls_config_free(tls);
     reg_destroy(&s->reg);
     auth_file_release(s->auth);
     auth_limiter_free(s->limiter);
@@ -471,6 +487,13 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
       break;
     }
     nng_listener_set_size(*l, NNG_OPT_RECVMAXSZ, cfg->max_message_bytes);
+    if (strncmp(cfg->listen[i], "tls+", 4) == 0 &&
+        (rv = nng_listener_set_ptr(*l, NNG_OPT_TLS_CONFIG, tls)) != 0) {
+      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "--listen %s: TLS: %s", cfg->listen[i],
+                         nng_strerror(rv));
+      nng_listener_close(*l);
+      break;
+    }
     if (strncmp(cfg->listen[i], "ipc://", 6) == 0 &&
         (rv = nng_listener_set_int(*l, NNG_OPT_IPC_PERMISSIONS, (int)cfg->ipc_mode)) != 0) {
       rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "--listen %s: --ipc-mode: %s",
@@ -487,6 +510,8 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
     s->nlisteners++;
     log_msg(LOG_INFO, "listening on %s", cfg->listen[i]);
   }
+  if (tls)
+    nng_tls_config_free(tls); /* each listener holds its own reference */
   if (rc) {
     server_stop(s, 0);
     return rc;

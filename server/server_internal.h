@@ -57,6 +57,8 @@ struct server {
   pthread_mutex_t amu; /* guards auth (swapped by SIGHUP's reload) */
   auth_file *auth;     /* NULL: authentication is off */
   auth_limiter *limiter;
+  bool mtls;    /* tls+tcp:// clients prove their tenant with a certificate */
+  bool authn;   /* some proof is required (auth file or mutual TLS): no claims */
   pthread_t reaper;
   pthread_mutex_t rmu; /* guards reaper_stop */
   pthread_cond_t rcv;

@@ -1,4 +1,8 @@
 /* service_util.c: see service_util.h. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "service_util.h"
 
 #include <criterion/criterion.h>
@@ -60,7 +64,7 @@ void svc_ipc_url(char *url, size_t len)
   snprintf(url, len, "ipc:///tmp/tport-test-%d-%d.sock", (int)getpid(), atomic_fetch_add(&seq, 1));
 }
 
-pid_t svc_spawn(const char *url, const char *const *extra)
+static pid_t spawn_tportd(const char *url, const char *const *extra)
 {
   pid_t pid = fork();
   cr_assert_neq(pid, -1);
@@ -76,6 +80,12 @@ pid_t svc_spawn(const char *url, const char *const *extra)
     execv(TPORTD_PATH, (char *const *)argv);
     _exit(127);
   }
+  return pid;
+}
+
+pid_t svc_spawn(const char *url, const char *const *extra)
+{
+  pid_t pid = spawn_tportd(url, extra);
   for (int i = 0; i < 200; i++) {
     tport_client *c = NULL;
     int rc = tport_connect(url, &(tport_connect_options){.timeout_ms = 2000}, &c, NULL);
@@ -143,4 +153,31 @@ int svc_reply_status(nng_msg *m, const ProtobufCMessageDescriptor *d, char *msg,
   else
     protobuf_c_message_free_unpacked(r, NULL);
   return code;
+}
+
+pid_t svc_spawn_tls(const char *url, const char *const *extra, const char *ca)
+{
+  (void)ca;
+  /* the listener is up when its port takes a TCP connection (a TLS probe
+   * could not pass a server that wants client certificates) */
+  const char *hp = strstr(url, "://");
+  char host[64] = "127.0.0.1";
+  int port = hp ? atoi(strrchr(hp, ':') + 1) : 0;
+  pid_t pid = spawn_tportd(url, extra);
+  for (int i = 0; i < 200; i++) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, host, &sa.sin_addr);
+    int ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    close(fd);
+    if (ok)
+      return pid;
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid)
+      return -1;
+    usleep(25000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  return -1;
 }

@@ -24,6 +24,8 @@ server *svc_start_inproc(char *url, size_t len, const char *extra_devices);
 /* tportd in a child process listening on url; waits until it answers.
  * Returns -1 when it could not start there (the port taken): pick another. */
 pid_t svc_spawn(const char *url, const char *const *extra_args);
+/* The same for a tls+tcp:// URL: ready when its port takes a connection. */
+pid_t svc_spawn_tls(const char *url, const char *const *extra, const char *ca);
 /* SIGTERM, then wait; returns the exit status (or -1). */
 int svc_terminate(pid_t pid);
 /* A fresh tcp URL on loopback and a fresh ipc URL under /tmp. */

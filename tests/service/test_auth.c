@@ -297,7 +297,7 @@ Test(auth, sighup_reloads_the_file_and_proved_connections_stay)
 Test(auth, nothing_is_exposed_without_protection)
 {
   struct {
-    const char *args[6];
+    const char *args[8];
     const char *want; /* NULL: accepted */
   } cases[] = {
       {{"--listen", "tcp://0.0.0.0:7450"}, "authentication is off"},
@@ -305,16 +305,17 @@ Test(auth, nothing_is_exposed_without_protection)
       {{"--listen", "tcp://:7450"}, "authentication is off"},
       {{"--listen", "tcp://10.1.2.3:7450", "--auth-file", "/x"}, "plain tcp off loopback"},
       {{"--listen", "tcp://10.1.2.3:7450", "--auth-file", "/x", "--insecure"}, NULL},
-      {{"--listen", "tls+tcp://10.1.2.3:7450", "--auth-file", "/x"}, NULL},
+      {{"--listen", "tls+tcp://10.1.2.3:7450", "--auth-file", "/x"}, "--tls-cert"},
+      {{"--listen", "tls+tcp://10.1.2.3:7450", "--tls-cert", "/c", "--tls-ca", "/x"}, NULL},
       {{"--listen", "tcp://127.0.0.1:7450"}, NULL},
       {{"--listen", "tcp://[::1]:7450"}, NULL},
       {{"--listen", "tcp://localhost:7450"}, NULL},
       {{"--listen", "ipc:///tmp/x.sock"}, NULL},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    char *argv[8] = {"tportd"};
+    char *argv[10] = {"tportd"};
     int argc = 1;
-    for (int k = 0; k < 6 && cases[i].args[k]; k++)
+    for (int k = 0; k < 8 && cases[i].args[k]; k++)
       argv[argc++] = (char *)cases[i].args[k];
     server_config cfg;
     config_defaults(&cfg);
