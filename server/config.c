@@ -29,6 +29,7 @@ void config_defaults(server_config *c)
   c->max_tensors = 65536;
   c->max_ttl_s = 7 * 24 * 3600;
   c->ipc_mode = 0600;
+  c->auth_timeout_ms = 10000;
 }
 
 void config_free(server_config *c)
@@ -102,6 +103,9 @@ static const struct {
      "PEM CAs of client certificates: tls+tcp:// clients must present one, and its subject CN "
      "is their tenant (mutual TLS)"},
     {"tls-min-version", "TPORT_TLS_MIN_VERSION", "1.2|1.3", "oldest TLS accepted (default 1.3)"},
+    {"auth-timeout", "TPORT_AUTH_TIMEOUT_MS", "MS",
+     "with authentication on, a connection that has not proved its tenant within MS is dropped "
+     "(default 10000)"},
 };
 #define NOPTS (int)(sizeof opts / sizeof opts[0])
 
@@ -225,6 +229,7 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
       return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--tls-min-version: '%s': 1.2 or 1.3", v);
     c->tls12 = strcmp(v, "1.2") == 0;
     return TPORT_OK;
+  case 30: return parse_ulong(v, opts[i].flag, 1, &c->auth_timeout_ms, err);
   }
   if (!rc && (c->workers > 1024 || c->contexts > 4096 || c->window > 1024 ||
               c->max_outstanding > 4096 || c->max_transfers > 4096))

@@ -50,6 +50,7 @@ typedef struct server_config {
   char *tls_ca;                 /* PEM CAs of client certificates (owned): mutual TLS, the
                                    certificate's subject CN is the tenant */
   bool tls12;                   /* --tls-min-version 1.2 */
+  unsigned long auth_timeout_ms; /* a connection must prove its tenant within this */
 } server_config;
 
 void config_defaults(server_config *c);

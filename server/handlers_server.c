@@ -138,8 +138,26 @@ int h_hello(call *c)
   return rc ? rc : hello_reply(c, TPORT_OK, NULL, NULL);
 }
 
+/* True when the tenant is one of --admin's. */
+static bool is_operator(const server *s, const char *tenant)
+{
+  const char *list = s->cfg.admin;
+  size_t n = strlen(tenant);
+  while (list && *list) {
+    const char *end = strchr(list, ',');
+    size_t len = end ? (size_t)(end - list) : strlen(list);
+    if (len == n && strncmp(list, tenant, n) == 0)
+      return true;
+    list = end ? end + 1 : NULL;
+  }
+  return false;
+}
+
 int h_devices(call *c)
 {
+  char tenant[REG_TENANT_MAX];
+  bool op = reg_session_tenant(&c->srv->reg, c->pipe, tenant, sizeof tenant) &&
+            is_operator(c->srv, tenant);
   enum { MAXDEV = 64 };
   Tport__DeviceInfo infos[MAXDEV], *ptrs[MAXDEV];
   char names[MAXDEV][32], labels[MAXDEV][64], ccs[MAXDEV][16];
@@ -158,7 +176,8 @@ int h_devices(call *c)
       infos[n].compute_capability = ccs[n];
       size_t freeb = 0, total = 0;
       if (be->mem_info(d, &freeb, &total, NULL) == TPORT_OK) {
-        infos[n].free_bytes = freeb;
+        /* what is free tells of other tenants' use: the operator's to see */
+        infos[n].free_bytes = op ? freeb : 0;
         infos[n].total_bytes = total;
       }
       infos[n].managed_memory = type != TPORT_DEV_CPU;
@@ -182,21 +201,6 @@ int h_devices(call *c)
   if (backend_cuda.device_count() == 0)
     r.cuda_unavailable_reason = (char *)backend_cuda.unavailable_reason();
   return call_reply(c, &r.base, NULL, 0);
-}
-
-/* True when the tenant is one of --admin's. */
-static bool is_operator(const server *s, const char *tenant)
-{
-  const char *list = s->cfg.admin;
-  size_t n = strlen(tenant);
-  while (list && *list) {
-    const char *end = strchr(list, ',');
-    size_t len = end ? (size_t)(end - list) : strlen(list);
-    if (len == n && strncmp(list, tenant, n) == 0)
-      return true;
-    list = end ? end + 1 : NULL;
-  }
-  return false;
 }
 
 int h_stats(call *c)

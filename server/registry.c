@@ -40,6 +40,7 @@ typedef struct reg_session {
   bool challenged;    /* a challenge is out, unanswered */
   uint8_t challenge[REG_CHALLENGE_BYTES];
   bool dropped; /* the server is closing it */
+  int64_t opened_ms;
   int inflight_chunks, outstanding, transfers;
   reg_entry *owned; /* list (sprev/snext) */
   UT_hash_handle hh;
@@ -235,6 +236,7 @@ void reg_session_open(registry *r, uint32_t pipe)
   reg_session *s = session_find(r, pipe);
   if (!s && (s = calloc(1, sizeof *s)) != NULL) {
     s->pipe = pipe;
+    s->opened_ms = reg_now_ms();
     s->tn = tenant_ref(r, "default");
     reg_oom = false;
     if (s->tn)
@@ -358,6 +360,17 @@ bool reg_session_tenant(registry *r, uint32_t pipe, char *buf, size_t len)
     snprintf(buf, len, "%s", s->tn->name);
   pthread_mutex_unlock(&r->mu);
   return s != NULL;
+}
+
+size_t reg_unproved_sessions(registry *r, int64_t before_ms, uint32_t *out, size_t max)
+{
+  size_t n = 0;
+  pthread_mutex_lock(&r->mu);
+  for (reg_session *s = r->sessions; s && n < max; s = s->hh.next)
+    if (!s->authenticated && s->opened_ms < before_ms) /* dropped ones again: a close may not have taken */
+      out[n++] = s->pipe;
+  pthread_mutex_unlock(&r->mu);
+  return n;
 }
 
 bool reg_session_mark_dropped(registry *r, uint32_t pipe)

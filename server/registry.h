@@ -126,6 +126,9 @@ bool reg_session_take_challenge(registry *r, uint32_t pipe, uint8_t out[REG_CHAL
 /* The session's tenant name into buf; false when the session is gone. */
 bool reg_session_tenant(registry *r, uint32_t pipe, char *buf, size_t len);
 
+/* Up to max connections opened before before_ms that have not proved a
+ * tenant (the reaper drops them when authentication is on). */
+size_t reg_unproved_sessions(registry *r, int64_t before_ms, uint32_t *out, size_t max);
 /* A request of the pipe arrived / its reply was sent.  enter is false when
  * the pipe has twice max_outstanding requests unanswered already (or is
  * gone): the caller drops the connection.  Clients are told max_outstanding

@@ -354,6 +354,15 @@ static void *reaper_main(void *arg)
     if (n)
       log_msg(LOG_INFO, "%d get%s not read for %lu ms ended", n, n == 1 ? "" : "s",
               s->cfg.transfer_timeout_ms);
+    if (s->authn) {
+      /* a connection that does not prove its tenant in time costs only
+       * that time: an unauthenticated flood holds bounded memory */
+      uint32_t ids[256];
+      size_t k = reg_unproved_sessions(&s->reg, reg_now_ms() - (int64_t)s->cfg.auth_timeout_ms,
+                                       ids, 256);
+      for (size_t i = 0; i < k; i++)
+        drop_pipe(s, (nng_pipe){.id = ids[i]}, "it did not prove its tenant in time");
+    }
     storage_reap(false);
     pthread_mutex_lock(&s->rmu);
   }

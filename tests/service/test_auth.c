@@ -1,6 +1,7 @@
 /* test_auth.c: tenants prove who they are (--auth-file, HMAC challenge);
  * the server refuses what it cannot trust and goes on serving everyone
  * else; the safe defaults refuse to expose what is not protected. */
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -8,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -351,4 +354,58 @@ Test(auth, ipc_sockets_are_private_to_their_owner)
     server_stop(s, 1000);
     config_free(&cfg);
   }
+}
+
+/* An unauthenticated flood costs bounded memory: connections that do not
+ * prove a tenant within --auth-timeout are dropped.  The idle connections are
+ * raw TCP sockets that speak the SP handshake and then nothing (an nng
+ * socket would dial again at once when dropped). */
+Test(auth, connections_that_never_prove_a_tenant_are_dropped)
+{
+  char url[128];
+  server_config cfg;
+  svc_config(&cfg);
+  cfg.auth_file = strdup(write_auth_file("alice " ALICE "\nops " BOB "\n"));
+  cfg.auth_timeout_ms = 300;
+  server *s = NULL;
+  tport_err err;
+  for (int i = 0; i < 10 && !s; i++) {
+    svc_tcp_url(url, sizeof url);
+    cfg.listen[0] = strdup(url);
+    cfg.nlisten = 1;
+    if (server_start(&cfg, &s, &err)) {
+      free(cfg.listen[0]);
+      s = NULL;
+    }
+  }
+  cr_assert_not_null(s, "%s", err.msg);
+  enum { N = 60 };
+  int fds[N];
+  int port = atoi(strrchr(url, ':') + 1);
+  static const uint8_t sp_req[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0};
+  for (int i = 0; i < N; i++) {
+    fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    cr_assert_eq(connect(fds[i], (struct sockaddr *)&sa, sizeof sa), 0);
+    cr_assert_eq(write(fds[i], sp_req, sizeof sp_req), (ssize_t)sizeof sp_req);
+  }
+  tport_client *op;
+  cr_assert_eq(try_connect(url, SVC_OPERATOR, BOB, &op, &err), 0, "%s", err.msg);
+  int64_t sessions = -1;
+  for (int i = 0; i < 100; i++) {
+    sessions = svc_counter(op, "sessions");
+    if (sessions == 1)
+      break;
+    usleep(50000);
+  }
+  cr_assert_eq(sessions, 1, "%lld sessions (%lld dropped): the %d idle connections should be gone",
+               (long long)sessions, (long long)svc_counter(op, "connections_dropped"), N);
+  cr_assert_geq(svc_counter(op, "connections_dropped"), N);
+  served(op);
+  tport_close(op);
+  for (int i = 0; i < N; i++)
+    close(fds[i]);
+  server_stop(s, 1000);
+  config_free(&cfg);
 }
