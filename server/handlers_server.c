@@ -74,6 +74,11 @@ int h_hello(call *c)
   if (strlen(tenant) >= REG_TENANT_MAX)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "tenant is longer than %d bytes",
                          REG_TENANT_MAX - 1);
+  /* names go into logs and metrics: no control characters */
+  for (const unsigned char *p = (const unsigned char *)tenant; *p; p++)
+    if (*p < 0x20 || *p == 0x7f)
+      return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                           "tenant has a control character (0x%02x)", *p);
   /* mutual TLS: a verified client certificate names the tenant */
   transport_tls_peer tp;
   tport_err terr;

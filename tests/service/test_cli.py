@@ -174,6 +174,39 @@ finally:
     rc = server.wait(timeout=30)
     check(rc == 0, "tportd with --auth-file exits 0 on SIGTERM (got %s)" % rc)
 
+# the same over tls+tcp:// (TLS 1.3, a self-signed certificate for 127.0.0.1)
+crt, pkey = os.path.join(tmp, "server.pem"), os.path.join(tmp, "server.key")
+subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-keyout", pkey,
+                "-out", crt, "-subj", "/CN=tportd", "-addext", "subjectAltName=IP:127.0.0.1"],
+               check=True, capture_output=True)
+os.chmod(key, 0o600)
+import random
+turl = None
+for _ in range(10):
+    turl = "tls+tcp://127.0.0.1:%d" % random.randint(20000, 50000)
+    server = subprocess.Popen([TPORTD, "--listen", turl, "--auth-file", auth, "--tls-cert", crt,
+                               "--tls-key", pkey, "--log-level", "0"])
+    time.sleep(0.3)
+    if server.poll() is None:
+        break
+try:
+    tbase = [TPORT, "--url", turl, "--tls-ca", crt, "--tenant", "carol", "--secret-file", key]
+    p = subprocess.run(tbase + ["put", x, "--name", "tx"], capture_output=True, text=True,
+                       timeout=60)
+    check(p.returncode == 0, "put over tls+tcp with the secret: %s" % p.stderr)
+    back = os.path.join(tmp, "tls-back.npy")
+    p = subprocess.run(tbase + ["get", "tx", back], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 0 and np.array_equal(np.load(back), np.arange(12).reshape(3, 4)),
+          "get over tls+tcp: %s" % p.stderr)
+    p = subprocess.run([TPORT, "--url", turl, "--tenant", "carol", "--secret-file", key, "ls"],
+                       capture_output=True, text=True, timeout=60)
+    check(p.returncode == 1, "a server certificate the tool does not trust: exit 1 (%s)" % p.stderr)
+finally:
+    server.terminate()
+    rc = server.wait(timeout=30)
+    check(rc == 0, "tportd on tls+tcp exits 0 on SIGTERM (got %s)" % rc)
+
 for f in failures:
     print("FAIL", f)
 print("test_cli: %d failures" % len(failures))
