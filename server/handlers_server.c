@@ -93,6 +93,10 @@ int h_hello(call *c)
     if (strlen(tp.cn) >= REG_TENANT_MAX)
       return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                            "the certificate's CN is longer than %d bytes", REG_TENANT_MAX - 1);
+    for (const unsigned char *p = (const unsigned char *)tp.cn; *p; p++)
+      if (*p < 0x20 || *p == 0x7f)
+        return tport_err_set(&c->err, TPORT_PERMISSION_DENIED,
+                             "the certificate's CN has a control character (0x%02x)", *p);
     tenant = tp.cn;
   }
   auth_file *a = server_auth(s);
