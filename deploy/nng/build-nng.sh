@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Builds the nng tensorport links with: Debian 12's own nng 1.5.2 source
 # package (the version and patches of libnng-dev), plus closed-pipe-io.patch,
-# our fix for nanomsg/nng#1636 (fixed upstream in 1.6.0): a tcp, ipc or tls
-# pipe closed while a message is between two reads or writes leaves an
-# operation that never completes, and nng's single reaper thread then waits
-# for it for ever -- no closed connection is cleaned up again and nng_close
-# never returns.  A server on a network cannot live with that.
+# our fixes for connections that close under load:
+# - nanomsg/nng#1636 (fixed upstream in 1.6.0): a tcp, ipc or tls pipe closed
+#   while a message is between two reads or writes leaves an operation that
+#   never completes, and nng's single reaper thread then waits for it for
+#   ever -- no closed connection is cleaned up again and nng_close never
+#   returns.  A server on a network cannot live with that.
+# - a REP reply handed to a pipe that is closing is dropped without being
+#   freed (rep0_pipe_fini now frees what its send aio still holds).
 #
 # Installs a static, position-independent libnng with its headers and CMake
 # package under PREFIX (default /opt/tensorport/nng), once per patch version
