@@ -5,7 +5,20 @@
  * (and for the small RPC p50/p99 in microseconds); bench/run turns them into
  * ratio lines.
  *
+ * With --tls-cert/--tls-key (a server certificate and key for 127.0.0.1, e.g.
+ * a throwaway self-signed one that bench/run makes with `openssl req`), the
+ * server also listens on tls+tcp://127.0.0.1 (tensorport's OpenSSL engine for
+ * nng, TLS 1.3) and put/get at 16 and 256 MiB over it are measured against
+ * the same over plain tcp://, the two interleaved rep by rep (the order
+ * swapped every rep); those lines carry "baseline": "tcp", and a "tls_info"
+ * line names nng's TLS engine and counts the TLS 1.3 / 1.2 handshakes the
+ * process made (the client's and the server's end).  --only-tls skips
+ * everything else.  There is no raw-nng TLS baseline: the nng tensorport
+ * links (deploy/nng) is built with no TLS engine of its own (no mbedTLS), so
+ * the OpenSSL engine is the only one a process can use.
+ *
  *   tport-bench-transfer [--max-mib N] [--reps R] [--device D]
+ *                        [--tls-cert F --tls-key F [--tls-reps R] [--only-tls]]
  */
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -19,6 +32,7 @@
 
 #include "bench_util.h"
 #include "server.h"
+#include "tls_openssl.h"
 #include "tport.h"
 
 #define CHUNK (4u << 20)
@@ -250,6 +264,98 @@ static void bench_small_rpc(const char *turl, const char *rurl)
   tport_close(c);
 }
 
+/* put and get over tls+tcp:// vs the same over tcp://, the two interleaved:
+ * every rep does put, get, free on one client then on the other, the order
+ * swapped every rep so that neither always runs on a cache or allocator the
+ * other warmed.  The clients connect (TLS handshake included) and move one
+ * 1 MiB tensor each before the clock starts. */
+static int tls_reps = 7;
+
+static void bench_tls_size(tport_client *ct, tport_client *cs, size_t n)
+{
+  uint8_t *data = malloc(n), *back = malloc(n);
+  memset(data, 7, n);
+  tport_err err;
+  double tp[2][16], tg[2][16];
+  int64_t sz = (int64_t)n;
+  for (int r = 0; r < tls_reps; r++) {
+    for (int j = 0; j < 2; j++) {
+      int w = (r + j) % 2; /* 0: tcp (the baseline), 1: tls */
+      tport_client *c = w ? cs : ct;
+      tport_tensor_info info;
+      double t0 = bench_now();
+      if (tport_put(c, TPORT_UINT8, 1, &sz, NULL, data, n, NULL, &info, &err)) {
+        fprintf(stderr, "put (%s): %s\n", w ? "tls" : "tcp", err.msg);
+        exit(1);
+      }
+      tp[w][r] = bench_now() - t0;
+      t0 = bench_now();
+      if (tport_get(c, &info.ref, back, n, NULL, NULL, NULL, &err)) {
+        fprintf(stderr, "get (%s): %s\n", w ? "tls" : "tcp", err.msg);
+        exit(1);
+      }
+      tg[w][r] = bench_now() - t0;
+      tport_free(c, &info.ref, NULL);
+      if (back[n - 1] != 7) {
+        fprintf(stderr, "get (%s): wrong bytes\n", w ? "tls" : "tcp");
+        exit(1);
+      }
+      back[n - 1] = 0;
+    }
+  }
+  const char *ops[2] = {"put", "get"};
+  for (int o = 0; o < 2; o++) {
+    double(*t)[16] = o ? tg : tp;
+    double tls = bench_median(t[1], tls_reps), tcp = bench_median(t[0], tls_reps);
+    printf("{\"op\": \"%s\", \"transport\": \"tls\", \"bytes\": %zu, \"seconds\": %.6f, "
+           "\"baseline_seconds\": %.6f, \"baseline\": \"tcp\", \"reps\": %d, "
+           "\"seconds_min\": %.6f, \"seconds_max\": %.6f, \"baseline_seconds_min\": %.6f, "
+           "\"baseline_seconds_max\": %.6f}\n",
+           ops[o], n, tls, tcp, tls_reps, t[1][0], t[1][tls_reps - 1], t[0][0],
+           t[0][tls_reps - 1]);
+  }
+  fflush(stdout);
+  free(data);
+  free(back);
+}
+
+static void bench_tls(const char *tcp_url, const char *tls_url, const char *ca, size_t max_mib)
+{
+  tport_client *ct, *cs;
+  tport_err err;
+  tport_connect_options o = {.tls_ca = ca};
+  if (tport_connect(tcp_url, NULL, &ct, &err) || tport_connect(tls_url, &o, &cs, &err)) {
+    fprintf(stderr, "tls bench: %s\n", err.msg);
+    exit(1);
+  }
+  size_t warm = (size_t)1 << 20;
+  uint8_t *d = calloc(warm, 1);
+  int64_t sz = (int64_t)warm;
+  for (int w = 0; w < 2; w++) {
+    tport_tensor_info info;
+    tport_client *c = w ? cs : ct;
+    if (tport_put(c, TPORT_UINT8, 1, &sz, NULL, d, warm, NULL, &info, &err) ||
+        tport_get(c, &info.ref, d, warm, NULL, NULL, NULL, &err)) {
+      fprintf(stderr, "tls bench warm-up (%s): %s\n", w ? "tls" : "tcp", err.msg);
+      exit(1);
+    }
+    tport_free(c, &info.ref, NULL);
+  }
+  free(d);
+  transport_tls_stats st;
+  transport_tls_stats_get(&st);
+  /* the client's and the server's end of the one TLS connection */
+  printf("{\"op\": \"tls_info\", \"engine\": \"%s\", \"handshakes_tls13\": %llu, "
+         "\"handshakes_tls12\": %llu, \"failures\": %llu}\n",
+         nng_tls_engine_name(), (unsigned long long)st.handshakes_tls13,
+         (unsigned long long)st.handshakes_tls12, (unsigned long long)st.failures);
+  fflush(stdout);
+  for (size_t mib = 16; mib <= max_mib; mib *= 16)
+    bench_tls_size(ct, cs, mib << 20);
+  tport_close(cs);
+  tport_close(ct);
+}
+
 typedef struct {
   const char *url;
   size_t n;
@@ -288,6 +394,8 @@ static double run_clients(const char *url, int k, size_t n)
 int main(int argc, char **argv)
 {
   size_t max_mib = 256;
+  const char *tls_cert = NULL, *tls_key = NULL;
+  bool only_tls = false;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--max-mib") == 0 && i + 1 < argc)
       max_mib = (size_t)atoi(argv[++i]);
@@ -295,11 +403,28 @@ int main(int argc, char **argv)
       put_device = argv[++i];
     else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
       reps = atoi(argv[++i]) < 1 ? 1 : atoi(argv[i]) > 16 ? 16 : atoi(argv[i]);
+    else if (strcmp(argv[i], "--tls-reps") == 0 && i + 1 < argc)
+      tls_reps = atoi(argv[++i]) < 1 ? 1 : atoi(argv[i]) > 16 ? 16 : atoi(argv[i]);
+    else if (strcmp(argv[i], "--tls-cert") == 0 && i + 1 < argc)
+      tls_cert = argv[++i];
+    else if (strcmp(argv[i], "--tls-key") == 0 && i + 1 < argc)
+      tls_key = argv[++i];
+    else if (strcmp(argv[i], "--only-tls") == 0)
+      only_tls = true;
+    else {
+      fprintf(stderr, "tport-bench-transfer: unknown argument %s\n", argv[i]);
+      return 2;
+    }
   }
-  char tcp_t[64], tcp_r[64], ipc_t[96], ipc_r[96];
+  if (only_tls && !tls_cert) {
+    fprintf(stderr, "tport-bench-transfer: --only-tls needs --tls-cert\n");
+    return 2;
+  }
+  char tcp_t[64], tcp_r[64], tls_t[64], ipc_t[96], ipc_r[96];
   int port = 30000 + (int)(getpid() % 20000);
   snprintf(tcp_t, sizeof tcp_t, "tcp://127.0.0.1:%d", port);
   snprintf(tcp_r, sizeof tcp_r, "tcp://127.0.0.1:%d", port + 1);
+  snprintf(tls_t, sizeof tls_t, "tls+tcp://127.0.0.1:%d", port + 2);
   snprintf(ipc_t, sizeof ipc_t, "ipc:///tmp/tport-bench-%d-t.sock", (int)getpid());
   snprintf(ipc_r, sizeof ipc_r, "ipc:///tmp/tport-bench-%d-r.sock", (int)getpid());
   raw_source_len = CHUNK;
@@ -310,6 +435,11 @@ int main(int argc, char **argv)
   cfg.listen[0] = strdup(tcp_t);
   cfg.listen[1] = strdup(ipc_t);
   cfg.nlisten = 2;
+  if (tls_cert) {
+    cfg.listen[cfg.nlisten++] = strdup(tls_t);
+    cfg.tls_cert = strdup(tls_cert);
+    cfg.tls_key = tls_key ? strdup(tls_key) : NULL;
+  }
   cfg.devices = strdup(put_device ? "cpu,cuda" : "cpu");
   cfg.chunk_bytes = CHUNK;
   cfg.window = WINDOW;
@@ -323,16 +453,21 @@ int main(int argc, char **argv)
   static raw_ctx rc1[RAW_CTX], rc2[RAW_CTX];
   nng_socket r1 = raw_start(tcp_r, rc1), r2 = raw_start(ipc_r, rc2);
 
-  for (size_t mib = 1; mib <= max_mib; mib *= 16) {
-    bench_size("tcp", tcp_t, tcp_r, mib << 20);
-    bench_size("ipc", ipc_t, ipc_r, mib << 20);
+  if (!only_tls) {
+    for (size_t mib = 1; mib <= max_mib; mib *= 16) {
+      bench_size("tcp", tcp_t, tcp_r, mib << 20);
+      bench_size("ipc", ipc_t, ipc_r, mib << 20);
+    }
+    bench_small_rpc(tcp_t, tcp_r);
+    size_t each = (size_t)16 << 20;
+    double one = run_clients(tcp_t, 1, each), eight = run_clients(tcp_t, 8, each);
+    printf("{\"op\": \"aggregate_8_clients\", \"transport\": \"tcp\", \"bytes\": %zu, "
+           "\"seconds\": %.6f, \"baseline_bytes\": %zu, \"baseline_seconds\": %.6f}\n",
+           8 * each * 4, eight, each * 4, one);
+    fflush(stdout);
   }
-  bench_small_rpc(tcp_t, tcp_r);
-  size_t each = (size_t)16 << 20;
-  double one = run_clients(tcp_t, 1, each), eight = run_clients(tcp_t, 8, each);
-  printf("{\"op\": \"aggregate_8_clients\", \"transport\": \"tcp\", \"bytes\": %zu, "
-         "\"seconds\": %.6f, \"baseline_bytes\": %zu, \"baseline_seconds\": %.6f}\n",
-         8 * each * 4, eight, each * 4, one);
+  if (tls_cert)
+    bench_tls(tcp_t, tls_t, tls_cert, max_mib);
   raw_stop(r1, rc1);
   raw_stop(r2, rc2);
   server_stop(s, 1000);
