@@ -1,0 +1,564 @@
+/*
+ * test_hostile_quota.c: what a client may hold and make the server do.
+ * Racing commits (2), get limits (4), unbounded work (6), storage
+ * accounting (7), named half-uploads (8) and the tensors, sessions and
+ * tenants of the registry (9).
+ *
+ * The hostile-client regression suite.  Each test is one defect of the
+ * hostile-client review (its number leads the test's name: d1_... is defect
+ * 1, d11c_... item (c) of defect 11) written as the behaviour the server
+ * must have: what a client that lies, races, stalls or asks for absurd
+ * amounts gets back, and that nothing else changes for anyone.  The suite
+ * is three files by concern (test_hostile_wire.c, test_hostile_conn.c,
+ * test_hostile_quota.c) over the raw-frame and SP-over-TCP helpers of
+ * hostile_util.h, which also says how every wait is bounded.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "hostile_util.h"
+
+/* A server that stalls must fail the test, never hang it. */
+TestSuite(hostile, .timeout = 120);
+
+/* ================================================================ 2: racing commits */
+
+Test(hostile, d2_racing_commits_publish_an_upload_once)
+{
+  char url[128];
+  server *s = start_default(url, sizeof url);
+  rawc r;
+  raw_open(&r, url);
+  const size_t n = 3 * CHUNK + 100; /* 4 chunks */
+  uint8_t *data = malloc(n);
+  fill(data, n, 2);
+  int64_t held = 0;
+  for (int iter = 0; iter < 30; iter++) {
+    /* odd iterations: on sim:0 with a conversion at the commit and slow
+     * device work, so that the commits surely overlap on the workers */
+    bool slow = iter % 2;
+    uint8_t h[16];
+    char msg[256];
+    int code = raw_put_begin_as(&r, n, slow ? "sim:0" : NULL, NULL,
+                                slow ? TPORT__DTYPE__DTYPE_FLOAT32 : -1, h, msg);
+    cr_assert_eq(code, 0, "iteration %d: PutBegin: %s", iter, msg);
+    raw_chunks(&r, h, data, n, 0, nchunks(n));
+    if (slow)
+      sim_set_delay_range(20000, 30000);
+    Tport__Ref ref = mkref(h, 16, NULL);
+    Tport__PutCommitRequest q = TPORT__PUT_COMMIT_REQUEST__INIT;
+    q.ref = &ref;
+    for (int i = 0; i < RAW_CTXS; i++)
+      raw_send(&r, i, TPORT__METHOD__METHOD_PUT_COMMIT, &q.base, NULL, 0);
+    int ok = 0;
+    for (int i = 0; i < RAW_CTXS; i++) {
+      ProtobufCMessage *out;
+      code = raw_wait(&r, i, &tport__put_commit_reply__descriptor, msg, &out, NULL);
+      Tport__PutCommitReply *cr = (Tport__PutCommitReply *)out;
+      if (code == 0) {
+        ok++;
+        cr_assert(cr->info, "iteration %d: an OK PutCommit without the tensor's info", iter);
+        cr_assert_geq(cr->info->storage_nbytes, (int64_t)n,
+                      "iteration %d: the stored tensor has %lld storage bytes for %zu", iter,
+                      (long long)cr->info->storage_nbytes, n);
+        held += cr->info->storage_nbytes;
+      } else {
+        cr_expect(code == TPORT_FAILED_PRECONDITION || code == TPORT_NOT_FOUND,
+                  "iteration %d: a losing PutCommit got %s (%s), want FAILED_PRECONDITION or "
+                  "NOT_FOUND",
+                  iter, tport_strerror(code), msg);
+      }
+      protobuf_c_message_free_unpacked(out, NULL);
+    }
+    sim_set_delay(0);
+    cr_assert_eq(ok, 1, "iteration %d (%s): %d of %d racing PutCommits of one upload succeeded",
+                 iter, slow ? "sim:0, converted" : "cpu", ok, RAW_CTXS);
+  }
+  /* the 30 tensors live with r's connection: the server holds exactly them */
+  int64_t bytes = op_counter(url, "tensor_bytes"), ups = op_counter(url, "uploads_in_progress");
+  cr_assert_eq(bytes, held,
+               "the operator's tensor_bytes is %lld; the 30 committed tensors hold %lld",
+               (long long)bytes, (long long)held);
+  cr_assert_eq(ups, 0, "uploads_in_progress is %lld after every upload was committed",
+               (long long)ups);
+  raw_close(&r);
+  free(data);
+  server_stop(s, 1000);
+}
+
+Test(hostile, d2_chunks_racing_a_commit)
+{
+  char url[128];
+  server *s = start_default(url, sizeof url);
+  rawc r;
+  raw_open(&r, url);
+  const size_t n = 4 * CHUNK;
+  uint8_t *data = malloc(n);
+  for (int iter = 0; iter < 30; iter++) {
+    fill(data, n, 100 + (unsigned)iter);
+    uint8_t h[16];
+    char msg[256];
+    int code = raw_put_begin(&r, n, iter % 2 ? "sim:0" : NULL, NULL, h, msg);
+    cr_assert_eq(code, 0, "iteration %d: PutBegin: %s", iter, msg);
+    raw_chunks(&r, h, data, n, 0, 3);
+    Tport__Ref ref = mkref(h, 16, NULL);
+    /* the last chunk, duplicates of the first three and two commits, at once */
+    Tport__PutChunkRequest cq[4];
+    for (int k = 0; k < 4; k++)
+      chunk_req(&cq[k], &ref, (uint64_t)k * CHUNK);
+    Tport__PutCommitRequest q = TPORT__PUT_COMMIT_REQUEST__INIT;
+    q.ref = &ref;
+    raw_send(&r, 0, TPORT__METHOD__METHOD_PUT_CHUNK, &cq[3].base, data + 3 * CHUNK, CHUNK);
+    raw_send(&r, 1, TPORT__METHOD__METHOD_PUT_COMMIT, &q.base, NULL, 0);
+    for (int k = 0; k < 3; k++)
+      raw_send(&r, 2 + k, TPORT__METHOD__METHOD_PUT_CHUNK, &cq[k].base, data + k * CHUNK, CHUNK);
+    raw_send(&r, 5, TPORT__METHOD__METHOD_PUT_COMMIT, &q.base, NULL, 0);
+    int codes[6], commits_ok = 0;
+    char msgs[6][256];
+    for (int i = 0; i < 6; i++)
+      codes[i] = raw_wait(&r, i,
+                          i == 1 || i == 5 ? &tport__put_commit_reply__descriptor
+                                           : &tport__put_chunk_reply__descriptor,
+                          msgs[i], NULL, NULL);
+    for (int i = 0; i < 6; i++) {
+      if (i == 1 || i == 5) {
+        commits_ok += codes[i] == 0;
+        cr_expect(codes[i] == 0 ||
+                      (codes[i] == TPORT_FAILED_PRECONDITION &&
+                       (strstr(msgs[i], "missing") || strstr(msgs[i], "being written") ||
+                        strstr(msgs[i], "commit"))),
+                  "iteration %d: a PutCommit racing chunks: %s (%s), want OK or "
+                  "FAILED_PRECONDITION saying chunks are missing or being written",
+                  iter, tport_strerror(codes[i]), msgs[i]);
+      } else {
+        cr_expect(codes[i] == 0 || codes[i] == TPORT_FAILED_PRECONDITION,
+                  "iteration %d: a PutChunk racing a commit: %s (%s)", iter,
+                  tport_strerror(codes[i]), msgs[i]);
+      }
+    }
+    cr_assert_leq(commits_ok, 1, "iteration %d: both racing PutCommits succeeded", iter);
+    if (codes[0] != 0) {
+      code = raw_chunk(&r, h, 3 * CHUNK, data + 3 * CHUNK, CHUNK, msg);
+      cr_assert_eq(code, 0, "iteration %d: the last chunk again: %s (%s)", iter,
+                   tport_strerror(code), msg);
+    }
+    if (!commits_ok) {
+      code = raw_commit(&r, h, msg, NULL);
+      cr_assert_eq(code, 0, "iteration %d: PutCommit after the race: %s (%s)", iter,
+                   tport_strerror(code), msg);
+    }
+    raw_expect_bytes(&r, h, data, n, "a commit raced by chunks");
+    Tport__FreeRequest fq = TPORT__FREE_REQUEST__INIT;
+    fq.ref = &ref;
+    code = raw_call(&r, TPORT__METHOD__METHOD_FREE, &fq.base, NULL, 0,
+                    &tport__free_reply__descriptor, msg, NULL, NULL);
+    cr_assert_eq(code, 0, "iteration %d: Free: %s", iter, msg);
+  }
+  int64_t ups = op_counter(url, "uploads_in_progress");
+  cr_assert_eq(ups, 0, "uploads_in_progress is %lld after the races", (long long)ups);
+  raw_close(&r);
+  free(data);
+  server_stop(s, 1000);
+}
+
+/* ================================================================ 4: get limits */
+
+Test(hostile, d4_views_and_gets_past_max_tensor_are_refused)
+{
+  char url[128];
+  server_config cfg;
+  config(&cfg);
+  cfg.max_tensor_bytes = 1 << 20;
+  server *s = start(&cfg, url, sizeof url);
+  tport_client *c = svc_connect(url, NULL);
+  tport_tensor_info a, big;
+  tport_err err;
+  uint8_t one = 42;
+  cr_assert_eq(tport_put(c, TPORT_UINT8, 1, (int64_t[]){1}, NULL, &one, 1, NULL, &a, &err), 0,
+               "put 1 byte: %s", err.msg);
+  int rc = tport_view(c, &a.ref, 1, (int64_t[]){1 << 30}, (int64_t[]){0}, 0, NULL, &big, &err);
+  cr_assert_eq(rc, TPORT_RESOURCE_EXHAUSTED,
+               "View sizes [2^30] strides [0] of a 1-byte tensor (1 GiB to read, --max-tensor 1 "
+               "MiB): %s (%s), want RESOURCE_EXHAUSTED",
+               tport_strerror(rc), err.msg);
+  cr_assert(strstr(err.msg, "limit") || strstr(err.msg, "max-tensor") || strstr(err.msg, "1048576"),
+            "the refusal does not mention the limit: '%s'", err.msg);
+  /* 2 MiB: a server may refuse the view itself, or its get */
+  rc = tport_view(c, &a.ref, 1, (int64_t[]){2 << 20}, (int64_t[]){0}, 0, NULL, &big, &err);
+  if (rc == 0) {
+    rawc r;
+    raw_open(&r, url);
+    Tport__Ref ref = mkref(big.ref.handle, 16, NULL);
+    char msg[256];
+    rc = raw_get_begin(&r, &ref, 0, msg, NULL);
+    cr_assert_eq(rc, TPORT_RESOURCE_EXHAUSTED,
+                 "GetBegin of a 2 MiB view (--max-tensor 1 MiB): %s (%s), want RESOURCE_EXHAUSTED",
+                 tport_strerror(rc), msg);
+    cr_assert(strstr(msg, "limit") || strstr(msg, "max-tensor") || strstr(msg, "1048576"),
+              "the refusal does not mention the limit: '%s'", msg);
+    raw_close(&r);
+  } else {
+    cr_assert_eq(rc, TPORT_RESOURCE_EXHAUSTED,
+                 "View of 2 MiB (--max-tensor 1 MiB): %s (%s), want RESOURCE_EXHAUSTED",
+                 tport_strerror(rc), err.msg);
+  }
+  uint8_t back;
+  cr_assert_eq(tport_get(c, &a.ref, &back, 1, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+  cr_assert_eq(back, 42, "the 1-byte tensor reads %u after the refusals", back);
+  tport_close(c);
+  server_stop(s, 1000);
+}
+
+Test(hostile, d4_gets_in_progress_per_connection_are_bounded)
+{
+  char url[128];
+  server_config cfg;
+  config(&cfg);
+  cfg.max_transfers = 4;
+  server *s = start(&cfg, url, sizeof url);
+  rawc r;
+  raw_open(&r, url);
+  const size_t n = 4 * CHUNK;
+  uint8_t *data = malloc(n), h[16], t[16];
+  fill(data, n, 4);
+  raw_put(&r, data, n, NULL, NULL, h);
+  Tport__Ref ref = mkref(h, 16, NULL);
+  char msg[256];
+  uint8_t first[16];
+  for (int i = 0; i < 4; i++) {
+    int code = raw_get_begin(&r, &ref, 0, msg, t);
+    cr_assert_eq(code, 0, "GetBegin %d of 4 (--max-transfers 4): %s (%s)", i + 1,
+                 tport_strerror(code), msg);
+    if (i == 0)
+      memcpy(first, t, 16);
+  }
+  int code = raw_get_begin(&r, &ref, 0, msg, t);
+  cr_assert_eq(code, TPORT_RESOURCE_EXHAUSTED,
+               "a fifth GetBegin with four unread (--max-transfers 4): %s (%s), want "
+               "RESOURCE_EXHAUSTED",
+               tport_strerror(code), msg);
+  /* nothing else changed: the first transfer still serves its bytes */
+  code = raw_get_chunk(&r, first, 16, 0, CHUNK, NULL, 0, msg);
+  cr_assert_eq(code, 0, "GetChunk of the first transfer after the refusal: %s (%s)",
+               tport_strerror(code), msg);
+  raw_close(&r);
+  free(data);
+  server_stop(s, 1000);
+}
+
+Test(hostile, d4_an_unread_get_ends_after_the_transfer_timeout)
+{
+  char url[128];
+  server_config cfg;
+  config(&cfg);
+  cfg.transfer_timeout_ms = 500;
+  server *s = start(&cfg, url, sizeof url);
+  rawc r;
+  raw_open(&r, url);
+  const size_t n = 4 * CHUNK;
+  uint8_t *data = malloc(n), h[2][16], t[2][16];
+  fill(data, n, 5);
+  const char *devices[2] = {"cpu", "sim:0"};
+  char msg[256];
+  for (int i = 0; i < 2; i++) {
+    raw_put(&r, data, n, devices[i], NULL, h[i]);
+    Tport__Ref ref = mkref(h[i], 16, NULL);
+    int code = raw_get_begin(&r, &ref, 0, msg, t[i]);
+    cr_assert_eq(code, 0, "GetBegin of %s: %s (%s)", devices[i], tport_strerror(code), msg);
+  }
+  sleep(3); /* six times --transfer-timeout, without a GetChunk */
+  for (int i = 0; i < 2; i++) {
+    int code = raw_get_chunk(&r, t[i], 16, 0, CHUNK, NULL, 0, msg);
+    cr_expect_eq(code, TPORT_NOT_FOUND,
+                 "GetChunk of a %s transfer 3 s after its GetBegin (--transfer-timeout 500): %s "
+                 "(%s), want NOT_FOUND",
+                 devices[i], tport_strerror(code), msg);
+  }
+  int64_t left = op_counter_until(url, "transfers_in_progress", 0, 5000);
+  cr_assert_eq(left, 0, "the operator's transfers_in_progress is %lld (-1: absent), want 0",
+               (long long)left);
+  raw_close(&r);
+  free(data);
+  server_stop(s, 1000);
+}
+
+Test(hostile, d4_gets_count_against_the_tenant_quota)
+{
+  char url[128];
+  server_config cfg;
+  config(&cfg);
+  cfg.tenant_quota_bytes = 1 << 20;
+  server *s = start(&cfg, url, sizeof url);
+  rawc r;
+  raw_open(&r, url);
+  const size_t n = 384 << 10; /* on sim:0: each get holds a 384 KiB host copy */
+  uint8_t *data = malloc(n), h[16], t[16];
+  fill(data, n, 6);
+  raw_put(&r, data, n, "sim:0", NULL, h);
+  Tport__Ref ref = mkref(h, 16, NULL);
+  char msg[256];
+  int code = raw_get_begin(&r, &ref, 0, msg, t);
+  cr_assert_eq(code, 0, "GetBegin with 384 + 384 KiB of a 1 MiB quota: %s (%s)",
+               tport_strerror(code), msg);
+  code = raw_get_begin(&r, &ref, 0, msg, t);
+  cr_assert_eq(code, TPORT_RESOURCE_EXHAUSTED,
+               "a second GetBegin of a 384 KiB sim:0 tensor (the tensor and two host copies: "
+               "1152 KiB of a 1 MiB quota): %s (%s), want RESOURCE_EXHAUSTED",
+               tport_strerror(code), msg);
+  cr_assert(strstr(msg, "quota"), "the refusal does not mention the quota: '%s'", msg);
+  raw_close(&r);
+  free(data);
+  server_stop(s, 1000);
+}
+
+/* ================================================================ 6: unbounded work */
+
+Test(hostile, d6_huge_views_cost_no_work)
+{
+  char url[128];
+  server_config cfg;
+  config(&cfg);
+  cfg.max_tensor_bytes = 1 << 20;
+  server *s = start(&cfg, url, sizeof url);
+  /* a 10 s client time-out: a server that works on these for long fails */
+  tport_client *c = connect_as(url, NULL, REPLY_MS);
+  const size_t n = 1 << 20;
+  uint8_t *v = malloc(n);
+  fill(v, n, 8);
+  tport_tensor_info a, w;
+  tport_err err;
+  cr_assert_eq(tport_put(c, TPORT_UINT8, 1, (int64_t[]){(int64_t)n}, NULL, v, n, NULL, &a, &err), 0,
+               "%s", err.msg);
+  int64_t m = 1 << 20;
+  int rc = tport_view(c, &a.ref, 3, (int64_t[]){m, m, m}, (int64_t[]){1, 1, 1}, 0, NULL, &w, &err);
+  /* it reaches byte 3 MiB of a 1 MiB storage: OUT_OF_RANGE is the right refusal too */
+  cr_expect(rc == TPORT_RESOURCE_EXHAUSTED || rc == TPORT_INVALID_ARGUMENT ||
+                rc == TPORT_OUT_OF_RANGE,
+            "View sizes [2^20, 2^20, 2^20] strides [1, 1, 1] of 1 MiB: %s (%s), want a refusal "
+            "(a time-out means the server worked on it)",
+            tport_strerror(rc), err.msg);
+  tport_to_options o = {.has_dtype = true, .dtype = TPORT_FLOAT64};
+  rc = tport_to(c, &a.ref, &o, NULL, NULL, &err);
+  cr_expect_eq(rc, TPORT_RESOURCE_EXHAUSTED,
+               "to(float64) of 1 MiB of uint8 (8 MiB, --max-tensor 1 MiB): %s (%s)",
+               tport_strerror(rc), err.msg);
+  /* views whose element count times element size passes --max-tensor: refused
+   * outright, or else nothing may be made or copied from or into them */
+  static const struct {
+    const char *what;
+    int ndim;
+    int64_t sizes[3], strides[3];
+  } views[] = {
+      {"[2^20, 2^20, 2^20] strides [0, 0, 1]", 3, {1 << 20, 1 << 20, 1 << 20}, {0, 0, 1}},
+      {"[4, 2^20] strides [0, 1]", 2, {4, 1 << 20}, {0, 1}},
+      {"[2^21] strides [0]", 1, {1 << 21}, {0}},
+  };
+  for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) {
+    rc = tport_view(c, &a.ref, views[i].ndim, views[i].sizes, views[i].strides, 0, NULL, &w, &err);
+    if (rc) {
+      cr_expect_eq(rc, TPORT_RESOURCE_EXHAUSTED, "View %s of 1 MiB (--max-tensor 1 MiB): %s (%s)",
+                   views[i].what, tport_strerror(rc), err.msg);
+      continue;
+    }
+    bool alias;
+    rc = tport_contiguous(c, &w.ref, TPORT_MF_CONTIGUOUS, NULL, NULL, &alias, &err);
+    cr_expect_eq(rc, TPORT_RESOURCE_EXHAUSTED, "Contiguous of the view %s: %s (%s)", views[i].what,
+                 tport_strerror(rc), err.msg);
+    tport_to_options copy = {.copy = true};
+    rc = tport_to(c, &w.ref, &copy, NULL, NULL, &err);
+    cr_expect_eq(rc, TPORT_RESOURCE_EXHAUSTED, "To(copy) of the view %s: %s (%s)", views[i].what,
+                 tport_strerror(rc), err.msg);
+    rc = tport_copy(c, &w.ref, &a.ref, false, &err);
+    cr_expect_eq(rc, TPORT_RESOURCE_EXHAUSTED, "Copy into the view %s: %s (%s)", views[i].what,
+                 tport_strerror(rc), err.msg);
+    tport_free(c, &w.ref, NULL);
+  }
+  uint8_t *back = malloc(n);
+  rc = tport_get(c, &a.ref, back, n, NULL, NULL, NULL, &err);
+  cr_assert_eq(rc, 0, "get of the original: %s (%s)", tport_strerror(rc), err.msg);
+  cr_assert(memcmp(v, back, n) == 0, "the original changed");
+  tport_close(c);
+  free(v);
+  free(back);
+  server_stop(s, 1000);
+}
+
+/* ================================================================ 7: storage accounting */
+
+/* Puts 768 KiB under `name` (kept for the tenant); returns the rc. */
+static int put768(tport_client *c, const char *name, tport_tensor_info *out, tport_err *err)
+{
+  static uint8_t v[768 << 10];
+  fill(v, sizeof v, 9);
+  tport_put_options po;
+  tport_put_options_init(&po);
+  po.name = name;
+  return tport_put(c, TPORT_UINT8, 1, (int64_t[]){768 << 10}, NULL, v, sizeof v, &po, out, err);
+}
+
+/* What a derived tensor (a view, an alias) of a 768 KiB tensor costs under a
+ * 1 MiB quota once the original is freed: all of its storage. */
+static void storage_stays_charged(bool by_view)
+{
+  char url[128];
+  server_config cfg;
+  config(&cfg);
+  cfg.tenant_quota_bytes = 1 << 20;
+  server *s = start(&cfg, url, sizeof url);
+  tport_client *c = svc_connect(url, "acct");
+  const char *kind = by_view ? "a named View" : "an aliasing named To";
+  tport_tensor_info a, d;
+  tport_err err;
+  int rc = put768(c, "orig", &a, &err);
+  cr_assert_eq(rc, 0, "put 768 KiB of a 1 MiB quota: %s", err.msg);
+  if (by_view) {
+    rc = tport_view(c, &a.ref, 1, (int64_t[]){768 << 10}, (int64_t[]){1}, 0, "derived", &d, &err);
+  } else {
+    bool alias = false;
+    tport_to_options o = {.name = "derived"};
+    rc = tport_to(c, &a.ref, &o, &d, &alias, &err);
+    cr_assert(rc || alias, "to() with no change must alias");
+  }
+  cr_assert_eq(rc, 0, "%s of it: %s (%s)", kind, tport_strerror(rc), err.msg);
+  cr_assert_eq(tport_free(c, &a.ref, &err), 0, "free the original: %s", err.msg);
+  int64_t bytes = svc_counter(c, "tensor_bytes");
+  cr_assert_eq(bytes, 768 << 10,
+               "the tenant's tensor_bytes is %lld while only %s of a 768 KiB tensor lives, want "
+               "786432",
+               (long long)bytes, kind);
+  rc = put768(c, "second", NULL, &err);
+  cr_assert_eq(rc, TPORT_RESOURCE_EXHAUSTED,
+               "another 768 KiB while %s still holds the first 768 KiB (1 MiB quota): %s (%s)",
+               kind, tport_strerror(rc), err.msg);
+  cr_assert_eq(tport_free(c, &d.ref, &err), 0, "free %s: %s", kind, err.msg);
+  rc = put768(c, "second", NULL, &err);
+  cr_assert_eq(rc, 0, "768 KiB once %s is freed too: %s (%s)", kind, tport_strerror(rc), err.msg);
+  tport_close(c);
+  server_stop(s, 1000);
+}
+
+Test(hostile, d7_a_view_keeps_its_storage_charged)
+{
+  storage_stays_charged(true);
+}
+
+Test(hostile, d7_an_alias_keeps_its_storage_charged)
+{
+  storage_stays_charged(false);
+}
+
+/* ================================================================ 8: named half-uploads */
+
+Test(hostile, d8_a_named_half_upload_goes_with_its_connection)
+{
+  char url[128];
+  server *s = start_default(url, sizeof url);
+  const size_t n = 4 * CHUNK;
+  uint8_t *data = malloc(n), h[16];
+  fill(data, n, 10);
+  char msg[256];
+  rawc a;
+  raw_open(&a, url);
+  int code = raw_put_begin(&a, n, NULL, "x", h, msg);
+  cr_assert_eq(code, 0, "A: PutBegin 'x': %s", msg);
+  raw_chunks(&a, h, data, n, 0, 1);
+  raw_close(&a);
+  rawc b;
+  raw_open(&b, url);
+  int64_t end = now_ms() + 5000;
+  while ((code = raw_put_begin(&b, n, NULL, "x", h, msg)) == TPORT_ALREADY_EXISTS && now_ms() < end)
+    usleep(100000);
+  cr_assert_eq(code, 0,
+               "B: PutBegin 'x' up to 5 s after A closed with its upload of 'x' uncommitted: %s "
+               "(%s)",
+               tport_strerror(code), msg);
+  raw_chunks(&b, h, data, n, 0, nchunks(n));
+  code = raw_commit(&b, h, msg, NULL);
+  cr_assert_eq(code, 0, "B: PutCommit 'x': %s", msg);
+  raw_expect_bytes(&b, h, data, n, "B's 'x'");
+  raw_close(&b);
+  free(data);
+  server_stop(s, 1000);
+}
+
+/* ================================================================ 9: tensors, sessions, tenants */
+
+Test(hostile, d9_tensors_per_tenant_are_bounded)
+{
+  char url[128];
+  server_config cfg;
+  config(&cfg);
+  cfg.max_tensors = 10;
+  server *s = start(&cfg, url, sizeof url);
+  tport_client *c = svc_connect(url, "t9");
+  rawc r;
+  raw_open(&r, url);
+  char msg[256];
+  cr_assert_eq(raw_hello(&r, "t9", msg), 0, "Hello t9: %s", msg);
+  uint8_t h[16];
+  int code = raw_put_begin(&r, 4 * CHUNK, NULL, NULL, h, msg);
+  cr_assert_eq(code, 0, "t9's upload in progress (its first tensor): %s", msg);
+  tport_tensor_info t[9];
+  tport_err err;
+  for (int i = 0; i < 9; i++) {
+    int rc = tport_put(c, TPORT_UINT8, 1, (int64_t[]){0}, NULL, NULL, 0, NULL, &t[i], &err);
+    cr_assert_eq(rc, 0, "t9's zero-byte tensor %d (tensor %d of 10): %s (%s)", i + 1, i + 2,
+                 tport_strerror(rc), err.msg);
+  }
+  int rc = tport_put(c, TPORT_UINT8, 1, (int64_t[]){0}, NULL, NULL, 0, NULL, NULL, &err);
+  cr_assert_eq(rc, TPORT_RESOURCE_EXHAUSTED,
+               "t9's 11th tensor (9 zero-byte ones and an upload, --max-tensors 10): %s (%s), want "
+               "RESOURCE_EXHAUSTED",
+               tport_strerror(rc), err.msg);
+  tport_client *other = svc_connect(url, "u9");
+  rc = tport_put(other, TPORT_UINT8, 1, (int64_t[]){0}, NULL, NULL, 0, NULL, NULL, &err);
+  cr_assert_eq(rc, 0, "another tenant's first tensor: %s (%s)", tport_strerror(rc), err.msg);
+  cr_assert_eq(tport_free(c, &t[0].ref, &err), 0, "%s", err.msg);
+  rc = tport_put(c, TPORT_UINT8, 1, (int64_t[]){0}, NULL, NULL, 0, NULL, NULL, &err);
+  cr_assert_eq(rc, 0, "t9's put after freeing one: %s (%s)", tport_strerror(rc), err.msg);
+  tport_close(other);
+  raw_close(&r);
+  tport_close(c);
+  server_stop(s, 1000);
+}
+
+Test(hostile, d9_sessions_and_tenants_go_with_their_connections)
+{
+  char url[128];
+  server *s = start_default(url, sizeof url);
+  tport_client *op = svc_connect(url, OPERATOR);
+  int64_t s0 = svc_counter(op, "sessions"), t0 = svc_counter(op, "tenants");
+  cr_assert(s0 >= 1 && t0 >= 1,
+            "the operator's Stats has sessions %lld and tenants %lld (-1: absent); each counts "
+            "at least the operator's own",
+            (long long)s0, (long long)t0);
+  tport_client *cs[20];
+  for (int i = 0; i < 20; i++) {
+    char tenant[32];
+    snprintf(tenant, sizeof tenant, "passer-%d", i);
+    cs[i] = svc_connect(url, tenant);
+  }
+  int64_t s1 = svc_counter(op, "sessions"), t1 = svc_counter(op, "tenants");
+  cr_assert_geq(s1, s0 + 20, "sessions is %lld with 20 more connections open (%lld before)",
+                (long long)s1, (long long)s0);
+  cr_assert_geq(t1, t0 + 20, "tenants is %lld with 20 more tenants connected (%lld before)",
+                (long long)t1, (long long)t0);
+  for (int i = 0; i < 20; i++)
+    tport_close(cs[i]);
+  int64_t s2 = s1, t2 = t1;
+  for (int64_t end = now_ms() + 10000; (s2 > s0 || t2 > t0) && now_ms() < end;) {
+    usleep(100000);
+    s2 = svc_counter(op, "sessions");
+    t2 = svc_counter(op, "tenants");
+  }
+  cr_assert(s2 <= s0 && t2 <= t0,
+            "10 s after 20 connections of tenants holding nothing closed: sessions %lld (was "
+            "%lld), tenants %lld (was %lld)",
+            (long long)s2, (long long)s0, (long long)t2, (long long)t0);
+  tport_close(op);
+  server_stop(s, 1000);
+}
