@@ -2,14 +2,17 @@
  * tls_openssl.h: the OpenSSL 3 TLS engine that tensorport registers with nng,
  * and the helpers that build nng TLS configurations from PEM files.
  *
- * Debian's nng 1.5.2 does TLS through mbedTLS 2.28 (TLS 1.2 only, slow).  nng
- * lets a program replace that engine (nng/supplemental/tls/engine.h); once
+ * Debian's nng 1.5.2 does TLS through mbedTLS 2.28 (TLS 1.2 only, slow), and
+ * the nng tensorport builds (deploy/nng) has no TLS engine at all.  nng lets
+ * a program bring its own (nng/supplemental/tls/engine.h): once
  * transport_tls_register() has run, every nng_tls_config allocated afterwards
  * -- and so every tls+tcp:// dialer and listener created afterwards -- uses
  * OpenSSL: TLS 1.3 only unless a configuration allows 1.2, AES-GCM and
  * ChaCha20-Poly1305 suites, no renegotiation, no session tickets, peer
- * certificates verified with the server name (DNS name or IP address) checked,
- * and a close_notify when a connection closes.
+ * certificates verified with the server name (DNS name in subjectAltName, or
+ * IP address) checked, and a close_notify when a connection closes (best
+ * effort: nng 1.5.2 may close the TCP stream first, see tls_openssl.c).  A
+ * configuration is frozen once a connection has used it (NNG_EBUSY).
  *
  * Using it (the nng calls; errors elided):
  *
@@ -45,14 +48,13 @@ extern "C" {
 #endif
 
 /* The engine's name as nng_tls_engine_name() reports it once registered. */
-#define TRANSPORT_TLS_ENGINE_NAME "openssl"
+#define TRANSPORT_TLS_ENGINE_NAME "tport-openssl"
 
 /* Registers the engine with nng.  Idempotent and thread-safe; returns
  * TPORT_OK, or TPORT_INTERNAL when nng refuses the engine.  Call it before
  * creating tls+tcp:// dialers or listeners: nng binds a dialer or listener to
- * the engine that was registered when it was created.  nng_fini() puts nng's
- * own engine back; call this again after it.  The config helpers below call
- * it themselves. */
+ * the engine that was registered when it was created.  After nng_fini(),
+ * call it again.  The config helpers below call it themselves. */
 int transport_tls_register(tport_err *err);
 
 /* True when nng's current TLS engine is this one. */

@@ -9,6 +9,13 @@
 #   returns.  A server on a network cannot live with that.
 # - a REP reply handed to a pipe that is closing is dropped without being
 #   freed (rep0_pipe_fini now frees what its send aio still holds).
+# - a TLS connection that failed (a refused handshake, a reset) stays open
+#   to new reads and writes, which then never complete: a tls+tcp dialer
+#   refused between sending its SP header and reading the server's hung in
+#   nng_dialer_start for ever (about 1 dial in 100 with TLS 1.3 client
+#   certificates).  tls_common.c now marks the connection closed, and a
+#   negotiation that ends that way is a failed dial (NNG_ECONNSHUT), not a
+#   closed dialer, so a background dialer tries again.
 #
 # Installs a static, position-independent libnng with its headers and CMake
 # package under PREFIX (default /opt/tensorport/nng), once per patch version
