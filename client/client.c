@@ -76,7 +76,6 @@ static int dial(tport_client *c, const char *url, const tport_connect_options *o
 static int answer_challenge(tport_client *c, const tport_connect_options *opts,
                             Tport__HelloRequest *q, const Tport__HelloReply *r, tport_err *err)
 {
-  (void)c;
   if (r->auth_challenge.len == 0)
     return TPORT_UNAUTHENTICATED; /* refused outright: err holds the server's reason */
   if (r->auth_challenge.len != HELLO_CHALLENGE_BYTES)
@@ -94,12 +93,20 @@ static int answer_challenge(tport_client *c, const tport_connect_options *opts,
                          "the server requires authentication: give tenant '%s' its secret "
                          "(--secret-file, TPORT_SECRET_FILE)",
                          q->tenant);
+  /* on TLS, bound to the connection the challenge came on (hello_mac.h):
+   * the answer is worth nothing on any other, a relay's included */
+  uint8_t binding[HELLO_BINDING_BYTES];
+  bool bound = false;
+  if (!rc)
+    rc = transport_tls_pipe_binding(c->reply_pipe, binding, &bound, err);
   uint8_t *answer = rc ? NULL : malloc(HELLO_MAC_BYTES);
   if (!rc && !answer)
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   if (!rc)
-    rc = transport_hello_mac(secret, len, r->auth_challenge.data, q->tenant, answer, err);
+    rc = transport_hello_mac(secret, len, r->auth_challenge.data, q->tenant,
+                             bound ? binding : NULL, answer, err);
   OPENSSL_cleanse(secret, sizeof secret);
+  OPENSSL_cleanse(binding, sizeof binding);
   if (rc) {
     free(answer);
     return rc;
@@ -375,6 +382,8 @@ int client_rpc(tport_client *c, uint16_t method, const ProtobufCMessage *q, cons
     client_slot_send(&s, m);
     rc = client_slot_finish(&s, err);
   }
+  if (!rc && method == TPORT__METHOD__METHOD_HELLO)
+    c->reply_pipe = nng_msg_get_pipe(s.reply); /* only Hello reads it, before any other call */
   if (!rc)
     rc = client_unpack(method, s.reply, d, out, reply_payload, err);
   if (!rc && reply_payload) {

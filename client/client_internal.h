@@ -21,6 +21,8 @@ struct tport_client {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int credits;
+  nng_pipe reply_pipe; /* the connection the latest reply came on (the Hello's
+                          challenge binds to it) */
 };
 
 /* A request in flight on its own context. */

@@ -50,9 +50,15 @@ static int check_answer(call *c, auth_file *a, const char *tenant, const uint8_t
     memset(secret, 0, sizeof secret);
     slen = HELLO_SECRET_MIN_BYTES;
   }
+  /* on TLS, the answer must be bound to this very connection (hello_mac.h) */
+  uint8_t binding[HELLO_BINDING_BYTES];
+  bool bound = false;
   tport_err e;
-  int rc = transport_hello_mac(secret, slen, challenge, tenant, want, &e);
+  int rc = transport_tls_pipe_binding((nng_pipe){.id = c->pipe}, binding, &bound, &e);
+  if (!rc)
+    rc = transport_hello_mac(secret, slen, challenge, tenant, bound ? binding : NULL, want, &e);
   OPENSSL_cleanse(secret, sizeof secret);
+  OPENSSL_cleanse(binding, sizeof binding);
   if (rc)
     return tport_err_set(&c->err, rc, "%s", e.msg);
   bool ok = len == HELLO_MAC_BYTES && transport_hello_mac_equal(answer, want) && known;

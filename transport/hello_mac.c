@@ -76,10 +76,10 @@ int transport_hello_secret_file(const char *path, uint8_t *out, size_t *len, tpo
 
 int transport_hello_mac(const uint8_t *secret, size_t secret_len,
                         const uint8_t challenge[HELLO_CHALLENGE_BYTES], const char *tenant,
-                        uint8_t out[HELLO_MAC_BYTES], tport_err *err)
+                        const uint8_t *binding, uint8_t out[HELLO_MAC_BYTES], tport_err *err)
 {
   size_t tlen = strlen(tenant);
-  uint8_t msg[sizeof DOMAIN + HELLO_CHALLENGE_BYTES + 256];
+  uint8_t msg[sizeof DOMAIN + HELLO_CHALLENGE_BYTES + 256 + HELLO_BINDING_BYTES];
   if (tlen > 255)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "tenant is %zu bytes: too long", tlen);
   /* DOMAIN's own terminating zero separates it from the challenge */
@@ -91,6 +91,11 @@ int transport_hello_mac(const uint8_t *secret, size_t secret_len,
   memcpy(msg + n, tenant, tlen);
   n += tlen;
   msg[n++] = 0;
+  /* the tenant's terminating zero keeps the binding apart from the name */
+  if (binding) {
+    memcpy(msg + n, binding, HELLO_BINDING_BYTES);
+    n += HELLO_BINDING_BYTES;
+  }
   unsigned int outlen = 0;
   if (!HMAC(EVP_sha256(), secret, (int)secret_len, msg, n, out, &outlen) ||
       outlen != HELLO_MAC_BYTES)

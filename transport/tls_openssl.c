@@ -707,6 +707,14 @@ static bool conn_verified(nng_tls_engine_conn *c)
       snprintf(out->cipher, sizeof out->cipher, "%s", SSL_get_cipher_name(c->ssl));
       if (v)
         subject_cn(peer, out->cn, sizeof out->cn);
+      static const char label[] = TRANSPORT_TLS_EXPORTER_LABEL;
+      if (SSL_export_keying_material(c->ssl, out->exporter, sizeof out->exporter, label,
+                                     sizeof label - 1, NULL, 0, 0) != 1) {
+        /* cannot happen after a handshake; an unbound answer would be
+         * refused, so say the handshake is not done rather than bind to 0s */
+        ERR_clear_error();
+        out->handshake_done = false;
+      }
     }
   }
   return v;
@@ -784,17 +792,25 @@ out:
 
 /* ---------------------------------------------------------------- peers */
 
+/* Asks nng for p's NNG_OPT_TLS_VERIFIED with *peer as the capture; the nng
+ * result.  peer->version stays -1 unless this engine's conn_verified answers. */
+static int query_peer(nng_pipe p, transport_tls_peer *peer)
+{
+  bool verified;
+  memset(peer, 0, sizeof *peer);
+  peer->version = -1;
+  peer_capture = peer;
+  int rv = nng_pipe_get_bool(p, NNG_OPT_TLS_VERIFIED, &verified);
+  peer_capture = NULL;
+  return rv;
+}
+
 int transport_tls_pipe_peer(nng_pipe p, transport_tls_peer *out, tport_err *err)
 {
   transport_tls_peer peer;
-  bool verified;
   if (out == NULL)
     return tls_err(err, TPORT_INVALID_ARGUMENT, "tls peer: out is required");
-  memset(&peer, 0, sizeof peer);
-  peer.version = -1; /* stays -1 unless this engine's conn_verified answers */
-  peer_capture = &peer;
-  int rv = nng_pipe_get_bool(p, NNG_OPT_TLS_VERIFIED, &verified);
-  peer_capture = NULL;
+  int rv = query_peer(p, &peer);
   unsigned id = (unsigned)nng_pipe_id(p);
   if (rv == NNG_ENOENT || rv == NNG_ECLOSED)
     return tls_err(err, TPORT_NOT_FOUND, "pipe %u: no such pipe (closed?)", id);
@@ -808,5 +824,24 @@ int transport_tls_pipe_peer(nng_pipe p, transport_tls_peer *out, tport_err *err)
                    "transport_tls_register?)",
                    id);
   *out = peer;
+  OPENSSL_cleanse(&peer, sizeof peer);
+  return TPORT_OK;
+}
+
+int transport_tls_pipe_binding(nng_pipe p, uint8_t out[32], bool *bound, tport_err *err)
+{
+  transport_tls_peer peer;
+  *bound = false;
+  if (query_peer(p, &peer) == NNG_ENOTSUP)
+    return TPORT_OK; /* tcp://, ipc://, inproc://: nothing to bind to */
+  int rc = transport_tls_pipe_peer(p, &peer, err);
+  if (rc)
+    return rc;
+  if (!peer.handshake_done)
+    return tls_err(err, TPORT_UNAVAILABLE, "pipe %u: the TLS handshake is not done",
+                   (unsigned)nng_pipe_id(p));
+  memcpy(out, peer.exporter, sizeof peer.exporter);
+  OPENSSL_cleanse(&peer, sizeof peer);
+  *bound = true;
   return TPORT_OK;
 }

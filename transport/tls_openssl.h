@@ -107,7 +107,14 @@ typedef struct transport_tls_peer {
   char cn[TRANSPORT_TLS_CN_MAX]; /* subject CN of the *verified* peer certificate (UTF-8);
                                     "" when unverified, absent, or when the subject has
                                     no CN, several, or one with a NUL in it */
+  /* The connection's keying-material exporter (SSL_export_keying_material,
+   * label TRANSPORT_TLS_EXPORTER_LABEL, no context): the same on both ends
+   * of this connection and unknowable to anyone else; what binds a Hello's
+   * answer to the connection (hello_mac.h).  Valid when handshake_done. */
+  uint8_t exporter[32];
 } transport_tls_peer;
+
+#define TRANSPORT_TLS_EXPORTER_LABEL "EXPORTER-tensorport-hello-v1"
 
 /* Fills *out for the connection behind pipe p (a pipe of a tls+tcp://
  * dialer or listener; nng_msg_get_pipe gives a request's pipe).  nng 1.5.2's
@@ -118,6 +125,13 @@ typedef struct transport_tls_peer {
  * p is not a TLS pipe of this engine (tcp://, ipc://, or a pipe made before
  * transport_tls_register); TPORT_NOT_FOUND when p is closed or unknown. */
 int transport_tls_pipe_peer(nng_pipe p, transport_tls_peer *out, tport_err *err);
+
+/* What binds a Hello's answer to the connection behind pipe p (hello_mac.h):
+ * its exporter, *bound true, on a TLS connection of this engine; *bound
+ * false on a connection without TLS.  An error where p is closed, its
+ * handshake is not done, or its TLS engine is not this one (so the two
+ * ends could not agree). */
+int transport_tls_pipe_binding(nng_pipe p, uint8_t out[32], bool *bound, tport_err *err);
 
 /* Counters since the process started (all connections, both directions);
  * for metrics and tests. */

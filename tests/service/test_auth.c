@@ -165,7 +165,7 @@ static void answer(const char *hex, const uint8_t *challenge, const char *tenant
   size_t len;
   tport_err err;
   cr_assert_eq(transport_hello_secret_parse(hex, secret, &len, &err), 0, "%s", err.msg);
-  cr_assert_eq(transport_hello_mac(secret, len, challenge, tenant, out, &err), 0);
+  cr_assert_eq(transport_hello_mac(secret, len, challenge, tenant, NULL, out, &err), 0);
 }
 
 Test(auth, nothing_but_hello_before_the_proof_and_answers_do_not_replay)

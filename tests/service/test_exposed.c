@@ -9,9 +9,13 @@
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/tls/tls.h>
 #include <unistd.h>
 
 #include "service_util.h"
+#include "hello_mac.h"
 #include "tls_openssl.h"
 
 #define ALICE "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
@@ -194,5 +198,110 @@ Test(exposed, client_certificates_name_the_tenant)
                TPORT_UNAVAILABLE, "a certificate of another CA");
   served(c);
   tport_close(c);
+  cr_assert_eq(svc_terminate(pid), 0);
+}
+
+/* ---------------------------------------------------------------- bound answers */
+
+/* A raw REQ socket over TLS that trusts the test CA. */
+static nng_socket raw_tls_dial(const char *url)
+{
+  nng_socket s;
+  nng_dialer d;
+  nng_tls_config *cfg = NULL;
+  tport_err e;
+  transport_tls_client_opts o = {.ca_file = at("ca.pem")};
+  cr_assert_eq(transport_tls_client_config(&o, url, &cfg, &e), 0, "%s", e.msg);
+  cr_assert_eq(nng_req0_open(&s), 0);
+  nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+  nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 10000);
+  cr_assert_eq(nng_dialer_create(&d, s, url), 0);
+  cr_assert_eq(nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg), 0);
+  nng_tls_config_free(cfg);
+  cr_assert_eq(nng_dialer_start(d, 0), 0);
+  return s;
+}
+
+/* A Hello for alice with an answer or none: the reply's code; the challenge
+ * it carries and the pipe it came on. */
+static int raw_hello(nng_socket s, const uint8_t *answer, uint8_t challenge[HELLO_CHALLENGE_BYTES],
+                     nng_pipe *pipe)
+{
+  Tport__HelloRequest q = TPORT__HELLO_REQUEST__INIT;
+  q.protocol_version = 1;
+  q.tenant = "alice";
+  if (answer) {
+    q.auth_response.data = (uint8_t *)answer;
+    q.auth_response.len = HELLO_MAC_BYTES;
+  }
+  nng_msg *m;
+  cr_assert_eq(nng_msg_alloc(&m, frame_head_size(&q.base)), 0);
+  frame_write_head(nng_msg_body(m), TPORT__METHOD__METHOD_HELLO, 0, &q.base);
+  cr_assert_eq(nng_sendmsg(s, m, 0), 0);
+  cr_assert_eq(nng_recvmsg(s, &m, 0), 0, "the server must answer");
+  if (pipe)
+    *pipe = nng_msg_get_pipe(m);
+  char msg[256];
+  ProtobufCMessage *r = NULL;
+  int code = svc_reply_status(m, &tport__hello_reply__descriptor, msg, &r);
+  Tport__HelloReply *h = (Tport__HelloReply *)r;
+  if (challenge) {
+    cr_assert(h && h->auth_challenge.len == HELLO_CHALLENGE_BYTES, "a challenge: %s", msg);
+    memcpy(challenge, h->auth_challenge.data, HELLO_CHALLENGE_BYTES);
+  }
+  if (r)
+    protobuf_c_message_free_unpacked(r, NULL);
+  nng_msg_free(m);
+  return code;
+}
+
+static void alice_answer(const uint8_t *challenge, const uint8_t *binding,
+                         uint8_t out[HELLO_MAC_BYTES])
+{
+  uint8_t secret[HELLO_SECRET_MAX_BYTES];
+  size_t len;
+  tport_err err;
+  cr_assert_eq(transport_hello_secret_parse(ALICE, secret, &len, &err), 0, "%s", err.msg);
+  cr_assert_eq(transport_hello_mac(secret, len, challenge, "alice", binding, out, &err), 0);
+}
+
+/* A relay between alice and the server (a server alice trusts under another
+ * name, say) passes the server's challenge on and alice's answer back: the
+ * answer is bound to alice's TLS connection, not the relay's, and refused. */
+Test(exposed, answers_are_bound_to_their_tls_connection)
+{
+  make_pki();
+  char url[160];
+  const char *extra[] = {"--auth-file", at("auth"), NULL};
+  pid_t pid = start(url, sizeof url, extra);
+  nng_socket relay = raw_tls_dial(url), alice = raw_tls_dial(url);
+  uint8_t c_relay[HELLO_CHALLENGE_BYTES], c_alice[HELLO_CHALLENGE_BYTES];
+  uint8_t b_relay[HELLO_BINDING_BYTES], b_alice[HELLO_BINDING_BYTES], mac[HELLO_MAC_BYTES];
+  nng_pipe p_relay, p_alice;
+  bool bound = false;
+  tport_err err;
+  cr_assert_eq(raw_hello(relay, NULL, c_relay, &p_relay), TPORT_UNAUTHENTICATED);
+  cr_assert_eq(raw_hello(alice, NULL, c_alice, &p_alice), TPORT_UNAUTHENTICATED);
+  cr_assert_eq(transport_tls_pipe_binding(p_relay, b_relay, &bound, &err), 0, "%s", err.msg);
+  cr_assert(bound);
+  cr_assert_eq(transport_tls_pipe_binding(p_alice, b_alice, &bound, &err), 0, "%s", err.msg);
+  cr_assert(bound);
+  cr_assert_neq(memcmp(b_relay, b_alice, sizeof b_relay), 0, "each connection has its own");
+
+  /* the relay's challenge, answered by alice on her own connection */
+  alice_answer(c_relay, b_alice, mac);
+  cr_assert_eq(raw_hello(relay, mac, NULL, NULL), TPORT_UNAUTHENTICATED, "a relayed answer");
+  /* an answer with no binding at all, as over plain tcp */
+  cr_assert_eq(raw_hello(relay, NULL, c_relay, NULL), TPORT_UNAUTHENTICATED);
+  alice_answer(c_relay, NULL, mac);
+  cr_assert_eq(raw_hello(relay, mac, NULL, NULL), TPORT_UNAUTHENTICATED, "an unbound answer");
+  /* bound to the connection it travels on: accepted, on both */
+  cr_assert_eq(raw_hello(relay, NULL, c_relay, NULL), TPORT_UNAUTHENTICATED);
+  alice_answer(c_relay, b_relay, mac);
+  cr_assert_eq(raw_hello(relay, mac, NULL, NULL), TPORT_OK, "a bound answer");
+  alice_answer(c_alice, b_alice, mac);
+  cr_assert_eq(raw_hello(alice, mac, NULL, NULL), TPORT_OK, "a bound answer");
+  nng_close(relay);
+  nng_close(alice);
   cr_assert_eq(svc_terminate(pid), 0);
 }
