@@ -128,9 +128,16 @@ int tensor_to(tport_tensor *t, const to_options *o, tport_tensor **out, bool *al
 int tensor_contiguous(tport_tensor *t, tport_memory_format fmt, tport_tensor **out, bool *aliased,
                       tport_err *err)
 {
-  if (fmt == TPORT_MF_PRESERVE)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                         "preserve memory format is unsupported by the contiguous operator");
+  /* PyTorch checks is_contiguous(preserve) -- the plain is_contiguous() --
+   * first: a contiguous input comes back itself, only another is refused */
+  if (fmt == TPORT_MF_PRESERVE) {
+    if (!meta_is_contiguous(&t->layout))
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                           "preserve memory format is unsupported by the contiguous operator");
+    *out = tensor_retain(t);
+    *aliased = true;
+    return TPORT_OK;
+  }
   if (fmt != TPORT_MF_CONTIGUOUS && fmt != TPORT_MF_CHANNELS_LAST &&
       fmt != TPORT_MF_CHANNELS_LAST_3D)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT,

@@ -140,7 +140,10 @@ def make_cases(rng, count):
             c["dev"] = rng.choice(["-", "-", "cpu", "sim:0", "sim:1"])
         elif r < 0.7:
             c["op"] = "contiguous"
-            c["fmt"] = rng.choice(["contiguous", "contiguous", "channels_last", "channels_last_3d"])
+            # preserve on contiguous and non-contiguous inputs alike: PyTorch
+            # returns a contiguous input itself and refuses any other
+            c["fmt"] = rng.choice(["contiguous", "contiguous", "channels_last", "channels_last_3d",
+                                   "preserve"])
         else:
             c["op"] = "copy"
             c["ddt"] = rng.choice(names)
@@ -263,9 +266,12 @@ def main():
             obin = f.read()
 
     failures, stats = [], {"ok": 0, "err": 0, "alias": 0, "device": 0}
+    preserve = {True: 0, False: 0}  # contiguous(preserve) cases, by torch's outcome
     for c in cases:
         line = out.get(c["id"])
         ok, alias, r = torch_result(c, blob)
+        if c["op"] == "contiguous" and c["fmt"] == "preserve":
+            preserve[ok] += 1
         desc = case_line(c)
         if line is None:
             failures.append("%s: no answer from the driver" % desc)
@@ -302,9 +308,12 @@ def main():
         if not same_values(r, got):
             failures.append("%s: values differ\n  torch: %s\n  tport: %s" % (desc, r, got))
 
-    print("diff_torch: %d cases (%d succeeded, %d errors in both, %d aliased, %d on sim devices), "
-          "%d mismatches" % (len(cases), stats["ok"], stats["err"], stats["alias"],
-                             stats["device"], len(failures)))
+    print("diff_torch: %d cases (%d succeeded, %d errors in both, %d aliased, %d on sim devices; "
+          "contiguous(preserve): %d returned, %d refused), %d mismatches"
+          % (len(cases), stats["ok"], stats["err"], stats["alias"], stats["device"],
+             preserve[True], preserve[False], len(failures)))
+    if not (preserve[True] and preserve[False]):
+        failures.append("contiguous(preserve) must be drawn on contiguous and other inputs alike")
     for f in failures[:20]:
         print("MISMATCH", f)
     return 1 if failures else 0

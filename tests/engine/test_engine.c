@@ -221,6 +221,14 @@ Test(engine, contiguous_rules)
   cr_assert_eq(tensor_contiguous(t, TPORT_MF_CHANNELS_LAST_3D, &r, &a, &err),
                TPORT_INVALID_ARGUMENT);
   cr_assert_str_eq(err.msg, "required rank 5 tensor to use channels_last_3d format");
+  /* preserve (SEMANTICS.md 2): a contiguous input is returned itself */
+  tport_tensor *c = NULL;
+  cr_assert_eq(tensor_contiguous(t, TPORT_MF_CONTIGUOUS, &c, &a, NULL), 0);
+  cr_assert_eq(tensor_contiguous(c, TPORT_MF_PRESERVE, &r, &a, &err), 0, "%s", err.msg);
+  cr_assert(a, "contiguous(preserve) of a contiguous tensor aliases it");
+  cr_assert_eq(r, c);
+  tensor_release(r);
+  tensor_release(c);
   tensor_release(t);
 }
 
