@@ -124,6 +124,7 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : 60000;
   c->keep = opts && opts->keep;
+  c->verify = opts && opts->verify;
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
   c->credits = 1; /* the Hello */

@@ -16,6 +16,7 @@ struct tport_client {
   size_t chunk_bytes; /* the server's */
   int window;
   bool keep;
+  bool verify; /* CRC32C on every chunk (tport_connect_options.verify) */
   /* requests in flight across all threads stay within the server's
    * max_outstanding (it drops a connection that goes past it) */
   pthread_mutex_t mu;

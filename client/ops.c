@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "client_internal.h"
+#include "crc32c.h"
 
 void tport_put_options_init(tport_put_options *o)
 {
@@ -73,6 +74,7 @@ static int run_window(tport_client *c, size_t nbytes, size_t chunk, window_make_
 typedef struct put_ctx {
   const Tport__Ref *ref;
   const uint8_t *data;
+  bool verify;
 } put_ctx;
 
 static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err *err)
@@ -81,6 +83,10 @@ static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
   Tport__PutChunkRequest q = TPORT__PUT_CHUNK_REQUEST__INIT;
   q.ref = (Tport__Ref *)p->ref;
   q.offset = off;
+  if (p->verify) {
+    q.crc32c_set = true;
+    q.crc32c = transport_crc32c(0, p->data + off, len);
+  }
   return client_pack(TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, p->data + off, len, out, err);
 }
 
@@ -125,6 +131,10 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
   q.keep = c->keep;
   /* a tensor that fits in one chunk goes in one round trip */
   q.commit = nbytes <= c->chunk_bytes;
+  if (q.commit && c->verify) {
+    q.crc32c_set = true;
+    q.crc32c = transport_crc32c(0, data, nbytes);
+  }
   Tport__PutBeginReply *b;
   int rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, q.commit ? data : NULL,
                       q.commit ? nbytes : 0, &tport__put_begin_reply__descriptor,
@@ -147,7 +157,7 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
   ref.handle.len = TPORT_HANDLE_BYTES;
   size_t chunk = b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes;
   protobuf_c_message_free_unpacked(&b->base, NULL);
-  put_ctx pc = {&ref, data};
+  put_ctx pc = {&ref, data, c->verify};
   rc = run_window(c, nbytes, chunk, put_make, put_take, &pc, opts->progress, opts->progress_arg,
                   err);
   if (!rc) {
@@ -180,7 +190,28 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
 typedef struct get_ctx {
   ProtobufCBinaryData transfer;
   uint8_t *buf;
+  bool verify;
 } get_ctx;
+
+/* With verify: the bytes that came must have the CRC32C the server sent. */
+static int check_crc32c(bool verify, bool set, uint32_t sent, const uint8_t *p, size_t n,
+                        size_t off, tport_err *err)
+{
+  if (!verify)
+    return TPORT_OK;
+  if (!set)
+    return tport_err_set(err, TPORT_DATA_LOSS,
+                         "the chunk at offset %zu came without a CRC32C (a server too old to "
+                         "verify?)",
+                         off);
+  uint32_t got = transport_crc32c(0, p, n);
+  if (got == sent)
+    return TPORT_OK;
+  return tport_err_set(err, TPORT_DATA_LOSS,
+                       "the chunk at offset %zu (%zu bytes) arrived with CRC32C 0x%08x; the "
+                       "server sent 0x%08x",
+                       off, n, got, sent);
+}
 
 static int get_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err *err)
 {
@@ -189,6 +220,7 @@ static int get_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
   q.transfer = g->transfer;
   q.offset = off;
   q.length = len;
+  q.want_crc32c = g->verify;
   return client_pack(TPORT__METHOD__METHOD_GET_CHUNK, &q.base, NULL, 0, out, err);
 }
 
@@ -201,10 +233,13 @@ static int get_take(void *vctx, client_slot *s, tport_err *err)
                          &tport__get_chunk_reply__descriptor, &r, &p, err);
   if (rc)
     return rc;
+  Tport__GetChunkReply *gr = (Tport__GetChunkReply *)r;
   if (p.len != s->len)
     rc = tport_err_set(err, TPORT_DATA_LOSS, "chunk at %zu: %zu bytes came, %zu expected",
                        s->offset, p.len, s->len);
   else
+    rc = check_crc32c(g->verify, gr->crc32c_set, gr->crc32c, p.data, p.len, s->offset, err);
+  if (!rc)
     memcpy(g->buf + s->offset, p.data, p.len);
   protobuf_c_message_free_unpacked(r, NULL);
   return rc;
@@ -218,6 +253,7 @@ static int get_begin(tport_client *c, const tport_ref *ref, Tport__GetBeginReply
   Tport__GetBeginRequest q = TPORT__GET_BEGIN_REQUEST__INIT;
   q.ref = &w;
   q.inline_max = c->chunk_bytes; /* small tensors come back in the reply */
+  q.want_crc32c = c->verify;
   return client_rpc(c, TPORT__METHOD__METHOD_GET_BEGIN, &q.base, NULL, 0,
                     &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload, err);
 }
@@ -248,11 +284,13 @@ static int get_into(tport_client *c, const tport_ref *ref, void **bufp, size_t c
     if (inl.len != n)
       rc = tport_err_set(err, TPORT_DATA_LOSS, "%zu inline bytes came, %zu expected", inl.len, n);
     else
+      rc = check_crc32c(c->verify, b->crc32c_set, b->crc32c, inl.data, n, 0, err);
+    if (!rc)
       memcpy(buf, inl.data, n);
     if (!rc && progress)
       progress(arg, n, n);
   } else if (!rc && n) {
-    get_ctx gc = {b->transfer, buf};
+    get_ctx gc = {b->transfer, buf, c->verify};
     rc = run_window(c, n, b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes, get_make, get_take, &gc,
                     progress, arg, err);
   }

@@ -10,6 +10,7 @@ PACKAGES=(
   libprotobuf-c-dev protobuf-c-compiler
   libssl-dev                       # TLS engine, HMAC, RAND_bytes
   uthash-dev                       # hash tables of the registry (header-only)
+  libisal-dev                      # ISA-L: CRC32C of chunks (--verify)
   dpkg-dev patch                   # deploy/nng/build-nng.sh: nng's Debian source, our fix
   libcriterion-dev                 # test framework
   libdlpack-dev                    # DLPack in/out for libtport

@@ -83,6 +83,10 @@ typedef struct tport_connect_options {
   const char *tls_cert;
   const char *tls_key;
   const char *tls_server_name;
+  /* End-to-end integrity: every chunk of a put and a get carries its CRC32C
+   * (Castagnoli), checked by the other end; a mismatch is TPORT_DATA_LOSS
+   * naming the chunk.  Costs a CRC pass over the bytes on each end. */
+  bool verify;
 } tport_connect_options;
 
 /* Progress of a transfer: bytes done of total.  Called on the calling thread. */

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "crc32c.h"
 #include "dtype.h"
 #include "validate.h"
 #include "wire.h"
@@ -42,6 +43,21 @@ static int land_bytes(call *c, tport_tensor *landing, size_t off, const uint8_t 
   tensor_release(src);
   tensor_release(view);
   return rc;
+}
+
+/* A payload sent with its CRC32C must arrive with it: else DATA_LOSS, naming
+ * the chunk, and nothing is written (the client may send it again). */
+static int check_crc32c(call *c, bool set, uint32_t sent, uint64_t off)
+{
+  if (!set)
+    return TPORT_OK;
+  uint32_t got = transport_crc32c(0, c->payload, c->payload_len);
+  if (got == sent)
+    return TPORT_OK;
+  return tport_err_set(&c->err, TPORT_DATA_LOSS,
+                       "the chunk at offset %llu (%zu bytes) arrived with CRC32C 0x%08x; it was "
+                       "sent with 0x%08x",
+                       (unsigned long long)off, c->payload_len, got, sent);
 }
 
 /* Writes the claimed bytes [off, off + n) of e's upload from the payload. */
@@ -87,6 +103,8 @@ int h_put_begin(call *c)
                          c->payload_len, (long long)vr.nbytes);
   if (!q->commit && c->payload_len)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "PutBegin carries data only with commit");
+  if ((rc = check_crc32c(c, q->crc32c_set, q->crc32c, 0)) != TPORT_OK)
+    return rc;
   tport_device dev;
   rc = wire_device(q->device && *q->device ? q->device : d->device, "device",
                    (tport_device){TPORT_DEV_CPU, 0}, &dev, &c->err);
@@ -194,6 +212,8 @@ int h_put_chunk(call *c)
   Tport__PutChunkRequest *q = (Tport__PutChunkRequest *)c->req;
   reg_entry *e = NULL;
   int rc = find_upload(c, q->ref, &e); /* the in-flight limit was checked on arrival */
+  if (!rc)
+    rc = check_crc32c(c, q->crc32c_set, q->crc32c, q->offset);
   if (!rc)
     rc = put_bytes(c, e, q->offset, c->payload, c->payload_len);
   if (!rc) {
@@ -397,6 +417,10 @@ int h_get_begin(call *c)
     r.chunk_bytes = s->cfg.chunk_bytes;
     r.transfer.data = id;
     r.transfer.len = keep ? TRANSFER_ID_BYTES : 0;
+    if (q->want_crc32c && !keep) {
+      r.crc32c_set = true;
+      r.crc32c = transport_crc32c(0, payload, payload ? nbytes : 0);
+    }
     rc = call_reply(c, &r.base, payload, payload ? nbytes : 0);
   }
   transfers_free(&s->xfers, g); /* an inline one, or one that failed */
@@ -449,6 +473,10 @@ int h_get_chunk(call *c)
         g->nbytes ? (const uint8_t *)g->host->storage->ptr +
                         g->host->layout.offset * (int64_t)tport_dtype_size(g->host->dtype)
                   : NULL;
+    if (q->want_crc32c) {
+      r.crc32c_set = true;
+      r.crc32c = transport_crc32c(0, base ? base + q->offset : NULL, base ? (size_t)q->length : 0);
+    }
     rc = call_reply(c, &r.base, base ? base + q->offset : NULL, (size_t)q->length);
   }
   transfers_release(&s->xfers, g, rc ? 0 : (size_t)q->length);

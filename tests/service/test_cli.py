@@ -76,6 +76,16 @@ try:
               "%s: values differ after put/get" % name)
         check(b.flags["C_CONTIGUOUS"], "%s: get writes C order" % name)
 
+    # --verify (and TPORT_VERIFY=1): CRC32C on every chunk, bytes unchanged
+    big = rng.standard_normal((3, 700, 1000)).astype(np.float32)  # a few chunks
+    np.save(os.path.join(tmp, "big.npy"), big)
+    tport("--verify", "put", os.path.join(tmp, "big.npy"), "--name", "big")
+    os.environ["TPORT_VERIFY"] = "1"
+    tport("get", "big", os.path.join(tmp, "big.out.npy"))
+    del os.environ["TPORT_VERIFY"]
+    check(np.array_equal(np.load(os.path.join(tmp, "big.out.npy")), big), "--verify: values differ")
+    check("--verify" in tport("--help").stdout, "--help names --verify")
+
     # bfloat16 by the '<u2' convention, and conversions on the server
     tport("put", os.path.join(tmp, "float32.npy"), "--name", "bf", "--dtype", "bfloat16",
           "--memory-format", "channels_last", "--device", "sim:0")
