@@ -88,7 +88,8 @@ typedef struct to_options {
  * *aliased true; otherwise a fresh tensor.  Managed tensors move (§6). */
 int tensor_to(tport_tensor *t, const to_options *o, tport_tensor **out, bool *aliased,
               tport_err *err);
-/* contiguous(fmt): aliases iff is_contiguous(fmt); PRESERVE is an error. */
+/* contiguous(fmt): aliases iff is_contiguous(fmt); PRESERVE aliases a contiguous
+ * tensor and is an error for any other (SEMANTICS.md 2). */
 int tensor_contiguous(tport_tensor *t, tport_memory_format fmt, tport_tensor **out, bool *aliased,
                       tport_err *err);
 

@@ -7,7 +7,8 @@
  * multiples of chunk_bytes; each is staged through the pinned pool into the
  * landing tensor by the engine (async on a device), and is idempotent by
  * (handle, offset).  PutCommit converts dtype/format if asked and publishes
- * the tensor.
+ * the tensor -- except a dtype change that keeps the client's strides, which
+ * converts each chunk as it lands, straight into the final tensor.
  *
  * Get: GetBegin starts a copy of the tensor into pinned host memory in
  * logical C order (non_blocking: the device works while the reply goes out);
@@ -28,6 +29,27 @@
 /* ---------------------------------------------------------------- put */
 
 static int commit_upload(call *c, reg_entry *e, bool non_blocking, tport_tensor **final_out);
+
+/* Converts n payload bytes -- whole elements of the client's dtype st,
+ * storage bytes [off, off + n) -- into the landing tensor, which has the
+ * client's strides in another dtype: the same elements in the same storage
+ * order, so the chunk is a 1-D run of both storages. */
+static int land_converted(call *c, tport_tensor *landing, tport_dtype st, size_t off,
+                          const uint8_t *p, size_t n)
+{
+  size_t ss = tport_dtype_size(st);
+  int64_t count = (int64_t)(n / ss), one = 1;
+  tport_tensor *view = NULL, *src = NULL;
+  int rc = tensor_as_strided(landing, 1, &count, &one, (int64_t)(off / ss), &view, &c->err);
+  if (!rc)
+    rc = tensor_wrap_host((void *)p, n, st, 1, &count, NULL, 0, &src, &c->err);
+  /* non_blocking: the payload is staged (pinned) before this returns */
+  if (!rc)
+    rc = tensor_copy_(view, src, true, &c->err);
+  tensor_release(src);
+  tensor_release(view);
+  return rc;
+}
 
 /* Copies n payload bytes into the landing tensor at byte offset off. */
 static int land_bytes(call *c, tport_tensor *landing, size_t off, const uint8_t *p, size_t n)
@@ -64,10 +86,14 @@ static int check_crc32c(call *c, bool set, uint32_t sent, uint64_t off)
 static int put_bytes(call *c, reg_entry *e, uint64_t off, const uint8_t *p, size_t n)
 {
   tport_tensor *landing = NULL;
-  int rc = reg_chunk_claim(&c->srv->reg, e, off, n, &landing, &c->err);
+  int convert_from;
+  int rc = reg_chunk_claim(&c->srv->reg, e, off, n, &landing, &convert_from, &c->err);
   if (rc || !landing)
     return rc; /* an error, or written already (idempotent) */
-  rc = land_bytes(c, landing, (size_t)off, p, n);
+  if (convert_from >= 0)
+    rc = land_converted(c, landing, (tport_dtype)convert_from, (size_t)off, p, n);
+  else
+    rc = land_bytes(c, landing, (size_t)off, p, n);
   tensor_release(landing);
   reg_chunk_done(&c->srv->reg, e, off, n, rc == TPORT_OK);
   return rc;
@@ -126,11 +152,23 @@ int h_put_begin(call *c)
       rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "memory_format: %s", why.msg);
   }
   size_t reserve = 0;
-  bool needs_convert = convert.has_dtype || convert.has_format;
+  bool needs_convert = convert.has_dtype || convert.has_format, on_arrival = false;
+  tport_dtype from = (tport_dtype)d->dtype, to = convert.has_dtype ? convert.dtype : from;
   if (!rc && needs_convert) {
-    tport_dtype to = convert.has_dtype ? convert.dtype : (tport_dtype)d->dtype;
     rc = wire_check_bytes(c, "the converted tensor", vr.numel, tport_dtype_size(to));
     reserve = (size_t)vr.numel * tport_dtype_size(to);
+    /* A dtype change that keeps the client's strides converts each chunk as
+     * it lands (no landing copy, no second pass at commit): to(dtype) keeps
+     * a dense tensor's strides, and with a memory format too when its fresh
+     * strides are the client's.  Chunks then hold whole elements. */
+    int64_t fresh[TPORT_MAX_DIMS];
+    tport_err why;
+    bool same_strides =
+        !convert.has_format ||
+        (meta_fresh_strides(l.ndim, l.sizes, convert.format, fresh, &why) == TPORT_OK &&
+         memcmp(fresh, l.strides, sizeof *fresh * (size_t)l.ndim) == 0);
+    on_arrival = !rc && to != from && same_strides &&
+                 s->cfg.chunk_bytes % tport_dtype_size(from) == 0;
   }
   if (rc)
     return rc;
@@ -138,7 +176,9 @@ int h_put_begin(call *c)
   if (!up)
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   up->convert = convert;
-  up->needs_convert = needs_convert;
+  up->needs_convert = needs_convert && !on_arrival;
+  up->convert_on_arrival = on_arrival;
+  up->source_dtype = from;
   up->nbytes = (size_t)vr.nbytes;
   up->chunk_bytes = s->cfg.chunk_bytes;
   up->nchunks = (up->nbytes + up->chunk_bytes - 1) / up->chunk_bytes;
@@ -149,15 +189,17 @@ int h_put_begin(call *c)
   unsigned flags = q->managed || (s->cfg.uvm && dev.type != TPORT_DEV_CPU) ? STORAGE_MANAGED : 0;
   if (!up->claimed || !up->received)
     rc = tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  /* converting on arrival, the landing tensor is the final one */
   if (!rc)
-    rc = tensor_empty_strided(dev, (tport_dtype)d->dtype, l.ndim, l.sizes, l.strides, flags,
+    rc = tensor_empty_strided(dev, on_arrival ? to : from, l.ndim, l.sizes, l.strides, flags,
                               &up->landing, &c->err);
   if (rc) {
     reg_upload_free(up);
     return rc;
   }
   reg_entry *e;
-  rc = reg_add(&s->reg, c->pipe, NULL, up, q->name, q->keep, q->ttl_ms, reserve, &e, &c->err);
+  rc = reg_add(&s->reg, c->pipe, NULL, up, q->name, q->keep, q->ttl_ms, on_arrival ? 0 : reserve,
+               &e, &c->err);
   if (rc)
     return rc;
   wire_info wi;

@@ -671,9 +671,10 @@ static reg_upload *receiving(reg_entry *e, tport_err *err)
 }
 
 int reg_chunk_claim(registry *r, reg_entry *e, uint64_t offset, size_t len,
-                    tport_tensor **landing, tport_err *err)
+                    tport_tensor **landing, int *convert_from, tport_err *err)
 {
   *landing = NULL;
+  *convert_from = -1;
   pthread_mutex_lock(&r->mu);
   reg_upload *up = receiving(e, err);
   int rc = up ? TPORT_OK : err->code;
@@ -727,6 +728,8 @@ int reg_chunk_claim(registry *r, reg_entry *e, uint64_t offset, size_t len,
       set_bit(up->claimed, i, true);
     up->inflight++;
     *landing = tensor_retain(up->landing);
+    if (up->convert_on_arrival)
+      *convert_from = (int)up->source_dtype;
   }
   pthread_mutex_unlock(&r->mu);
   return rc;

@@ -42,7 +42,10 @@ typedef enum { UP_RECEIVING, UP_COMMITTING } upload_state;
 
 typedef struct reg_upload {
   upload_state state;
-  tport_tensor *landing; /* the bytes land here, in the client's layout */
+  tport_tensor *landing; /* the bytes land here, in the client's layout -- or, when
+                            convert_on_arrival, already converted: the final tensor */
+  bool convert_on_arrival;  /* each chunk is converted as it lands (dtype only) */
+  tport_dtype source_dtype; /* the client's, with convert_on_arrival */
   size_t nbytes, chunk_bytes;
   uint64_t nchunks;
   uint8_t *claimed, *received; /* bitmaps: a chunk being written / written */
@@ -174,9 +177,11 @@ bool reg_connection_scoped(registry *r, const reg_entry *e);
 /* The upload's state machine (every transition under the registry's lock).
  * Claims the whole chunks of bytes [offset, offset + len) for writing:
  * *landing is a reference to the landing tensor to write them into, or NULL
- * when they were all written already (chunks are idempotent). */
+ * when they were all written already (chunks are idempotent);
+ * *convert_from is the client's dtype when the landing tensor converts on
+ * arrival (it is the final tensor, in another dtype), else -1. */
 int reg_chunk_claim(registry *r, reg_entry *e, uint64_t offset, size_t len,
-                    tport_tensor **landing, tport_err *err);
+                    tport_tensor **landing, int *convert_from, tport_err *err);
 /* The claimed chunks were written (ok) or not (they can be sent again). */
 void reg_chunk_done(registry *r, reg_entry *e, uint64_t offset, size_t len, bool ok);
 /* RECEIVING -> COMMITTING when every chunk arrived and none is being

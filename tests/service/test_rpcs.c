@@ -290,3 +290,70 @@ Test(rpcs, a_get_leaves_a_managed_tensor_where_it_is)
   tport_close(c);
   stop();
 }
+
+/* A put that changes only the dtype converts each chunk as it lands
+ * (handlers_transfer.c); the result must be bit for bit what converting
+ * after the whole upload gives (a plain put, then To).  Every dtype pair,
+ * random bits (NaN payloads, infinities, subnormals, out-of-range values),
+ * several chunks with a short last one, on the cpu and on sim:1, contiguous
+ * and channels_last (NHWC bytes stored as channels_last). */
+Test(rpcs, convert_on_arrival_is_bit_identical_to_convert_after)
+{
+  start(INPROC); /* 64 KiB chunks */
+  tport_client *c = svc_connect(url, "alice");
+  tport_err err;
+  enum { N = 3, CH = 7, H = 37, W = 23 }; /* 17871 elements: 2 to 5 chunks but for 1-byte */
+  const int64_t numel = N * CH * H * W;
+  int64_t sizes4[] = {N, CH, H, W}, nhwc[] = {H * W * CH, 1, W * CH, CH}, sizes1[] = {numel};
+  uint8_t *src = malloc((size_t)numel * 16), *a = malloc((size_t)numel * 16),
+          *b = malloc((size_t)numel * 16);
+  uint64_t x = 88172645463325252ull;
+  for (int64_t i = 0; i < numel * 16; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    src[i] = (uint8_t)x;
+  }
+  for (int k = 0; k < 12 * 12; k++) {
+    tport_dtype from = (tport_dtype)(k / 12), to = (tport_dtype)(k % 12);
+    if (from == to)
+      continue;
+    if (from == TPORT_BOOL)
+      for (int64_t i = 0; i < numel; i++)
+        src[i] &= 1; /* a bool's bytes are 0 or 1 */
+    bool four_d = k % 2;
+    size_t nbytes = (size_t)numel * tport_dtype_size(from), nout = (size_t)numel * tport_dtype_size(to);
+    tport_put_options po;
+    tport_put_options_init(&po);
+    po.device = k % 3 ? "sim:1" : "cpu";
+    tport_tensor_info plain, conv, after;
+    int nd = four_d ? 4 : 1;
+    const int64_t *sz = four_d ? sizes4 : sizes1, *st = four_d ? nhwc : NULL;
+    cr_assert_eq(tport_put(c, from, nd, sz, st, src, nbytes, &po, &plain, &err), 0, "%s", err.msg);
+    po.has_dtype = true;
+    po.dtype = to;
+    if (four_d)
+      po.memory_format = TPORT_MF_CHANNELS_LAST;
+    cr_assert_eq(tport_put(c, from, nd, sz, st, src, nbytes, &po, &conv, &err), 0, "%d -> %d: %s",
+                 from, to, err.msg);
+    tport_to_options to_o = {.has_dtype = true,
+                             .dtype = to,
+                             .has_memory_format = four_d,
+                             .memory_format = TPORT_MF_CHANNELS_LAST};
+    bool alias;
+    cr_assert_eq(tport_to(c, &plain.ref, &to_o, &after, &alias, &err), 0, "%s", err.msg);
+    cr_assert_eq(conv.dtype, after.dtype);
+    cr_assert_eq(memcmp(conv.strides, after.strides, sizeof conv.strides), 0,
+                 "%d -> %d: the same layout", from, to);
+    cr_assert_eq(tport_get(c, &conv.ref, a, nout, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(tport_get(c, &after.ref, b, nout, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(memcmp(a, b, nout), 0, "%d -> %d (%s, %s): converted on arrival differs", from,
+                 to, po.device, four_d ? "channels_last" : "1-D");
+    tport_free(c, &plain.ref, NULL);
+    tport_free(c, &conv.ref, NULL);
+    tport_free(c, &after.ref, NULL);
+  }
+  free(src);
+  free(a);
+  free(b);
+  tport_close(c);
+  stop();
+}
