@@ -10,6 +10,7 @@
 
 #include "backend.h"
 #include "cpu_kernels.h"
+#include "host_cache.h"
 
 struct be_stream {
   int unused;
@@ -39,10 +40,11 @@ static int cpu_mem_info(int dev, size_t *free_bytes, size_t *total, tport_err *e
   return TPORT_OK;
 }
 
+/* Large blocks are cached for reuse (host_cache.h: a fresh one costs its
+ * page faults), small ones come from malloc; both 256-byte aligned. */
 static int cpu_alloc(int dev, size_t bytes, void **out, tport_err *err)
 {
-  size_t rounded = (bytes + 255) & ~(size_t)255;
-  void *p = aligned_alloc(256, rounded);
+  void *p = host_cache_alloc(bytes);
   if (!p)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "cpu: cannot allocate %zu bytes", bytes);
   *out = p;
@@ -51,7 +53,7 @@ static int cpu_alloc(int dev, size_t bytes, void **out, tport_err *err)
 
 static void cpu_free(int dev, void *p)
 {
-  free(p);
+  host_cache_free(p);
 }
 
 static int cpu_alloc_managed(int dev, size_t bytes, void **out, tport_err *err)
@@ -67,7 +69,7 @@ static int cpu_host_alloc(size_t bytes, void **out, tport_err *err)
 
 static void cpu_host_free(void *p)
 {
-  free(p);
+  host_cache_free(p);
 }
 
 static be_stream *cpu_stream_default(int dev)

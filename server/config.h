@@ -51,6 +51,8 @@ typedef struct server_config {
                                    certificate's subject CN is the tenant */
   bool tls12;                   /* --tls-min-version 1.2 */
   unsigned long auth_timeout_ms; /* a connection must prove its tenant within this */
+  bool host_cache_set;           /* --host-cache given (else host_cache.h's default) */
+  size_t host_cache_bytes;       /* freed large host blocks kept for reuse */
 } server_config;
 
 void config_defaults(server_config *c);

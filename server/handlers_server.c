@@ -6,6 +6,7 @@
 #include <openssl/crypto.h>
 
 #include "device.h"
+#include "host_cache.h"
 #include "tls_openssl.h"
 #include "log.h"
 #include "staging.h"
@@ -271,6 +272,13 @@ int h_stats(call *c)
   COUNTER("staging_bytes_cached", st.bytes_cached);
   COUNTER("staging_bytes_allocated", st.bytes_allocated);
   COUNTER("deferred_frees", storage_deferred_count());
+  host_cache_stats hc;
+  host_cache_get_stats(&hc);
+  COUNTER("host_cache_hits", hc.hits);
+  COUNTER("host_cache_misses", hc.misses);
+  COUNTER("host_cache_bytes_cached", hc.cached_bytes);
+  COUNTER("host_cache_bytes_in_use", hc.in_use_bytes);
+  COUNTER("host_cache_bytes_limit", hc.limit_bytes);
   for (int type = 0; type < TPORT_NUM_DEVICE_TYPES; type++) {
     be_stat bs[16];
     size_t nb = backend_get((tport_device_type)type)->stats(bs, 16);

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "device.h"
+#include "host_cache.h"
 #include "log.h"
 #include "server_internal.h"
 #include "tls_openssl.h"
@@ -415,6 +416,8 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
     s->cfg.listen[i] = NULL;
   s->started_ms = reg_now_ms();
   log_set_level(cfg->log_level);
+  if (cfg->host_cache_set)
+    host_cache_set_limit(cfg->host_cache_bytes);
   pthread_mutex_init(&s->qmu, NULL);
   pthread_cond_init(&s->qcv, NULL);
   pthread_cond_init(&s->idle, NULL);

@@ -1,0 +1,49 @@
+/*
+ * host_cache.h: the caching allocator of large host blocks (the cpu
+ * device's storages, and so every put that lands on the cpu).
+ *
+ * A fresh block of hundreds of MiB costs more than the bytes it will hold:
+ * the kernel zeroes and maps it a 4 KiB page fault at a time (a third of a
+ * put's time in a profile), and free() hands it back only to fault it in
+ * again on the next put.  Blocks of at least HOST_CACHE_MIN_BYTES are
+ * therefore mapped 2 MiB aligned with transparent huge pages asked for, and
+ * kept when freed for the next allocation that fits (PyTorch's caching
+ * allocators do the same for device and pinned memory).  Smaller blocks go
+ * to malloc, which already reuses them.
+ *
+ * Cached blocks hold earlier tensors' bytes: like malloc'ed memory, a new
+ * storage must be written whole before anyone reads it, which the engine
+ * does (every storage it makes is the result of a copy or a complete put).
+ *
+ * The cache holds at most its limit (host_cache_set_limit; default an
+ * eighth of physical memory, at most 8 GiB); the oldest blocks go first.
+ * Thread-safe.
+ */
+#ifndef TPORT_HOST_CACHE_H
+#define TPORT_HOST_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define HOST_CACHE_MIN_BYTES ((size_t)1 << 20)
+
+/* A block of at least bytes, 256-byte aligned at least; NULL when out of
+ * memory (after releasing every cached block and trying again). */
+void *host_cache_alloc(size_t bytes);
+/* Frees p (from host_cache_alloc): kept for reuse while under the limit. */
+void host_cache_free(void *p);
+
+/* The most bytes kept cached (0: keep nothing; releases the excess now). */
+void host_cache_set_limit(size_t bytes);
+/* Releases every cached block. */
+void host_cache_empty(void);
+
+typedef struct host_cache_stats {
+  uint64_t hits, misses;  /* large allocations served from the cache / mapped fresh */
+  size_t cached_bytes;    /* held for reuse */
+  size_t in_use_bytes;    /* large blocks handed out */
+  size_t limit_bytes;
+} host_cache_stats;
+void host_cache_get_stats(host_cache_stats *out);
+
+#endif

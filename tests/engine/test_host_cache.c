@@ -1,0 +1,106 @@
+/* test_host_cache.c: the caching allocator of large host blocks
+ * (engine/host_cache.c): reuse, fit, limit, alignment, and that the cpu
+ * device's storages go through it. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "engine.h"
+#include "host_cache.h"
+
+#define MIB ((size_t)1 << 20)
+
+static host_cache_stats stats(void)
+{
+  host_cache_stats s;
+  host_cache_get_stats(&s);
+  return s;
+}
+
+static void reset(void)
+{
+  host_cache_set_limit(256 * MIB);
+  host_cache_empty();
+}
+
+TestSuite(host_cache, .init = reset);
+
+Test(host_cache, a_freed_block_serves_the_next_allocation_that_fits)
+{
+  host_cache_stats s0 = stats();
+  char *a = host_cache_alloc(10 * MIB + 3);
+  cr_assert_not_null(a);
+  cr_assert_eq((uintptr_t)a % 256, 0);
+  memset(a, 0xab, 10 * MIB + 3); /* all of it is ours */
+  host_cache_free(a);
+  cr_assert_eq(stats().cached_bytes, 12 * MIB, "rounded up to 2 MiB");
+  char *b = host_cache_alloc(9 * MIB);
+  cr_assert_eq(b, a, "reused");
+  host_cache_stats s1 = stats();
+  cr_assert_eq(s1.hits - s0.hits, 1);
+  cr_assert_eq(s1.misses - s0.misses, 1);
+  cr_assert_eq(s1.cached_bytes, 0);
+  cr_assert_eq(s1.in_use_bytes - s0.in_use_bytes, 12 * MIB);
+  host_cache_free(b);
+}
+
+Test(host_cache, a_block_much_bigger_than_asked_is_not_wasted)
+{
+  char *big = host_cache_alloc(64 * MIB);
+  host_cache_free(big);
+  char *small = host_cache_alloc(8 * MIB); /* 64 MiB for 8: over a quarter wasted */
+  cr_assert_neq(small, big);
+  cr_assert_eq(stats().cached_bytes, 64 * MIB);
+  host_cache_free(small);
+}
+
+Test(host_cache, the_limit_holds_and_the_oldest_go_first)
+{
+  host_cache_set_limit(20 * MIB);
+  char *a = host_cache_alloc(8 * MIB), *b = host_cache_alloc(8 * MIB),
+       *c = host_cache_alloc(8 * MIB);
+  host_cache_free(a);
+  host_cache_free(b);
+  cr_assert_eq(stats().cached_bytes, 16 * MIB);
+  host_cache_free(c); /* 24 > 20: a (the oldest) goes */
+  cr_assert_eq(stats().cached_bytes, 16 * MIB);
+  char *x = host_cache_alloc(8 * MIB), *y = host_cache_alloc(8 * MIB);
+  cr_assert((x == b || x == c) && (y == b || y == c) && x != y, "b and c were kept");
+  host_cache_free(x);
+  host_cache_free(y);
+  char *huge = host_cache_alloc(40 * MIB); /* over the limit: never cached */
+  host_cache_free(huge);
+  cr_assert_leq(stats().cached_bytes, 20 * MIB);
+  host_cache_set_limit(0);
+  cr_assert_eq(stats().cached_bytes, 0);
+}
+
+Test(host_cache, small_blocks_come_from_malloc)
+{
+  host_cache_stats s0 = stats();
+  void *p = host_cache_alloc(1000);
+  cr_assert_not_null(p);
+  cr_assert_eq((uintptr_t)p % 256, 0);
+  host_cache_free(p);
+  host_cache_stats s1 = stats();
+  cr_assert_eq(s1.hits + s1.misses, s0.hits + s0.misses, "not the cache's business");
+  cr_assert_null(host_cache_alloc(SIZE_MAX - 10), "an absurd size is refused, not wrapped");
+}
+
+Test(host_cache, cpu_storages_are_cached)
+{
+  host_cache_stats s0 = stats();
+  for (int i = 0; i < 3; i++) {
+    tport_tensor *t;
+    tport_err err;
+    int64_t n = 3 * (int64_t)MIB;
+    cr_assert_eq(tensor_empty((tport_device){TPORT_DEV_CPU, 0}, TPORT_FLOAT32, 1, &n,
+                              TPORT_MF_CONTIGUOUS, 0, &t, &err),
+                 0, "%s", err.msg);
+    tensor_release(t);
+    engine_synchronize_all(); /* frees deferred storages */
+  }
+  host_cache_stats s1 = stats();
+  cr_assert_eq(s1.misses - s0.misses, 1, "one 12 MiB block mapped");
+  cr_assert_eq(s1.hits - s0.hits, 2, "and reused twice");
+}
