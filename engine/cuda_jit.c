@@ -1,8 +1,17 @@
-/* cuda_jit.c: NVRTC compilation, the kernel cache and launches (see cuda_jit.h). */
+/*
+ * cuda_jit.c: NVRTC compilation, the kernel cache and launches (see
+ * cuda_jit.h).  Four parts: libnvrtc loaded with dlopen; the compile of
+ * copy.cu with its options; the cache (memory entries with a state, disk
+ * files keyed by everything that changes the code); the launch decision and
+ * the launch.
+ */
 #include "cuda_jit.h"
 
+#include <dlfcn.h>
 #include <nvrtc.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,32 +20,332 @@
 
 #include "copy_cu_src.h" /* tport_copy_cu_src: kernels/cuda/copy.cu as a string */
 
-#define BLOCK 256
+/* ---------------------------------------------------------------- libnvrtc */
 
-/* Must match struct Params of kernels/cuda/copy.cu. */
-typedef struct copy_params {
-  long long shape[TPORT_MAX_DIMS];
-  long long dst_stride[TPORT_MAX_DIMS];
-  long long src_stride[TPORT_MAX_DIMS];
-  long long numel;
-  char *dst;
-  const char *src;
-  int ndim;
-  unsigned flags;
-} copy_params;
+/* The entry points used, with nvrtc.h's own types (checked below), so that
+ * only the header is needed to build. */
+typedef nvrtcResult (*nvrtc_version_fn)(int *, int *);
+typedef nvrtcResult (*nvrtc_create_fn)(nvrtcProgram *, const char *, const char *, int,
+                                       const char *const *, const char *const *);
+typedef nvrtcResult (*nvrtc_compile_fn)(nvrtcProgram, int, const char *const *);
+typedef nvrtcResult (*nvrtc_size_fn)(nvrtcProgram, size_t *);
+typedef nvrtcResult (*nvrtc_get_fn)(nvrtcProgram, char *);
+typedef nvrtcResult (*nvrtc_destroy_fn)(nvrtcProgram *);
+typedef const char *(*nvrtc_error_string_fn)(nvrtcResult);
+
+/* _Generic's operand is not evaluated: these name the functions without
+ * referring to their symbols. */
+#define NVRTC_TYPE_IS(fn, type) _Generic(&fn, type : 1, default : 0)
+_Static_assert(NVRTC_TYPE_IS(nvrtcVersion, nvrtc_version_fn) &&
+                   NVRTC_TYPE_IS(nvrtcCreateProgram, nvrtc_create_fn) &&
+                   NVRTC_TYPE_IS(nvrtcCompileProgram, nvrtc_compile_fn) &&
+                   NVRTC_TYPE_IS(nvrtcGetProgramLogSize, nvrtc_size_fn) &&
+                   NVRTC_TYPE_IS(nvrtcGetProgramLog, nvrtc_get_fn) &&
+                   NVRTC_TYPE_IS(nvrtcGetCUBINSize, nvrtc_size_fn) &&
+                   NVRTC_TYPE_IS(nvrtcGetCUBIN, nvrtc_get_fn) &&
+                   NVRTC_TYPE_IS(nvrtcDestroyProgram, nvrtc_destroy_fn) &&
+                   NVRTC_TYPE_IS(nvrtcGetErrorString, nvrtc_error_string_fn),
+               "the NVRTC entry points changed type");
+_Static_assert(sizeof(void *) == sizeof(nvrtc_create_fn), "dlsym() gives function pointers");
+
+static struct {
+  pthread_once_t once;
+  bool ok;
+  char why[512];  /* when !ok: the dlerror() of each try */
+  char name[256]; /* when ok: the file opened */
+  int major, minor;
+  nvrtc_version_fn version;
+  nvrtc_create_fn create;
+  nvrtc_compile_fn compile;
+  nvrtc_size_fn log_size;
+  nvrtc_get_fn log;
+  nvrtc_size_fn cubin_size;
+  nvrtc_get_fn cubin;
+  nvrtc_destroy_fn destroy;
+  nvrtc_error_string_fn error_string;
+} nv = {.once = PTHREAD_ONCE_INIT};
+
+static void nvrtc_open(void)
+{
+  /* $TPORT_NVRTC_LIBRARY alone when set: it says which file is meant (the
+   * emulation suite substitutes its own), and a fallback would hide a typo. */
+  const char *env = getenv("TPORT_NVRTC_LIBRARY");
+#ifdef TPORT_NVRTC_BUILD_PATH
+  /* last, the toolkit this was built with (where ld.so.conf does not name it) */
+  const char *names[3] = {"libnvrtc.so.13", "libnvrtc.so", TPORT_NVRTC_BUILD_PATH};
+  int count = 3;
+#else
+  const char *names[3] = {"libnvrtc.so.13", "libnvrtc.so", NULL};
+  int count = 2;
+#endif
+  if (env && *env) {
+    names[0] = env;
+    count = 1;
+  }
+  void *h = NULL;
+  size_t used = 0;
+  for (int i = 0; i < count && !h; i++) {
+    h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (h) {
+      snprintf(nv.name, sizeof nv.name, "%s", names[i]);
+    } else if (used < sizeof nv.why) {
+      const char *e = dlerror();
+      int w =
+          snprintf(nv.why + used, sizeof nv.why - used, "%s%s", used ? "; " : "", e ? e : names[i]);
+      used += w > 0 ? (size_t)w : 0;
+    }
+  }
+  if (!h)
+    return;
+  struct {
+    const char *name;
+    void *slot; /* a function pointer member of nv */
+  } syms[] = {
+      {"nvrtcVersion", &nv.version},
+      {"nvrtcCreateProgram", &nv.create},
+      {"nvrtcCompileProgram", &nv.compile},
+      {"nvrtcGetProgramLogSize", &nv.log_size},
+      {"nvrtcGetProgramLog", &nv.log},
+      {"nvrtcGetCUBINSize", &nv.cubin_size},
+      {"nvrtcGetCUBIN", &nv.cubin},
+      {"nvrtcDestroyProgram", &nv.destroy},
+      {"nvrtcGetErrorString", &nv.error_string},
+  };
+  for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+    dlerror();
+    void *f = dlsym(h, syms[i].name);
+    if (!f) {
+      const char *e = dlerror();
+      snprintf(nv.why, sizeof nv.why, "%s has no %s (%s)", nv.name, syms[i].name,
+               e ? e : "dlsym failed");
+      dlclose(h);
+      return;
+    }
+    /* POSIX guarantees that a function pointer round-trips through void *;
+     * memcpy stores it without an object-to-function pointer cast. */
+    memcpy(syms[i].slot, &f, sizeof f);
+  }
+  nvrtcResult r = nv.version(&nv.major, &nv.minor);
+  if (r != NVRTC_SUCCESS) {
+    snprintf(nv.why, sizeof nv.why, "%s: nvrtcVersion: %s", nv.name, nv.error_string(r));
+    dlclose(h);
+    return;
+  }
+  nv.ok = true; /* the library stays loaded for the life of the process */
+}
+
+static int nvrtc_load(tport_err *err)
+{
+  pthread_once(&nv.once, nvrtc_open);
+  if (!nv.ok)
+    return tport_err_set(err, TPORT_UNAVAILABLE, "runtime compilation unavailable: %s", nv.why);
+  return TPORT_OK;
+}
+
+bool cuda_jit_available(char *why, size_t n)
+{
+  pthread_once(&nv.once, nvrtc_open);
+  if (why && n) {
+    if (nv.ok)
+      snprintf(why, n, "NVRTC %d.%d (%s)", nv.major, nv.minor, nv.name);
+    else
+      snprintf(why, n, "runtime compilation unavailable: %s", nv.why);
+  }
+  return nv.ok;
+}
+
+/* ---------------------------------------------------------------- compiling */
+
+#define COPY_NOPTS 6
+
+typedef struct copy_opts {
+  char dst[32], src[32], arch[64];
+  const char *v[COPY_NOPTS];
+} copy_opts;
+
+/* The one list of options: the compile and the disk cache key both use it,
+ * so a change of an option is a change of the key. */
+static void copy_opts_build(copy_opts *o, tport_dtype dt, tport_dtype st, bool wide,
+                            const char *arch)
+{
+  snprintf(o->dst, sizeof o->dst, "-DTPORT_DST=%d", (int)dt);
+  snprintf(o->src, sizeof o->src, "-DTPORT_SRC=%d", (int)st);
+  snprintf(o->arch, sizeof o->arch, "--gpu-architecture=%s", arch);
+  o->v[0] = o->dst;
+  o->v[1] = o->src;
+  o->v[2] = o->arch;
+  o->v[3] = wide ? "-DTPORT_IDX=unsigned long long" : "-DTPORT_IDX=unsigned int";
+  o->v[4] = "--std=c++17";
+  /* no fused multiply-add: kernels/cpu rounds a product and a sum apart */
+  o->v[5] = "--fmad=false";
+}
+
+size_t cuda_jit_copy_options(tport_dtype dt, tport_dtype st, bool wide, const char *arch, char *buf,
+                             size_t n)
+{
+  copy_opts o;
+  copy_opts_build(&o, dt, st, wide, arch);
+  size_t len = 0;
+  if (n)
+    buf[0] = '\0';
+  for (int i = 0; i < COPY_NOPTS; i++) {
+    int w =
+        snprintf(len < n ? buf + len : NULL, len < n ? n - len : 0, "%s%s", i ? " " : "", o.v[i]);
+    len += w > 0 ? (size_t)w : 0;
+  }
+  return len;
+}
+
+static bool dtype_ok(tport_dtype t)
+{
+  return (int)t >= 0 && (int)t < TPORT_NUM_DTYPES;
+}
+
+int cuda_jit_compile_copy(tport_dtype dt, tport_dtype st, bool wide, const char *arch, void **cubin,
+                          size_t *size, tport_err *err)
+{
+  if (!dtype_ok(dt) || !dtype_ok(st) || !arch)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "copy kernel %d <- %d for %s: no such dtype",
+                         (int)dt, (int)st, arch ? arch : "(null)");
+  int rc = nvrtc_load(err);
+  if (rc)
+    return rc;
+  nvrtcProgram prog;
+  nvrtcResult r = nv.create(&prog, tport_copy_cu_src, "tport_copy.cu", 0, NULL, NULL);
+  if (r != NVRTC_SUCCESS)
+    return tport_err_set(err, TPORT_INTERNAL, "nvrtcCreateProgram: %s", nv.error_string(r));
+  copy_opts o;
+  copy_opts_build(&o, dt, st, wide, arch);
+  r = nv.compile(prog, COPY_NOPTS, o.v);
+  if (r != NVRTC_SUCCESS) {
+    size_t n = 0;
+    nv.log_size(prog, &n);
+    char *log = calloc(1, n + 1);
+    if (log)
+      nv.log(prog, log);
+    tport_err_set(err, TPORT_INTERNAL, "nvrtcCompileProgram(copy %d <- %d, %s): %s: %.150s",
+                  (int)dt, (int)st, arch, nv.error_string(r), log ? log : "");
+    free(log);
+    nv.destroy(&prog);
+    return TPORT_INTERNAL;
+  }
+  size_t n = 0;
+  r = nv.cubin_size(prog, &n);
+  void *bin = r == NVRTC_SUCCESS ? malloc(n) : NULL;
+  if (bin)
+    r = nv.cubin(prog, bin);
+  nv.destroy(&prog);
+  if (!bin || r != NVRTC_SUCCESS) {
+    free(bin);
+    return tport_err_set(err, TPORT_INTERNAL, "nvrtcGetCUBIN: %s", nv.error_string(r));
+  }
+  *cubin = bin;
+  *size = n;
+  return TPORT_OK;
+}
+
+/* ---------------------------------------------------------------- disk cache */
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+  const unsigned char *c = p;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ c[i]) * 0x100000001b3ull;
+  return h;
+}
+
+/* One file per kernel, named by everything that changes its code: the
+ * source, every option (dtypes, index width, architecture, --fmad...) and
+ * the NVRTC version.  A change of any of them makes a new name, so a stale
+ * kernel is never loaded.  Needs libnvrtc loaded (the version). */
+static void cache_path(char *buf, size_t len, const char *dir, int dt, int st, int wide, int cc)
+{
+  char arch[16];
+  snprintf(arch, sizeof arch, "sm_%d", cc);
+  copy_opts o;
+  copy_opts_build(&o, (tport_dtype)dt, (tport_dtype)st, wide, arch);
+  uint64_t h = fnv1a(0xcbf29ce484222325ull, tport_copy_cu_src, sizeof tport_copy_cu_src);
+  for (int i = 0; i < COPY_NOPTS; i++)
+    h = fnv1a(h, o.v[i], strlen(o.v[i]) + 1);
+  snprintf(buf, len, "%s/tport-copy-%d-%d-%s-sm%d-nvrtc%d.%d-%016llx.cubin", dir, dt, st,
+           wide ? "i64" : "i32", cc, nv.major, nv.minor, (unsigned long long)h);
+}
+
+static void *read_file(const char *path, size_t *n)
+{
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return NULL;
+  void *b = NULL;
+  long len = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+  if (len > 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)len)) &&
+      fread(b, 1, (size_t)len, f) != (size_t)len) {
+    free(b);
+    b = NULL;
+  }
+  fclose(f);
+  *n = b ? (size_t)len : 0;
+  return b;
+}
+
+static void write_file(const char *path, const void *b, size_t n)
+{
+  size_t tl = strlen(path) + 32;
+  char *tmp = malloc(tl);
+  if (!tmp)
+    return;
+  snprintf(tmp, tl, "%s.%d.tmp", path, (int)getpid());
+  FILE *f = fopen(tmp, "wb");
+  if (f) {
+    bool ok = fwrite(b, 1, n, f) == n;
+    ok = fclose(f) == 0 && ok;
+    if (ok)
+      rename(tmp, path); /* atomic: another process never reads half a file */
+    else
+      remove(tmp);
+  }
+  free(tmp);
+}
+
+/* ---------------------------------------------------------------- memory cache */
+
+static const char *const kernel_names[CUDA_JIT_NUM_KERNELS] = {
+    [CUDA_JIT_COPY] = "tport_copy",
+    [CUDA_JIT_TRANSPOSE] = "tport_transpose",
+    [CUDA_JIT_CAST_VEC] = "tport_cast_vec",
+};
+
+/* An entry's life: COMPILING (one thread builds it, without the lock) ->
+ * READY (for good, until cuda_jit_reset) or FAILED (-> COMPILING again at
+ * the next use). */
+typedef enum entry_state { ENTRY_COMPILING, ENTRY_READY, ENTRY_FAILED } entry_state;
 
 typedef struct jit_entry {
   int dt, st, wide, cc; /* cc: major * 10 + minor */
+  entry_state state;
+  unsigned attempt;    /* compiles started: a waiter knows when its own ended */
+  pthread_cond_t done; /* broadcast when a compile ends */
+  tport_err err;       /* why the last compile failed */
   cudaLibrary_t lib;
-  cudaKernel_t copy, transpose, cast_vec; /* the kernels of kernels/cuda/copy.cu */
+  cudaKernel_t kernels[CUDA_JIT_NUM_KERNELS]; /* by cuda_jit_kernel */
   struct jit_entry *next;
 } jit_entry;
 
+#define JIT_MAX_DEVICES 64
+
+/* A device's compute capability and grid limits, asked once. */
+typedef struct dev_info {
+  atomic_int ready; /* release-stored after the fields below */
+  int cc;
+  cuda_jit_limits lim;
+} dev_info;
+
 static struct {
-  pthread_mutex_t mu; /* held across a compile: a first use compiles once */
+  pthread_mutex_t mu; /* entries, cache_dir, st, devs' fields; never held across a compile */
   jit_entry *entries;
   char *cache_dir;
   cuda_jit_stats st;
+  dev_info devs[JIT_MAX_DEVICES];
 } jit = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static double now_ms(void)
@@ -48,9 +357,10 @@ static double now_ms(void)
 
 void cuda_jit_set_cache_dir(const char *dir)
 {
+  char *copy = dir ? strdup(dir) : NULL;
   pthread_mutex_lock(&jit.mu);
   free(jit.cache_dir);
-  jit.cache_dir = dir ? strdup(dir) : NULL;
+  jit.cache_dir = copy;
   pthread_mutex_unlock(&jit.mu);
 }
 
@@ -61,220 +371,362 @@ void cuda_jit_get_stats(cuda_jit_stats *out)
   pthread_mutex_unlock(&jit.mu);
 }
 
-int cuda_jit_compile_copy(tport_dtype dt, tport_dtype st, bool wide, const char *arch, void **cubin,
-                          size_t *size, tport_err *err)
+static int load_library(const void *bin, int dt, int st, cudaLibrary_t *lib,
+                        cudaKernel_t kernels[CUDA_JIT_NUM_KERNELS], tport_err *err)
 {
-  nvrtcProgram prog;
-  nvrtcResult r = nvrtcCreateProgram(&prog, tport_copy_cu_src, "tport_copy.cu", 0, NULL, NULL);
-  if (r != NVRTC_SUCCESS)
-    return tport_err_set(err, TPORT_INTERNAL, "nvrtcCreateProgram: %s", nvrtcGetErrorString(r));
-  char o_dst[32], o_src[32], o_arch[48];
-  snprintf(o_dst, sizeof o_dst, "-DTPORT_DST=%d", (int)dt);
-  snprintf(o_src, sizeof o_src, "-DTPORT_SRC=%d", (int)st);
-  snprintf(o_arch, sizeof o_arch, "--gpu-architecture=%s", arch);
-  const char *opts[] = {o_dst, o_src, o_arch,
-                        wide ? "-DTPORT_IDX=unsigned long long" : "-DTPORT_IDX=unsigned int",
-                        "--std=c++17"};
-  r = nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof opts[0]), opts);
-  if (r != NVRTC_SUCCESS) {
-    size_t n = 0;
-    nvrtcGetProgramLogSize(prog, &n);
-    char *log = calloc(1, n + 1);
-    if (log)
-      nvrtcGetProgramLog(prog, log);
-    tport_err_set(err, TPORT_INTERNAL, "nvrtcCompileProgram(copy %d <- %d, %s): %s: %.150s",
-                  (int)dt, (int)st, arch, nvrtcGetErrorString(r), log ? log : "");
-    free(log);
-    nvrtcDestroyProgram(&prog);
-    return TPORT_INTERNAL;
+  cudaError_t e = cudaLibraryLoadData(lib, bin, NULL, NULL, 0, NULL, NULL, 0);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return tport_err_set(err, TPORT_INTERNAL, "cudaLibraryLoadData(tport_copy %d <- %d): %s", dt,
+                         st, cudaGetErrorString(e));
   }
-  size_t n = 0;
-  r = nvrtcGetCUBINSize(prog, &n);
-  void *bin = r == NVRTC_SUCCESS ? malloc(n) : NULL;
-  if (bin)
-    r = nvrtcGetCUBIN(prog, bin);
-  nvrtcDestroyProgram(&prog);
-  if (!bin || r != NVRTC_SUCCESS) {
-    free(bin);
-    return tport_err_set(err, TPORT_INTERNAL, "nvrtcGetCUBIN: %s", nvrtcGetErrorString(r));
+  for (int i = 0; i < CUDA_JIT_NUM_KERNELS; i++) {
+    e = cudaLibraryGetKernel(&kernels[i], *lib, kernel_names[i]);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      cudaLibraryUnload(*lib);
+      cudaGetLastError();
+      return tport_err_set(err, TPORT_INTERNAL, "cudaLibraryGetKernel(%s %d <- %d): %s",
+                           kernel_names[i], dt, st, cudaGetErrorString(e));
+    }
   }
-  *cubin = bin;
-  *size = n;
   return TPORT_OK;
 }
 
-/* Disk cache file: one per kernel and source (a change of the source makes a
- * new name, so a stale kernel is never loaded). */
-static void cache_path(char *buf, size_t len, const jit_entry *k)
-{
-  unsigned long h = 5381;
-  for (const char *c = tport_copy_cu_src; *c; c++)
-    h = h * 33 + (unsigned char)*c;
-  snprintf(buf, len, "%s/tport-copy-%d-%d-%s-sm%d-%08lx.cubin", jit.cache_dir, k->dt, k->st,
-           k->wide ? "i64" : "i32", k->cc, h & 0xffffffffUL);
-}
+/* What one compile attempt gives; built without the lock. */
+typedef struct jit_built {
+  cudaLibrary_t lib;
+  cudaKernel_t kernels[CUDA_JIT_NUM_KERNELS];
+  bool disk_hit;
+  double compile_ms;
+} jit_built;
 
-static void *read_file(const char *path, size_t *n)
+static int build_entry(const char *dir, int dt, int st, int wide, int cc, jit_built *b,
+                       tport_err *err)
 {
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return NULL;
-  fseek(f, 0, SEEK_END);
-  long len = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  void *b = len > 0 ? malloc((size_t)len) : NULL;
-  if (b && fread(b, 1, (size_t)len, f) != (size_t)len) {
-    free(b);
-    b = NULL;
-  }
-  fclose(f);
-  *n = (size_t)len;
-  return b;
-}
-
-static void write_file(const char *path, const void *b, size_t n)
-{
-  char tmp[1100];
-  snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
-  FILE *f = fopen(tmp, "wb");
-  if (!f)
-    return;
-  bool ok = fwrite(b, 1, n, f) == n;
-  ok = fclose(f) == 0 && ok;
-  if (ok)
-    rename(tmp, path); /* atomic: another process never reads half a file */
-  else
-    remove(tmp);
-}
-
-static int get_kernel(int dev, int dt, int st, int wide, jit_entry **out, tport_err *err)
-{
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return tport_err_set(err, TPORT_INTERNAL, "cudaDeviceGetAttribute(compute capability) failed");
-  }
-  int cc = major * 10 + minor;
-  pthread_mutex_lock(&jit.mu);
-  for (jit_entry *e = jit.entries; e; e = e->next)
-    if (e->dt == dt && e->st == st && e->wide == wide && e->cc == cc) {
-      jit.st.hits++;
-      *out = e;
-      pthread_mutex_unlock(&jit.mu);
-      return TPORT_OK;
-    }
-  jit.st.misses++;
-  jit_entry *k = calloc(1, sizeof *k);
-  int rc = k ? TPORT_OK : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  int rc = nvrtc_load(err); /* also the disk cache's key: the NVRTC version */
+  if (rc)
+    return rc;
+  char *path = NULL;
   void *bin = NULL;
   size_t n = 0;
-  char path[1024] = "";
-  if (!rc) {
-    *k = (jit_entry){.dt = dt, .st = st, .wide = wide, .cc = cc};
-    if (jit.cache_dir) {
-      cache_path(path, sizeof path, k);
-      bin = read_file(path, &n);
-      if (bin)
-        jit.st.disk_hits++;
-    }
-    if (!bin) {
-      char arch[16];
-      snprintf(arch, sizeof arch, "sm_%d", cc);
-      double t0 = now_ms();
-      rc = cuda_jit_compile_copy((tport_dtype)dt, (tport_dtype)st, wide, arch, &bin, &n, err);
-      jit.st.compile_ms += now_ms() - t0;
-      if (!rc && path[0])
-        write_file(path, bin, n);
-    }
-  }
-  if (!rc) {
-    cudaError_t e = cudaLibraryLoadData(&k->lib, bin, NULL, NULL, 0, NULL, NULL, 0);
-    if (e == cudaSuccess)
-      e = cudaLibraryGetKernel(&k->copy, k->lib, "tport_copy");
-    if (e == cudaSuccess)
-      e = cudaLibraryGetKernel(&k->transpose, k->lib, "tport_transpose");
-    if (e == cudaSuccess)
-      e = cudaLibraryGetKernel(&k->cast_vec, k->lib, "tport_cast_vec");
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      rc = tport_err_set(err, TPORT_INTERNAL, "cudaLibraryLoadData/GetKernel(tport_copy): %s",
-                         cudaGetErrorString(e));
+  if (dir) {
+    size_t pl = strlen(dir) + 128;
+    path = malloc(pl);
+    if (!path)
+      return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+    cache_path(path, pl, dir, dt, st, wide, cc);
+    bin = read_file(path, &n);
+    if (bin) {
+      rc = load_library(bin, dt, st, &b->lib, b->kernels, NULL);
+      free(bin);
+      bin = NULL;
+      if (!rc) {
+        b->disk_hit = true;
+        free(path);
+        return TPORT_OK;
+      }
+      /* A file the runtime refuses (damaged, or for a driver that changed):
+       * drop it and compile once, rather than refuse it at every use. */
+      remove(path);
     }
   }
+  char arch[16];
+  snprintf(arch, sizeof arch, "sm_%d", cc);
+  double t0 = now_ms();
+  rc = cuda_jit_compile_copy((tport_dtype)dt, (tport_dtype)st, wide, arch, &bin, &n, err);
+  b->compile_ms = now_ms() - t0;
+  if (!rc)
+    rc = load_library(bin, dt, st, &b->lib, b->kernels, err);
+  if (!rc && path)
+    write_file(path, bin, n); /* only what loads is worth keeping */
   free(bin);
-  if (rc) {
-    free(k);
-  } else {
-    k->next = jit.entries;
-    jit.entries = k;
-    *out = k;
-  }
-  pthread_mutex_unlock(&jit.mu);
+  free(path);
   return rc;
+}
+
+/* The kernel `which` for (dt, st, wide, cc): from memory, else compiled (or
+ * read from disk) by this thread while others wait only if they want the
+ * same entry. */
+static int get_kernel(int cc, int dt, int st, int wide, cuda_jit_kernel which, cudaKernel_t *out,
+                      tport_err *err)
+{
+  pthread_mutex_lock(&jit.mu);
+  jit_entry *e = jit.entries;
+  while (e && !(e->dt == dt && e->st == st && e->wide == wide && e->cc == cc))
+    e = e->next;
+  if (!e) {
+    e = calloc(1, sizeof *e);
+    if (!e) {
+      pthread_mutex_unlock(&jit.mu);
+      return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    e->dt = dt;
+    e->st = st;
+    e->wide = wide;
+    e->cc = cc;
+    e->state = ENTRY_FAILED; /* not built yet: the same as a failed try */
+    pthread_cond_init(&e->done, NULL);
+    e->next = jit.entries;
+    jit.entries = e;
+  } else if (e->state == ENTRY_COMPILING) {
+    /* wait for that compile; a retry started after it failed is not ours */
+    unsigned mine = e->attempt;
+    while (e->state == ENTRY_COMPILING && e->attempt == mine)
+      pthread_cond_wait(&e->done, &jit.mu);
+    if (e->state != ENTRY_READY) {
+      int rc = tport_err_set(err, e->err.code, "%s", e->err.msg);
+      pthread_mutex_unlock(&jit.mu);
+      return rc;
+    }
+  }
+  if (e->state == ENTRY_READY) {
+    jit.st.hits++;
+    *out = e->kernels[which];
+    pthread_mutex_unlock(&jit.mu);
+    return TPORT_OK;
+  }
+  /* new, or failed before: this thread builds it */
+  e->state = ENTRY_COMPILING;
+  e->attempt++;
+  jit.st.misses++;
+  char *dir = jit.cache_dir ? strdup(jit.cache_dir) : NULL;
+  bool dir_lost = jit.cache_dir && !dir;
+  pthread_mutex_unlock(&jit.mu);
+
+  jit_built b = {0};
+  tport_err berr;
+  int rc = dir_lost ? tport_err_set(&berr, TPORT_RESOURCE_EXHAUSTED, "out of memory")
+                    : build_entry(dir, dt, st, wide, cc, &b, &berr);
+  free(dir);
+
+  pthread_mutex_lock(&jit.mu);
+  jit.st.compile_ms += b.compile_ms;
+  if (b.disk_hit)
+    jit.st.disk_hits++;
+  if (!rc) {
+    e->lib = b.lib;
+    memcpy(e->kernels, b.kernels, sizeof e->kernels);
+    e->state = ENTRY_READY;
+    *out = e->kernels[which];
+  } else {
+    e->err = berr;
+    e->state = ENTRY_FAILED;
+  }
+  pthread_cond_broadcast(&e->done);
+  pthread_mutex_unlock(&jit.mu);
+  if (rc)
+    tport_err_set(err, rc, "%s", berr.msg);
+  return rc;
+}
+
+void cuda_jit_reset(void)
+{
+  pthread_mutex_lock(&jit.mu);
+  for (jit_entry *e = jit.entries; e;) {
+    if (e->state == ENTRY_COMPILING) {
+      pthread_cond_wait(&e->done, &jit.mu);
+      e = jit.entries; /* look again from the start */
+    } else {
+      e = e->next;
+    }
+  }
+  jit_entry *list = jit.entries;
+  jit.entries = NULL;
+  for (int d = 0; d < JIT_MAX_DEVICES; d++)
+    atomic_store_explicit(&jit.devs[d].ready, 0, memory_order_relaxed);
+  pthread_mutex_unlock(&jit.mu);
+  while (list) {
+    jit_entry *next = list->next;
+    if (list->state == ENTRY_READY && cudaLibraryUnload(list->lib) != cudaSuccess)
+      cudaGetLastError();
+    pthread_cond_destroy(&list->done);
+    free(list);
+    list = next;
+  }
+}
+
+/* ---------------------------------------------------------------- launching */
+
+static int query_device(int dev, int *cc, cuda_jit_limits *lim, tport_err *err)
+{
+  int major = 0, minor = 0, gx = 0, gy = 0, gz = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&gx, cudaDevAttrMaxGridDimX, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&gy, cudaDevAttrMaxGridDimY, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&gz, cudaDevAttrMaxGridDimZ, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return tport_err_set(err, TPORT_INTERNAL,
+                         "cudaDeviceGetAttribute(compute capability, max grid) of cuda:%d failed",
+                         dev);
+  }
+  if (gx < 1 || gy < 1 || gz < 1)
+    return tport_err_set(err, TPORT_INTERNAL, "cuda:%d reports a max grid of %d x %d x %d", dev, gx,
+                         gy, gz);
+  *cc = major * 10 + minor;
+  lim->max_grid[0] = gx < CUDA_JIT_MAX_BLOCKS ? (unsigned)gx : CUDA_JIT_MAX_BLOCKS;
+  lim->max_grid[1] = (unsigned)gy;
+  lim->max_grid[2] = (unsigned)gz;
+  lim->narrow_bits = 32; /* TPORT_IDX=unsigned int */
+  return TPORT_OK;
+}
+
+static int device_info(int dev, int *cc, cuda_jit_limits *lim, tport_err *err)
+{
+  if (dev < 0 || dev >= JIT_MAX_DEVICES)
+    return query_device(dev, cc, lim, err);
+  dev_info *di = &jit.devs[dev];
+  if (!atomic_load_explicit(&di->ready, memory_order_acquire)) {
+    int c;
+    cuda_jit_limits l;
+    int rc = query_device(dev, &c, &l, err);
+    if (rc)
+      return rc;
+    pthread_mutex_lock(&jit.mu);
+    if (!atomic_load_explicit(&di->ready, memory_order_relaxed)) {
+      di->cc = c;
+      di->lim = l;
+      atomic_store_explicit(&di->ready, 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&jit.mu);
+  }
+  *cc = di->cc;
+  *lim = di->lim;
+  return TPORT_OK;
+}
+
+/* The offset of the last byte an operand reaches, into *max; false when it
+ * has no such bound in 64 bits (a negative stride, an overflow): then only
+ * the wide index will do. */
+static bool last_byte(const plan *p, int op, size_t esize, uint64_t *max)
+{
+  uint64_t m = esize - 1;
+  for (int d = 0; d < p->ndim; d++) {
+    if (p->shape[d] <= 1)
+      continue; /* its stride is never multiplied by more than 0 */
+    if (p->strides[op][d] < 0)
+      return false;
+    uint64_t t;
+    if (__builtin_mul_overflow((uint64_t)(p->shape[d] - 1), (uint64_t)p->strides[op][d], &t) ||
+        __builtin_add_overflow(m, t, &m))
+      return false;
+  }
+  *max = m;
+  return true;
+}
+
+static unsigned blocks_for(uint64_t work, unsigned per_block, unsigned max)
+{
+  uint64_t b = (work + per_block - 1) / per_block;
+  return b < 1 ? 1 : b > max ? max : (unsigned)b;
+}
+
+int cuda_jit_plan_launch(const plan *p, tport_dtype dt, const void *dst, tport_dtype st,
+                         const void *src, const cuda_jit_limits *lim, cuda_jit_launch *out)
+{
+  if (!p || !lim || !out || !dtype_ok(dt) || !dtype_ok(st) || p->ndim < 0 ||
+      p->ndim > TPORT_MAX_DIMS || lim->narrow_bits < 8 || lim->narrow_bits > 32 ||
+      !lim->max_grid[0] || !lim->max_grid[1] || !lim->max_grid[2])
+    return TPORT_INVALID_ARGUMENT;
+  for (int d = 0; d < p->ndim; d++)
+    if (p->shape[d] < 0)
+      return TPORT_INVALID_ARGUMENT;
+  cuda_jit_launch L;
+  memset(&L, 0, sizeof L);
+  const int64_t numel = plan_numel(p);
+  L.params.numel = numel;
+  L.params.ndim = p->ndim;
+  L.params.dst = (char *)dst;
+  L.params.src = src;
+  for (int d = 0; d < p->ndim; d++) {
+    L.params.shape[d] = p->shape[d];
+    L.params.dst_stride[d] = p->strides[0][d];
+    L.params.src_stride[d] = p->strides[1][d];
+  }
+  if (numel == 0) {
+    L.kernel = CUDA_JIT_NONE;
+    *out = L;
+    return TPORT_OK;
+  }
+  const size_t ds = tport_dtype_size(dt), ss = tport_dtype_size(st);
+  const uint64_t tiles0 =
+                     p->ndim >= 2 ? ((uint64_t)p->shape[0] + CUDA_JIT_TILE - 1) / CUDA_JIT_TILE : 0,
+                 tiles1 =
+                     p->ndim >= 2 ? ((uint64_t)p->shape[1] + CUDA_JIT_TILE - 1) / CUDA_JIT_TILE : 0;
+  if (p->ndim == 1 && p->strides[0][0] == (int64_t)ds && p->strides[1][0] == (int64_t)ss &&
+      numel >= CUDA_JIT_VEC && (uintptr_t)dst % (CUDA_JIT_VEC * ds) == 0 &&
+      (uintptr_t)src % (CUDA_JIT_VEC * ss) == 0) {
+    /* dense and aligned: VEC elements per thread */
+    L.kernel = CUDA_JIT_CAST_VEC;
+    L.grid[0] = blocks_for((uint64_t)numel / CUDA_JIT_VEC, CUDA_JIT_BLOCK, lim->max_grid[0]);
+    L.grid[1] = L.grid[2] = 1;
+    L.block[0] = CUDA_JIT_BLOCK;
+    L.block[1] = L.block[2] = 1;
+  } else if (p->ndim >= 2 && p->strides[0][0] == (int64_t)ds && p->strides[1][1] == (int64_t)ss &&
+             p->strides[1][0] != (int64_t)ss && p->shape[0] >= 4 && p->shape[1] >= 4 &&
+             tiles1 <= lim->max_grid[0] && tiles0 <= lim->max_grid[1]) {
+    /* the tiled transpose; x and y are not grid-strided, so both must fit */
+    const uint64_t outer = (uint64_t)numel / ((uint64_t)p->shape[0] * (uint64_t)p->shape[1]);
+    L.kernel = CUDA_JIT_TRANSPOSE;
+    L.grid[0] = (unsigned)tiles1;
+    L.grid[1] = (unsigned)tiles0;
+    L.grid[2] = outer < lim->max_grid[2] ? (unsigned)outer : lim->max_grid[2];
+    L.block[0] = CUDA_JIT_TILE;
+    L.block[1] = CUDA_JIT_ROWS;
+    L.block[2] = 1;
+  } else {
+    /* the grid-stride loop covers what the grid does not */
+    L.kernel = CUDA_JIT_COPY;
+    L.grid[0] = blocks_for((uint64_t)numel, CUDA_JIT_BLOCK, lim->max_grid[0]);
+    L.grid[1] = L.grid[2] = 1;
+    L.block[0] = CUDA_JIT_BLOCK;
+    L.block[1] = L.block[2] = 1;
+  }
+  /* The narrow index holds every value a kernel computes in it: a
+   * grid-stride loop's index goes up to numel - 1 + the grid's threads (so
+   * does the transpose's, along each grid dimension), and every offset up to
+   * the last byte of either operand. */
+  const uint64_t narrow_max = (1ull << lim->narrow_bits) - 1;
+  uint64_t threads = 1, reach, dmax, smax;
+  bool fits = true;
+  for (int i = 0; i < 3; i++)
+    fits = fits && !__builtin_mul_overflow(threads, (uint64_t)L.grid[i] * L.block[i], &threads);
+  fits = fits && !__builtin_add_overflow((uint64_t)numel - 1, threads, &reach) &&
+         reach <= narrow_max && last_byte(p, 0, ds, &dmax) && dmax <= narrow_max &&
+         last_byte(p, 1, ss, &smax) && smax <= narrow_max;
+  L.wide = !fits;
+  *out = L;
+  return TPORT_OK;
 }
 
 int cuda_jit_copy(int dev, cudaStream_t s, const plan *p, void *dst, tport_dtype dt,
                   const void *src, tport_dtype st, unsigned flags, tport_err *err)
 {
-  copy_params prm;
-  memset(&prm, 0, sizeof prm);
-  prm.numel = plan_numel(p);
-  if (prm.numel == 0)
+  if (plan_numel(p) == 0)
     return TPORT_OK;
-  prm.ndim = p->ndim;
-  prm.dst = dst;
-  prm.src = src;
-  prm.flags = flags;
-  /* 32-bit index arithmetic when every index and byte offset fits */
-  unsigned long long dmax = tport_dtype_size(dt), smax = tport_dtype_size(st);
-  for (int d = 0; d < p->ndim; d++) {
-    prm.shape[d] = p->shape[d];
-    prm.dst_stride[d] = p->strides[0][d];
-    prm.src_stride[d] = p->strides[1][d];
-    dmax += (unsigned long long)(p->shape[d] - 1) * (unsigned long long)p->strides[0][d];
-    smax += (unsigned long long)(p->shape[d] - 1) * (unsigned long long)p->strides[1][d];
-  }
-  int wide =
-      (unsigned long long)prm.numel > 0xFFFFFFFFull || dmax > 0xFFFFFFFFull || smax > 0xFFFFFFFFull;
-  jit_entry *k = NULL;
-  int rc = get_kernel(dev, (int)dt, (int)st, wide, &k, err);
+  int cc;
+  cuda_jit_limits lim;
+  int rc = device_info(dev, &cc, &lim, err);
   if (rc)
     return rc;
-  void *args[] = {&prm};
-  cudaError_t e;
-  /* the tiled transpose when dst is dense along dim 0 and src along dim 1 */
-  long long tiles0 = p->ndim >= 2 ? (p->shape[0] + 31) / 32 : 0;
-  size_t ds = tport_dtype_size(dt), ss = tport_dtype_size(st);
-  if (p->ndim == 1 && p->strides[0][0] == (int64_t)ds && p->strides[1][0] == (int64_t)ss &&
-      prm.numel >= 4 && (uintptr_t)dst % (4 * ds) == 0 && (uintptr_t)src % (4 * ss) == 0) {
-    /* dense and aligned: VEC (4) elements per thread */
-    long long blocks = (prm.numel / 4 + BLOCK - 1) / BLOCK;
-    if (blocks < 1)
-      blocks = 1;
-    if (blocks > 65535LL * 32)
-      blocks = 65535LL * 32;
-    e = cudaLaunchKernel((const void *)k->cast_vec, (dim3){(unsigned)blocks, 1, 1},
-                         (dim3){BLOCK, 1, 1}, args, 0, s);
-  } else if (p->ndim >= 2 && p->strides[0][0] == (int64_t)tport_dtype_size(dt) &&
-             p->strides[1][1] == (int64_t)tport_dtype_size(st) &&
-             p->strides[1][0] != (int64_t)tport_dtype_size(st) && p->shape[0] >= 4 &&
-             p->shape[1] >= 4 && tiles0 <= 65535) {
-    long long outer = prm.numel / (p->shape[0] * p->shape[1]);
-    dim3 grid = {(unsigned)((p->shape[1] + 31) / 32), (unsigned)tiles0,
-                 (unsigned)(outer < 65535 ? outer : 65535)};
-    e = cudaLaunchKernel((const void *)k->transpose, grid, (dim3){32, 8, 1}, args, 0, s);
-  } else {
-    long long blocks = (prm.numel + BLOCK - 1) / BLOCK;
-    if (blocks > 65535LL * 32)
-      blocks = 65535LL * 32; /* the grid-stride loop covers the rest */
-    e = cudaLaunchKernel((const void *)k->copy, (dim3){(unsigned)blocks, 1, 1}, (dim3){BLOCK, 1, 1},
-                         args, 0, s);
-  }
+  cuda_jit_launch L;
+  rc = cuda_jit_plan_launch(p, dt, dst, st, src, &lim, &L);
+  if (rc)
+    return tport_err_set(err, rc, "copy kernel %d <- %d: a plan of %d dims the kernels cannot take",
+                         (int)dt, (int)st, p->ndim);
+  L.params.flags = flags;
+  cudaKernel_t k = NULL;
+  rc = get_kernel(cc, (int)dt, (int)st, L.wide, L.kernel, &k, err);
+  if (rc)
+    return rc;
+  void *args[] = {&L.params};
+  cudaError_t e = cudaLaunchKernel((const void *)k, (dim3){L.grid[0], L.grid[1], L.grid[2]},
+                                   (dim3){L.block[0], L.block[1], L.block[2]}, args, 0, s);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return tport_err_set(err, TPORT_INTERNAL, "cudaLaunchKernel(tport_copy %d <- %d): %s", (int)dt,
-                         (int)st, cudaGetErrorString(e));
+    return tport_err_set(err, TPORT_INTERNAL, "cudaLaunchKernel(%s %d <- %d): %s",
+                         kernel_names[L.kernel], (int)dt, (int)st, cudaGetErrorString(e));
   }
   return TPORT_OK;
 }

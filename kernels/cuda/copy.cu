@@ -8,7 +8,11 @@
 // them on x86-64; float16/bfloat16 round to nearest even through float32.
 //
 // Defined by the compiler's options: TPORT_DST, TPORT_SRC (tport_dtype
-// numbers), TPORT_IDX (unsigned int or unsigned long long).
+// numbers), TPORT_IDX (the index type: unsigned int or unsigned long long on
+// the device; any unsigned type compiles, and the host emulation of
+// tests/gpu/emu uses unsigned short to reach the narrow edge quickly).
+// NVRTC runs with --fmad=false: a fused multiply-add would round once where
+// kernels/cpu rounds twice (float16 rounding below), so the bits could differ.
 
 typedef unsigned char u8;
 typedef signed char i8;
@@ -39,6 +43,22 @@ struct Params {
   int ndim;
   unsigned flags;
 };
+// engine/cuda_jit.h declares the same layout (copy_params) and checks its
+// field offsets too (NVRTC has no offsetof without headers).
+static_assert(sizeof(Params) == 416, "struct Params must match copy_params of engine/cuda_jit.h");
+
+// Index arithmetic.  engine/cuda_jit.c (cuda_jit_plan_launch) picks the
+// narrow TPORT_IDX only when every value the loops below compute fits it:
+// numel plus the threads of the grid (a grid-stride loop steps past the end
+// once), and every byte offset reached.  C++ promotes an unsigned type
+// narrower than int to signed int, whose overflow is undefined, so sums and
+// products go through uarith (at least unsigned int) and are stored back into
+// idx: whatever does not fit wraps exactly as the index type does.
+typedef TPORT_IDX idx;
+typedef decltype((idx)0 + 0u) uarith;
+static_assert((idx)-1 > (idx)0, "TPORT_IDX must be an unsigned type");
+__device__ inline idx iadd(idx a, idx b) { return (idx)((uarith)a + b); }
+__device__ inline idx imul(idx a, idx b) { return (idx)((uarith)a * b); }
 
 // ---- float16 / bfloat16, bit-exact with kernels/cpu/half.h
 __device__ inline float f16_to_f32(u16 h)
@@ -261,37 +281,42 @@ __device__ inline void post_ops(char *dp, unsigned flags)
 // kin): a TILE x TILE block is read with src-coalesced loads into shared
 // memory and written with dst-coalesced stores, the cast fused in between.
 // blockIdx.x: tiles along dim 1, blockIdx.y: tiles along dim 0, blockIdx.z:
-// the outer dims (2..ndim-1), grid-strided.
+// the outer dims (2..ndim-1), grid-strided.  Index arithmetic in idx: 32-bit
+// where the plan allows it, which roughly halves the registers 64-bit
+// arithmetic takes.
 #define TILE 32
 #define ROWS 8
 extern "C" __global__ void tport_transpose(Params p)
 {
   __shared__ tile_t tile[TILE][TILE + 1];
-  const long long n0 = p.shape[0], n1 = p.shape[1];
-  long long outer_n = 1;
+  const idx n0 = (idx)p.shape[0], n1 = (idx)p.shape[1];
+  const idx ds0 = (idx)p.dst_stride[0], ds1 = (idx)p.dst_stride[1];
+  const idx ss0 = (idx)p.src_stride[0], ss1 = (idx)p.src_stride[1];
+  idx outer_n = 1;
   for (int d = 2; d < p.ndim; d++)
-    outer_n *= p.shape[d];
-  const long long i0b = (long long)blockIdx.y * TILE, i1b = (long long)blockIdx.x * TILE;
-  for (long long o = blockIdx.z; o < outer_n; o += gridDim.z) {
-    long long r = o, doff = 0, soff = 0;
+    outer_n = imul(outer_n, (idx)p.shape[d]);
+  const idx i0b = imul((idx)blockIdx.y, (idx)TILE), i1b = imul((idx)blockIdx.x, (idx)TILE);
+  for (idx o = (idx)blockIdx.z; o < outer_n; o = iadd(o, (idx)gridDim.z)) {
+    idx r = o, doff = 0, soff = 0;
     for (int d = 2; d < p.ndim; d++) {
-      const long long k = r % p.shape[d];
-      r /= p.shape[d];
-      doff += k * p.dst_stride[d];
-      soff += k * p.src_stride[d];
+      const idx size = (idx)p.shape[d];
+      const idx k = (idx)(r % size);
+      r = (idx)(r / size);
+      doff = iadd(doff, imul(k, (idx)p.dst_stride[d]));
+      soff = iadd(soff, imul(k, (idx)p.src_stride[d]));
     }
     // load: consecutive threads read consecutive src elements (along dim 1)
     for (int y = threadIdx.y; y < TILE; y += ROWS) {
-      const long long i0 = i0b + y, i1 = i1b + threadIdx.x;
+      const idx i0 = iadd(i0b, (idx)y), i1 = iadd(i1b, (idx)threadIdx.x);
       if (i0 < n0 && i1 < n1)
-        tile[y][threadIdx.x] = tile_load(p.src + soff + i0 * p.src_stride[0] + i1 * p.src_stride[1]);
+        tile[y][threadIdx.x] = tile_load(p.src + iadd(soff, iadd(imul(i0, ss0), imul(i1, ss1))));
     }
     __syncthreads();
     // store: consecutive threads write consecutive dst elements (along dim 0)
     for (int y = threadIdx.y; y < TILE; y += ROWS) {
-      const long long i0 = i0b + threadIdx.x, i1 = i1b + y;
+      const idx i0 = iadd(i0b, (idx)threadIdx.x), i1 = iadd(i1b, (idx)y);
       if (i0 < n0 && i1 < n1) {
-        char *dp = p.dst + doff + i0 * p.dst_stride[0] + i1 * p.dst_stride[1];
+        char *dp = p.dst + iadd(doff, iadd(imul(i0, ds0), imul(i1, ds1)));
         tile_store(dp, tile[threadIdx.x][y]);
         post_ops(dp, p.flags);
       }
@@ -315,10 +340,10 @@ struct alignas(VEC * TPORT_SIZE(TPORT_DST)) dst_vec {
 // stores VEC results at once; the last numel % VEC elements go one by one.
 extern "C" __global__ void tport_cast_vec(Params p)
 {
-  typedef TPORT_IDX idx;
-  const idx nvec = (idx)p.numel / VEC;
-  const idx stride = (idx)gridDim.x * blockDim.x;
-  for (idx i = (idx)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) {
+  const idx n = (idx)p.numel, nvec = (idx)(n / VEC);
+  const idx stride = imul((idx)gridDim.x, (idx)blockDim.x);
+  const idx t = iadd(imul((idx)blockIdx.x, (idx)blockDim.x), (idx)threadIdx.x);
+  for (idx i = t; i < nvec; i = iadd(i, stride)) {
     const src_vec sv = ((const src_vec *)p.src)[i];
     dst_vec dv;
 #pragma unroll
@@ -328,31 +353,30 @@ extern "C" __global__ void tport_cast_vec(Params p)
     }
     ((dst_vec *)p.dst)[i] = dv;
   }
-  const idx tail = (idx)p.numel - nvec * VEC;
-  const idx t = (idx)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t < tail) {
-    const idx e = nvec * VEC + t;
-    char *dp = p.dst + e * TPORT_SIZE(TPORT_DST);
-    convert(dp, p.src + e * TPORT_SIZE(TPORT_SRC));
+  if (t < (idx)(n % VEC)) {
+    const idx e = iadd(imul(nvec, (idx)VEC), t);
+    char *dp = p.dst + imul(e, (idx)TPORT_SIZE(TPORT_DST));
+    convert(dp, p.src + imul(e, (idx)TPORT_SIZE(TPORT_SRC)));
     post_ops(dp, p.flags);
   }
 }
 
 extern "C" __global__ void tport_copy(Params p)
 {
-  typedef TPORT_IDX idx;
   const idx n = (idx)p.numel;
-  for (idx i = (idx)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (idx)gridDim.x * blockDim.x) {
+  const idx stride = imul((idx)gridDim.x, (idx)blockDim.x);
+  for (idx i = iadd(imul((idx)blockIdx.x, (idx)blockDim.x), (idx)threadIdx.x); i < n;
+       i = iadd(i, stride)) {
     idx r = i, doff = 0, soff = 0;
 #pragma unroll
     for (int d = 0; d < TPORT_MAX_DIMS; d++) {
       if (d >= p.ndim)
         break;
       const idx size = (idx)p.shape[d];
-      const idx k = r % size;
-      r /= size;
-      doff += k * (idx)p.dst_stride[d];
-      soff += k * (idx)p.src_stride[d];
+      const idx k = (idx)(r % size);
+      r = (idx)(r / size);
+      doff = iadd(doff, imul(k, (idx)p.dst_stride[d]));
+      soff = iadd(soff, imul(k, (idx)p.src_stride[d]));
     }
     char *dp = p.dst + doff;
     convert(dp, p.src + soff);
