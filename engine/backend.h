@@ -11,6 +11,10 @@
  *  - An event records the point a stream has reached; stream_wait_event makes
  *    a stream wait for that point (a never-recorded event is complete).
  *    event_destroy may be called while the event is still pending.
+ *  - An event is recorded only on a stream of the device it was created for,
+ *    and copy_kernel(dev, s) needs a stream s of dev (CUDA refuses both with
+ *    cudaErrorInvalidResourceHandle; sim refuses them too, as INTERNAL).  A
+ *    stream may wait for an event of another device.
  *  - free() is called by the engine only once all work using the memory has
  *    completed (engine/storage.c keeps that promise).
  *  - No call blocks unless its name says synchronize; none calls back into
@@ -49,7 +53,9 @@ typedef struct backend_ops {
   /* Device memory (aligned to 256 bytes); free may not fail. */
   int (*alloc)(int dev, size_t bytes, void **out, tport_err *err);
   void (*free)(int dev, void *ptr);
-  /* Managed memory: reachable from the host and from the device. NULL: unsupported. */
+  /* Managed memory: reachable from the host and from the device.  Where the
+   * device has none (cpu; a CUDA device without concurrent managed access):
+   * FAILED_PRECONDITION saying so. */
   int (*alloc_managed)(int dev, size_t bytes, void **out, tport_err *err);
   /* Page-locked host memory, for staging and for pinned host tensors. */
   int (*host_alloc)(size_t bytes, void **out, tport_err *err);
@@ -85,7 +91,8 @@ typedef struct backend_ops {
   bool (*can_access_peer)(int dev, int peer);
   int (*enable_peer_access)(int dev, int peer, tport_err *err);
 
-  /* Managed memory hints; NULL when unsupported. dev -1 means the host. */
+  /* Managed memory hints (dev -1 means the host); FAILED_PRECONDITION where
+   * the target device has no managed memory. */
   int (*mem_advise_preferred)(void *ptr, size_t n, int dev, tport_err *err);
   int (*mem_prefetch_async)(void *ptr, size_t n, int dev, be_stream *s, tport_err *err);
 

@@ -13,6 +13,13 @@
  *    optional random delay (sim_set_delay) that makes missing events show;
  *  - events: record / wait on another stream / query / synchronize, with
  *    CUDA's rule that a never-recorded event is complete;
+ *  - an event belongs to the device it was created for and a kernel runs on
+ *    the stream of its own device: recording an event on another device's
+ *    stream, or launching a kernel for a device on a stream of another, is
+ *    refused as CUDA refuses it (cudaErrorInvalidResourceHandle, which the
+ *    cuda backend reports as INTERNAL), so that an engine that mixes them up
+ *    fails here and not first on a GPU.  Waiting on another device's event
+ *    is allowed, as in CUDA;
  *  - peer access is possible per pair (sim_set_peer_possible) and enabled
  *    explicitly; a kernel touching a peer's memory without it fails;
  *  - device memory is bounded (sim_config.mem_bytes); managed memory counts
@@ -46,6 +53,7 @@
 typedef enum { OP_MEMCPY, OP_KERNEL, OP_MARK, OP_WAIT, OP_HOSTFN, OP_PREFETCH, OP_STOP } op_kind;
 
 struct be_event {
+  int dev; /* the device it was created for */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   uint64_t recorded, completed;
@@ -640,9 +648,22 @@ static size_t plan_extent(const plan *p, int op, size_t esize)
   return (size_t)last + esize;
 }
 
+/* CUDA's answer to a stream or event used on a device it does not belong to. */
+static int invalid_handle(const char *call, const char *what, int what_dev, int dev, tport_err *err)
+{
+  return tport_err_set(err, TPORT_INTERNAL,
+                       "sim: %s: invalid resource handle (cudaErrorInvalidResourceHandle): %s of "
+                       "sim:%d used on sim:%d",
+                       call, what, what_dev, dev);
+}
+
 static int sim_kernel(int dev, be_stream *s, const plan *p, void *dst, tport_dtype dt,
                       const void *src, tport_dtype st, unsigned flags, tport_err *err)
 {
+  /* a launch goes to the current device's context, where another device's
+   * stream is not a handle: the launch itself fails, whatever the pointers */
+  if (s->dev != dev)
+    return invalid_handle("cudaLaunchKernel", "a stream", s->dev, dev, err);
   void *d, *sp;
   int rc =
       resolve_device(dev, dst, plan_extent(p, 0, tport_dtype_size(dt)), "kernel output", &d, err);
@@ -675,9 +696,13 @@ static int sim_host_func(be_stream *s, be_host_fn fn, void *arg, tport_err *err)
 
 static int sim_event_create(int dev, be_event **out, tport_err *err)
 {
+  int rc = check_dev(dev, err);
+  if (rc)
+    return rc;
   be_event *e = calloc(1, sizeof *e);
   if (!e)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "sim: out of host memory for an event");
+  e->dev = dev;
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   atomic_init(&e->refs, 1);
@@ -692,6 +717,8 @@ static void sim_event_destroy(be_event *e)
 
 static int sim_event_record(be_event *e, be_stream *s, tport_err *err)
 {
+  if (e->dev != s->dev)
+    return invalid_handle("cudaEventRecord", "an event", e->dev, s->dev, err);
   sim_op *op = new_op(OP_MARK, err);
   if (!op)
     return TPORT_RESOURCE_EXHAUSTED;

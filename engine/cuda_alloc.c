@@ -117,16 +117,22 @@ static ca_block *take_cached(ca_device *d, size_t size)
   return b;
 }
 
-static void flush_locked(ca_device *d)
+/* Returns the bytes given back to the device. */
+static size_t flush_locked(ca_device *d)
 {
+  size_t released = 0;
   while (d->cached) {
     ca_block *b = d->cached;
     d->cached = b->next;
-    cudaFree(b->ptr);
+    if (cudaFree(b->ptr) != cudaSuccess)
+      cudaGetLastError();
     d->st.bytes_cached -= b->size;
+    released += b->size;
     free(b);
   }
-  d->st.cache_flushes++;
+  if (released)
+    d->st.cache_flushes++;
+  return released;
 }
 
 int cuda_alloc(int dev, size_t n, void **out, tport_err *err)
@@ -147,8 +153,8 @@ int cuda_alloc(int dev, size_t n, void **out, tport_err *err)
     if (b && e == cudaErrorMemoryAllocation) {
       /* memory pressure: give the cache back to the device and try once more */
       cudaGetLastError();
-      flush_locked(d);
-      e = cudaMalloc(&b->ptr, size);
+      if (flush_locked(d))
+        e = cudaMalloc(&b->ptr, size);
     }
     if (e != cudaSuccess) {
       cudaGetLastError();
@@ -191,13 +197,14 @@ bool cuda_alloc_free(int dev, void *p)
   return b != NULL;
 }
 
-void cuda_alloc_empty_cache(int dev)
+size_t cuda_alloc_empty_cache(int dev)
 {
   if (dev < 0 || dev >= CA_MAX_DEVICES)
-    return;
+    return 0;
   pthread_mutex_lock(&ca_mu);
-  flush_locked(&ca_devs[dev]);
+  size_t released = flush_locked(&ca_devs[dev]);
   pthread_mutex_unlock(&ca_mu);
+  return released;
 }
 
 void cuda_alloc_get_stats(int dev, cuda_alloc_stats *out)

@@ -6,7 +6,9 @@
  * a similar size.  Reuse is stream-safe because the engine frees a storage
  * only after every event of work touching it has completed (storage.c), so
  * a cached block has no pending work on any stream.  When cudaMalloc fails,
- * the device's cache is emptied and the allocation retried once.
+ * the device's cache is emptied and the allocation retried once.  Memory
+ * taken outside this allocator (managed memory) must empty the cache first
+ * too: cached blocks are free memory the device does not see as free.
  */
 #ifndef TPORT_CUDA_ALLOC_H
 #define TPORT_CUDA_ALLOC_H
@@ -22,8 +24,9 @@ typedef struct cuda_alloc_stats {
 int cuda_alloc(int dev, size_t n, void **out, tport_err *err);
 /* Returns a block to dev's cache (false: not one of ours). */
 bool cuda_alloc_free(int dev, void *p);
-/* cudaFree of every cached block of dev (the device must be current). */
-void cuda_alloc_empty_cache(int dev);
+/* cudaFree of every cached block of dev (the device must be current);
+ * returns the bytes given back to the device. */
+size_t cuda_alloc_empty_cache(int dev);
 void cuda_alloc_get_stats(int dev, cuda_alloc_stats *out);
 
 #endif

@@ -286,3 +286,120 @@ Test(sim, fences_mark_a_point_in_a_series_of_copies)
   tensor_release(d);
   tensor_release(h);
 }
+
+static void nothing(void *arg) {}
+
+/* CUDA refuses an event recorded on a stream of another device and a kernel
+ * launched for one device on a stream of another
+ * (cudaErrorInvalidResourceHandle); sim must refuse them too, or an engine
+ * that mixes devices up passes here and fails first on a GPU. */
+Test(sim, events_and_kernels_stay_on_their_device)
+{
+  be_stream *s0 = backend_sim.stream_default(0), *s1 = backend_sim.stream_default(1), *s0b;
+  tport_err e;
+  be_event *ev1, *none;
+  cr_assert_eq(backend_sim.event_create(3, &none, &e), TPORT_INVALID_ARGUMENT, "no sim:3");
+  cr_assert_eq(backend_sim.event_create(1, &ev1, &e), 0, "%s", e.msg);
+  cr_assert_eq(backend_sim.event_record(ev1, s0, &e), TPORT_INTERNAL);
+  cr_assert(strstr(e.msg, "cudaEventRecord") && strstr(e.msg, "cudaErrorInvalidResourceHandle") &&
+                strstr(e.msg, "an event of sim:1 used on sim:0"),
+            "%s", e.msg);
+  cr_assert_eq(backend_sim.stream_create(0, &s0b, &e), 0);
+  cr_assert_eq(backend_sim.event_record(ev1, s0b, &e), TPORT_INTERNAL, "any stream of sim:0");
+  cr_assert(backend_sim.event_query(ev1), "a refused record leaves the event never recorded");
+  /* on its own device's stream it records; another device may wait for it */
+  sim_set_delay_range(20000, 20000);
+  cr_assert_eq(backend_sim.launch_host_func(s1, nothing, NULL, &e), 0);
+  cr_assert_eq(backend_sim.event_record(ev1, s1, &e), 0, "%s", e.msg);
+  cr_assert_not(backend_sim.event_query(ev1), "pending behind a 20 ms op");
+  cr_assert_eq(backend_sim.stream_wait_event(s0b, ev1, &e), 0, "cross-device waits are CUDA's");
+  cr_assert_eq(backend_sim.stream_synchronize(s0b, &e), 0);
+  cr_assert(backend_sim.event_query(ev1), "s0b waited for the event");
+  sim_set_delay(0);
+  backend_sim.event_destroy(ev1);
+
+  /* a kernel for sim:0 on a stream of sim:1 (with peer access on, so that
+   * only the stream is wrong), then on sim:0's own streams */
+  void *a, *b;
+  cr_assert_eq(backend_sim.alloc(0, 4096, &a, &e), 0);
+  cr_assert_eq(backend_sim.alloc(0, 4096, &b, &e), 0);
+  cr_assert_eq(backend_sim.enable_peer_access(1, 0, &e), 0);
+  int64_t shape[1] = {1024}, sd[1] = {4}, ss[1] = {4};
+  const int64_t *strides[2] = {sd, ss};
+  plan p;
+  plan_build(&p, 1, shape, 2, strides);
+  cr_assert_eq(backend_sim.copy_kernel(0, s1, &p, a, TPORT_FLOAT32, b, TPORT_INT32, 0, &e),
+               TPORT_INTERNAL);
+  cr_assert(strstr(e.msg, "cudaLaunchKernel") && strstr(e.msg, "cudaErrorInvalidResourceHandle") &&
+                strstr(e.msg, "a stream of sim:1 used on sim:0"),
+            "%s", e.msg);
+  cr_assert_eq(backend_sim.copy_kernel(1, s0b, &p, a, TPORT_FLOAT32, b, TPORT_INT32, 0, &e),
+               TPORT_INTERNAL, "a created stream of sim:0 is not sim:1's either");
+  cr_assert_eq(backend_sim.copy_kernel(0, s0, &p, a, TPORT_FLOAT32, b, TPORT_INT32, 0, &e), 0, "%s",
+               e.msg);
+  cr_assert_eq(backend_sim.copy_kernel(0, s0b, &p, a, TPORT_FLOAT32, b, TPORT_INT32, 0, &e), 0,
+               "%s", e.msg);
+  cr_assert_eq(backend_sim.copy_kernel(1, s1, &p, a, TPORT_FLOAT32, b, TPORT_INT32, 0, &e), 0,
+               "sim:1 reaches sim:0's memory with peer access: %s", e.msg);
+  backend_sim.stream_destroy(s0b);
+  backend_sim.stream_synchronize(s0, NULL);
+  backend_sim.stream_synchronize(s1, NULL);
+  backend_sim.free(0, a);
+  backend_sim.free(0, b);
+}
+
+/* The engine's paths between devices record each event on a stream of the
+ * event's own device and launch each kernel on its device's stream; with the
+ * checks above, a path that mixed them would fail here: converting copies
+ * with peer access (a kernel on the source's stream writing the peer's
+ * memory), conj/neg fixed up after a byte copy (a kernel on the
+ * destination's device), and without peer access (temporaries), blocking and
+ * not, with delays that make a missing wait show. */
+Test(sim, copies_between_devices_keep_work_on_its_device)
+{
+  tport_device s0 = {TPORT_DEV_SIM, 0}, s1 = {TPORT_DEV_SIM, 1}, s2 = {TPORT_DEV_SIM, 2};
+  sim_set_peer_possible(1, 2, false);
+  sim_set_peer_possible(2, 1, false);
+  enum { R = 40, C = 30 };
+  for (int nb = 0; nb < 2; nb++) {
+    tport_tensor *h = host_seq(TPORT_FLOAT32, 2, (int64_t[]){R, C});
+    tport_tensor *a = to_dev(h, s0, nb), *b, *bt, *c, *n, *cn;
+    tport_err e;
+    /* sim:0 -> sim:1, float32 -> float64 into a transposed view: peer kernel */
+    cr_assert_eq(
+        tensor_empty(s1, TPORT_FLOAT64, 2, (int64_t[]){C, R}, TPORT_MF_CONTIGUOUS, 0, &b, &e), 0);
+    cr_assert_eq(tensor_as_strided(b, 2, (int64_t[]){R, C}, (int64_t[]){1, R}, 0, &bt, &e), 0);
+    cr_assert_eq(tensor_copy_(bt, a, nb, &e), 0, "%s", e.msg);
+    /* sim:1 -> sim:2 without peer access, converting, from a negated view */
+    cr_assert_eq(tensor_neg_view(bt, &n, &e), 0);
+    cr_assert_eq(
+        tensor_empty(s2, TPORT_INT32, 2, (int64_t[]){R, C}, TPORT_MF_CONTIGUOUS, 0, &c, &e), 0);
+    cr_assert_eq(tensor_copy_(c, n, nb, &e), 0, "%s", e.msg);
+    /* sim:2 -> sim:0, same dtype (a byte copy) from a negated view: the sign
+     * is applied afterwards by a kernel on sim:0 */
+    cr_assert_eq(tensor_neg_view(c, &cn, &e), 0);
+    tport_tensor *back;
+    cr_assert_eq(
+        tensor_empty(s0, TPORT_INT32, 2, (int64_t[]){R, C}, TPORT_MF_CONTIGUOUS, 0, &back, &e), 0);
+    cr_assert_eq(tensor_copy_(back, cn, nb, &e), 0, "%s", e.msg);
+    int32_t v[R * C];
+    cr_assert_eq(tensor_read(back, v, sizeof v, &e), 0, "%s", e.msg);
+    for (int i = 0; i < R * C; i++)
+      cr_assert_eq(v[i], i, "element %d: %d", i, v[i]);
+    double d[R * C];
+    cr_assert_eq(tensor_read(bt, d, sizeof d, &e), 0, "%s", e.msg);
+    for (int i = 0; i < R * C; i++)
+      cr_assert_eq(d[i], (double)i);
+    tensor_release(back);
+    tensor_release(cn);
+    tensor_release(c);
+    tensor_release(n);
+    tensor_release(bt);
+    tensor_release(b);
+    tensor_release(a);
+    tensor_release(h);
+  }
+  engine_synchronize_all();
+  for (int dev = 0; dev < 3; dev++)
+    cr_assert_eq(sim_bytes_in_use(dev), 0, "sim:%d: nothing leaked", dev);
+}
