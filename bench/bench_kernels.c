@@ -3,7 +3,8 @@
  * same bytes, measured in the same run.  Prints one JSON object per line:
  *   {"op": NAME, "seconds": S, "bytes": B, "memcpy_seconds": M}
  * where bytes counts what the op reads plus what it writes, and memcpy moves
- * the same number of bytes (half read, half written).  bench/run turns these
+ * the same number of bytes (half read, half written; memcpy on one thread,
+ * the ops on the pool).  bench/run turns these
  * into ratio lines and adds the PyTorch baseline.
  *
  * usage: tport-bench-kernels [--threads N] [--reps R]
@@ -89,11 +90,15 @@ int main(int argc, char **argv)
   tport_tensor *y = make(TPORT_FLOAT32, 4, nchw, TPORT_MF_CHANNELS_LAST);
   bench("nchw_to_nhwc_f32", y, x);
   bench("nhwc_to_nchw_f32", x, y);
+  /* the transpose with a fused cast (the converting path of transpose.c) */
+  tport_tensor *yh = make(TPORT_FLOAT16, 4, nchw, TPORT_MF_CHANNELS_LAST);
+  bench("nchw_f32_to_nhwc_f16", yh, x);
   tensor_release(a);
   tensor_release(b);
   tensor_release(h);
   tensor_release(bf);
   tensor_release(x);
   tensor_release(y);
+  tensor_release(yh);
   return 0;
 }

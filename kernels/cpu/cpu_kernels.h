@@ -44,6 +44,11 @@ cpu_copy_path cpu_copy(const plan *p, void *dst, tport_dtype dst_dtype, const vo
 bool cpu_transpose_eligible(const plan *p, size_t dsize, size_t ssize);
 void cpu_transpose(const plan *p, char *dst, const char *src, cast_loop_fn cast,
                    unary_loop_fn post1, unary_loop_fn post2, size_t raw_size);
+/* Which block kernels cpu_transpose uses from now on: 0 the plain loop, 1
+ * AVX2, 2 AVX-512, capped at what this CPU has (TPORT_NO_SIMD=1 caps it at 0);
+ * a negative level asks for the best.  Returns the level set.  For tests and
+ * benchmarks: results are the same bits at every level. */
+int cpu_transpose_set_simd(int level);
 
 /* A pool of worker threads shared by all CPU kernels. */
 typedef void (*parallel_fn)(void *ctx, int64_t begin, int64_t end);
