@@ -422,6 +422,72 @@ static void bench_size(const char *transport, const char *turl, const char *rurl
   free(back);
 }
 
+/* The data path's options, each against the plain put (or get) of the same
+ * bytes, interleaved: CRC32C on every chunk (verify), and a converting put
+ * (uint8 -> float32, converted on arrival) of an image batch. */
+static void bench_data_path(const char *transport, const char *turl, size_t n)
+{
+  tport_client *plain, *verify;
+  tport_err err;
+  if (tport_connect(turl, NULL, &plain, &err) ||
+      tport_connect(turl, &(tport_connect_options){.verify = true}, &verify, &err)) {
+    fprintf(stderr, "%s\n", err.msg);
+    exit(1);
+  }
+  uint8_t *data = malloc(n), *back = malloc(n);
+  for (size_t i = 0; i < n; i++)
+    data[i] = (uint8_t)(i * 31);
+  int64_t sz = (int64_t)n, batch[4] = {64, 3, 224, 224};
+  size_t nb = 64 * 3 * 224 * 224;
+  double pp[16], pv[16], gp[16], gv[16], cp[16], cc[16];
+  for (int r = 0; r < reps; r++) {
+    for (int j = 0; j < 3; j++) {
+      int which = (r + j) % 3;
+      tport_client *c = which == 1 ? verify : plain;
+      if (which < 2) {
+        tport_tensor_info info;
+        double t0 = bench_now();
+        if (tport_put(c, TPORT_UINT8, 1, &sz, NULL, data, n, NULL, &info, &err)) {
+          fprintf(stderr, "put: %s\n", err.msg);
+          exit(1);
+        }
+        (which ? pv : pp)[r] = bench_now() - t0;
+        t0 = bench_now();
+        if (tport_get(c, &info.ref, back, n, NULL, NULL, NULL, &err)) {
+          fprintf(stderr, "get: %s\n", err.msg);
+          exit(1);
+        }
+        (which ? gv : gp)[r] = bench_now() - t0;
+        tport_free(c, &info.ref, NULL);
+      } else {
+        /* the batch as uint8, plain, then converted to float32 */
+        for (int k = 0; k < 2; k++) {
+          tport_put_options po;
+          tport_put_options_init(&po);
+          po.has_dtype = k == 1;
+          po.dtype = TPORT_FLOAT32;
+          tport_tensor_info info;
+          double t0 = bench_now();
+          if (tport_put(plain, TPORT_UINT8, 4, batch, NULL, data, nb, &po, &info, &err)) {
+            fprintf(stderr, "put: %s\n", err.msg);
+            exit(1);
+          }
+          (k ? cc : cp)[r] = bench_now() - t0;
+          tport_free(plain, &info.ref, NULL);
+        }
+      }
+    }
+  }
+  print_row("put_verify", transport, n, pv, pp, "plain");
+  print_row("get_verify", transport, n, gv, gp, "plain");
+  print_row("put_convert_u8_f32", transport, nb, cc, cp, "plain");
+  fflush(stdout);
+  tport_close(plain);
+  tport_close(verify);
+  free(data);
+  free(back);
+}
+
 static void bench_small_rpc(const char *turl, const char *rurl)
 {
   enum { N = 3000, BLOCK = 100 };
@@ -684,6 +750,7 @@ int main(int argc, char **argv)
       bench_size("tcp", tcp_t, tcp_r, mib << 20);
       bench_size("ipc", ipc_t, ipc_r, mib << 20);
     }
+    bench_data_path("tcp", tcp_t, max_mib << 20);
     bench_small_rpc(tcp_t, tcp_r);
     size_t each = (size_t)16 << 20;
     double one = run_clients(tcp_t, 1, each), eight = run_clients(tcp_t, 8, each);

@@ -231,6 +231,13 @@ int cuda_jit_compile_copy(tport_dtype dt, tport_dtype st, bool wide, const char 
   }
   size_t n = 0;
   r = nv.cubin_size(prog, &n);
+  if (r == NVRTC_SUCCESS && n == 0) {
+    /* a virtual architecture (compute_90) compiles to PTX only: NVRTC says
+     * success with no CUBIN, which nothing could load */
+    nv.destroy(&prog);
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "nvrtc produced no CUBIN for %s: name a real architecture (sm_XX)", arch);
+  }
   void *bin = r == NVRTC_SUCCESS ? malloc(n) : NULL;
   if (bin)
     r = nv.cubin(prog, bin);

@@ -1,6 +1,6 @@
 /*
  * convert_simd.c: vectorized dense loops for the casts that dominate tensor
- * pipelines: float32 <-> float16 (F16C) and float32 <-> bfloat16 (AVX2).
+ * pipelines: float32 <-> float16 (F16C), float32 <-> bfloat16 and uint8 -> float32 (AVX2).
  * Chosen at run time when the CPU has the instructions (the build targets
  * plain x86-64).  Results are bit-identical to the scalar loops of half.h:
  * both round to nearest even, and NaN becomes the canonical NaN (0x7e00 with
@@ -84,6 +84,18 @@ TARGET static void bf16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n)
     dst[i] = bf16_to_f32(src[i]);
 }
 
+/* uint8 -> float32 (exact): the cast of image batches put as bytes */
+TARGET static void u8_to_f32_avx2(float *dst, const uint8_t *src, int64_t n)
+{
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(src + i)));
+    _mm256_storeu_ps(dst + i, _mm256_cvtepi32_ps(w));
+  }
+  for (; i < n; i++)
+    dst[i] = (float)src[i];
+}
+
 static bool disabled_by_env(void)
 {
   const char *e = getenv("TPORT_NO_SIMD");
@@ -106,7 +118,13 @@ bool simd_cast_dense(tport_dtype dt, tport_dtype st, void *dst, const void *src,
 #if defined(__x86_64__) && defined(__GNUC__)
   if (!have_simd())
     return false;
-  if (st == TPORT_FLOAT32 && dt == TPORT_FLOAT16)
+  /* the tails load typed elements: an unaligned source takes the generic
+   * loops (a put converts straight from a message's payload) */
+  if ((uintptr_t)src % tport_dtype_size(st) || (uintptr_t)dst % tport_dtype_size(dt))
+    return false;
+  if (st == TPORT_UINT8 && dt == TPORT_FLOAT32)
+    u8_to_f32_avx2(dst, src, n);
+  else if (st == TPORT_FLOAT32 && dt == TPORT_FLOAT16)
     f32_to_f16_f16c(dst, src, n);
   else if (st == TPORT_FLOAT16 && dt == TPORT_FLOAT32)
     f16_to_f32_f16c(dst, src, n);

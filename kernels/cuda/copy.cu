@@ -66,6 +66,10 @@ __device__ inline float f16_to_f32(u16 h)
   const u32 w = (u32)h << 16;
   const u32 sign = w & 0x80000000u;
   const u32 two_w = w + w;
+  /* a NaN as the host gives it (its multiply quiets and keeps the payload;
+   * a GPU's gives its canonical NaN): built from bits */
+  if ((h & 0x7C00u) == 0x7C00u && (h & 0x03FFu))
+    return __uint_as_float(sign | 0x7FC00000u | ((u32)(h & 0x03FFu) << 13));
   const float normalized = __uint_as_float((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
   const float denormalized = __uint_as_float((two_w >> 17) | (126u << 23)) - 0.5f;
   return __uint_as_float(sign | (two_w < (1u << 27) ? __float_as_uint(denormalized)
@@ -108,6 +112,28 @@ __device__ inline i64 f_to_i64ish(double x)
                                                                      : (i64)(-9223372036854775807LL - 1);
 }
 
+// ---- float32 <-> float64 as the host converts them (x86-64: a NaN is
+// quieted and keeps the top of its payload and its sign); a GPU's own
+// conversions give its canonical NaN, so NaNs go through integers
+__device__ inline float f64_to_f32(double x)
+{
+  if (x != x) {
+    const u64 b = (u64)__double_as_longlong(x);
+    return __uint_as_float(((u32)(b >> 32) & 0x80000000u) | 0x7FC00000u |
+                           ((u32)(b >> 29) & 0x003FFFFFu));
+  }
+  return (float)x;
+}
+__device__ inline double f32_to_f64(float x)
+{
+  if (x != x) {
+    const u32 b = __float_as_uint(x);
+    return __longlong_as_double((long long)(((u64)(b & 0x80000000u) << 32) | 0x7FF8000000000000ull |
+                                            ((u64)(b & 0x003FFFFFu) << 29)));
+  }
+  return (double)x;
+}
+
 // ---- the value categories a load gives: i64, float, double, c64, c128
 __device__ inline i64 i32ish(i64 v) { return v; }
 __device__ inline i64 i32ish(float v) { return f_to_i32ish((double)v); }
@@ -121,13 +147,13 @@ __device__ inline i64 i64ish(c64 v) { return f_to_i64ish((double)v.re); }
 __device__ inline i64 i64ish(c128 v) { return f_to_i64ish(v.re); }
 __device__ inline float to_f32(i64 v) { return (float)v; }
 __device__ inline float to_f32(float v) { return v; }
-__device__ inline float to_f32(double v) { return (float)v; }
+__device__ inline float to_f32(double v) { return f64_to_f32(v); }
 __device__ inline float to_f32(c64 v) { return v.re; }
-__device__ inline float to_f32(c128 v) { return (float)v.re; }
+__device__ inline float to_f32(c128 v) { return f64_to_f32(v.re); }
 __device__ inline double to_f64(i64 v) { return (double)v; }
-__device__ inline double to_f64(float v) { return (double)v; }
+__device__ inline double to_f64(float v) { return f32_to_f64(v); }
 __device__ inline double to_f64(double v) { return v; }
-__device__ inline double to_f64(c64 v) { return (double)v.re; }
+__device__ inline double to_f64(c64 v) { return f32_to_f64(v.re); }
 __device__ inline double to_f64(c128 v) { return v.re; }
 // complex -> bool looks at the real part (as PyTorch's cast does)
 __device__ inline bool nonzero(i64 v) { return v != 0; }
@@ -137,13 +163,13 @@ __device__ inline bool nonzero(c64 v) { return v.re != 0; }
 __device__ inline bool nonzero(c128 v) { return v.re != 0; }
 __device__ inline c64 to_c64(i64 v) { return c64{(float)v, 0.0f}; }
 __device__ inline c64 to_c64(float v) { return c64{v, 0.0f}; }
-__device__ inline c64 to_c64(double v) { return c64{(float)v, 0.0f}; }
+__device__ inline c64 to_c64(double v) { return c64{f64_to_f32(v), 0.0f}; }
 __device__ inline c64 to_c64(c64 v) { return v; }
-__device__ inline c64 to_c64(c128 v) { return c64{(float)v.re, (float)v.im}; }
+__device__ inline c64 to_c64(c128 v) { return c64{f64_to_f32(v.re), f64_to_f32(v.im)}; }
 __device__ inline c128 to_c128(i64 v) { return c128{(double)v, 0.0}; }
-__device__ inline c128 to_c128(float v) { return c128{(double)v, 0.0}; }
+__device__ inline c128 to_c128(float v) { return c128{f32_to_f64(v), 0.0}; }
 __device__ inline c128 to_c128(double v) { return c128{v, 0.0}; }
-__device__ inline c128 to_c128(c64 v) { return c128{(double)v.re, (double)v.im}; }
+__device__ inline c128 to_c128(c64 v) { return c128{f32_to_f64(v.re), f32_to_f64(v.im)}; }
 __device__ inline c128 to_c128(c128 v) { return v; }
 
 // ---- load (by TPORT_SRC)
@@ -202,20 +228,20 @@ template <class V> __device__ inline void store(char *p, V v) { *(u16 *)p = bf16
 __device__ inline void negate(char *p) { *(u16 *)p ^= 0x8000u; }
 #elif TPORT_DST == 8
 template <class V> __device__ inline void store(char *p, V v) { *(float *)p = to_f32(v); }
-__device__ inline void negate(char *p) { *(float *)p = -*(float *)p; }
+__device__ inline void negate(char *p) { *(u32 *)p ^= 0x80000000u; } // the sign bit, NaN too
 #elif TPORT_DST == 9
 template <class V> __device__ inline void store(char *p, V v) { *(double *)p = to_f64(v); }
-__device__ inline void negate(char *p) { *(double *)p = -*(double *)p; }
+__device__ inline void negate(char *p) { *(u64 *)p ^= 0x8000000000000000ull; }
 #elif TPORT_DST == 10
 template <class V> __device__ inline void store(char *p, V v) { *(c64 *)p = to_c64(v); }
-__device__ inline void negate(char *p) { c64 *e = (c64 *)p; e->re = -e->re; e->im = -e->im; }
+__device__ inline void negate(char *p) { ((u32 *)p)[0] ^= 0x80000000u; ((u32 *)p)[1] ^= 0x80000000u; }
 #define HAS_CONJ 1
-__device__ inline void conjugate(char *p) { ((c64 *)p)->im = -((c64 *)p)->im; }
+__device__ inline void conjugate(char *p) { ((u32 *)p)[1] ^= 0x80000000u; }
 #elif TPORT_DST == 11
 template <class V> __device__ inline void store(char *p, V v) { *(c128 *)p = to_c128(v); }
-__device__ inline void negate(char *p) { c128 *e = (c128 *)p; e->re = -e->re; e->im = -e->im; }
+__device__ inline void negate(char *p) { ((u64 *)p)[0] ^= 0x8000000000000000ull; ((u64 *)p)[1] ^= 0x8000000000000000ull; }
 #define HAS_CONJ 1
-__device__ inline void conjugate(char *p) { ((c128 *)p)->im = -((c128 *)p)->im; }
+__device__ inline void conjugate(char *p) { ((u64 *)p)[1] ^= 0x8000000000000000ull; }
 #else
 #error "TPORT_DST is not a dtype"
 #endif

@@ -44,6 +44,11 @@ Test(cuda_jit, bad_architecture_is_an_error)
   cr_assert_eq(cuda_jit_compile_copy(TPORT_FLOAT32, TPORT_FLOAT16, false, "sm_1", &bin, &n, &err),
                TPORT_INTERNAL);
   cr_assert(strstr(err.msg, "nvrtcCompileProgram"), "%s", err.msg);
+  /* a virtual architecture: NVRTC says success with an empty CUBIN */
+  cr_assert_eq(cuda_jit_compile_copy(TPORT_FLOAT32, TPORT_FLOAT32, false, "compute_90", &bin, &n,
+                                     &err),
+               TPORT_INVALID_ARGUMENT);
+  cr_assert(strstr(err.msg, "no CUBIN"), "%s", err.msg);
 }
 
 Test(cuda_jit, bad_dtype_is_an_error)
