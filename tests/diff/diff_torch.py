@@ -243,6 +243,10 @@ def main():
     if a.gpu:
         p = subprocess.run([a.driver, "--count-devices", a.gpu], capture_output=True, text=True)
         if p.returncode == 77:
+            # TPORT_REQUIRE_GPU=1: a GPU run that would skip fails instead
+            if os.environ.get("TPORT_REQUIRE_GPU", "0") not in ("", "0"):
+                print("diff_torch: TPORT_REQUIRE_GPU is set and %s" % p.stderr.strip())
+                return 1
             print("diff_torch: skipped: %s" % p.stderr.strip())
             return 77
         count = int(p.stdout)
