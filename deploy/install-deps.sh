@@ -11,6 +11,7 @@ PACKAGES=(
   libssl-dev                       # TLS engine, HMAC, RAND_bytes
   uthash-dev                       # hash tables of the registry (header-only)
   libisal-dev                      # ISA-L: CRC32C of chunks (--verify)
+  libmicrohttpd-dev                # tportd's HTTP endpoint: /metrics, /healthz, /readyz
   dpkg-dev patch                   # deploy/nng/build-nng.sh: nng's Debian source, our fix
   libcriterion-dev                 # test framework
   libdlpack-dev                    # DLPack in/out for libtport

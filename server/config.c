@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "http.h"
+#include "log.h"
+
 #define DEFAULT_URL "tcp://127.0.0.1:7450"
 
 void config_defaults(server_config *c)
@@ -45,6 +48,8 @@ void config_free(server_config *c)
   free(c->tls_key);
   free(c->tls_ca);
   c->tls_cert = c->tls_key = c->tls_ca = NULL;
+  free(c->http_listen);
+  c->http_listen = NULL;
   c->nlisten = 0;
   c->devices = NULL;
   c->kernel_cache = NULL;
@@ -109,6 +114,13 @@ static const struct {
     {"host-cache", "TPORT_HOST_CACHE", "BYTES",
      "freed host blocks of 1 MiB or more kept for reuse (a fresh one costs its page faults; "
      "default an eighth of RAM, at most 8 GiB; 0: none)"},
+    {"http-listen", "TPORT_HTTP_LISTEN", "HOST:PORT",
+     "serve GET /metrics (Prometheus), /healthz and /readyz on HOST:PORT ([::1]:PORT for IPv6; "
+     "0.0.0.0:PORT or another interface for probes from outside; default " HTTP_DEFAULT_ADDRESS
+     "; off: none).  It shows counters and each tenant's bytes, never tensors"},
+    {"log-format", "TPORT_LOG_FORMAT", "text|json",
+     "text (default) or json: one JSON object a line (time, level, message, and fields such as "
+     "tenant, peer, method, code)"},
 };
 #define NOPTS (int)(sizeof opts / sizeof opts[0])
 
@@ -234,6 +246,24 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
     return TPORT_OK;
   case 30: return parse_ulong(v, opts[i].flag, 1, &c->auth_timeout_ms, err);
   case 31: c->host_cache_set = true; return parse_size(v, opts[i].flag, &c->host_cache_bytes, err);
+  case 32: {
+    c->http_listen_set = true;
+    free(c->http_listen);
+    c->http_listen = NULL;
+    if (strcmp(v, "off") == 0)
+      return TPORT_OK;
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    rc = http_parse_address(v, &ss, &sl, err);
+    if (!rc)
+      c->http_listen = strdup(v);
+    return rc;
+  }
+  case 33:
+    if (strcmp(v, "text") && strcmp(v, "json"))
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--log-format: '%s': text or json", v);
+    c->log_format = strcmp(v, "json") == 0 ? LOG_JSON : LOG_TEXT;
+    return TPORT_OK;
   }
   if (!rc && (c->workers > 1024 || c->contexts > 4096 || c->window > 1024 ||
               c->max_outstanding > 4096 || c->max_transfers > 4096))
@@ -286,6 +316,8 @@ int config_parse(server_config *c, int argc, char **argv, tport_err *err)
                          argv[optind]);
   if (c->nlisten == 0)
     add_listen(c, DEFAULT_URL, err);
+  if (!c->http_listen_set)
+    c->http_listen = strdup(HTTP_DEFAULT_ADDRESS);
   return config_check(c, err);
 }
 

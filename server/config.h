@@ -53,6 +53,11 @@ typedef struct server_config {
   unsigned long auth_timeout_ms; /* a connection must prove its tenant within this */
   bool host_cache_set;           /* --host-cache given (else host_cache.h's default) */
   size_t host_cache_bytes;       /* freed large host blocks kept for reuse */
+  /* operations (http.h, log.h) */
+  char *http_listen;    /* HOST:PORT of /metrics, /healthz, /readyz (owned); NULL: none.
+                           config_parse's default is HTTP_DEFAULT_ADDRESS, config_defaults' none */
+  bool http_listen_set; /* --http-listen given ("off" included) */
+  int log_format;       /* LOG_TEXT or LOG_JSON */
 } server_config;
 
 void config_defaults(server_config *c);

@@ -140,14 +140,17 @@ int h_hello(call *c)
                             challenge);
   } else {
     rc = check_answer(c, a, tenant, q->auth_response.data, q->auth_response.len);
+    char conn[16];
+    snprintf(conn, sizeof conn, "%u", c->pipe);
     if (rc) {
       auth_limiter_fail(s->limiter, peer, now);
-      log_msg(LOG_WARN, "authentication failed: tenant '%.64s' from %s", tenant, peer);
+      log_event(LOG_WARN, "authentication failed", "tenant", tenant, "peer", peer, "connection",
+                conn, "code", tport_status_name(rc), NULL);
     } else {
       rc = reg_session_authenticate(&s->reg, c->pipe, tenant, &c->err);
       if (!rc)
-        log_msg(LOG_INFO, "connection %u from %s authenticated as tenant '%s'", c->pipe, peer,
-                tenant);
+        log_event(LOG_INFO, "connection authenticated", "tenant", tenant, "peer", peer,
+                  "connection", conn, NULL);
     }
   }
   auth_file_release(a);

@@ -90,10 +90,14 @@ static int put_bytes(call *c, reg_entry *e, uint64_t off, const uint8_t *p, size
   int rc = reg_chunk_claim(&c->srv->reg, e, off, n, &landing, &convert_from, &c->err);
   if (rc || !landing)
     return rc; /* an error, or written already (idempotent) */
-  if (convert_from >= 0)
+  int64_t t0 = metrics_now_ns();
+  if (convert_from >= 0) {
     rc = land_converted(c, landing, (tport_dtype)convert_from, (size_t)off, p, n);
-  else
+    metrics_stage_since(&c->srv->metrics, STAGE_CONVERT, t0);
+  } else {
     rc = land_bytes(c, landing, (size_t)off, p, n);
+    metrics_stage_since(&c->srv->metrics, STAGE_STAGE, t0);
+  }
   tensor_release(landing);
   reg_chunk_done(&c->srv->reg, e, off, n, rc == TPORT_OK);
   return rc;
@@ -131,6 +135,8 @@ int h_put_begin(call *c)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "PutBegin carries data only with commit");
   if ((rc = check_crc32c(c, q->crc32c_set, q->crc32c, 0)) != TPORT_OK)
     return rc;
+  if (c->payload_len)
+    metrics_stage_since(&s->metrics, STAGE_RECEIVE, c->arrived_ns);
   tport_device dev;
   rc = wire_device(q->device && *q->device ? q->device : d->device, "device",
                    (tport_device){TPORT_DEV_CPU, 0}, &dev, &c->err);
@@ -256,8 +262,10 @@ int h_put_chunk(call *c)
   int rc = find_upload(c, q->ref, &e); /* the in-flight limit was checked on arrival */
   if (!rc)
     rc = check_crc32c(c, q->crc32c_set, q->crc32c, q->offset);
-  if (!rc)
+  if (!rc) {
+    metrics_stage_since(&c->srv->metrics, STAGE_RECEIVE, c->arrived_ns);
     rc = put_bytes(c, e, q->offset, c->payload, c->payload_len);
+  }
   if (!rc) {
     Tport__PutChunkReply r = TPORT__PUT_CHUNK_REPLY__INIT;
     r.status = wire_ok();
@@ -280,11 +288,23 @@ static int commit_upload(call *c, reg_entry *e, bool non_blocking, tport_tensor 
   int rc = reg_commit_begin(r, e, &landing, &o, &needs_convert, &c->err);
   if (rc)
     return rc;
-  if (needs_convert) {
+  metrics *m = &c->srv->metrics;
+  if (!non_blocking && tensor_device(landing).type != TPORT_DEV_CPU) {
+    /* what is left of the chunks' copies to the device (they overlap the
+     * receiving of later chunks) */
+    int64_t t0 = metrics_now_ns();
+    rc = tensor_sync(landing, &c->err);
+    metrics_stage_since(m, STAGE_HOST_TO_DEVICE, t0);
+  }
+  if (!rc && needs_convert) {
     bool aliased;
     o.non_blocking = non_blocking;
+    int64_t t0 = metrics_now_ns();
     rc = tensor_to(landing, &o, &final, &aliased, &c->err);
-  } else {
+    if (!rc && !non_blocking)
+      rc = tensor_sync(final, &c->err);
+    metrics_stage_since(m, STAGE_CONVERT, t0);
+  } else if (!rc) {
     final = tensor_retain(landing);
   }
   if (!rc && !non_blocking)
@@ -345,8 +365,10 @@ int h_put_abort(call *c)
 static int stage_for_get(call *c, tport_tensor *t, bool inline_data, get_transfer *g)
 {
   size_t nbytes = tensor_nbytes(t), chunk = c->srv->cfg.chunk_bytes;
-  bool aliased;
-  if (tensor_device(t).type == TPORT_DEV_CPU || inline_data || nbytes <= chunk) {
+  bool aliased, on_host = tensor_device(t).type == TPORT_DEV_CPU;
+  metrics *m = &c->srv->metrics;
+  int64_t t0 = metrics_now_ns();
+  if (on_host || inline_data || nbytes <= chunk) {
     /* an alias when t already is exactly that */
     to_options o = {.has_device = true,
                     .device = {TPORT_DEV_CPU, 0},
@@ -357,7 +379,12 @@ static int stage_for_get(call *c, tport_tensor *t, bool inline_data, get_transfe
                     /* a managed tensor would otherwise move to the host: a
                      * get reads, it never changes where a tensor lives */
                     .copy = t->conj || t->neg || tensor_is_managed(t)};
-    return tensor_to(t, &o, &g->host, &aliased, &c->err);
+    int rc = tensor_to(t, &o, &g->host, &aliased, &c->err);
+    /* from a device: the copy is enqueued (the wait comes later); on the
+     * host: a copy made contiguous, when one was needed */
+    if (!rc && (!on_host || !aliased))
+      metrics_stage_since(m, on_host ? STAGE_CONVERT : STAGE_DEVICE_TO_HOST, t0);
+    return rc;
   }
   to_options o = {.has_format = true,
                   .format = TPORT_MF_CONTIGUOUS,
@@ -366,6 +393,9 @@ static int stage_for_get(call *c, tport_tensor *t, bool inline_data, get_transfe
                   .copy = t->conj || t->neg};
   tport_tensor *dev_c = NULL;
   int rc = tensor_to(t, &o, &dev_c, &aliased, &c->err); /* contiguous, on its device */
+  if (!rc && !aliased)
+    metrics_stage_since(m, STAGE_CONVERT, t0);
+  t0 = metrics_now_ns();
   if (!rc)
     rc = tensor_empty((tport_device){TPORT_DEV_CPU, 0}, t->dtype, t->layout.ndim, t->layout.sizes,
                       TPORT_MF_CONTIGUOUS, STORAGE_PINNED, &g->host, &c->err);
@@ -392,6 +422,8 @@ static int stage_for_get(call *c, tport_tensor *t, bool inline_data, get_transfe
     tensor_release(hv);
     tensor_release(dv);
   }
+  if (!rc)
+    metrics_stage_since(m, STAGE_DEVICE_TO_HOST, t0); /* the copies enqueued */
   tensor_release(dev_c);
   return rc;
 }
@@ -436,7 +468,10 @@ int h_get_begin(call *c)
   if (!rc) {
     g->nbytes = tensor_nbytes(g->host);
     if (inline_data && g->nbytes) {
+      int64_t t0 = metrics_now_ns();
       rc = tensor_sync(g->host, &c->err);
+      if (tensor_device(t).type != TPORT_DEV_CPU)
+        metrics_stage_since(&s->metrics, STAGE_DEVICE_TO_HOST, t0);
       payload = (const uint8_t *)g->host->storage->ptr +
                 g->host->layout.offset * (int64_t)tport_dtype_size(g->host->dtype);
     }
@@ -495,8 +530,10 @@ int h_get_chunk(call *c)
     int last = (int)((q->offset + q->length - 1) / g->chunk);
     if (last >= g->nfences)
       last = g->nfences - 1;
+    int64_t t0 = metrics_now_ns();
     if (g->fence[last])
       rc = g->fence_be[last]->event_synchronize(g->fence[last], &c->err);
+    metrics_stage_since(&s->metrics, STAGE_DEVICE_TO_HOST, t0);
   }
   pthread_mutex_lock(&s->xfers.mu);
   bool synced = g->synced || g->nfences;
@@ -519,7 +556,10 @@ int h_get_chunk(call *c)
       r.crc32c_set = true;
       r.crc32c = transport_crc32c(0, base ? base + q->offset : NULL, base ? (size_t)q->length : 0);
     }
+    int64_t t0 = metrics_now_ns();
     rc = call_reply(c, &r.base, base ? base + q->offset : NULL, (size_t)q->length);
+    if (!rc)
+      metrics_stage_since(&s->metrics, STAGE_STAGE, t0); /* the bytes into the reply */
   }
   transfers_release(&s->xfers, g, rc ? 0 : (size_t)q->length);
   return rc;

@@ -49,6 +49,7 @@ int main(int argc, char **argv)
     return 2;
   }
   log_set_level(cfg.log_level);
+  log_set_format((log_format)cfg.log_format);
   /* Signals are taken synchronously by this thread: no handler runs in the
    * middle of engine or nng work. */
   sigset_t set;
@@ -64,8 +65,8 @@ int main(int argc, char **argv)
     config_free(&cfg);
     return 1;
   }
-  log_msg(LOG_INFO, "ready (devices: %s; cuda: %s)", cfg.devices ? cfg.devices : "cpu",
-          backend_cuda.device_count() ? "on" : backend_cuda.unavailable_reason());
+  log_event(LOG_INFO, "ready", "devices", cfg.devices ? cfg.devices : "cpu", "cuda",
+            backend_cuda.device_count() ? "on" : backend_cuda.unavailable_reason(), NULL);
   int sig = 0;
   /* SIGHUP reloads the auth file; SIGINT and SIGTERM stop */
   while (sigwait(&set, &sig) == 0 && sig == SIGHUP) {

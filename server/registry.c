@@ -884,3 +884,17 @@ void reg_tenant_counts(registry *r, uint32_t pipe, reg_stats *out)
   }
   pthread_mutex_unlock(&r->mu);
 }
+
+size_t reg_tenants_usage(registry *r, reg_tenant_usage *out, size_t max)
+{
+  size_t n = 0;
+  pthread_mutex_lock(&r->mu);
+  for (reg_tenant *t = r->tenants; t; t = t->hh.next, n++)
+    if (n < max) {
+      memcpy(out[n].name, t->name, sizeof out[n].name); /* NUL-terminated within */
+      out[n].bytes = t->bytes;
+      out[n].tensors = t->tensors;
+    }
+  pthread_mutex_unlock(&r->mu);
+  return n;
+}

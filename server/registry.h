@@ -210,6 +210,14 @@ typedef struct reg_stats {
 void reg_counts(registry *r, reg_stats *out);
 /* The counts of the pipe's tenant. */
 void reg_tenant_counts(registry *r, uint32_t pipe, reg_stats *out);
+/* What one tenant holds (the metrics endpoint's tport_tenant_bytes). */
+typedef struct reg_tenant_usage {
+  char name[REG_TENANT_MAX];
+  uint64_t bytes, tensors;
+} reg_tenant_usage;
+/* Up to max tenants' usage into out (in no order); returns how many
+ * tenants there are (possibly more than max). */
+size_t reg_tenants_usage(registry *r, reg_tenant_usage *out, size_t max);
 
 int64_t reg_now_ms(void);
 void reg_upload_free(reg_upload *up);

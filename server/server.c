@@ -68,11 +68,28 @@ static nng_msg *error_reply(uint16_t method, const tport_err *e)
 
 /* ---------------------------------------------------------------- dispatch */
 
+/* A request that failed, at debug level: which connection, tenant, method. */
+static void log_failure(server *s, const call *c)
+{
+  if (!log_enabled(LOG_DEBUG))
+    return;
+  char conn[16], peer[64], tenant[REG_TENANT_MAX];
+  snprintf(conn, sizeof conn, "%u", c->pipe);
+  server_peer_address(c->pipe, peer, sizeof peer);
+  bool known = reg_session_tenant(&s->reg, c->pipe, tenant, sizeof tenant);
+  const ProtobufCMethodDescriptor *md = c->method ? frame_method(c->method) : NULL;
+  log_event(LOG_DEBUG, "request failed", "connection", conn, "peer", peer, "tenant",
+            known ? tenant : NULL, "method", md ? md->name : "unknown", "code",
+            tport_status_name(c->err.code), "error", c->err.msg, NULL);
+}
+
 static nng_msg *handle(server *s, srv_ctx *x)
 {
   nng_msg *req = x->msg;
   int64_t queued_ms = x->queued_ms;
-  call c = {.srv = s, .pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(req))};
+  call c = {.srv = s,
+            .pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(req)),
+            .arrived_ns = x->arrived_ns};
   tport_err_clear(&c.err);
   frame_view v;
   const uint8_t *body = nng_msg_body(req);
@@ -117,16 +134,19 @@ static nng_msg *handle(server *s, srv_ctx *x)
     engine_set_deadline(0);
     protobuf_c_message_free_unpacked(c.req, NULL);
   }
+  int code = TPORT_OK;
   if (rc || !c.out) {
     if (!rc)
       tport_err_set(&c.err, TPORT_INTERNAL, "the handler gave no reply");
+    code = c.err.code;
     atomic_fetch_add(&s->errors, 1);
-    log_msg(LOG_DEBUG, "pipe %u method %u: %s: %s", c.pipe, c.method, tport_status_name(c.err.code),
-            c.err.msg);
+    log_failure(s, &c);
     if (c.out)
       nng_msg_free(c.out);
     c.out = error_reply(c.method, &c.err);
   }
+  metrics_request(&s->metrics, c.method, code, metrics_now_ns() - x->arrived_ns);
+  x->method = c.method;
   return c.out;
 }
 
@@ -188,9 +208,17 @@ static void ctx_recv(srv_ctx *x)
 /* A connection over a limit is dropped: that costs only itself. */
 static void drop_pipe(server *s, nng_pipe p, const char *why)
 {
-  if (reg_session_mark_dropped(&s->reg, nng_pipe_id(p))) {
+  uint32_t id = (uint32_t)nng_pipe_id(p);
+  if (reg_session_mark_dropped(&s->reg, id)) {
     atomic_fetch_add(&s->dropped, 1);
-    log_msg(LOG_WARN, "connection %u dropped: %s", (unsigned)nng_pipe_id(p), why);
+    if (log_enabled(LOG_WARN)) {
+      char conn[16], peer[64], tenant[REG_TENANT_MAX];
+      snprintf(conn, sizeof conn, "%u", id);
+      server_peer_address(id, peer, sizeof peer);
+      bool known = reg_session_tenant(&s->reg, id, tenant, sizeof tenant);
+      log_event(LOG_WARN, "connection dropped", "connection", conn, "peer", peer, "tenant",
+                known ? tenant : NULL, "reason", why, NULL);
+    }
   }
   nng_pipe_close(p);
 }
@@ -203,6 +231,11 @@ static void ctx_finish(server *s, srv_ctx *x, nng_msg *reply)
   if (reply && !s->stopping) {
     x->state = CTX_SEND;
     atomic_fetch_add(&s->bytes_out, nng_msg_len(reply));
+    /* a get's reply: the send stage lasts until nng takes it for the wire */
+    x->send_ns = x->method == TPORT__METHOD__METHOD_GET_CHUNK ||
+                         x->method == TPORT__METHOD__METHOD_GET_BEGIN
+                     ? metrics_now_ns()
+                     : 0;
     nng_aio_set_msg(x->aio, reply);
     /* a connection that does not take its replies must not hold this
      * context for ever: past the time limit it is dropped */
@@ -241,6 +274,8 @@ static void ctx_cb(void *arg)
     x->msg = nng_aio_get_msg(x->aio);
     x->pipe = nng_msg_get_pipe(x->msg);
     x->queued_ms = mono_ms();
+    x->arrived_ns = metrics_now_ns();
+    x->method = 0;
     x->state = CTX_WORK;
     x->chunk = CHUNK_NONE;
     /* every request of a connection counts until it is answered: one that
@@ -265,6 +300,8 @@ static void ctx_cb(void *arg)
     return;
   case CTX_SEND: {
     nng_pipe p = x->pipe;
+    if (rv == 0 && x->send_ns)
+      metrics_stage_since(&s->metrics, STAGE_SEND, x->send_ns);
     if (rv != 0) {
       nng_msg *m = nng_aio_get_msg(x->aio);
       nng_aio_set_msg(x->aio, NULL);
@@ -324,15 +361,26 @@ static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
   server *s = arg;
   uint32_t id = (uint32_t)nng_pipe_id(p);
-  if (ev == NNG_PIPE_EV_ADD_PRE) {
+  char conn[16] = "", peer[64] = "";
+  if (log_enabled(LOG_DEBUG)) {
+    snprintf(conn, sizeof conn, "%u", id);
+    server_peer_address(id, peer, sizeof peer);
+  }
+  if (ev == NNG_PIPE_EV_ADD_PRE && atomic_load(&s->draining)) {
+    /* stopping: no new connection (nng then reports nothing more of it) */
+    nng_pipe_close(p);
+    log_event(LOG_DEBUG, "connection refused: the server is stopping", "connection", conn, "peer",
+              peer, NULL);
+  } else if (ev == NNG_PIPE_EV_ADD_PRE) {
     /* before the pipe's first request can arrive */
     reg_session_open(&s->reg, id);
-    log_msg(LOG_DEBUG, "connection %u opened", id);
+    log_event(LOG_DEBUG, "connection opened", "connection", conn, "peer", peer, NULL);
   } else if (ev == NNG_PIPE_EV_REM_POST) {
     /* the session first, then its transfers (see transfers_insert) */
     reg_session_close(&s->reg, id);
     transfers_drop(&s->xfers, id);
-    log_msg(LOG_DEBUG, "connection %u closed: its tensors, uploads and gets are freed", id);
+    log_event(LOG_DEBUG, "connection closed: its tensors, uploads and gets are freed",
+              "connection", conn, "peer", peer, NULL);
   }
 }
 
@@ -400,6 +448,19 @@ static int configure_devices(const char *spec, tport_err *err)
 
 /* ---------------------------------------------------------------- lifecycle */
 
+void (*server_test_before_ready)(server *s);
+
+static char *http_metrics(void *arg, size_t *len)
+{
+  return metrics_render(arg, len);
+}
+
+static bool http_ready(void *arg)
+{
+  server *s = arg;
+  return atomic_load(&s->ready);
+}
+
 int server_start(const server_config *cfg, server **out, tport_err *err)
 {
   int crc = config_check(cfg, err);
@@ -414,8 +475,14 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
   s->cfg.admin = cfg->admin ? strdup(cfg->admin) : NULL;
   for (int i = 0; i < CONFIG_MAX_LISTEN; i++)
     s->cfg.listen[i] = NULL;
+  s->cfg.http_listen = NULL; /* the caller's */
   s->started_ms = reg_now_ms();
+  metrics_init(&s->metrics);
+  atomic_init(&s->ready, false);
+  atomic_init(&s->devices_up, false);
+  atomic_init(&s->draining, false);
   log_set_level(cfg->log_level);
+  log_set_format((log_format)cfg->log_format);
   if (cfg->host_cache_set)
     host_cache_set_limit(cfg->host_cache_bytes);
   pthread_mutex_init(&s->qmu, NULL);
@@ -437,7 +504,20 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
   transfers_init(&s->xfers, &s->reg);
   s->mtls = cfg->tls_ca != NULL;
   s->authn = cfg->auth_file || cfg->tls_ca;
-  int rc = configure_devices(cfg->devices, err);
+  /* the endpoint first: /healthz answers (and /readyz says 503) while the
+   * devices and listeners come up, and a port taken is said at once */
+  int rc = TPORT_OK;
+  if (cfg->http_listen) {
+    http_routes routes = {.metrics = http_metrics, .ready = http_ready, .arg = s};
+    rc = http_start(cfg->http_listen, &routes, &s->http, err);
+    if (!rc)
+      log_event(LOG_INFO, "metrics and health endpoint listening", "address", cfg->http_listen,
+                NULL);
+  }
+  if (!rc)
+    rc = configure_devices(cfg->devices, err);
+  if (!rc)
+    atomic_store(&s->devices_up, true);
   nng_tls_config *tls = NULL;
   bool any_tls = false;
   for (int i = 0; i < cfg->nlisten; i++)
@@ -468,6 +548,7 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
   if (rc) {
     if (tls)
       nng_tls_config_free(tls);
+    http_stop(s->http);
     reg_destroy(&s->reg);
     auth_file_release(s->auth);
     auth_limiter_free(s->limiter);
@@ -520,7 +601,7 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
       break;
     }
     s->nlisteners++;
-    log_msg(LOG_INFO, "listening on %s", cfg->listen[i]);
+    log_event(LOG_INFO, "listening", "url", cfg->listen[i], NULL);
   }
   if (tls)
     nng_tls_config_free(tls); /* each listener holds its own reference */
@@ -530,6 +611,9 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
   }
   for (int i = 0; i < s->nctx; i++)
     ctx_recv(&s->ctxs[i]);
+  if (server_test_before_ready)
+    server_test_before_ready(s);
+  atomic_store(&s->ready, true);
   *out = s;
   return TPORT_OK;
 }
@@ -538,9 +622,14 @@ void server_stop(server *s, unsigned long grace_ms)
 {
   if (!s)
     return;
-  /* stop accepting connections, then give in-flight requests the grace period */
-  for (int i = 0; i < s->nlisteners; i++)
-    nng_listener_close(s->listeners[i]);
+  /* Not ready from now on: a load balancer drains this server while it
+   * finishes its work (the endpoint answers until the grace period ends).
+   * New connections are refused (pipe_cb); the listeners stay open until
+   * the grace period ends, because closing an nng listener closes every
+   * connection it accepted, and the replies of the requests in flight
+   * would be lost with them. */
+  atomic_store(&s->ready, false);
+  atomic_store(&s->draining, true);
   pthread_mutex_lock(&s->qmu);
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
@@ -562,6 +651,10 @@ void server_stop(server *s, unsigned long grace_ms)
   s->stopping = true;
   pthread_cond_broadcast(&s->qcv);
   pthread_mutex_unlock(&s->qmu);
+  for (int i = 0; i < s->nlisteners; i++)
+    nng_listener_close(s->listeners[i]); /* and the connections they accepted */
+  http_stop(s->http); /* no longer serving: /healthz goes too */
+  s->http = NULL;
   for (int i = 0; i < s->nctx; i++)
     if (s->ctxs[i].aio)
       nng_aio_stop(s->ctxs[i].aio);

@@ -12,6 +12,8 @@
 #include "auth.h"
 #include "config.h"
 #include "frame.h"
+#include "http.h"
+#include "metrics.h"
 #include "registry.h"
 #include "server.h"
 #include "transfers.h"
@@ -34,6 +36,9 @@ typedef struct srv_ctx {
   tport_err chunk_err;
   nng_pipe pipe;  /* of the request held */
   bool drop;      /* the connection is over its limit: drop it, answer nothing */
+  int64_t arrived_ns; /* metrics_now_ns() when the request arrived */
+  uint16_t method;    /* of the reply being sent (0: unknown) */
+  int64_t send_ns;    /* when a get's reply was handed to nng (0: not timed) */
   struct srv_ctx *next; /* work queue link */
 } srv_ctx;
 
@@ -65,7 +70,18 @@ struct server {
   bool reaper_stop;
   atomic_uint_fast64_t requests[SERVER_METHODS], errors, bytes_in, bytes_out, dropped;
   int64_t started_ms;
+  /* operations: the metrics of the hot path (metrics.h) and the HTTP
+   * endpoint; ready is what /readyz says (listeners and devices up, not
+   * stopping); devices_up: the backends may be asked for their state;
+   * draining: stopping, new connections are refused */
+  metrics metrics;
+  http_server *http;
+  atomic_bool ready, devices_up, draining;
 };
+
+/* Testing knob: called by server_start just before the server turns ready
+ * (the endpoint then serves, /readyz still 503).  Never set outside tests. */
+extern void (*server_test_before_ready)(struct server *s);
 
 /* A request being handled. */
 typedef struct call {
@@ -77,6 +93,7 @@ typedef struct call {
   size_t payload_len;
   nng_msg *out;
   tport_err err;
+  int64_t arrived_ns; /* metrics_now_ns() when the request arrived in full */
 } call;
 
 /* The auth file in force, with a reference (auth_file_release it); NULL

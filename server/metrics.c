@@ -1,0 +1,497 @@
+/*
+ * metrics.c: the counters and histograms of the hot path, the text
+ * exposition format 0.0.4, and the collection of everything else at scrape
+ * time (see metrics.h).
+ */
+#include "metrics.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "device.h"
+#include "host_cache.h"
+#include "log.h"
+#include "server_internal.h"
+#include "staging.h"
+
+#ifndef TPORT_VERSION
+#define TPORT_VERSION "unknown"
+#endif
+#ifndef TPORT_CUDA_VERSION
+#define TPORT_CUDA_VERSION "none"
+#endif
+
+_Static_assert(METRICS_METHODS == SERVER_METHODS, "one histogram per method of the wire");
+_Static_assert(METRICS_CODES == TPORT_UNAUTHENTICATED + 1, "one counter per status code");
+
+/* Bucket bounds: 10 us to 60 s, roughly 1-2.5-5 per decade. */
+static const int64_t bound_ns[METRICS_BUCKETS] = {
+    10000,     25000,      50000,      100000,     250000,      500000,      1000000,
+    2500000,   5000000,    10000000,   25000000,   50000000,    100000000,   250000000,
+    500000000, 1000000000, 2500000000, 5000000000, 10000000000, 30000000000, 60000000000};
+static const char *const bound_le[METRICS_BUCKETS] = {
+    "1e-05",  "2.5e-05", "5e-05", "0.0001", "0.00025", "0.0005", "0.001",
+    "0.0025", "0.005",   "0.01",  "0.025",  "0.05",    "0.1",    "0.25",
+    "0.5",    "1",       "2.5",   "5",      "10",      "30",     "60"};
+
+static const char *const stage_names[METRICS_STAGES] = {
+    "receive", "stage", "host_to_device", "convert", "device_to_host", "send"};
+
+void metrics_init(metrics *m)
+{
+  memset(m, 0, sizeof *m); /* all-zero bits are zero atomics on every target we build for */
+}
+
+int64_t metrics_now_ns(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void metrics_observe(metrics_histogram *h, int64_t ns)
+{
+  if (ns < 0)
+    ns = 0;
+  int i = 0;
+  while (i < METRICS_BUCKETS && ns > bound_ns[i])
+    i++;
+  /* relaxed: each counter stands alone; a scrape reads whatever has landed */
+  atomic_fetch_add_explicit(&h->buckets[i], 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&h->sum_ns, (uint_fast64_t)ns, memory_order_relaxed);
+}
+
+void metrics_request(metrics *m, unsigned method, int code, int64_t ns)
+{
+  if (method >= METRICS_METHODS)
+    method = 0;
+  if (code < 0 || code >= METRICS_CODES)
+    code = TPORT_UNKNOWN;
+  atomic_fetch_add_explicit(&m->requests[method][code], 1, memory_order_relaxed);
+  metrics_observe(&m->duration[method], ns);
+}
+
+void metrics_stage_since(metrics *m, metrics_stage st, int64_t since_ns)
+{
+  metrics_observe(&m->stage[st], metrics_now_ns() - since_ns);
+}
+
+const char *metrics_stage_name(metrics_stage st)
+{
+  return st < METRICS_STAGES ? stage_names[st] : "unknown";
+}
+
+/* ---------------------------------------------------------------- the text */
+
+static void put(metrics_text *t, const char *s, size_t n)
+{
+  if (t->oom)
+    return;
+  if (t->len + n + 1 > t->cap) {
+    size_t cap = t->cap ? t->cap : 65536;
+    while (t->len + n + 1 > cap)
+      cap *= 2;
+    char *b = realloc(t->buf, cap);
+    if (!b) {
+      t->oom = true;
+      return;
+    }
+    t->buf = b;
+    t->cap = cap;
+  }
+  memcpy(t->buf + t->len, s, n);
+  t->len += n;
+  t->buf[t->len] = 0;
+}
+
+static void puts_(metrics_text *t, const char *s)
+{
+  put(t, s, strlen(s));
+}
+
+void metrics_escape_label(metrics_text *t, const char *v)
+{
+  const unsigned char *p = (const unsigned char *)v;
+  size_t n = strlen(v);
+  while (n) {
+    size_t k = log_utf8_len(p, n);
+    if (k == 1 && *p == '\\')
+      put(t, "\\\\", 2);
+    else if (k == 1 && *p == '"')
+      put(t, "\\\"", 2);
+    else if (k == 1 && *p == '\n')
+      put(t, "\\n", 2);
+    else if (k)
+      put(t, (const char *)p, k);
+    else
+      put(t, "\xef\xbf\xbd", 3), k = 1; /* not UTF-8: U+FFFD */
+    p += k;
+    n -= k;
+  }
+}
+
+void metrics_family(metrics_text *t, const char *name, const char *type, const char *help)
+{
+  /* help texts are ours: no backslash or newline to escape */
+  puts_(t, "# HELP ");
+  puts_(t, name);
+  puts_(t, " ");
+  puts_(t, help);
+  puts_(t, "\n# TYPE ");
+  puts_(t, name);
+  puts_(t, " ");
+  puts_(t, type);
+  puts_(t, "\n");
+}
+
+static void labels_va(metrics_text *t, va_list ap)
+{
+  const char *k = va_arg(ap, const char *);
+  if (!k)
+    return;
+  puts_(t, "{");
+  for (bool first = true; k; k = va_arg(ap, const char *), first = false) {
+    if (!first)
+      puts_(t, ",");
+    puts_(t, k);
+    puts_(t, "=\"");
+    metrics_escape_label(t, va_arg(ap, const char *));
+    puts_(t, "\"");
+  }
+  puts_(t, "}");
+}
+
+static void value_double(metrics_text *t, double v)
+{
+  char b[40];
+  if (isnan(v))
+    snprintf(b, sizeof b, "NaN");
+  else if (isinf(v))
+    snprintf(b, sizeof b, v > 0 ? "+Inf" : "-Inf");
+  else
+    snprintf(b, sizeof b, "%.17g", v);
+  puts_(t, b);
+}
+
+void metrics_sample(metrics_text *t, const char *name, double value, ...)
+{
+  puts_(t, name);
+  va_list ap;
+  va_start(ap, value);
+  labels_va(t, ap);
+  va_end(ap);
+  puts_(t, " ");
+  value_double(t, value);
+  puts_(t, "\n");
+}
+
+void metrics_sample_u64(metrics_text *t, const char *name, uint64_t value, ...)
+{
+  puts_(t, name);
+  va_list ap;
+  va_start(ap, value);
+  labels_va(t, ap);
+  va_end(ap);
+  char b[32];
+  snprintf(b, sizeof b, " %" PRIu64 "\n", value);
+  puts_(t, b);
+}
+
+void metrics_histogram_write(metrics_text *t, const char *name, const metrics_histogram *h,
+                             const char *key, const char *value)
+{
+  char n[128];
+  uint64_t total = 0;
+  snprintf(n, sizeof n, "%s_bucket", name);
+  for (int i = 0; i <= METRICS_BUCKETS; i++) {
+    total += atomic_load_explicit(&h->buckets[i], memory_order_relaxed);
+    const char *le = i < METRICS_BUCKETS ? bound_le[i] : "+Inf";
+    if (key)
+      metrics_sample_u64(t, n, total, key, value, "le", le, NULL);
+    else
+      metrics_sample_u64(t, n, total, "le", le, NULL);
+  }
+  char sum[48];
+  snprintf(sum, sizeof sum, "%.9f",
+           (double)atomic_load_explicit(&h->sum_ns, memory_order_relaxed) / 1e9);
+  snprintf(n, sizeof n, "%s_sum", name);
+  puts_(t, n);
+  if (key) {
+    puts_(t, "{");
+    puts_(t, key);
+    puts_(t, "=\"");
+    metrics_escape_label(t, value);
+    puts_(t, "\"}");
+  }
+  puts_(t, " ");
+  puts_(t, sum);
+  puts_(t, "\n");
+  snprintf(n, sizeof n, "%s_count", name);
+  if (key)
+    metrics_sample_u64(t, n, total, key, value, NULL);
+  else
+    metrics_sample_u64(t, n, total, NULL);
+}
+
+/* ---------------------------------------------------------------- collection */
+
+static uint64_t total_of(const metrics_histogram *h)
+{
+  uint64_t n = 0;
+  for (int i = 0; i <= METRICS_BUCKETS; i++)
+    n += atomic_load_explicit(&h->buckets[i], memory_order_relaxed);
+  return n;
+}
+
+static const char *method_name(unsigned m)
+{
+  const ProtobufCMethodDescriptor *md = m ? frame_method((uint16_t)m) : NULL;
+  return md ? md->name : "unknown";
+}
+
+static void requests(metrics_text *t, server *s)
+{
+  metrics *m = &s->metrics;
+  metrics_family(t, "tport_requests_total", "counter",
+                 "Requests answered, by method and status code (requests of connections "
+                 "dropped for a limit are not answered and not counted).");
+  for (unsigned i = 0; i < METRICS_METHODS; i++)
+    for (int c = 0; c < METRICS_CODES; c++) {
+      uint64_t v = atomic_load_explicit(&m->requests[i][c], memory_order_relaxed);
+      if (v)
+        metrics_sample_u64(t, "tport_requests_total", v, "method", method_name(i), "code",
+                           tport_status_name(c), NULL);
+    }
+  metrics_family(t, "tport_request_duration_seconds", "histogram",
+                 "Time from a request's arrival in full to its reply handed to nng (queueing "
+                 "included), by method.");
+  for (unsigned i = 0; i < METRICS_METHODS; i++)
+    if (total_of(&m->duration[i]))
+      metrics_histogram_write(t, "tport_request_duration_seconds", &m->duration[i], "method",
+                              method_name(i));
+  metrics_family(t, "tport_stage_duration_seconds", "histogram",
+                 "Durations of the stages of puts and gets: receive, stage, host_to_device, "
+                 "convert, device_to_host, send (README: Metrics and health).");
+  for (int st = 0; st < METRICS_STAGES; st++)
+    metrics_histogram_write(t, "tport_stage_duration_seconds", &m->stage[st], "stage",
+                            stage_names[st]);
+  metrics_family(t, "tport_transfer_bytes_total", "counter",
+                 "Bytes of requests received (in) and of replies sent (out), headers included.");
+  metrics_sample_u64(t, "tport_transfer_bytes_total", atomic_load(&s->bytes_in), "direction", "in",
+                     NULL);
+  metrics_sample_u64(t, "tport_transfer_bytes_total", atomic_load(&s->bytes_out), "direction",
+                     "out", NULL);
+  metrics_family(t, "tport_connections_dropped_total", "counter",
+                 "Connections the server dropped for a limit (requests unanswered, replies not "
+                 "read, no proof of tenant in time).");
+  metrics_sample_u64(t, "tport_connections_dropped_total", atomic_load(&s->dropped), NULL);
+}
+
+static void gauge_u64(metrics_text *t, const char *name, const char *help, uint64_t v)
+{
+  metrics_family(t, name, "gauge", help);
+  metrics_sample_u64(t, name, v, NULL);
+}
+
+static void counter_u64(metrics_text *t, const char *name, const char *help, uint64_t v)
+{
+  metrics_family(t, name, "counter", help);
+  metrics_sample_u64(t, name, v, NULL);
+}
+
+static void registry_gauges(metrics_text *t, server *s)
+{
+  reg_stats rs;
+  reg_counts(&s->reg, &rs);
+  gauge_u64(t, "tport_connections", "Connections open now.", rs.sessions);
+  gauge_u64(t, "tport_uploads_in_progress", "Puts begun and not yet committed or aborted.",
+            rs.uploads);
+  gauge_u64(t, "tport_gets_in_progress", "Gets begun whose bytes have not all been read.",
+            transfers_count(&s->xfers));
+  gauge_u64(t, "tport_tensors", "Tensors held (uploads included), all tenants.", rs.tensors);
+  gauge_u64(t, "tport_tensor_bytes",
+            "Bytes tenants pay for: distinct storages, conversions in progress, gets' host "
+            "copies.",
+            rs.bytes);
+  size_t n = reg_tenants_usage(&s->reg, NULL, 0);
+  size_t cap = n < METRICS_MAX_TENANTS ? n : METRICS_MAX_TENANTS;
+  reg_tenant_usage *u = cap ? calloc(cap, sizeof *u) : NULL;
+  size_t got = u ? reg_tenants_usage(&s->reg, u, cap) : 0;
+  if (got > cap)
+    got = cap;
+  gauge_u64(t, "tport_tenants", "Tenants with a connection or a tensor.", rs.tenants);
+  metrics_family(t, "tport_tenant_bytes", "gauge",
+                 "Bytes each tenant pays for against its quota (at most 4096 tenants listed).");
+  for (size_t i = 0; i < got; i++)
+    metrics_sample_u64(t, "tport_tenant_bytes", u[i].bytes, "tenant", u[i].name, NULL);
+  free(u);
+}
+
+/* "cuda0_bytes_in_use" -> device "cuda:0", rest "bytes_in_use"; false when
+ * the name is not "<letters><digits>_<rest>". */
+static bool device_stat(const char *name, char *dev, size_t len, const char **rest)
+{
+  size_t a = 0;
+  while (name[a] >= 'a' && name[a] <= 'z')
+    a++;
+  size_t b = a;
+  while (name[b] >= '0' && name[b] <= '9')
+    b++;
+  if (a == 0 || b == a || name[b] != '_' || !name[b + 1])
+    return false;
+  snprintf(dev, len, "%.*s:%.*s", (int)a, name, (int)(b - a), name + a);
+  *rest = name + b + 1;
+  return true;
+}
+
+static void device_gauges(metrics_text *t, server *s)
+{
+  metrics_family(t, "tport_device_memory_bytes", "gauge",
+                 "Memory of each device served: used, free and total bytes.");
+  if (!atomic_load(&s->devices_up))
+    goto backends; /* still being configured: nothing to ask them yet */
+  for (int type = 0; type < TPORT_NUM_DEVICE_TYPES; type++) {
+    const backend_ops *be = backend_get((tport_device_type)type);
+    int count = be->device_count();
+    for (int d = 0; d < count; d++) {
+      size_t freeb = 0, total = 0;
+      if (be->mem_info(d, &freeb, &total, NULL) != TPORT_OK)
+        continue;
+      char name[32];
+      device_format((tport_device){(tport_device_type)type, d}, name, sizeof name);
+      metrics_sample_u64(t, "tport_device_memory_bytes", total >= freeb ? total - freeb : 0,
+                         "device", name, "state", "used", NULL);
+      metrics_sample_u64(t, "tport_device_memory_bytes", freeb, "device", name, "state", "free",
+                         NULL);
+      metrics_sample_u64(t, "tport_device_memory_bytes", total, "device", name, "state", "total",
+                         NULL);
+    }
+  }
+backends:;
+  /* The backends' own counters (the CUDA backend's kernel cache and caching
+   * allocator, sim's memory in use), read as Stats reads them.  The kernel
+   * cache's are always written, 0 where no backend compiles kernels. */
+  uint64_t kc_hits = 0, kc_misses = 0, kc_disk = 0, kc_ms = 0;
+  int64_t compiler = -1;
+  enum { MAXS = 64 };
+  struct {
+    char dev[32];
+    const char *what;
+    int64_t v;
+  } alloc[MAXS];
+  size_t na = 0;
+  be_stat bs[MAXS];
+  for (int type = 0; atomic_load(&s->devices_up) && type < TPORT_NUM_DEVICE_TYPES; type++) {
+    size_t nb = backend_get((tport_device_type)type)->stats(bs, MAXS);
+    for (size_t i = 0; i < nb; i++) {
+      const char *n = bs[i].name, *rest;
+      uint64_t v = bs[i].value > 0 ? (uint64_t)bs[i].value : 0;
+      if (!strcmp(n, "kernel_cache_hits"))
+        kc_hits += v;
+      else if (!strcmp(n, "kernel_cache_misses"))
+        kc_misses += v;
+      else if (!strcmp(n, "kernel_cache_disk_hits"))
+        kc_disk += v;
+      else if (!strcmp(n, "kernel_compile_ms"))
+        kc_ms += v;
+      else if (!strcmp(n, "kernel_compiler_available"))
+        compiler = bs[i].value;
+      else if (na < MAXS && device_stat(n, alloc[na].dev, sizeof alloc[na].dev, &rest) &&
+               (!strcmp(rest, "bytes_in_use") || !strcmp(rest, "bytes_cached") ||
+                !strcmp(rest, "alloc_hits"))) {
+        alloc[na].what = rest;
+        alloc[na].v = bs[i].value;
+        na++;
+      } else {
+        log_msg(LOG_DEBUG, "metrics: backend counter '%s' has no metric", n);
+      }
+    }
+  }
+  counter_u64(t, "tport_kernel_cache_hits_total", "CUDA kernels found compiled in memory.",
+              kc_hits);
+  counter_u64(t, "tport_kernel_cache_misses_total", "CUDA kernels that were not in memory.",
+              kc_misses);
+  counter_u64(t, "tport_kernel_cache_disk_hits_total",
+              "CUDA kernels loaded from the --kernel-cache directory.", kc_disk);
+  metrics_family(t, "tport_kernel_compile_seconds_total", "counter",
+                 "Time spent compiling CUDA kernels at run time (NVRTC).");
+  metrics_sample(t, "tport_kernel_compile_seconds_total", (double)kc_ms / 1000.0, NULL);
+  if (compiler >= 0)
+    gauge_u64(t, "tport_kernel_compiler_available",
+              "1 when the runtime compiler (NVRTC) could be loaded.", (uint64_t)compiler);
+  metrics_family(t, "tport_device_allocator_bytes", "gauge",
+                 "Device memory of the backends' allocators: in use by tensors, cached for reuse.");
+  for (size_t i = 0; i < na; i++)
+    if (strcmp(alloc[i].what, "alloc_hits"))
+      metrics_sample_u64(t, "tport_device_allocator_bytes",
+                         alloc[i].v > 0 ? (uint64_t)alloc[i].v : 0, "device", alloc[i].dev, "state",
+                         !strcmp(alloc[i].what, "bytes_in_use") ? "in_use" : "cached", NULL);
+  metrics_family(t, "tport_device_allocator_hits_total", "counter",
+                 "Device allocations served from the allocator's cache.");
+  for (size_t i = 0; i < na; i++)
+    if (!strcmp(alloc[i].what, "alloc_hits"))
+      metrics_sample_u64(t, "tport_device_allocator_hits_total",
+                         alloc[i].v > 0 ? (uint64_t)alloc[i].v : 0, "device", alloc[i].dev, NULL);
+}
+
+static void host_gauges(metrics_text *t, server *s)
+{
+  /* the staging pool takes its backend from the devices on its first use:
+   * not before they are configured */
+  staging_stats st = {0};
+  staging_pool *pool = atomic_load(&s->devices_up) ? staging_default() : NULL;
+  if (pool)
+    staging_get_stats(pool, &st);
+  counter_u64(t, "tport_staging_hits_total", "Pinned staging blocks served from the pool.",
+              st.hits);
+  counter_u64(t, "tport_staging_misses_total", "Pinned staging blocks that were allocated.",
+              st.misses);
+  counter_u64(t, "tport_staging_waits_total",
+              "Staging acquisitions that waited for a block (the pool's budget was reached).",
+              st.waits);
+  gauge_u64(t, "tport_staging_in_use_bytes", "Pinned staging bytes held or pending on copies.",
+            st.bytes_in_use);
+  gauge_u64(t, "tport_staging_cached_bytes", "Pinned staging bytes free in the pool.",
+            st.bytes_cached);
+  gauge_u64(t, "tport_staging_allocated_bytes", "Pinned staging bytes the pool owns.",
+            st.bytes_allocated);
+  gauge_u64(t, "tport_deferred_frees", "Storages freed while copies were pending on them.",
+            (uint64_t)storage_deferred_count());
+  host_cache_stats hc;
+  host_cache_get_stats(&hc);
+  counter_u64(t, "tport_host_cache_hits_total", "Large host blocks reused from the cache.",
+              hc.hits);
+  counter_u64(t, "tport_host_cache_misses_total", "Large host blocks mapped fresh.", hc.misses);
+  gauge_u64(t, "tport_host_cache_cached_bytes", "Host bytes kept for reuse.", hc.cached_bytes);
+  gauge_u64(t, "tport_host_cache_in_use_bytes", "Large host blocks handed out.", hc.in_use_bytes);
+  gauge_u64(t, "tport_host_cache_limit_bytes", "The most host bytes kept cached (--host-cache).",
+            hc.limit_bytes);
+}
+
+char *metrics_render(server *s, size_t *len)
+{
+  metrics_text t = {0};
+  metrics_family(&t, "tport_build_info", "gauge",
+                 "1, labelled with the version of tportd and the CUDA toolkit it was built with.");
+  metrics_sample(&t, "tport_build_info", 1, "version", TPORT_VERSION, "cuda", TPORT_CUDA_VERSION,
+                 NULL);
+  metrics_family(&t, "tport_start_time_seconds", "gauge",
+                 "When the server started, in seconds since the Unix epoch.");
+  metrics_sample(&t, "tport_start_time_seconds", (double)s->started_ms / 1000.0, NULL);
+  gauge_u64(&t, "tport_ready", "1 once the server serves, 0 while it starts or stops.",
+            atomic_load(&s->ready) ? 1 : 0);
+  requests(&t, s);
+  registry_gauges(&t, s);
+  device_gauges(&t, s);
+  host_gauges(&t, s);
+  if (t.oom) {
+    free(t.buf);
+    return NULL;
+  }
+  *len = t.len;
+  return t.buf;
+}
