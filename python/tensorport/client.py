@@ -1,0 +1,650 @@
+"""client: a connection to a tportd, over libtport.
+
+A :class:`Client` wraps one ``tport_client``.  Calls go straight to libtport
+through ctypes, which releases the GIL for the length of each call (so
+transfers overlap other Python threads) and takes it back for progress
+callbacks.  libtport lets many threads share a client; the one rule it sets,
+that ``tport_close`` must not race with calls, is kept here: ``close()``
+waits for the calls in flight, and calls after it raise FailedPrecondition.
+"""
+import ctypes
+import dataclasses
+import datetime
+import os
+import threading
+import weakref
+from typing import Tuple
+
+from . import _dlpack, _lib, _names
+from .errors import FailedPrecondition, InvalidArgument, error_for
+from .tensor import Tensor, TensorInfo
+
+__all__ = ["Client", "DeviceInfo", "DeviceList", "DEFAULT_URL"]
+
+#: where a Client connects without url= or $TPORT_URL (tportd's default listener)
+DEFAULT_URL = "tcp://127.0.0.1:7450"
+
+_libc_free = ctypes.CDLL(None).free
+_libc_free.argtypes = [ctypes.c_void_p]
+_libc_free.restype = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    """A device of the server (``Client.devices()``): ``device`` ("cpu", "sim:0",
+    "cuda:0"), its ``name``, memory (``total_bytes``, ``free_bytes``; free is
+    shown to operators only), ``compute_capability`` (CUDA), the devices it has
+    peer access to, and whether it offers managed memory."""
+
+    device: str
+    name: str
+    total_bytes: int
+    free_bytes: int
+    compute_capability: str
+    peers: Tuple[str, ...]
+    managed_memory: bool
+
+
+class DeviceList(list):
+    """A list of :class:`DeviceInfo`, with ``cuda_unavailable_reason``: why the server
+    has no CUDA devices ("" when it has them, or was not asked to serve them)."""
+
+    cuda_unavailable_reason = ""
+
+
+def _s(b):
+    return b.decode("utf-8", "replace")
+
+
+def _env(name):
+    v = os.environ.get(name)
+    return v if v else None
+
+
+def _enc(s):
+    return None if s is None else os.fsencode(s) if isinstance(s, os.PathLike) else s.encode()
+
+
+def _ttl_ms(ttl):
+    if ttl is None:
+        return 0
+    if isinstance(ttl, datetime.timedelta):
+        ttl = ttl.total_seconds()
+    if ttl < 0:
+        raise InvalidArgument("ttl is %r seconds: it must not be negative" % (ttl,))
+    return int(round(ttl * 1000))
+
+
+def _info_from_c(c):
+    h = bytes(c.ref.handle)
+    return (
+        TensorInfo(
+            ref=h.hex(),
+            name=_s(c.ref.name) or None,
+            dtype=_names.DTYPES[c.dtype] if 0 <= c.dtype < len(_names.DTYPES) else str(c.dtype),
+            shape=tuple(c.sizes[: c.ndim]),
+            strides=tuple(c.strides[: c.ndim]),
+            storage_offset=c.storage_offset,
+            device=_s(c.device),
+            memory_format=_names.FORMATS[c.actual_format],
+            suggested_memory_format=_names.FORMATS[c.suggested_format],
+            is_contiguous=bool(c.is_contiguous),
+            nbytes=c.nbytes,
+            storage_nbytes=c.storage_nbytes,
+            managed=bool(c.managed),
+            conj=bool(c.conj),
+            neg=bool(c.neg),
+            expires_unix_ms=c.expires_unix_ms,
+        ),
+        h,
+    )
+
+
+class _Progress:
+    """A progress= argument made into a tport_progress_fn: a callable(done, total), or True
+    for a tqdm bar (when tqdm is installed), or None.  An exception raised by the
+    callable is kept and raised once the transfer has ended."""
+
+    def __init__(self, progress, desc):
+        self.fn = None
+        self.bar = None
+        self.exc = None
+        self.last = 0
+        self.desc = desc
+        if progress is True:
+            try:
+                import tqdm
+
+                self.tqdm = tqdm.tqdm
+                self.fn = self._bar
+            except ImportError:
+                pass
+        elif progress is not None and progress is not False:
+            if not callable(progress):
+                raise InvalidArgument("progress is %r: a callable(done, total) or True"
+                                      % (progress,))
+            self.fn = progress
+        self.cfunc = _lib.PROGRESS_FN(self._call) if self.fn else _lib.PROGRESS_FN()
+
+    def _bar(self, done, total):
+        if self.bar is None:
+            self.bar = self.tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                                 desc=self.desc, leave=False)
+        self.bar.update(done - self.last)
+        self.last = done
+
+    def _call(self, arg, done, total):
+        if self.exc is not None:
+            return
+        try:
+            self.fn(done, total)
+        except BaseException as e:  # noqa: B902 -- kept and raised after the C call
+            self.exc = e
+
+    def close(self):
+        """Closes the bar (a transfer that failed: its own error is the one to raise)."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def finish(self):
+        """Closes the bar; raises what the callable raised."""
+        self.close()
+        if self.exc is not None:
+            e, self.exc = self.exc, None
+            raise e
+
+
+def _close_handles(lib, handles):
+    for h in handles:
+        lib.tport_close(h)
+    handles.clear()
+
+
+class Client:
+    """A connection to a tportd.
+
+    ``url`` (default ``$TPORT_URL``, else ``tcp://127.0.0.1:7450``; also
+    ``ipc:///path``, ``tls+tcp://host:port``), ``tenant`` (``$TPORT_TENANT``,
+    else "default"), ``secret_file`` (``$TPORT_SECRET_FILE``: the tenant's hex
+    secret, mode 600, for a server with ``--auth-file``; or ``secret=`` in
+    hex), ``tls_ca``/``tls_cert``/``tls_key``/``tls_server_name``
+    (``$TPORT_TLS_CA``, ...), ``verify`` (``$TPORT_VERIFY=1``: a CRC32C on
+    every chunk), ``timeout`` (seconds per request; default 60), ``keep``
+    (keep everything this client makes for the tenant, as the ``tport`` tool
+    does; default False: unnamed tensors go when the client closes).
+
+    A context manager: ``with tensorport.Client() as c: ...`` closes it.
+    Many threads may share one client.  Raises Unavailable when the server
+    cannot be reached, Unauthenticated when it refuses the tenant's proof.
+    """
+
+    def __init__(self, url=None, tenant=None, secret_file=None, tls_ca=None, *, secret=None,
+                 tls_cert=None, tls_key=None, tls_server_name=None, verify=None, timeout=None,
+                 keep=False):
+        self._lib = lib = _lib.load()
+        self.url = url or _env("TPORT_URL") or DEFAULT_URL
+        self.tenant = tenant or _env("TPORT_TENANT") or "default"
+        if verify is None:
+            verify = os.environ.get("TPORT_VERIFY") == "1"
+        self._conf = {
+            "tenant": self.tenant,
+            "secret": secret,
+            "secret_file": secret_file or _env("TPORT_SECRET_FILE"),
+            "tls_ca": tls_ca or _env("TPORT_TLS_CA"),
+            "tls_cert": tls_cert or _env("TPORT_TLS_CERT"),
+            "tls_key": tls_key or _env("TPORT_TLS_KEY"),
+            "tls_server_name": tls_server_name or _env("TPORT_TLS_SERVER_NAME"),
+            "verify": bool(verify),
+            "timeout_ms": int(timeout * 1000) if timeout else 0,
+        }
+        self.keep = bool(keep)
+        self._cv = threading.Condition()
+        self._active = 0
+        self._closed = False
+        self._local = threading.local()
+        self._handles = []  # main connection first; a keeping one (put(keep=True)) may follow
+        self._keeper = None
+        self._handle = self._connect(self.keep)
+        self._handles.append(self._handle)
+        self._finalizer = weakref.finalize(self, _close_handles, lib, self._handles)
+
+    def _connect(self, keep):
+        o = _lib.ConnectOptions()
+        c = self._conf
+        o.tenant = _enc(c["tenant"])
+        o.timeout_ms = c["timeout_ms"]
+        o.keep = keep
+        o.secret = _enc(c["secret"])
+        for k in ("secret_file", "tls_ca", "tls_cert", "tls_key", "tls_server_name"):
+            setattr(o, k, _enc(c[k]))
+        o.verify = c["verify"]
+        h = ctypes.c_void_p()
+        err = _lib.Err()
+        rc = self._lib.tport_connect(self.url.encode(), ctypes.byref(o), ctypes.byref(h),
+                                     ctypes.byref(err))
+        self._check(rc, err)
+        return h.value
+
+    @staticmethod
+    def _check(rc, err):
+        if rc:
+            raise error_for(rc, _s(err.msg))
+
+    # ------------------------------------------------------------ lifetime
+
+    def _enter(self):
+        with self._cv:
+            if self._closed:
+                raise FailedPrecondition("the client is closed")
+            self._active += 1
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+
+    def _exit(self):
+        self._local.depth -= 1
+        with self._cv:
+            self._active -= 1
+            if self._active == 0:
+                self._cv.notify_all()
+
+    def _keeping_handle(self):
+        """The connection that keeps what it makes (the main one when keep=True)."""
+        if self.keep:
+            return self._handle
+        with self._cv:
+            if self._keeper is None:
+                self._keeper = self._connect(True)
+                self._handles.append(self._keeper)
+            return self._keeper
+
+    @property
+    def closed(self):
+        """True once ``close()`` has run."""
+        return self._closed
+
+    def close(self):
+        """Closes the connection, after the calls in flight on other threads end.
+
+        Unnamed tensors this client made go with it (unless it was made with
+        ``keep=True``, or they were put with ``keep=True``); named ones stay.
+        Calling it again does nothing.
+        """
+        if getattr(self._local, "depth", 0):
+            raise FailedPrecondition("close() from inside a call on the same client "
+                                     "(a progress callback?)")
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            while self._active:
+                self._cv.wait()
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        """Leaving a ``with`` block closes the client."""
+        self.close()
+        return False
+
+    def __repr__(self):
+        return "tensorport.Client(url=%r, tenant=%r%s)" % (
+            self.url, self.tenant, ", closed" if self._closed else "")
+
+    # ------------------------------------------------------------ refs
+
+    def _ref(self, ref):
+        """A tport_ref for a Tensor (its handle) or a str (32 hex digits: a handle; else a name)."""
+        r = _lib.Ref()
+        if isinstance(ref, Tensor):
+            ctypes.memmove(r.handle, ref._handle, _lib.HANDLE_BYTES)
+            return r
+        if not isinstance(ref, str):
+            raise InvalidArgument("ref is a %s: a Tensor, a handle (32 hex digits) or a name"
+                                  % type(ref).__name__)
+        err = _lib.Err()
+        self._check(self._lib.tport_ref_parse(ref.encode(), ctypes.byref(r), ctypes.byref(err)),
+                    err)
+        return r
+
+    def _tensor(self, c):
+        info, handle = _info_from_c(c)
+        return Tensor(self, info, handle)
+
+    def _info_c(self, ref):
+        r = self._ref(ref)
+        out = _lib.TensorInfoC()
+        err = _lib.Err()
+        self._enter()
+        try:
+            rc = self._lib.tport_info(self._handle, ctypes.byref(r), ctypes.byref(out),
+                                      ctypes.byref(err))
+        finally:
+            self._exit()
+        self._check(rc, err)
+        return out
+
+    def _info_of(self, ref):
+        return _info_from_c(self._info_c(ref))[0]
+
+    def _resolve(self, ref):
+        """(tport_ref by handle, TensorInfo): a Tensor needs no round trip (a handle's
+        dtype and shape never change); a name is looked up once."""
+        if isinstance(ref, Tensor):
+            return self._ref(ref), ref._info
+        info = self._info_of(ref)
+        r = _lib.Ref()
+        ctypes.memmove(r.handle, bytes.fromhex(info.ref), _lib.HANDLE_BYTES)
+        return r, info
+
+    # ------------------------------------------------------------ put and get
+
+    def put(self, obj, *, name=None, device=None, dtype=None, memory_format=None, ttl=None,
+            keep=False, non_blocking=False, managed=False, progress=None):
+        """Uploads a host tensor; returns the :class:`Tensor` the server made.
+
+        ``obj``: a NumPy array, a CPU torch.Tensor (any strides, storage
+        offset, conj/neg bits, bfloat16, complex), anything with
+        ``__dlpack__`` in host memory, or anything ``numpy.asarray`` takes.
+        A dense layout travels as it is and is kept (``memory_format``
+        "preserve"); other layouts arrive in C order.  NumPy uint16 arrays are
+        bfloat16 bit patterns (tensorport has no uint16).
+
+        ``name`` (and ``ttl``, seconds) keeps it for the tenant under that
+        name; ``keep=True`` keeps it without a name.  ``device`` (default
+        cpu), ``dtype`` and ``memory_format`` convert it on the server;
+        ``managed`` allocates unified memory on a GPU; ``non_blocking``
+        returns before the device copies end (later calls on it wait for
+        them).  ``progress``: a callable(done_bytes, total_bytes), or True for
+        a tqdm bar.
+        """
+        ex = _dlpack.export(obj)
+        o = _lib.PutOptions()
+        self._lib.tport_put_options_init(ctypes.byref(o))
+        o.name = _enc(name) if name else None
+        o.ttl_ms = _ttl_ms(ttl)
+        o.device = _enc(_names.device_name(device))
+        if dtype is not None:
+            o.has_dtype, o.dtype = True, _names.DTYPE_NUMBER[_names.dtype_name(dtype)]
+        elif ex.is_bool:
+            o.has_dtype, o.dtype = True, _names.DTYPE_NUMBER["bool"]
+        if memory_format is not None:
+            o.memory_format = _names.FORMAT_NUMBER[_names.format_name(memory_format)]
+        o.managed = bool(managed)
+        o.non_blocking = bool(non_blocking)
+        prog = _Progress(progress, "put")
+        o.progress = prog.cfunc
+        out = _lib.TensorInfoC()
+        err = _lib.Err()
+        rc = -1
+        self._enter()
+        try:
+            h = self._keeping_handle() if keep else self._handle
+            rc = self._lib.tport_put_dlpack(h, ex.address, ctypes.byref(o), ctypes.byref(out),
+                                            ctypes.byref(err))
+        finally:
+            self._exit()
+            del ex
+            if rc:
+                prog.close()
+        self._check(rc, err)
+        t = self._tensor(out)
+        try:
+            prog.finish()
+        except BaseException:
+            try:
+                t.free()
+            except Exception:
+                pass
+            raise
+        return t
+
+    def _get_managed(self, r):
+        """tport_get_dlpack: the address of a DLManagedTensor this caller now owns."""
+        p = ctypes.c_void_p()
+        err = _lib.Err()
+        self._enter()
+        try:
+            rc = self._lib.tport_get_dlpack(self._handle, ctypes.byref(r), ctypes.byref(p),
+                                            ctypes.byref(err))
+        finally:
+            self._exit()
+        self._check(rc, err)
+        return p.value
+
+    def _get_into(self, r, address, nbytes, prog):
+        err = _lib.Err()
+        rc = -1
+        self._enter()
+        try:
+            rc = self._lib.tport_get(self._handle, ctypes.byref(r), ctypes.c_void_p(address),
+                                     nbytes, None, prog.cfunc, None, ctypes.byref(err))
+        finally:
+            self._exit()
+            if rc:
+                prog.close()
+        self._check(rc, err)
+        prog.finish()
+
+    def get(self, ref, *, progress=None):
+        """Downloads a tensor (a Tensor, a handle or a name) as a NumPy array.
+
+        The values in logical C order, writable, in the tensor's dtype;
+        bfloat16 as ``ml_dtypes.bfloat16`` when that package is present, else
+        as uint16 bit patterns (the ``.npy`` convention of the ``tport``
+        tool).  ``progress`` as in ``put``.
+        """
+        import numpy as np
+
+        r, info = self._resolve(ref)
+        dtype = _names.numpy_dtype(info.dtype)
+        if progress is None or progress is False:
+            return _dlpack.numpy_from_managed(self._get_managed(r), dtype)
+        prog = _Progress(progress, "get")
+        a = np.empty(info.shape, dtype)
+        self._get_into(r, a.ctypes.data, a.nbytes, prog)
+        return a
+
+    def get_torch(self, ref, *, progress=None):
+        """Downloads a tensor as a CPU torch.Tensor (contiguous, its exact dtype: bfloat16,
+        complex and bool included), through DLPack.  ``progress`` as in ``put``."""
+        import torch
+
+        r, info = self._resolve(ref)
+        if progress is None or progress is False:
+            return _dlpack.torch_from_managed(self._get_managed(r), info.dtype)
+        prog = _Progress(progress, "get")
+        t = torch.empty(info.shape, dtype=_names.torch_dtype(info.dtype))
+        self._get_into(r, t.data_ptr(), t.numel() * t.element_size(), prog)
+        return t
+
+    def _get_capsule(self, ref):
+        r, _ = self._resolve(ref)
+        return _dlpack.capsule_from_managed(self._get_managed(r))
+
+    # ------------------------------------------------------------ tensors
+
+    def tensor(self, ref):
+        """The :class:`Tensor` for a handle (32 hex digits) or a name; NotFound if there is none."""
+        return self._tensor(self._info_c(ref))
+
+    def list(self):
+        """This tenant's tensors (those of this connection and those kept), as Tensors."""
+        p = ctypes.POINTER(_lib.TensorInfoC)()
+        n = ctypes.c_size_t()
+        err = _lib.Err()
+        self._enter()
+        try:
+            rc = self._lib.tport_list(self._handle, ctypes.byref(p), ctypes.byref(n),
+                                      ctypes.byref(err))
+        finally:
+            self._exit()
+        self._check(rc, err)
+        try:
+            return [self._tensor(p[i]) for i in range(n.value)]
+        finally:
+            _libc_free(ctypes.cast(p, ctypes.c_void_p))
+
+    def free(self, ref):
+        """Frees a tensor (a Tensor, a handle or a name) on the server."""
+        r = self._ref(ref)
+        err = _lib.Err()
+        self._enter()
+        try:
+            rc = self._lib.tport_free(self._handle, ctypes.byref(r), ctypes.byref(err))
+        finally:
+            self._exit()
+        self._check(rc, err)
+
+    def sync(self, ref=None):
+        """Waits for a tensor's pending device work (a non_blocking put or to), or for all
+        of this connection's work when ``ref`` is None."""
+        r = None if ref is None else ctypes.byref(self._ref(ref))
+        err = _lib.Err()
+        self._enter()
+        try:
+            rc = self._lib.tport_sync(self._handle, r, ctypes.byref(err))
+        finally:
+            self._exit()
+        self._check(rc, err)
+
+    def devices(self):
+        """The server's devices: a :class:`DeviceList` of :class:`DeviceInfo`."""
+        p = ctypes.POINTER(_lib.DeviceInfoC)()
+        n = ctypes.c_size_t()
+        why = ctypes.create_string_buffer(256)
+        err = _lib.Err()
+        self._enter()
+        try:
+            rc = self._lib.tport_devices(self._handle, ctypes.byref(p), ctypes.byref(n), why,
+                                         len(why), ctypes.byref(err))
+        finally:
+            self._exit()
+        self._check(rc, err)
+        out = DeviceList()
+        try:
+            for i in range(n.value):
+                d = p[i]
+                out.append(DeviceInfo(
+                    device=_s(d.device), name=_s(d.name), total_bytes=d.total_bytes,
+                    free_bytes=d.free_bytes, compute_capability=_s(d.compute_capability),
+                    peers=tuple(_s(d.peers[k].value) for k in range(min(d.npeers, 16))),
+                    managed_memory=bool(d.managed_memory)))
+        finally:
+            _libc_free(ctypes.cast(p, ctypes.c_void_p))
+        out.cuda_unavailable_reason = _s(why.value)
+        return out
+
+    def stats(self):
+        """The server's counters, a dict name -> int (a tenant's own; an operator's
+        (``--admin``) the server's)."""
+        p = ctypes.POINTER(_lib.CounterC)()
+        n = ctypes.c_size_t()
+        err = _lib.Err()
+        self._enter()
+        try:
+            rc = self._lib.tport_stats(self._handle, ctypes.byref(p), ctypes.byref(n),
+                                       ctypes.byref(err))
+        finally:
+            self._exit()
+        self._check(rc, err)
+        try:
+            return {_s(p[i].name): p[i].value for i in range(n.value)}
+        finally:
+            _libc_free(ctypes.cast(p, ctypes.c_void_p))
+
+    # ------------------------------------------------------------ Tensor's methods
+
+    def _result(self, src, out, alias):
+        t = self._tensor(out)
+        return src if alias and t._handle == src._handle else t
+
+    def _to(self, t, device, dtype, memory_format, copy, non_blocking, exact_format, name, ttl):
+        if dtype is None and _names.looks_like_dtype(device):
+            device, dtype = None, device  # to(torch.float16), as PyTorch allows
+        o = _lib.ToOptions()
+        o.device = _enc(_names.device_name(device))
+        if dtype is not None:
+            o.has_dtype, o.dtype = True, _names.DTYPE_NUMBER[_names.dtype_name(dtype)]
+        if memory_format is not None:
+            o.has_memory_format = True
+            o.memory_format = _names.FORMAT_NUMBER[_names.format_name(memory_format)]
+        o.copy = bool(copy)
+        o.non_blocking = bool(non_blocking)
+        o.exact_format = bool(exact_format)
+        o.name = _enc(name) if name else None
+        o.ttl_ms = _ttl_ms(ttl)
+        r = self._ref(t)
+        out = _lib.TensorInfoC()
+        alias = ctypes.c_bool()
+        err = _lib.Err()
+        self._enter()
+        try:
+            rc = self._lib.tport_to(self._handle, ctypes.byref(r), ctypes.byref(o),
+                                    ctypes.byref(out), ctypes.byref(alias), ctypes.byref(err))
+        finally:
+            self._exit()
+        self._check(rc, err)
+        return self._result(t, out, alias.value)
+
+    def _contiguous(self, t, memory_format, name):
+        fmt = _names.FORMAT_NUMBER[_names.format_name(memory_format)]
+        r = self._ref(t)
+        out = _lib.TensorInfoC()
+        alias = ctypes.c_bool()
+        err = _lib.Err()
+        self._enter()
+        try:
+            rc = self._lib.tport_contiguous(self._handle, ctypes.byref(r), fmt,
+                                            _enc(name) if name else None, ctypes.byref(out),
+                                            ctypes.byref(alias), ctypes.byref(err))
+        finally:
+            self._exit()
+        self._check(rc, err)
+        return self._result(t, out, alias.value)
+
+    def _view(self, t, shape, strides, storage_offset, name):
+        shape = [int(s) for s in shape]
+        if strides is None:
+            strides, e = [0] * len(shape), 1
+            for d in range(len(shape) - 1, -1, -1):
+                strides[d] = e
+                e *= max(shape[d], 1)
+        strides = [int(s) for s in strides]
+        if len(strides) != len(shape):
+            raise InvalidArgument("view: shape has %d dims and strides %d"
+                                  % (len(shape), len(strides)))
+        n = max(len(shape), 1)
+        sz = (ctypes.c_int64 * n)(*shape)
+        st = (ctypes.c_int64 * n)(*strides)
+        r = self._ref(t)
+        out = _lib.TensorInfoC()
+        err = _lib.Err()
+        self._enter()
+        try:
+            rc = self._lib.tport_view(self._handle, ctypes.byref(r), len(shape), sz, st,
+                                      int(storage_offset), _enc(name) if name else None,
+                                      ctypes.byref(out), ctypes.byref(err))
+        finally:
+            self._exit()
+        self._check(rc, err)
+        return self._tensor(out)
+
+    def _copy(self, dst, src, non_blocking):
+        tmp = None
+        if not isinstance(src, (Tensor, str)):
+            src = tmp = self.put(src)
+        try:
+            d, s = self._ref(dst), self._ref(src)
+            err = _lib.Err()
+            self._enter()
+            try:
+                rc = self._lib.tport_copy(self._handle, ctypes.byref(d), ctypes.byref(s),
+                                          bool(non_blocking), ctypes.byref(err))
+            finally:
+                self._exit()
+            self._check(rc, err)
+        finally:
+            if tmp is not None:
+                self.free(tmp)
