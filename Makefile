@@ -5,7 +5,7 @@ SAN_BUILD  ?= build-san
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all build test test-sanitize test-tsan run install deps bench clean fuzz
+.PHONY: all build test test-sanitize test-tsan run install deps bench clean fuzz test-container
 
 all: build
 
@@ -46,6 +46,13 @@ fuzz: deps
 	  -DTPORT_WERROR=OFF $(CMAKE_ARGS)
 	cmake --build build-fuzz -j $(JOBS) --target fuzz_frame fuzz_npy fuzz_server
 	./tests/fuzz/run_fuzzers.sh build-fuzz $(FUZZ_SECONDS)
+
+# Builds deploy/Containerfile with Podman and runs the image: health check,
+# put/get with the host's tport, /metrics, SIGTERM, kube play of the
+# DaemonSet's pod spec, yamllint, systemd-analyze (deploy/test-container.sh;
+# root; installs podman and what else it needs).
+test-container:
+	BUILD=$(BUILD) ./deploy/test-container.sh
 
 bench: build
 	./bench/run kernels

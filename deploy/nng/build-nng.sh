@@ -47,7 +47,7 @@ trap cleanup EXIT
 
 echo "build-nng: fetching Debian's nng 1.5.2 source package"
 # the same mirror as the machine's own Debian sources
-uri="$(grep -h -m1 '^URIs:' /etc/apt/sources.list.d/debian.sources 2>/dev/null | awk '{print $2}')"
+uri="$(grep -h -m1 '^URIs:' /etc/apt/sources.list.d/debian.sources 2>/dev/null | awk '{print $2}' || true)"
 uri="${uri:-http://deb.debian.org/debian}"
 printf 'Types: deb-src\nURIs: %s\nSuites: bookworm\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
   "$uri" | $SUDO tee "$src_list" >/dev/null
