@@ -176,7 +176,8 @@ static cast_loop_fn raw_loop(size_t size)
 #define ROW(D) {FOR_SRC(ENTRY, D)},
 static const cast_loop_fn cast_table[TPORT_NUM_DTYPES][TPORT_NUM_DTYPES] = {FOR_DST(ROW)};
 
-/* The four float32 <-> float16/bfloat16 pairs try the vector loop on dense runs. */
+/* The four float32 <-> float16/bfloat16 pairs and uint8 -> float32 try the
+ * vector loop on dense runs. */
 #define DEF_SIMD_PAIR(D, S)                                                                        \
   static void simd_##S##_to_##D(char *dst, const char *src, int64_t n, int64_t ds, int64_t ss)     \
   {                                                                                                \
@@ -188,6 +189,7 @@ DEF_SIMD_PAIR(FLOAT16, FLOAT32)
 DEF_SIMD_PAIR(FLOAT32, FLOAT16)
 DEF_SIMD_PAIR(BFLOAT16, FLOAT32)
 DEF_SIMD_PAIR(FLOAT32, BFLOAT16)
+DEF_SIMD_PAIR(FLOAT32, UINT8)
 
 cast_loop_fn cpu_cast_loop(tport_dtype dst, tport_dtype src)
 {
@@ -203,6 +205,8 @@ cast_loop_fn cpu_cast_loop(tport_dtype dst, tport_dtype src)
     return simd_FLOAT32_to_BFLOAT16;
   if (dst == TPORT_FLOAT32 && src == TPORT_BFLOAT16)
     return simd_BFLOAT16_to_FLOAT32;
+  if (dst == TPORT_FLOAT32 && src == TPORT_UINT8)
+    return simd_UINT8_to_FLOAT32;
   return cast_table[dst][src];
 }
 
