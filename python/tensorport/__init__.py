@@ -15,25 +15,8 @@ named for their gRPC status.
 from ._lib import LibraryNotFoundError, library_path
 from ._names import DTYPES
 from .client import DEFAULT_URL, Client, DeviceInfo, DeviceList
-from .errors import (
-    Aborted,
-    AlreadyExists,
-    Cancelled,
-    DataLoss,
-    DeadlineExceeded,
-    Error,
-    FailedPrecondition,
-    Internal,
-    InvalidArgument,
-    NotFound,
-    OutOfRange,
-    PermissionDenied,
-    ResourceExhausted,
-    Unauthenticated,
-    Unavailable,
-    Unimplemented,
-    Unknown,
-)
+from . import errors as _errors
+from .errors import *  # noqa: F401,F403 -- Error and one class per status code
 from .tensor import Tensor, TensorInfo
 
 __version__ = "0.1.0"
@@ -52,22 +35,5 @@ __all__ = [
     "MEMORY_FORMATS",
     "library_path",
     "LibraryNotFoundError",
-    "Error",
-    "Cancelled",
-    "Unknown",
-    "InvalidArgument",
-    "DeadlineExceeded",
-    "NotFound",
-    "AlreadyExists",
-    "PermissionDenied",
-    "ResourceExhausted",
-    "FailedPrecondition",
-    "Aborted",
-    "OutOfRange",
-    "Unimplemented",
-    "Internal",
-    "Unavailable",
-    "DataLoss",
-    "Unauthenticated",
     "__version__",
-]
+] + [n for n in _errors.__all__ if n != "CODES"]

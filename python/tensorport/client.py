@@ -247,6 +247,17 @@ class Client:
             if self._active == 0:
                 self._cv.notify_all()
 
+    def _call(self, fn, *args):
+        """libtport's ``fn(handle, *args, &err)`` inside the client's lifetime
+        guard; a failure raises the error class of its code."""
+        err = _lib.Err()
+        self._enter()
+        try:
+            rc = getattr(self._lib, fn)(self._handle, *args, ctypes.byref(err))
+        finally:
+            self._exit()
+        self._check(rc, err)
+
     def _keeping_handle(self):
         """The connection that keeps what it makes (the main one when keep=True)."""
         if self.keep:
@@ -315,14 +326,7 @@ class Client:
     def _info_c(self, ref):
         r = self._ref(ref)
         out = _lib.TensorInfoC()
-        err = _lib.Err()
-        self._enter()
-        try:
-            rc = self._lib.tport_info(self._handle, ctypes.byref(r), ctypes.byref(out),
-                                      ctypes.byref(err))
-        finally:
-            self._exit()
-        self._check(rc, err)
+        self._call("tport_info", ctypes.byref(r), ctypes.byref(out))
         return out
 
     def _info_of(self, ref):
@@ -403,14 +407,7 @@ class Client:
     def _get_managed(self, r):
         """tport_get_dlpack: the address of a DLManagedTensor this caller now owns."""
         p = ctypes.c_void_p()
-        err = _lib.Err()
-        self._enter()
-        try:
-            rc = self._lib.tport_get_dlpack(self._handle, ctypes.byref(r), ctypes.byref(p),
-                                            ctypes.byref(err))
-        finally:
-            self._exit()
-        self._check(rc, err)
+        self._call("tport_get_dlpack", ctypes.byref(r), ctypes.byref(p))
         return p.value
 
     def _get_into(self, r, address, nbytes, prog):
@@ -473,14 +470,7 @@ class Client:
         """This tenant's tensors (those of this connection and those kept), as Tensors."""
         p = ctypes.POINTER(_lib.TensorInfoC)()
         n = ctypes.c_size_t()
-        err = _lib.Err()
-        self._enter()
-        try:
-            rc = self._lib.tport_list(self._handle, ctypes.byref(p), ctypes.byref(n),
-                                      ctypes.byref(err))
-        finally:
-            self._exit()
-        self._check(rc, err)
+        self._call("tport_list", ctypes.byref(p), ctypes.byref(n))
         try:
             return [self._tensor(p[i]) for i in range(n.value)]
         finally:
@@ -489,39 +479,20 @@ class Client:
     def free(self, ref):
         """Frees a tensor (a Tensor, a handle or a name) on the server."""
         r = self._ref(ref)
-        err = _lib.Err()
-        self._enter()
-        try:
-            rc = self._lib.tport_free(self._handle, ctypes.byref(r), ctypes.byref(err))
-        finally:
-            self._exit()
-        self._check(rc, err)
+        self._call("tport_free", ctypes.byref(r))
 
     def sync(self, ref=None):
         """Waits for a tensor's pending device work (a non_blocking put or to), or for all
         of this connection's work when ``ref`` is None."""
         r = None if ref is None else ctypes.byref(self._ref(ref))
-        err = _lib.Err()
-        self._enter()
-        try:
-            rc = self._lib.tport_sync(self._handle, r, ctypes.byref(err))
-        finally:
-            self._exit()
-        self._check(rc, err)
+        self._call("tport_sync", r)
 
     def devices(self):
         """The server's devices: a :class:`DeviceList` of :class:`DeviceInfo`."""
         p = ctypes.POINTER(_lib.DeviceInfoC)()
         n = ctypes.c_size_t()
         why = ctypes.create_string_buffer(256)
-        err = _lib.Err()
-        self._enter()
-        try:
-            rc = self._lib.tport_devices(self._handle, ctypes.byref(p), ctypes.byref(n), why,
-                                         len(why), ctypes.byref(err))
-        finally:
-            self._exit()
-        self._check(rc, err)
+        self._call("tport_devices", ctypes.byref(p), ctypes.byref(n), why, len(why))
         out = DeviceList()
         try:
             for i in range(n.value):
@@ -541,14 +512,7 @@ class Client:
         (``--admin``) the server's)."""
         p = ctypes.POINTER(_lib.CounterC)()
         n = ctypes.c_size_t()
-        err = _lib.Err()
-        self._enter()
-        try:
-            rc = self._lib.tport_stats(self._handle, ctypes.byref(p), ctypes.byref(n),
-                                       ctypes.byref(err))
-        finally:
-            self._exit()
-        self._check(rc, err)
+        self._call("tport_stats", ctypes.byref(p), ctypes.byref(n))
         try:
             return {_s(p[i].name): p[i].value for i in range(n.value)}
         finally:
@@ -578,14 +542,8 @@ class Client:
         r = self._ref(t)
         out = _lib.TensorInfoC()
         alias = ctypes.c_bool()
-        err = _lib.Err()
-        self._enter()
-        try:
-            rc = self._lib.tport_to(self._handle, ctypes.byref(r), ctypes.byref(o),
-                                    ctypes.byref(out), ctypes.byref(alias), ctypes.byref(err))
-        finally:
-            self._exit()
-        self._check(rc, err)
+        self._call("tport_to", ctypes.byref(r), ctypes.byref(o), ctypes.byref(out),
+                   ctypes.byref(alias))
         return self._result(t, out, alias.value)
 
     def _contiguous(self, t, memory_format, name):
@@ -593,15 +551,8 @@ class Client:
         r = self._ref(t)
         out = _lib.TensorInfoC()
         alias = ctypes.c_bool()
-        err = _lib.Err()
-        self._enter()
-        try:
-            rc = self._lib.tport_contiguous(self._handle, ctypes.byref(r), fmt,
-                                            _enc(name) if name else None, ctypes.byref(out),
-                                            ctypes.byref(alias), ctypes.byref(err))
-        finally:
-            self._exit()
-        self._check(rc, err)
+        self._call("tport_contiguous", ctypes.byref(r), fmt, _enc(name) if name else None,
+                   ctypes.byref(out), ctypes.byref(alias))
         return self._result(t, out, alias.value)
 
     def _view(self, t, shape, strides, storage_offset, name):
@@ -620,15 +571,8 @@ class Client:
         st = (ctypes.c_int64 * n)(*strides)
         r = self._ref(t)
         out = _lib.TensorInfoC()
-        err = _lib.Err()
-        self._enter()
-        try:
-            rc = self._lib.tport_view(self._handle, ctypes.byref(r), len(shape), sz, st,
-                                      int(storage_offset), _enc(name) if name else None,
-                                      ctypes.byref(out), ctypes.byref(err))
-        finally:
-            self._exit()
-        self._check(rc, err)
+        self._call("tport_view", ctypes.byref(r), len(shape), sz, st, int(storage_offset),
+                   _enc(name) if name else None, ctypes.byref(out))
         return self._tensor(out)
 
     def _copy(self, dst, src, non_blocking):
@@ -637,14 +581,7 @@ class Client:
             src = tmp = self.put(src)
         try:
             d, s = self._ref(dst), self._ref(src)
-            err = _lib.Err()
-            self._enter()
-            try:
-                rc = self._lib.tport_copy(self._handle, ctypes.byref(d), ctypes.byref(s),
-                                          bool(non_blocking), ctypes.byref(err))
-            finally:
-                self._exit()
-            self._check(rc, err)
+            self._call("tport_copy", ctypes.byref(d), ctypes.byref(s), bool(non_blocking))
         finally:
             if tmp is not None:
                 self.free(tmp)
