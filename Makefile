@@ -32,7 +32,10 @@ test-sanitize: deps
 
 # Criterion cannot run under ThreadSanitizer (Snaipe/Criterion#274): the
 # threaded parts are checked through the plain stress program instead.
+# nng too is built instrumented (deploy/nng/build-nng.sh --sanitize thread,
+# once): TSan cannot see the atomics nng hands messages between threads with.
 test-tsan: deps
+	./deploy/nng/build-nng.sh --sanitize thread
 	cmake -S . -B build-tsan -DTPORT_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug $(CMAKE_ARGS)
 	cmake --build build-tsan -j $(JOBS)
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -L stress

@@ -210,7 +210,7 @@ int h_free(call *c)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "ref is missing");
   reg_entry *e;
   int rc = reg_find(&c->srv->reg, c->pipe, q->ref->handle.data, q->ref->handle.len, q->ref->name,
-                    &e, &c->err);
+                    &e, NULL, &c->err);
   if (rc)
     return rc;
   reg_remove(&c->srv->reg, e);

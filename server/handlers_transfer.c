@@ -242,11 +242,12 @@ static int find_upload(call *c, const Tport__Ref *ref, reg_entry **e)
 {
   if (!ref)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "ref is missing");
-  int rc =
-      reg_find(&c->srv->reg, c->pipe, ref->handle.data, ref->handle.len, ref->name, e, &c->err);
+  reg_state state;
+  int rc = reg_find(&c->srv->reg, c->pipe, ref->handle.data, ref->handle.len, ref->name, e, &state,
+                    &c->err);
   if (rc)
     return rc;
-  if ((*e)->state != REG_UPLOADING) {
+  if (state != REG_UPLOADING) {
     reg_put(&c->srv->reg, *e);
     *e = NULL;
     return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION,

@@ -583,7 +583,7 @@ int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const c
 }
 
 int reg_find(registry *r, uint32_t pipe, const uint8_t *handle, size_t handle_len, const char *name,
-             reg_entry **out, tport_err *err)
+             reg_entry **out, reg_state *state, tport_err *err)
 {
   if (handle_len != 0 && handle_len != REG_HANDLE_BYTES)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "ref.handle is %zu bytes: handles are %d",
@@ -604,8 +604,11 @@ int reg_find(registry *r, uint32_t pipe, const uint8_t *handle, size_t handle_le
   } else if (strlen(name) < REG_NAME_MAX) {
     hit = find_name(s->tn, name);
   }
-  if (hit)
+  if (hit) {
     hit->refs++;
+    if (state)
+      *state = hit->state;
+  }
   pthread_mutex_unlock(&r->mu);
   if (!hit)
     return handle_len == 0 ? tport_err_set(err, TPORT_NOT_FOUND, "no tensor named '%.100s'", name)

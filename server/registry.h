@@ -165,9 +165,13 @@ void reg_transfer_leave(registry *r, uint32_t pipe, struct reg_tenant *tn, size_
 int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
             bool keep, uint64_t ttl_ms, size_t reserve, reg_entry **out, tport_err *err);
 /* Finds a tensor by handle bytes or name, for the pipe's tenant; NOT_FOUND
- * otherwise (another tenant's handle included). */
+ * otherwise (another tenant's handle included).  *state (when not NULL) is
+ * the entry's state read under the lock: the only way a caller may look at
+ * it, as a commit on another thread changes it.  REG_READY is final, so a
+ * caller that saw it may read e->tensor; an upload's own transitions are
+ * checked again by reg_chunk_claim and reg_commit_begin. */
 int reg_find(registry *r, uint32_t pipe, const uint8_t *handle, size_t handle_len, const char *name,
-             reg_entry **out, tport_err *err);
+             reg_entry **out, reg_state *state, tport_err *err);
 void reg_put(registry *r, reg_entry *e);
 /* Removes an entry (free, abort); its memory goes once no holder remains. */
 void reg_remove(registry *r, reg_entry *e);

@@ -41,11 +41,12 @@ int wire_find(call *c, const Tport__Ref *ref, const char *field, reg_entry **e, 
 {
   if (!ref)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "%s is missing", field);
-  int rc =
-      reg_find(&c->srv->reg, c->pipe, ref->handle.data, ref->handle.len, ref->name, e, &c->err);
+  reg_state state;
+  int rc = reg_find(&c->srv->reg, c->pipe, ref->handle.data, ref->handle.len, ref->name, e, &state,
+                    &c->err);
   if (rc)
     return rc;
-  if ((*e)->state != REG_READY) {
+  if (state != REG_READY) {
     reg_put(&c->srv->reg, *e);
     *e = NULL;
     return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION,

@@ -22,15 +22,33 @@
 #
 # Installs a static, position-independent libnng with its headers and CMake
 # package under PREFIX (default /opt/tensorport/nng), once per patch version
-# (a stamp file says which).  TLS is built with the "none" engine: tensorport
+# (a stamp file says which).
+#
+# `build-nng.sh --sanitize thread [PREFIX]` builds the same nng instrumented
+# for ThreadSanitizer (default PREFIX /opt/tensorport/nng-tsan), which the
+# TPORT_SANITIZE=thread build links (make test-tsan).  ThreadSanitizer sees
+# the synchronization of code it did not compile only through the pthread
+# calls it intercepts, never through C11 atomics: nng hands a message from
+# one thread to another by its atomic reference count (nni_msg_free), so an
+# uninstrumented nng makes TSan report the free of a message another thread
+# copied a moment before as a race when it is not one.  TLS is built with the "none" engine: tensorport
 # registers its own (OpenSSL) engine.  Needs root for apt (deb-src) and dpkg-dev.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
-PREFIX="${1:-/opt/tensorport/nng}"
+sanitize=""
+if [ "${1:-}" = "--sanitize" ]; then
+  sanitize="${2:?--sanitize needs a sanitizer (thread)}"
+  shift 2
+  case "$sanitize" in
+    thread) ;;
+    *) echo "build-nng: --sanitize $sanitize: only thread is supported" >&2; exit 2 ;;
+  esac
+fi
+PREFIX="${1:-/opt/tensorport/nng${sanitize:+-tsan}}"
 patches=("$here/closed-pipe-io.patch" "$here/msg-alloc-no-zero.patch")
 patch_id="$(sha256sum "${patches[@]}" "$0" | sha256sum | cut -c1-16)"
-stamp="$PREFIX/.tensorport-nng-$patch_id"
+stamp="$PREFIX/.tensorport-nng-${sanitize:+$sanitize-}$patch_id"
 if [ -f "$stamp" ]; then
   exit 0
 fi
@@ -59,8 +77,15 @@ for p in "${patches[@]}"; do
   patch -p1 -s < "$p"
 done
 
-echo "build-nng: building (static, PIC) into $PREFIX"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_SHARED_LIBS=OFF \
+extra=()
+if [ -n "$sanitize" ]; then
+  # NNG_RACE_DETECTOR: nng's own switch that takes a lock around the
+  # debugging checks nni_aio_begin makes without one (aio.c says race
+  # detectors should)
+  extra=("-DNNG_SANITIZER=$sanitize" "-DCMAKE_C_FLAGS=-DNNG_RACE_DETECTOR -fno-omit-frame-pointer")
+fi
+echo "build-nng: building (static, PIC${sanitize:+, -fsanitize=$sanitize}) into $PREFIX"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_SHARED_LIBS=OFF "${extra[@]}" \
   -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DNNG_TESTS=OFF -DNNG_TOOLS=OFF \
   -DNNG_ENABLE_NNGCAT=OFF -DNNG_ENABLE_TLS=ON -DNNG_TLS_ENGINE=none \
   -DCMAKE_INSTALL_PREFIX="$PREFIX" >/dev/null
