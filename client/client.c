@@ -127,6 +127,7 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
   c->verify = opts && opts->verify;
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
+  pthread_mutex_init(&c->shm_mu, NULL);
   c->credits = 1; /* the Hello */
   int rv = nng_req0_open(&c->sock);
   if (rv) {
@@ -169,6 +170,12 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
     return rc;
   }
   c->chunk_bytes = r->max_chunk_bytes ? r->max_chunk_bytes : (4u << 20);
+  if (r->shm_socket && strlen(r->shm_socket) < sizeof c->shm_socket &&
+      client_url_is_local(url)) {
+    const char *env = getenv("TPORT_SHM");
+    snprintf(c->shm_socket, sizeof c->shm_socket, "%s", r->shm_socket);
+    c->shm_auto = !(opts && opts->no_shm) && !(env && strcmp(env, "0") == 0);
+  }
   c->window = r->max_inflight_chunks ? (int)r->max_inflight_chunks : 4;
   if (c->window > CLIENT_MAX_WINDOW)
     c->window = CLIENT_MAX_WINDOW;
@@ -189,8 +196,10 @@ void tport_close(tport_client *c)
   if (!c)
     return;
   nng_close(c->sock);
+  client_shm_close(c);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);
+  pthread_mutex_destroy(&c->shm_mu);
   free(c);
 }
 

@@ -24,6 +24,13 @@ struct tport_client {
   int credits;
   nng_pipe reply_pipe; /* the connection the latest reply came on (the Hello's
                           challenge binds to it) */
+  /* same host (shm.c): the server's shm socket ("" when it offers none),
+   * whether tport_put/tport_get use a region on their own, and the region
+   * they use (one at a time: shm_mu) */
+  char shm_socket[108];
+  bool shm_auto;
+  pthread_mutex_t shm_mu;
+  struct tport_shm *shm_cache;
 };
 
 /* A request in flight on its own context. */
@@ -59,5 +66,41 @@ void client_slot_send(client_slot *s, nng_msg *m);
 int client_slot_finish(client_slot *s, tport_err *err);
 void client_ref_to_wire(const tport_ref *ref, Tport__Ref *w);
 void client_info_from_wire(const Tport__TensorInfo *w, tport_tensor_info *out);
+
+/* Puts and gets of at least this many bytes go through the automatic
+ * region (smaller ones cost less on the socket than the copy in). */
+#define CLIENT_SHM_MIN_BYTES ((size_t)256 << 10)
+/* ... and at most this many (a region that large is not kept for reuse) */
+#define CLIENT_SHM_MAX_BYTES ((size_t)4 << 30)
+
+/* The PutBeginRequest of a put (without data or commit) into q and desc. */
+void client_put_request(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
+                        const int64_t *strides, const tport_put_options *opts,
+                        Tport__TensorDesc *desc, Tport__PutBeginRequest *q);
+/* tport_put through the automatic region: *used false (nothing done) when
+ * it could not be used, else the put's status. */
+int client_shm_put_auto(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
+                        const int64_t *strides, const void *data, size_t nbytes,
+                        const tport_put_options *opts, tport_tensor_info *out, bool *used,
+                        tport_err *err);
+/* The automatic region for a get of up to cap bytes (cap 0: whatever size
+ * it has), locked: NULL when there is none to use.  Unlock with
+ * client_shm_auto_done (grow: the tensor was want bytes, too many for it). */
+struct tport_shm *client_shm_auto_take(tport_client *c, size_t cap);
+void client_shm_auto_done(tport_client *c, size_t want);
+/* Unmaps the client's regions (tport_close). */
+void client_shm_close(tport_client *c);
+/* GetBegin with the automatic region r offered: the server writes the
+ * tensor there when it fits and is not small (reply's shm), else answers
+ * as an ordinary GetBegin. */
+int client_shm_get_begin(tport_client *c, const tport_ref *ref, struct tport_shm *r,
+                         Tport__GetBeginReply **out, client_payload *payload, tport_err *err);
+/* The bytes a get wrote at offset of r (at most cap): checked against the
+ * reply (and its CRC32C with verify). */
+int client_shm_check_get(tport_client *c, const Tport__GetBeginReply *b, const struct tport_shm *r,
+                         size_t offset, size_t cap, tport_err *err);
+/* dlpack.c: DLPack's dtype of ours. */
+int client_dl_dtype(tport_dtype d, DLDataType *out, tport_err *err);
+bool client_url_is_local(const char *url);
 
 #endif

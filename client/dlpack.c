@@ -64,6 +64,14 @@ static DLDataType dtype_to_dl(tport_dtype d)
   return t;
 }
 
+int client_dl_dtype(tport_dtype d, DLDataType *out, tport_err *err)
+{
+  if (!tport_dtype_size(d))
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "dtype %d is unknown", (int)d);
+  *out = dtype_to_dl(d);
+  return TPORT_OK;
+}
+
 /* Dense: every element used once (sorting dims by stride, each stride is the
  * product of the sizes below it). */
 static bool dense(int n, const int64_t *sz, const int64_t *st)

@@ -100,6 +100,29 @@ static int put_take(void *vctx, client_slot *s, tport_err *err)
   return rc;
 }
 
+void client_put_request(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
+                        const int64_t *strides, const tport_put_options *opts,
+                        Tport__TensorDesc *desc, Tport__PutBeginRequest *q)
+{
+  tport__tensor_desc__init(desc);
+  desc->dtype = (Tport__DType)dtype;
+  desc->n_sizes = (size_t)ndim;
+  desc->sizes = (int64_t *)sizes;
+  desc->n_strides = strides ? (size_t)ndim : 0;
+  desc->strides = (int64_t *)strides;
+  tport__put_begin_request__init(q);
+  q->desc = desc;
+  q->name = (char *)(opts->name ? opts->name : "");
+  q->ttl_ms = opts->ttl_ms;
+  q->device = (char *)(opts->device ? opts->device : "");
+  q->dtype_set = opts->has_dtype;
+  q->dtype = (Tport__DType)opts->dtype;
+  q->memory_format = (Tport__MemoryFormat)opts->memory_format;
+  q->managed = opts->managed;
+  q->non_blocking = opts->non_blocking;
+  q->keep = c->keep;
+}
+
 int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
               const int64_t *strides, const void *data, size_t nbytes,
               const tport_put_options *opts, tport_tensor_info *out, tport_err *err)
@@ -112,23 +135,14 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
   if (ndim < 0 || ndim > TPORT_MAX_DIMS)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "ndim is %d: it must be in [0, %d]", ndim,
                          TPORT_MAX_DIMS);
-  Tport__TensorDesc desc = TPORT__TENSOR_DESC__INIT;
-  desc.dtype = (Tport__DType)dtype;
-  desc.n_sizes = (size_t)ndim;
-  desc.sizes = (int64_t *)sizes;
-  desc.n_strides = strides ? (size_t)ndim : 0;
-  desc.strides = (int64_t *)strides;
-  Tport__PutBeginRequest q = TPORT__PUT_BEGIN_REQUEST__INIT;
-  q.desc = &desc;
-  q.name = (char *)(opts->name ? opts->name : "");
-  q.ttl_ms = opts->ttl_ms;
-  q.device = (char *)(opts->device ? opts->device : "");
-  q.dtype_set = opts->has_dtype;
-  q.dtype = (Tport__DType)opts->dtype;
-  q.memory_format = (Tport__MemoryFormat)opts->memory_format;
-  q.managed = opts->managed;
-  q.non_blocking = opts->non_blocking;
-  q.keep = c->keep;
+  /* same host: through the client's region, one copy on each side */
+  bool used;
+  int rc = client_shm_put_auto(c, dtype, ndim, sizes, strides, data, nbytes, opts, out, &used, err);
+  if (used)
+    return rc;
+  Tport__TensorDesc desc;
+  Tport__PutBeginRequest q;
+  client_put_request(c, dtype, ndim, sizes, strides, opts, &desc, &q);
   /* a tensor that fits in one chunk goes in one round trip */
   q.commit = nbytes <= c->chunk_bytes;
   if (q.commit && c->verify) {
@@ -136,7 +150,7 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
     q.crc32c = transport_crc32c(0, data, nbytes);
   }
   Tport__PutBeginReply *b;
-  int rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, q.commit ? data : NULL,
+  rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, q.commit ? data : NULL,
                       q.commit ? nbytes : 0, &tport__put_begin_reply__descriptor,
                       (ProtobufCMessage **)&b, NULL, err);
   if (rc)
@@ -264,9 +278,16 @@ static int get_into(tport_client *c, const tport_ref *ref, void **bufp, size_t c
 {
   Tport__GetBeginReply *b;
   client_payload inl = {0};
-  int rc = get_begin(c, ref, &b, &inl, err);
-  if (rc)
+  /* same host: offer the client's region (the server writes the tensor
+   * there when it is large and fits) */
+  struct tport_shm *region = client_shm_auto_take(c, alloc ? 0 : cap);
+  int rc = region ? client_shm_get_begin(c, ref, region, &b, &inl, err)
+                  : get_begin(c, ref, &b, &inl, err);
+  if (rc) {
+    if (region)
+      client_shm_auto_done(c, 0);
     return rc;
+  }
   size_t n = (size_t)b->nbytes;
   if (info)
     client_info_from_wire(b->info, info);
@@ -279,7 +300,13 @@ static int get_into(tport_client *c, const tport_ref *ref, void **bufp, size_t c
     rc = tport_err_set(err, TPORT_OUT_OF_RANGE, "the tensor is %zu bytes: the buffer holds %zu", n,
                        cap);
   }
-  if (!rc && n && b->transfer.len == 0) {
+  if (!rc && b->shm) {
+    rc = client_shm_check_get(c, b, region, 0, tport_shm_size(region), err);
+    if (!rc)
+      memcpy(buf, tport_shm_data(region), n);
+    if (!rc && progress)
+      progress(arg, n, n);
+  } else if (!rc && n && b->transfer.len == 0) {
     /* the data came inline */
     if (inl.len != n)
       rc = tport_err_set(err, TPORT_DATA_LOSS, "%zu inline bytes came, %zu expected", inl.len, n);
@@ -294,6 +321,8 @@ static int get_into(tport_client *c, const tport_ref *ref, void **bufp, size_t c
     rc = run_window(c, n, b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes, get_make, get_take, &gc,
                     progress, arg, err);
   }
+  if (region)
+    client_shm_auto_done(c, b->shm ? 0 : n);
   if (inl.msg)
     nng_msg_free(inl.msg);
   protobuf_c_message_free_unpacked(&b->base, NULL);

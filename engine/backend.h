@@ -102,6 +102,10 @@ typedef struct backend_ops {
   size_t (*stats)(be_stat *out, size_t max);
   /* Sets an option ("kernel-cache" = a directory); UNIMPLEMENTED when unknown. */
   int (*set_option)(const char *key, const char *value, tport_err *err);
+  /* Optional (NULL where the device reads host memory anyway): page-locks
+   * caller memory for the device's copies (cudaHostRegister), and undoes it. */
+  int (*host_register)(void *ptr, size_t bytes, tport_err *err);
+  void (*host_unregister)(void *ptr);
 } backend_ops;
 
 /* The table of a device type; every entry is non-NULL (unsupported ops point

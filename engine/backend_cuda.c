@@ -348,6 +348,26 @@ static int cu_host_alloc(size_t bytes, void **out, tport_err *err)
   return TPORT_OK;
 }
 
+/* Caller memory (a same-host region) page-locked for every context, so
+ * host-to-device copies read it directly instead of through staging. */
+static int cu_host_register(void *p, size_t bytes, tport_err *err)
+{
+  if (cu_count() == 0)
+    return tport_err_set(err, TPORT_UNAVAILABLE, "cuda: %s", cu_reason());
+  GUARDED(context_device(), cudaHostRegister(p, bytes, cudaHostRegisterPortable), err);
+  return TPORT_OK;
+}
+
+static void cu_host_unregister(void *p)
+{
+  guard g;
+  if (p && guard_enter(context_device(), &g, NULL) == TPORT_OK) {
+    if (cudaHostUnregister(p) != cudaSuccess)
+      cudaGetLastError();
+    guard_exit(&g);
+  }
+}
+
 static void cu_host_free(void *p)
 {
   guard g;
@@ -738,6 +758,8 @@ const backend_ops backend_cuda = {
     .alloc_managed = cu_alloc_managed,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
+    .host_register = cu_host_register,
+    .host_unregister = cu_host_unregister,
     .stream_default = cu_stream_default,
     .stream_create = cu_stream_create,
     .stream_destroy = cu_stream_destroy,

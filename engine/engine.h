@@ -39,6 +39,11 @@ int tensor_empty_strided(tport_device dev, tport_dtype dtype, int ndim, const in
  * unchanged-size while the tensor lives).  Layout validated against nbytes. */
 int tensor_wrap_host(void *data, size_t nbytes, tport_dtype dtype, int ndim, const int64_t *sizes,
                      const int64_t *strides, int64_t offset, tport_tensor **out, tport_err *err);
+/* The same over memory page-locked by engine_host_register: copies to and
+ * from a device use it directly (keep it registered until they end). */
+int tensor_wrap_host_pinned(void *data, size_t nbytes, tport_dtype dtype, int ndim,
+                            const int64_t *sizes, const int64_t *strides, int64_t offset,
+                            tport_tensor **out, tport_err *err);
 tport_tensor *tensor_retain(tport_tensor *t);
 void tensor_release(tport_tensor *t);
 
@@ -120,6 +125,13 @@ unsigned engine_test_faults(void);
 #define ENGINE_PIECE_ELEMS ((int64_t)1 << 24)
 void engine_set_deadline(int64_t mono_ms);
 int64_t engine_deadline(void);
+
+/* Caller host memory (a same-host region) page-locked with the GPU driver,
+ * so that copies between it and a device need no staging: *registered is
+ * false, and nothing done, when no backend wants it (no GPU).  Unregister
+ * only once no copy from or to it is pending. */
+int engine_host_register(void *p, size_t n, bool *registered, tport_err *err);
+void engine_host_unregister(void *p);
 
 /* Waits for all work of every device and frees deferred storages and the
  * staging pool's cache. */

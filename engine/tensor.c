@@ -82,6 +82,16 @@ int tensor_wrap_host(void *data, size_t nbytes, tport_dtype dtype, int ndim, con
   return rc ? rc : tensor_alloc(s, dtype, &l, out, err);
 }
 
+int tensor_wrap_host_pinned(void *data, size_t nbytes, tport_dtype dtype, int ndim,
+                            const int64_t *sizes, const int64_t *strides, int64_t offset,
+                            tport_tensor **out, tport_err *err)
+{
+  int rc = tensor_wrap_host(data, nbytes, dtype, ndim, sizes, strides, offset, out, err);
+  if (!rc)
+    (*out)->storage->flags |= STORAGE_PINNED;
+  return rc;
+}
+
 tport_tensor *tensor_retain(tport_tensor *t)
 {
   atomic_fetch_add(&t->refs, 1);
@@ -260,6 +270,30 @@ int tensor_write(tport_tensor *t, const void *host, size_t nbytes, tport_err *er
 int tensor_sync(tport_tensor *t, tport_err *err)
 {
   return storage_sync(t->storage, err);
+}
+
+int engine_host_register(void *p, size_t n, bool *registered, tport_err *err)
+{
+  *registered = false;
+  for (int type = 0; type < TPORT_NUM_DEVICE_TYPES; type++) {
+    const backend_ops *be = backend_get((tport_device_type)type);
+    if (!be->host_register || be->device_count() == 0)
+      continue;
+    int rc = be->host_register(p, n, err);
+    if (rc)
+      return rc;
+    *registered = true;
+  }
+  return TPORT_OK;
+}
+
+void engine_host_unregister(void *p)
+{
+  for (int type = 0; type < TPORT_NUM_DEVICE_TYPES; type++) {
+    const backend_ops *be = backend_get((tport_device_type)type);
+    if (be->host_unregister && be->device_count() > 0)
+      be->host_unregister(p);
+  }
 }
 
 void engine_synchronize_all(void)

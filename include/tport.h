@@ -87,6 +87,12 @@ typedef struct tport_connect_options {
    * (Castagnoli), checked by the other end; a mismatch is TPORT_DATA_LOSS
    * naming the chunk.  Costs a CRC pass over the bytes on each end. */
   bool verify;
+  /* Same host: tport_put and tport_get (and the DLPack calls) move large
+   * tensors through a shared-memory region (see tport_shm_create) when the
+   * URL is local (ipc://, inproc://, tcp:// on loopback) and the server
+   * offers one; no_shm (or TPORT_SHM=0 in the environment) keeps them on
+   * the socket. */
+  bool no_shm;
 } tport_connect_options;
 
 /* Progress of a transfer: bytes done of total.  Called on the calling thread. */
@@ -184,6 +190,39 @@ int tport_stats(tport_client *c, tport_counter **out, size_t *n, tport_err *err)
 int tport_put_dlpack(tport_client *c, const DLTensor *t, const tport_put_options *opts,
                      tport_tensor_info *out, tport_err *err);
 int tport_get_dlpack(tport_client *c, const tport_ref *ref, DLManagedTensor **out, tport_err *err);
+
+/* ---- Same-host shared memory
+ *
+ * A region is memory this process shares with the server: a memfd, sealed
+ * so that it can never shrink, handed to the server as a file descriptor
+ * over its Unix socket (never by a name another process could open) and
+ * tied to this client's connection.  Fill it in place and put from it, or
+ * get into it: the bytes are copied once, by the server, and never cross a
+ * socket.  A region lives until tport_shm_release (or the connection's
+ * end, on the server's side).  Needs a local URL and a server that offers
+ * shared memory (tport_shm_available). */
+typedef struct tport_shm tport_shm;
+
+bool tport_shm_available(tport_client *c);
+/* A region of nbytes, mapped here and registered with the server. */
+int tport_shm_create(tport_client *c, size_t nbytes, tport_shm **out, tport_err *err);
+void *tport_shm_data(const tport_shm *r);
+size_t tport_shm_size(const tport_shm *r);
+/* Puts the tensor whose bytes lie at offset in the region (laid out by
+ * strides, dense, as tport_put). */
+int tport_put_shm(tport_client *c, tport_shm *r, size_t offset, tport_dtype dtype, int ndim,
+                  const int64_t *sizes, const int64_t *strides, const tport_put_options *opts,
+                  tport_tensor_info *out, tport_err *err);
+/* Gets a tensor's values (logical C order) into the region at offset, in
+ * at most cap bytes; *nbytes (when not NULL) is how many it holds. */
+int tport_get_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t offset, size_t cap,
+                  tport_tensor_info *info, size_t *nbytes, tport_err *err);
+/* A DLTensor (kDLCPU, contiguous) over the bytes a tport_get_shm wrote at
+ * offset, described by its info: no copy (valid while the region lives). */
+int tport_shm_dlpack(const tport_shm *r, size_t offset, const tport_tensor_info *info,
+                     DLTensor *out, int64_t shape[TPORT_MAX_DIMS], tport_err *err);
+/* Releases the region on the server and unmaps it here; r is freed. */
+int tport_shm_release(tport_shm *r, tport_err *err);
 
 #ifdef __cplusplus
 }

@@ -33,6 +33,20 @@ void config_defaults(server_config *c)
   c->max_ttl_s = 7 * 24 * 3600;
   c->ipc_mode = 0600;
   c->auth_timeout_ms = 10000;
+  c->shm_mode = 0600;
+  c->shm_quota = (size_t)16 << 30;
+  c->shm_max_regions = 64;
+}
+
+char *config_shm_default_path(void)
+{
+  const char *x = getenv("XDG_RUNTIME_DIR");
+  char buf[256];
+  if (x && *x == '/' && strlen(x) < 160)
+    snprintf(buf, sizeof buf, "%s/tportd/shm.sock", x);
+  else
+    snprintf(buf, sizeof buf, "/run/tportd/shm.sock");
+  return strdup(buf);
 }
 
 void config_free(server_config *c)
@@ -50,6 +64,8 @@ void config_free(server_config *c)
   c->tls_cert = c->tls_key = c->tls_ca = NULL;
   free(c->http_listen);
   c->http_listen = NULL;
+  free(c->shm_socket);
+  c->shm_socket = NULL;
   c->nlisten = 0;
   c->devices = NULL;
   c->kernel_cache = NULL;
@@ -121,6 +137,13 @@ static const struct {
     {"log-format", "TPORT_LOG_FORMAT", "text|json",
      "text (default) or json: one JSON object a line (time, level, message, and fields such as "
      "tenant, peer, method, code)"},
+    {"shm-socket", "TPORT_SHM_SOCKET", "PATH",
+     "same-host shared memory: clients on this machine hand sealed memfd regions over the Unix "
+     "socket PATH and put and get through them at memory speed (default "
+     "$XDG_RUNTIME_DIR/tportd/shm.sock, else /run/tportd/shm.sock; off: none)"},
+    {"shm-mode", "TPORT_SHM_MODE", "OCTAL",
+     "permissions of the shm socket (default 600: this user and root; 660 lets the group in)"},
+    {"shm-quota", "TPORT_SHM_QUOTA", "BYTES", "bytes of regions each tenant may register (default 16 GiB)"},
 };
 #define NOPTS (int)(sizeof opts / sizeof opts[0])
 
@@ -222,15 +245,22 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
     c->auth_file = strdup(v);
     return TPORT_OK;
   case 24: rc = parse_ulong(v, opts[i].flag, 0, &u, err), c->insecure = u != 0; break;
-  case 25: {
+  case 25:
+  case 35: {
     char *end;
     unsigned long m = strtoul(v, &end, 8);
     if (end == v || *end || m > 0777)
-      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--ipc-mode: '%s' is not an octal mode",
-                           v);
-    c->ipc_mode = (unsigned)m;
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--%s: '%s' is not an octal mode",
+                           opts[i].flag, v);
+    *(i == 25 ? &c->ipc_mode : &c->shm_mode) = (unsigned)m;
     return TPORT_OK;
   }
+  case 34:
+    c->shm_socket_set = true;
+    free(c->shm_socket);
+    c->shm_socket = strcmp(v, "off") == 0 ? NULL : strdup(v);
+    return TPORT_OK;
+  case 36: return parse_size(v, opts[i].flag, &c->shm_quota, err);
   case 26:
   case 27:
   case 28: {
@@ -318,6 +348,8 @@ int config_parse(server_config *c, int argc, char **argv, tport_err *err)
     add_listen(c, DEFAULT_URL, err);
   if (!c->http_listen_set)
     c->http_listen = strdup(HTTP_DEFAULT_ADDRESS);
+  if (!c->shm_socket_set)
+    c->shm_socket = config_shm_default_path();
   return config_check(c, err);
 }
 

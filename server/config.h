@@ -58,7 +58,19 @@ typedef struct server_config {
                            config_parse's default is HTTP_DEFAULT_ADDRESS, config_defaults' none */
   bool http_listen_set; /* --http-listen given ("off" included) */
   int log_format;       /* LOG_TEXT or LOG_JSON */
+  /* same-host shared memory (regions.h) */
+  char *shm_socket;     /* the Unix socket regions are handed over on (owned); NULL: none.
+                           config_parse's default is config_shm_default_path(), config_defaults'
+                           none */
+  bool shm_socket_set;  /* --shm-socket given ("off" included): failing to listen is an error
+                           (the default path only warns) */
+  unsigned shm_mode;    /* its permissions */
+  size_t shm_quota;     /* bytes of regions per tenant */
+  int shm_max_regions;  /* per connection */
 } server_config;
+
+/* $XDG_RUNTIME_DIR/tportd/shm.sock, else /run/tportd/shm.sock (malloc'd). */
+char *config_shm_default_path(void);
 
 void config_defaults(server_config *c);
 /* Parses argv (and TPORT_* variables).  Returns 0, or 1 when --help was

@@ -33,6 +33,7 @@ static int hello_reply(call *c, int code, const char *msg, const uint8_t *challe
   r.max_chunk_bytes = c->srv->cfg.chunk_bytes;
   r.max_inflight_chunks = (uint32_t)c->srv->cfg.window;
   r.max_outstanding = (uint32_t)c->srv->cfg.max_outstanding;
+  r.shm_socket = (char *)(c->srv->shm ? shm_socket_path(c->srv->shm) : "");
   return call_reply(c, &r.base, NULL, 0);
 }
 
@@ -262,6 +263,13 @@ int h_stats(call *c)
   COUNTER("tenants", rs.tenants);
   COUNTER("transfers_in_progress", transfers_count(&s->xfers));
   COUNTER("connections_dropped", atomic_load(&s->dropped));
+  shm_stats ss;
+  shm_get_stats(s->shm, &ss);
+  COUNTER("shm_regions", ss.regions);
+  COUNTER("shm_region_bytes", ss.bytes);
+  COUNTER("shm_handoffs", ss.handoffs_ok);
+  COUNTER("shm_handoffs_refused", ss.handoffs_refused);
+  COUNTER("shm_transfers", ss.transfers);
   COUNTER("bytes_in", atomic_load(&s->bytes_in));
   COUNTER("bytes_out", atomic_load(&s->bytes_out));
   COUNTER("errors", atomic_load(&s->errors));
@@ -322,6 +330,8 @@ handler_fn handler_for(uint16_t method)
       [TPORT__METHOD__METHOD_FREE] = h_free,
       [TPORT__METHOD__METHOD_SYNC] = h_sync,
       [TPORT__METHOD__METHOD_STATS] = h_stats,
+      [TPORT__METHOD__METHOD_SHM_REGISTER] = h_shm_register,
+      [TPORT__METHOD__METHOD_SHM_RELEASE] = h_shm_release,
   };
   return method < SERVER_METHODS ? table[method] : NULL;
 }

@@ -16,6 +16,11 @@
  * The transfer ends once as many bytes as the tensor holds have been served,
  * when it has not been read from for a while, or with its connection
  * (transfers.c).
+ *
+ * Same host: a PutBegin (with commit) or a GetBegin may name a slice of a
+ * region (regions.h) instead of carrying bytes: the bytes are copied once,
+ * between the region and the tensor, converted on the way where the put
+ * asks for it; nothing rides in the messages.
  */
 #include <openssl/rand.h>
 #include <stdlib.h>
@@ -34,16 +39,24 @@ static int commit_upload(call *c, reg_entry *e, bool non_blocking, tport_tensor 
  * storage bytes [off, off + n) -- into the landing tensor, which has the
  * client's strides in another dtype: the same elements in the same storage
  * order, so the chunk is a 1-D run of both storages. */
+static int wrap_bytes(const uint8_t *p, size_t n, tport_dtype dt, int64_t count, bool pinned,
+                      tport_tensor **out, tport_err *err)
+{
+  return pinned ? tensor_wrap_host_pinned((void *)p, n, dt, 1, &count, NULL, 0, out, err)
+                : tensor_wrap_host((void *)p, n, dt, 1, &count, NULL, 0, out, err);
+}
+
 static int land_converted(call *c, tport_tensor *landing, tport_dtype st, size_t off,
-                          const uint8_t *p, size_t n)
+                          const uint8_t *p, size_t n, bool pinned)
 {
   size_t ss = tport_dtype_size(st);
   int64_t count = (int64_t)(n / ss), one = 1;
   tport_tensor *view = NULL, *src = NULL;
   int rc = tensor_as_strided(landing, 1, &count, &one, (int64_t)(off / ss), &view, &c->err);
   if (!rc)
-    rc = tensor_wrap_host((void *)p, n, st, 1, &count, NULL, 0, &src, &c->err);
-  /* non_blocking: the payload is staged (pinned) before this returns */
+    rc = wrap_bytes(p, n, st, count, pinned, &src, &c->err);
+  /* non_blocking: the payload is staged (pinned) before this returns -- or,
+   * from a pinned region, read by the device later (the caller syncs) */
   if (!rc)
     rc = tensor_copy_(view, src, true, &c->err);
   tensor_release(src);
@@ -52,14 +65,16 @@ static int land_converted(call *c, tport_tensor *landing, tport_dtype st, size_t
 }
 
 /* Copies n payload bytes into the landing tensor at byte offset off. */
-static int land_bytes(call *c, tport_tensor *landing, size_t off, const uint8_t *p, size_t n)
+static int land_bytes(call *c, tport_tensor *landing, size_t off, const uint8_t *p, size_t n,
+                      bool pinned)
 {
   tport_tensor *view = NULL, *src = NULL;
   int64_t len = (int64_t)n;
   int rc = tensor_byte_view(landing, off, n, &view, &c->err);
   if (!rc)
-    rc = tensor_wrap_host((void *)p, n, TPORT_UINT8, 1, &len, NULL, 0, &src, &c->err);
-  /* staged through pinned memory: the payload is free to go when this returns */
+    rc = wrap_bytes(p, n, TPORT_UINT8, len, pinned, &src, &c->err);
+  /* staged through pinned memory: the payload is free to go when this
+   * returns (a pinned region's bytes: once the caller synced) */
   if (!rc)
     rc = tensor_copy_(view, src, true, &c->err);
   tensor_release(src);
@@ -69,21 +84,27 @@ static int land_bytes(call *c, tport_tensor *landing, size_t off, const uint8_t 
 
 /* A payload sent with its CRC32C must arrive with it: else DATA_LOSS, naming
  * the chunk, and nothing is written (the client may send it again). */
-static int check_crc32c(call *c, bool set, uint32_t sent, uint64_t off)
+static int check_crc32c_of(call *c, bool set, uint32_t sent, uint64_t off, const uint8_t *p,
+                           size_t n)
 {
   if (!set)
     return TPORT_OK;
-  uint32_t got = transport_crc32c(0, c->payload, c->payload_len);
+  uint32_t got = transport_crc32c(0, p, n);
   if (got == sent)
     return TPORT_OK;
   return tport_err_set(&c->err, TPORT_DATA_LOSS,
                        "the chunk at offset %llu (%zu bytes) arrived with CRC32C 0x%08x; it was "
                        "sent with 0x%08x",
-                       (unsigned long long)off, c->payload_len, got, sent);
+                       (unsigned long long)off, n, got, sent);
+}
+
+static int check_crc32c(call *c, bool set, uint32_t sent, uint64_t off)
+{
+  return check_crc32c_of(c, set, sent, off, c->payload, c->payload_len);
 }
 
 /* Writes the claimed bytes [off, off + n) of e's upload from the payload. */
-static int put_bytes(call *c, reg_entry *e, uint64_t off, const uint8_t *p, size_t n)
+static int put_bytes(call *c, reg_entry *e, uint64_t off, const uint8_t *p, size_t n, bool pinned)
 {
   tport_tensor *landing = NULL;
   int convert_from;
@@ -92,12 +113,15 @@ static int put_bytes(call *c, reg_entry *e, uint64_t off, const uint8_t *p, size
     return rc; /* an error, or written already (idempotent) */
   int64_t t0 = metrics_now_ns();
   if (convert_from >= 0) {
-    rc = land_converted(c, landing, (tport_dtype)convert_from, (size_t)off, p, n);
+    rc = land_converted(c, landing, (tport_dtype)convert_from, (size_t)off, p, n, pinned);
     metrics_stage_since(&c->srv->metrics, STAGE_CONVERT, t0);
   } else {
-    rc = land_bytes(c, landing, (size_t)off, p, n);
+    rc = land_bytes(c, landing, (size_t)off, p, n, pinned);
     metrics_stage_since(&c->srv->metrics, STAGE_STAGE, t0);
   }
+  /* a device reads a pinned region directly: done before the region may go */
+  if (!rc && pinned)
+    rc = tensor_sync(landing, &c->err);
   tensor_release(landing);
   reg_chunk_done(&c->srv->reg, e, off, n, rc == TPORT_OK);
   return rc;
@@ -127,14 +151,31 @@ int h_put_begin(call *c)
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED,
                          "the tensor is %lld bytes: the limit per tensor is %zu",
                          (long long)vr.nbytes, s->cfg.max_tensor_bytes);
-  if (q->commit && c->payload_len != (size_t)vr.nbytes)
-    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
-                         "a committed put carries the whole tensor: %zu bytes came, %lld expected",
-                         c->payload_len, (long long)vr.nbytes);
-  if (!q->commit && c->payload_len)
-    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "PutBegin carries data only with commit");
-  if ((rc = check_crc32c(c, q->crc32c_set, q->crc32c, 0)) != TPORT_OK)
-    return rc;
+  if (q->shm) {
+    /* the bytes are in a region: checked against it when the copy holds it */
+    if (!q->commit)
+      return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                           "a put from a region commits at once (set commit)");
+    if (c->payload_len)
+      return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                           "a put from a region carries no payload (%zu bytes came)",
+                           c->payload_len);
+    if (q->shm->length != (uint64_t)vr.nbytes)
+      return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                           "shm.length is %llu: the tensor is %lld bytes",
+                           (unsigned long long)q->shm->length, (long long)vr.nbytes);
+  } else {
+    if (q->commit && c->payload_len != (size_t)vr.nbytes)
+      return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                           "a committed put carries the whole tensor: %zu bytes came, %lld "
+                           "expected",
+                           c->payload_len, (long long)vr.nbytes);
+    if (!q->commit && c->payload_len)
+      return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                           "PutBegin carries data only with commit");
+    if ((rc = check_crc32c(c, q->crc32c_set, q->crc32c, 0)) != TPORT_OK)
+      return rc;
+  }
   if (c->payload_len)
     metrics_stage_since(&s->metrics, STAGE_RECEIVE, c->arrived_ns);
   tport_device dev;
@@ -212,9 +253,28 @@ int h_put_begin(call *c)
   tport_tensor *final = NULL;
   if (q->commit) {
     /* the data, then the commit: one round trip */
-    rc = put_bytes(c, e, 0, c->payload, c->payload_len);
+    const uint8_t *data = c->payload;
+    size_t len = c->payload_len;
+    shm_region *held = NULL;
+    bool pinned = false;
+    if (q->shm) {
+      uint8_t *p = NULL;
+      rc = shm_hold(s->shm, c->pipe, q->shm->region, q->shm->offset, q->shm->length, &held, &p,
+                    &pinned, &c->err);
+      data = p;
+      len = (size_t)q->shm->length;
+      if (!rc)
+        rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, 0, data, len);
+      if (!rc)
+        atomic_fetch_add(&s->bytes_in, len);
+    }
     if (!rc)
-      rc = commit_upload(c, e, q->non_blocking, &final);
+      rc = put_bytes(c, e, 0, data, len, pinned);
+    /* from a region, the copy ends before the region may go (it is the
+     * client's memory, and may be released or unmapped right after) */
+    if (!rc)
+      rc = commit_upload(c, e, q->non_blocking && !held, &final);
+    shm_unhold(s->shm, held);
     if (rc) {
       reg_remove(&s->reg, e);
       reg_put(&s->reg, e);
@@ -265,7 +325,7 @@ int h_put_chunk(call *c)
     rc = check_crc32c(c, q->crc32c_set, q->crc32c, q->offset);
   if (!rc) {
     metrics_stage_since(&c->srv->metrics, STAGE_RECEIVE, c->arrived_ns);
-    rc = put_bytes(c, e, q->offset, c->payload, c->payload_len);
+    rc = put_bytes(c, e, q->offset, c->payload, c->payload_len, false);
   }
   if (!rc) {
     Tport__PutChunkReply r = TPORT__PUT_CHUNK_REPLY__INIT;
@@ -437,6 +497,59 @@ static bool get_copies(const tport_tensor *t)
          t->neg;
 }
 
+/* A get into a region: t's values in logical C order straight into the
+ * client's slice, in one copy (from a device: into the pinned region
+ * directly when it is registered), then a reply with no payload. */
+static int get_into_region(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tport_tensor *t)
+{
+  server *s = c->srv;
+  size_t want = tensor_nbytes(t);
+  if (q->shm->length < want)
+    return tport_err_set(&c->err, TPORT_OUT_OF_RANGE,
+                         "shm.length is %llu bytes: the tensor holds %zu",
+                         (unsigned long long)q->shm->length, want);
+  shm_region *held = NULL;
+  uint8_t *p = NULL;
+  bool pinned = false;
+  int rc = shm_hold(s->shm, c->pipe, q->shm->region, q->shm->offset, q->shm->length, &held, &p,
+                    &pinned, &c->err);
+  if (rc)
+    return rc;
+  int64_t t0 = metrics_now_ns();
+  if (want) {
+    tport_tensor *dst = NULL;
+    rc = pinned ? tensor_wrap_host_pinned(p, want, t->dtype, t->layout.ndim, t->layout.sizes, NULL,
+                                          0, &dst, &c->err)
+                : tensor_wrap_host(p, want, t->dtype, t->layout.ndim, t->layout.sizes, NULL, 0,
+                                   &dst, &c->err);
+    if (!rc)
+      rc = tensor_copy_(dst, t, false, &c->err);
+    if (!rc)
+      rc = tensor_sync(dst, &c->err); /* done before the region may go */
+    tensor_release(dst);
+    metrics_stage_since(&s->metrics,
+                        tensor_device(t).type == TPORT_DEV_CPU ? STAGE_CONVERT
+                                                               : STAGE_DEVICE_TO_HOST,
+                        t0);
+  }
+  uint32_t crc = rc || !q->want_crc32c ? 0 : transport_crc32c(0, p, want);
+  shm_unhold(s->shm, held);
+  if (rc)
+    return rc;
+  wire_info wi;
+  wire_fill_info(&wi, e, t);
+  Tport__GetBeginReply r = TPORT__GET_BEGIN_REPLY__INIT;
+  r.status = wire_ok();
+  r.info = &wi.info;
+  r.nbytes = want;
+  r.chunk_bytes = s->cfg.chunk_bytes;
+  r.crc32c_set = q->want_crc32c;
+  r.crc32c = crc;
+  r.shm = true;
+  atomic_fetch_add(&s->bytes_out, want);
+  return call_reply(c, &r.base, NULL, 0);
+}
+
 int h_get_begin(call *c)
 {
   Tport__GetBeginRequest *q = (Tport__GetBeginRequest *)c->req;
@@ -448,6 +561,14 @@ int h_get_begin(call *c)
     return rc;
   size_t want = tensor_nbytes(t);
   rc = wire_check_bytes(c, "the get", tensor_numel(t), tport_dtype_size(t->dtype));
+  /* into a region -- unless, with shm_fallback, the tensor is small enough
+   * for the reply or too large for the slice: then the ordinary way */
+  bool small = want <= q->inline_max && want <= s->cfg.chunk_bytes;
+  if (!rc && q->shm && !(q->shm_fallback && (small || want > q->shm->length))) {
+    rc = get_into_region(c, q, e, t);
+    reg_put(&s->reg, e);
+    return rc;
+  }
   get_transfer *g = rc ? NULL : calloc(1, sizeof *g);
   if (!rc && !g)
     rc = tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");

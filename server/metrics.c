@@ -313,6 +313,18 @@ static void registry_gauges(metrics_text *t, server *s)
   gauge_u64(t, "tport_gets_in_progress", "Gets begun whose bytes have not all been read.",
             transfers_count(&s->xfers));
   gauge_u64(t, "tport_tensors", "Tensors held (uploads included), all tenants.", rs.tensors);
+  shm_stats ss;
+  shm_get_stats(s->shm, &ss);
+  gauge_u64(t, "tport_shm_regions", "Same-host regions registered now.", ss.regions);
+  gauge_u64(t, "tport_shm_region_bytes", "Bytes of the same-host regions registered now.",
+            ss.bytes);
+  metrics_family(t, "tport_shm_handoffs_total", "counter",
+                 "Region descriptors handed over the shm socket, by result.");
+  metrics_sample_u64(t, "tport_shm_handoffs_total", ss.handoffs_ok, "result", "ok", NULL);
+  metrics_sample_u64(t, "tport_shm_handoffs_total", ss.handoffs_refused, "result", "refused",
+                     NULL);
+  counter_u64(t, "tport_shm_transfers_total", "Puts and gets through a same-host region.",
+              ss.transfers);
   gauge_u64(t, "tport_tensor_bytes",
             "Bytes tenants pay for: distinct storages, conversions in progress, gets' host "
             "copies.",

@@ -379,6 +379,7 @@ static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
     /* the session first, then its transfers (see transfers_insert) */
     reg_session_close(&s->reg, id);
     transfers_drop(&s->xfers, id);
+    shm_drop_pipe(s->shm, id);
     log_event(LOG_DEBUG, "connection closed: its tensors, uploads and gets are freed",
               "connection", conn, "peer", peer, NULL);
   }
@@ -572,6 +573,20 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
     if ((rv = nng_aio_alloc(&x->aio, ctx_cb, x)) != 0 || (rv = nng_ctx_open(&x->ctx, s->sock)) != 0)
       rc = tport_err_set(err, TPORT_INTERNAL, "nng context: %s", nng_strerror(rv));
   }
+  /* regions before the first connection can arrive (pipe_cb drops theirs) */
+  if (!rc && cfg->shm_socket) {
+    shm_config sc = {.path = cfg->shm_socket,
+                     .mode = cfg->shm_mode,
+                     .quota = cfg->shm_quota,
+                     .max_regions = (size_t)cfg->shm_max_regions};
+    tport_err why;
+    if (shm_start(&sc, &s->shm, &why) == TPORT_OK)
+      log_event(LOG_INFO, "same-host shared memory", "socket", cfg->shm_socket, NULL);
+    else if (cfg->shm_socket_set)
+      rc = tport_err_set(err, why.code, "--shm-socket: %s", why.msg);
+    else
+      log_msg(LOG_WARN, "same-host shared memory is off: %s (set --shm-socket)", why.msg);
+  }
   for (int i = 0; i < cfg->nlisten && !rc; i++) {
     nng_listener *l = &s->listeners[s->nlisteners];
     if ((rv = nng_listener_create(l, s->sock, cfg->listen[i])) != 0) {
@@ -685,6 +700,7 @@ void server_stop(server *s, unsigned long grace_ms)
   transfers_destroy(&s->xfers);
   reg_destroy(&s->reg);
   engine_synchronize_all();
+  shm_stop(s->shm); /* no request left to hold a region */
   free(s->ctxs);
   free(s->workers);
   auth_file_release(s->auth);

@@ -14,11 +14,12 @@
 #include "frame.h"
 #include "http.h"
 #include "metrics.h"
+#include "regions.h"
 #include "registry.h"
 #include "server.h"
 #include "transfers.h"
 
-#define SERVER_METHODS 18 /* 1..17 */
+#define SERVER_METHODS 20 /* 1..19 */
 
 typedef enum { CTX_RECV, CTX_WORK, CTX_SEND } ctx_state;
 
@@ -77,6 +78,7 @@ struct server {
   metrics metrics;
   http_server *http;
   atomic_bool ready, devices_up, draining;
+  shm_table *shm; /* same-host regions; NULL: none offered */
 };
 
 /* Testing knob: called by server_start just before the server turns ready
@@ -128,5 +130,7 @@ int h_info(call *c);
 int h_list(call *c);
 int h_free(call *c);
 int h_sync(call *c);
+int h_shm_register(call *c);
+int h_shm_release(call *c);
 
 #endif

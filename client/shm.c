@@ -1,0 +1,386 @@
+/*
+ * shm.c: libtport's same-host regions (tport.h's "Same-host shared memory";
+ * transport/shm.h has the handoff and its security).
+ *
+ * Explicit regions are the application's: it fills one in place and puts
+ * from it, or gets into it.  The automatic region is the client's own: a
+ * large tport_put copies the caller's bytes into it and puts from it, a
+ * large get lands in it and is copied out -- one copy on each side instead
+ * of a trip through two sockets.  It grows to the largest tensor seen (up
+ * to CLIENT_SHM_MAX_BYTES) and is used by one call at a time; a call that
+ * finds it busy, or a region that cannot be made, takes the socket.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "crc32c.h"
+#include "dtype.h"
+#include "shm.h"
+
+struct tport_shm {
+  tport_client *client;
+  uint64_t id;
+  int fd;
+  uint8_t *data;
+  size_t nbytes;
+};
+
+bool client_url_is_local(const char *url)
+{
+  static const char *const local[] = {
+      "ipc://",           "inproc://",        "tcp://127.",         "tcp://localhost:",
+      "tcp://[::1]:",     "tcp4://127.",      "tcp6://[::1]:",      "tls+tcp://127.",
+      "tls+tcp://localhost:", "tls+tcp://[::1]:"};
+  for (size_t i = 0; i < sizeof local / sizeof *local; i++)
+    if (strncmp(url, local[i], strlen(local[i])) == 0)
+      return true;
+  return false;
+}
+
+bool tport_shm_available(tport_client *c)
+{
+  return c && c->shm_socket[0];
+}
+
+void *tport_shm_data(const tport_shm *r)
+{
+  return r ? r->data : NULL;
+}
+
+size_t tport_shm_size(const tport_shm *r)
+{
+  return r ? r->nbytes : 0;
+}
+
+static void region_unmap(tport_shm *r)
+{
+  if (r->data)
+    munmap(r->data, r->nbytes);
+  if (r->fd >= 0)
+    close(r->fd);
+  free(r);
+}
+
+int tport_shm_create(tport_client *c, size_t nbytes, tport_shm **out, tport_err *err)
+{
+  if (!tport_shm_available(c))
+    return tport_err_set(err, TPORT_FAILED_PRECONDITION,
+                         "the server offers no shared memory to this client (not on this host, "
+                         "or started with --shm-socket off)");
+  tport_shm *r = calloc(1, sizeof *r);
+  if (!r)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  r->client = c;
+  r->fd = -1;
+  void *base = NULL;
+  int rc = transport_shm_create(nbytes, &r->fd, &base, err);
+  if (rc) {
+    free(r);
+    return rc;
+  }
+  r->data = base;
+  r->nbytes = nbytes;
+  /* the region's name and one-time token on this connection, then the
+   * descriptor with the token over the server's socket */
+  Tport__ShmRegisterRequest q = TPORT__SHM_REGISTER_REQUEST__INIT;
+  q.nbytes = nbytes;
+  Tport__ShmRegisterReply *a;
+  rc = client_rpc(c, TPORT__METHOD__METHOD_SHM_REGISTER, &q.base, NULL, 0,
+                  &tport__shm_register_reply__descriptor, (ProtobufCMessage **)&a, NULL, err);
+  if (rc) {
+    region_unmap(r);
+    return rc;
+  }
+  r->id = a->region;
+  if (a->token.len != TRANSPORT_SHM_TOKEN_BYTES)
+    rc = tport_err_set(err, TPORT_INTERNAL, "the server sent a %zu-byte token", a->token.len);
+  else
+    rc = transport_shm_send(a->socket_path && *a->socket_path ? a->socket_path : c->shm_socket,
+                            a->token.data, r->fd, c->timeout_ms, err);
+  protobuf_c_message_free_unpacked(&a->base, NULL);
+  /* the server holds its own mapping now: this descriptor is done */
+  close(r->fd);
+  r->fd = -1;
+  if (rc) {
+    tport_err ignored;
+    Tport__ShmReleaseRequest rq = TPORT__SHM_RELEASE_REQUEST__INIT;
+    rq.region = r->id;
+    ProtobufCMessage *rr;
+    if (client_rpc(c, TPORT__METHOD__METHOD_SHM_RELEASE, &rq.base, NULL, 0,
+                   &tport__shm_release_reply__descriptor, &rr, NULL, &ignored) == TPORT_OK)
+      protobuf_c_message_free_unpacked(rr, NULL);
+    region_unmap(r);
+    return rc;
+  }
+  *out = r;
+  return TPORT_OK;
+}
+
+int tport_shm_release(tport_shm *r, tport_err *err)
+{
+  if (!r)
+    return TPORT_OK;
+  Tport__ShmReleaseRequest q = TPORT__SHM_RELEASE_REQUEST__INIT;
+  q.region = r->id;
+  ProtobufCMessage *a;
+  int rc = client_rpc(r->client, TPORT__METHOD__METHOD_SHM_RELEASE, &q.base, NULL, 0,
+                      &tport__shm_release_reply__descriptor, &a, NULL, err);
+  if (!rc)
+    protobuf_c_message_free_unpacked(a, NULL);
+  region_unmap(r); /* here, whatever the server said */
+  return rc;
+}
+
+/* The bytes of a dense tensor of that shape, overflow-checked. */
+static int tensor_bytes(tport_dtype dtype, int ndim, const int64_t *sizes, size_t *out,
+                        tport_err *err)
+{
+  if (ndim < 0 || ndim > TPORT_MAX_DIMS)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "ndim is %d: it must be in [0, %d]", ndim,
+                         TPORT_MAX_DIMS);
+  size_t es = tport_dtype_size(dtype);
+  if (!es)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "dtype %d is unknown", (int)dtype);
+  uint64_t n = es;
+  for (int d = 0; d < ndim; d++) {
+    if (sizes[d] < 0)
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "sizes[%d] is %lld", d,
+                           (long long)sizes[d]);
+    if (__builtin_mul_overflow(n, (uint64_t)sizes[d], &n))
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "the tensor's size overflows");
+  }
+  if (n > SIZE_MAX)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "the tensor's size overflows");
+  *out = (size_t)n;
+  return TPORT_OK;
+}
+
+static int put_from(tport_client *c, tport_shm *r, size_t offset, size_t nbytes, tport_dtype dtype,
+                    int ndim, const int64_t *sizes, const int64_t *strides,
+                    const tport_put_options *opts, tport_tensor_info *out, tport_err *err)
+{
+  tport_put_options defaults;
+  if (!opts) {
+    tport_put_options_init(&defaults);
+    opts = &defaults;
+  }
+  Tport__TensorDesc desc;
+  Tport__PutBeginRequest q;
+  client_put_request(c, dtype, ndim, sizes, strides, opts, &desc, &q);
+  Tport__ShmSlice slice = TPORT__SHM_SLICE__INIT;
+  slice.region = r->id;
+  slice.offset = offset;
+  slice.length = nbytes;
+  q.shm = &slice;
+  q.commit = true;
+  if (c->verify) {
+    q.crc32c_set = true;
+    q.crc32c = transport_crc32c(0, r->data + offset, nbytes);
+  }
+  Tport__PutBeginReply *b;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, NULL, 0,
+                      &tport__put_begin_reply__descriptor, (ProtobufCMessage **)&b, NULL, err);
+  if (rc)
+    return rc;
+  if (opts->progress)
+    opts->progress(opts->progress_arg, nbytes, nbytes);
+  if (out)
+    client_info_from_wire(b->info, out);
+  protobuf_c_message_free_unpacked(&b->base, NULL);
+  return TPORT_OK;
+}
+
+int tport_put_shm(tport_client *c, tport_shm *r, size_t offset, tport_dtype dtype, int ndim,
+                  const int64_t *sizes, const int64_t *strides, const tport_put_options *opts,
+                  tport_tensor_info *out, tport_err *err)
+{
+  if (!r || r->client != c)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "the region is not this client's");
+  size_t nbytes;
+  int rc = tensor_bytes(dtype, ndim, sizes, &nbytes, err);
+  if (rc)
+    return rc;
+  if (offset > r->nbytes || nbytes > r->nbytes - offset)
+    return tport_err_set(err, TPORT_OUT_OF_RANGE,
+                         "%zu bytes at offset %zu are past the region's %zu bytes", nbytes, offset,
+                         r->nbytes);
+  return put_from(c, r, offset, nbytes, dtype, ndim, sizes, strides, opts, out, err);
+}
+
+/* GetBegin into a slice of r; with fallback, a tensor that does not fit
+ * (or fits inline) comes back the ordinary way instead: *in_region says. */
+static int get_begin_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t offset,
+                         size_t cap, bool fallback, Tport__GetBeginReply **out,
+                         client_payload *payload, tport_err *err)
+{
+  Tport__Ref w;
+  client_ref_to_wire(ref, &w);
+  Tport__GetBeginRequest q = TPORT__GET_BEGIN_REQUEST__INIT;
+  q.ref = &w;
+  q.inline_max = fallback ? CLIENT_SHM_MIN_BYTES - 1 : 0; /* small ones: inline */
+  q.want_crc32c = c->verify;
+  Tport__ShmSlice slice = TPORT__SHM_SLICE__INIT;
+  slice.region = r->id;
+  slice.offset = offset;
+  slice.length = cap;
+  q.shm = &slice;
+  q.shm_fallback = fallback;
+  return client_rpc(c, TPORT__METHOD__METHOD_GET_BEGIN, &q.base, NULL, 0,
+                    &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload, err);
+}
+
+/* The bytes a get wrote into the region: as many as it said, with the
+ * CRC32C it sent when verifying. */
+int client_shm_check_get(tport_client *c, const Tport__GetBeginReply *b, const tport_shm *r,
+                         size_t offset, size_t cap, tport_err *err)
+{
+  if (b->nbytes > cap)
+    return tport_err_set(err, TPORT_DATA_LOSS, "the server wrote %llu bytes into %zu",
+                         (unsigned long long)b->nbytes, cap);
+  if (!c->verify)
+    return TPORT_OK;
+  if (!b->crc32c_set)
+    return tport_err_set(err, TPORT_DATA_LOSS, "the get came without a CRC32C");
+  uint32_t got = transport_crc32c(0, r->data + offset, (size_t)b->nbytes);
+  if (got != b->crc32c)
+    return tport_err_set(err, TPORT_DATA_LOSS,
+                         "the region holds bytes with CRC32C 0x%08x; the server wrote 0x%08x", got,
+                         b->crc32c);
+  return TPORT_OK;
+}
+
+int tport_get_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t offset, size_t cap,
+                  tport_tensor_info *info, size_t *nbytes, tport_err *err)
+{
+  if (!r || r->client != c)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "the region is not this client's");
+  if (offset > r->nbytes || cap > r->nbytes - offset)
+    return tport_err_set(err, TPORT_OUT_OF_RANGE,
+                         "%zu bytes at offset %zu are past the region's %zu bytes", cap, offset,
+                         r->nbytes);
+  Tport__GetBeginReply *b;
+  int rc = get_begin_shm(c, ref, r, offset, cap, false, &b, NULL, err);
+  if (rc)
+    return rc;
+  if (!b->shm)
+    rc = tport_err_set(err, TPORT_INTERNAL, "the server did not write into the region");
+  if (!rc)
+    rc = client_shm_check_get(c, b, r, offset, cap, err);
+  if (!rc && info)
+    client_info_from_wire(b->info, info);
+  if (!rc && nbytes)
+    *nbytes = (size_t)b->nbytes;
+  protobuf_c_message_free_unpacked(&b->base, NULL);
+  return rc;
+}
+
+int tport_shm_dlpack(const tport_shm *r, size_t offset, const tport_tensor_info *info,
+                     DLTensor *out, int64_t shape[TPORT_MAX_DIMS], tport_err *err)
+{
+  if (!r || !info || info->ndim < 0 || info->ndim > TPORT_MAX_DIMS)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "a region and a tensor's info are needed");
+  size_t nbytes;
+  int rc = tensor_bytes(info->dtype, info->ndim, info->sizes, &nbytes, err);
+  if (rc)
+    return rc;
+  if (offset > r->nbytes || nbytes > r->nbytes - offset)
+    return tport_err_set(err, TPORT_OUT_OF_RANGE,
+                         "%zu bytes at offset %zu are past the region's %zu bytes", nbytes, offset,
+                         r->nbytes);
+  DLDataType dt;
+  if ((rc = client_dl_dtype(info->dtype, &dt, err)) != TPORT_OK)
+    return rc;
+  memset(out, 0, sizeof *out);
+  for (int d = 0; d < info->ndim; d++)
+    shape[d] = info->sizes[d];
+  out->data = r->data + offset;
+  out->device = (DLDevice){kDLCPU, 0};
+  out->ndim = info->ndim;
+  out->dtype = dt;
+  out->shape = shape;
+  out->strides = NULL; /* contiguous: the get wrote logical C order */
+  out->byte_offset = 0;
+  return TPORT_OK;
+}
+
+/* ---------------------------------------------------------------- the automatic region */
+
+/* Makes the cached region hold at least need bytes (shm_mu held). */
+static bool cache_fit(tport_client *c, size_t need)
+{
+  if (c->shm_cache && c->shm_cache->nbytes >= need)
+    return true;
+  size_t old = c->shm_cache ? c->shm_cache->nbytes : 0;
+  size_t want = need > 2 * old ? need : 2 * old;
+  if (want > CLIENT_SHM_MAX_BYTES)
+    want = need;
+  want = (want + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1); /* whole huge pages */
+  if (c->shm_cache) {
+    tport_shm_release(c->shm_cache, NULL);
+    c->shm_cache = NULL;
+  }
+  tport_err why;
+  int rc = tport_shm_create(c, want, &c->shm_cache, &why);
+  if (rc == TPORT_UNAVAILABLE || rc == TPORT_PERMISSION_DENIED ||
+      rc == TPORT_FAILED_PRECONDITION)
+    c->shm_auto = false; /* the socket cannot be reached from here: do not try again */
+  return rc == TPORT_OK;
+}
+
+int client_shm_put_auto(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
+                        const int64_t *strides, const void *data, size_t nbytes,
+                        const tport_put_options *opts, tport_tensor_info *out, bool *used,
+                        tport_err *err)
+{
+  *used = false;
+  if (!c->shm_auto || nbytes < CLIENT_SHM_MIN_BYTES || nbytes > CLIENT_SHM_MAX_BYTES)
+    return TPORT_OK;
+  if (pthread_mutex_trylock(&c->shm_mu) != 0)
+    return TPORT_OK; /* another thread's transfer has it: this one takes the socket */
+  int rc = TPORT_OK;
+  if (c->shm_auto && cache_fit(c, nbytes)) {
+    *used = true;
+    memcpy(c->shm_cache->data, data, nbytes);
+    rc = put_from(c, c->shm_cache, 0, nbytes, dtype, ndim, sizes, strides, opts, out, err);
+  }
+  pthread_mutex_unlock(&c->shm_mu);
+  return rc;
+}
+
+tport_shm *client_shm_auto_take(tport_client *c, size_t cap)
+{
+  if (!c->shm_auto || pthread_mutex_trylock(&c->shm_mu) != 0)
+    return NULL;
+  if (cap >= CLIENT_SHM_MIN_BYTES && cap <= CLIENT_SHM_MAX_BYTES && c->shm_auto)
+    cache_fit(c, cap);
+  if (!c->shm_cache) {
+    pthread_mutex_unlock(&c->shm_mu);
+    return NULL;
+  }
+  return c->shm_cache;
+}
+
+void client_shm_auto_done(tport_client *c, size_t want)
+{
+  /* a tensor too large for the region came by socket: next time it fits */
+  if (want >= CLIENT_SHM_MIN_BYTES && want <= CLIENT_SHM_MAX_BYTES && c->shm_auto)
+    cache_fit(c, want);
+  pthread_mutex_unlock(&c->shm_mu);
+}
+
+void client_shm_close(tport_client *c)
+{
+  if (c->shm_cache)
+    region_unmap(c->shm_cache); /* the server's side goes with the connection */
+  c->shm_cache = NULL;
+}
+
+int client_shm_get_begin(tport_client *c, const tport_ref *ref, tport_shm *r,
+                         Tport__GetBeginReply **out, client_payload *payload, tport_err *err)
+{
+  return get_begin_shm(c, ref, r, 0, r->nbytes, true, out, payload, err);
+}

@@ -1,0 +1,46 @@
+/*
+ * handlers_shm.c: ShmRegister and ShmRelease, the nng half of same-host
+ * regions (the descriptor itself goes over the shm socket: regions.h).
+ */
+#include <string.h>
+
+#include "wire.h"
+
+int h_shm_register(call *c)
+{
+  Tport__ShmRegisterRequest *q = (Tport__ShmRegisterRequest *)c->req;
+  server *s = c->srv;
+  if (!s->shm)
+    return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION,
+                         "this server offers no shared memory (--shm-socket off, or its socket "
+                         "could not be opened)");
+  char tenant[REG_TENANT_MAX];
+  if (!reg_session_tenant(&s->reg, c->pipe, tenant, sizeof tenant))
+    return tport_err_set(&c->err, TPORT_ABORTED, "the connection is closing");
+  uint64_t id;
+  uint8_t token[TRANSPORT_SHM_TOKEN_BYTES];
+  int rc = shm_register(s->shm, c->pipe, tenant, q->nbytes, &id, token, &c->err);
+  if (rc)
+    return rc;
+  Tport__ShmRegisterReply r = TPORT__SHM_REGISTER_REPLY__INIT;
+  r.status = wire_ok();
+  r.region = id;
+  r.token.data = token;
+  r.token.len = sizeof token;
+  r.socket_path = (char *)shm_socket_path(s->shm);
+  return call_reply(c, &r.base, NULL, 0);
+}
+
+int h_shm_release(call *c)
+{
+  Tport__ShmReleaseRequest *q = (Tport__ShmReleaseRequest *)c->req;
+  server *s = c->srv;
+  if (!s->shm)
+    return tport_err_set(&c->err, TPORT_NOT_FOUND, "this server offers no shared memory");
+  int rc = shm_release(s->shm, c->pipe, q->region, &c->err);
+  if (rc)
+    return rc;
+  Tport__ShmReleaseReply r = TPORT__SHM_RELEASE_REPLY__INIT;
+  r.status = wire_ok();
+  return call_reply(c, &r.base, NULL, 0);
+}

@@ -1,0 +1,466 @@
+/*
+ * regions.c: the server's same-host regions and the thread that takes
+ * their descriptors (regions.h).
+ */
+#define _GNU_SOURCE
+#include "regions.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <uthash.h>
+
+#include "engine.h"
+#include "log.h"
+
+/* a token is good this long after ShmRegister */
+#define TOKEN_TTL_MS 10000
+/* the time a peer of the socket has to send its handoff */
+#define HANDOFF_TIMEOUT_MS 2000
+#define TENANT_MAX 64
+
+typedef enum { REGION_PENDING, REGION_READY } region_state;
+
+struct shm_region {
+  uint64_t id;
+  uint32_t pipe;
+  char tenant[TENANT_MAX];
+  uint8_t token[TRANSPORT_SHM_TOKEN_BYTES];
+  int64_t token_expires_ms;
+  region_state state;
+  bool tokened;     /* in by_token: its token has not been used */
+  bool handing_off; /* the handoff thread is checking its descriptor */
+  bool released;    /* gone from the tables; unmapped by the last holder */
+  uint8_t *base;
+  size_t nbytes;
+  bool pinned;
+  int holds;
+  UT_hash_handle hh;     /* by id */
+  UT_hash_handle hh_tok; /* by token, while PENDING */
+};
+
+typedef struct tenant_use {
+  char name[TENANT_MAX];
+  size_t bytes;
+  UT_hash_handle hh;
+} tenant_use;
+
+struct shm_table {
+  shm_config cfg;
+  char *path;
+  int listen_fd;
+  int wake[2]; /* a pipe that stops the thread */
+  pthread_t thread;
+  pthread_mutex_t mu;
+  shm_region *by_id, *by_token;
+  tenant_use *tenants;
+  uint64_t next_id;
+  shm_stats stats;
+};
+
+static int64_t now_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static tenant_use *tenant_of(shm_table *t, const char *name, bool create)
+{
+  tenant_use *u;
+  HASH_FIND_STR(t->tenants, name, u);
+  if (!u && create && (u = calloc(1, sizeof *u))) {
+    snprintf(u->name, sizeof u->name, "%s", name);
+    HASH_ADD_STR(t->tenants, name, u);
+  }
+  return u;
+}
+
+static void uncharge(shm_table *t, const shm_region *r)
+{
+  tenant_use *u = tenant_of(t, r->tenant, false);
+  if (!u)
+    return;
+  u->bytes -= r->nbytes;
+  if (u->bytes == 0) {
+    HASH_DEL(t->tenants, u);
+    free(u);
+  }
+}
+
+/* Unmaps a region nobody holds any more.  Never under mu (cudaHostUnregister
+ * and munmap of a large mapping take a while). */
+static void region_free(shm_region *r)
+{
+  if (r->base) {
+    if (r->pinned)
+      engine_host_unregister(r->base);
+    munmap(r->base, r->nbytes);
+  }
+  free(r);
+}
+
+/* Takes r out of the tables and the quota (mu held); true when the caller
+ * must free it (nobody holds it). */
+static bool region_remove(shm_table *t, shm_region *r)
+{
+  HASH_DELETE(hh, t->by_id, r);
+  if (r->tokened)
+    HASH_DELETE(hh_tok, t->by_token, r);
+  r->tokened = false;
+  uncharge(t, r);
+  t->stats.regions--;
+  t->stats.bytes -= r->nbytes;
+  r->released = true;
+  /* the handoff thread owns a region it is checking: it frees it */
+  return r->holds == 0 && !r->handing_off;
+}
+
+/* ---------------------------------------------------------------- handoff */
+
+/* Checks and maps the descriptor for the region its token names. */
+static int handoff(shm_table *t, int conn, tport_err *err)
+{
+  uint8_t token[TRANSPORT_SHM_TOKEN_BYTES];
+  int fd = -1;
+  transport_shm_peer peer;
+  int rc = transport_shm_recv(conn, HANDOFF_TIMEOUT_MS, token, &fd, &peer, err);
+  if (rc)
+    return rc;
+  if (!transport_shm_peer_allowed(&peer, t->cfg.mode)) {
+    close(fd);
+    return tport_err_set(err, TPORT_PERMISSION_DENIED,
+                         "uid %u may not hand regions to this server (--shm-mode %o)",
+                         (unsigned)peer.uid, t->cfg.mode);
+  }
+  /* the token: good once, for its own connection's region, until it expires */
+  pthread_mutex_lock(&t->mu);
+  shm_region *r;
+  HASH_FIND(hh_tok, t->by_token, token, sizeof token, r);
+  if (r) {
+    HASH_DELETE(hh_tok, t->by_token, r);
+    r->tokened = false;
+    r->handing_off = true;
+  }
+  pthread_mutex_unlock(&t->mu);
+  if (!r) {
+    close(fd);
+    return tport_err_set(err, TPORT_PERMISSION_DENIED,
+                         "the token names no region waiting for its descriptor");
+  }
+  if (now_ms() > r->token_expires_ms)
+    rc = tport_err_set(err, TPORT_DEADLINE_EXCEEDED,
+                       "the region's token expired (%d ms after ShmRegister): register again",
+                       TOKEN_TTL_MS);
+  if (!rc)
+    rc = transport_shm_check(fd, r->nbytes, err);
+  void *base = MAP_FAILED;
+  if (!rc && (base = mmap(NULL, r->nbytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "the region cannot be mapped: %s",
+                       strerror(errno));
+  close(fd); /* the mapping keeps the memory */
+  bool pinned = false;
+  if (!rc) {
+    tport_err why;
+    if (engine_host_register(base, r->nbytes, &pinned, &why) != TPORT_OK)
+      log_msg(LOG_WARN, "region %llu stays pageable: %s", (unsigned long long)r->id, why.msg);
+  }
+  pthread_mutex_lock(&t->mu);
+  r->handing_off = false;
+  bool gone = r->released;
+  if (!rc && !gone) {
+    r->base = base;
+    r->pinned = pinned;
+    r->state = REGION_READY;
+  } else if (!gone) {
+    /* a failed handoff ends the region: register again */
+    region_remove(t, r);
+    gone = true;
+  }
+  pthread_mutex_unlock(&t->mu);
+  if (gone) {
+    if (base != MAP_FAILED && !r->base) {
+      r->base = base;
+      r->pinned = pinned;
+    }
+    region_free(r);
+    if (!rc)
+      rc = tport_err_set(err, TPORT_ABORTED, "the region was released during its handoff");
+  }
+  return rc;
+}
+
+static void *handoff_main(void *arg)
+{
+  shm_table *t = arg;
+  for (;;) {
+    struct pollfd p[2] = {{.fd = t->listen_fd, .events = POLLIN},
+                          {.fd = t->wake[0], .events = POLLIN}};
+    if (poll(p, 2, -1) < 0 && errno != EINTR)
+      break;
+    if (p[1].revents)
+      break;
+    if (!(p[0].revents & POLLIN))
+      continue;
+    int conn = accept4(t->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (conn < 0)
+      continue;
+    tport_err err;
+    tport_err_clear(&err);
+    int rc = handoff(t, conn, &err);
+    transport_shm_reply(conn, rc, rc ? err.msg : "");
+    close(conn);
+    pthread_mutex_lock(&t->mu);
+    if (rc)
+      t->stats.handoffs_refused++;
+    else
+      t->stats.handoffs_ok++;
+    pthread_mutex_unlock(&t->mu);
+    if (rc)
+      log_event(LOG_INFO, "region handoff refused", "code", tport_status_name(rc), "error",
+                err.msg, NULL);
+  }
+  OPENSSL_thread_stop();
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- table */
+
+int shm_start(const shm_config *cfg, shm_table **out, tport_err *err)
+{
+  shm_table *t = calloc(1, sizeof *t);
+  if (!t)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  t->cfg = *cfg;
+  t->path = strdup(cfg->path);
+  t->listen_fd = -1;
+  t->wake[0] = t->wake[1] = -1;
+  t->next_id = 1;
+  pthread_mutex_init(&t->mu, NULL);
+  int rc = t->path ? TPORT_OK : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  if (!rc)
+    rc = transport_shm_listen(cfg->path, cfg->mode, &t->listen_fd, err);
+  if (!rc && pipe2(t->wake, O_CLOEXEC) != 0)
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "pipe: %s", strerror(errno));
+  if (!rc && pthread_create(&t->thread, NULL, handoff_main, t) != 0)
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "cannot start the shm thread");
+  if (rc) {
+    if (t->listen_fd >= 0) {
+      close(t->listen_fd);
+      unlink(cfg->path);
+    }
+    if (t->wake[0] >= 0) {
+      close(t->wake[0]);
+      close(t->wake[1]);
+    }
+    pthread_mutex_destroy(&t->mu);
+    free(t->path);
+    free(t);
+    return rc;
+  }
+  *out = t;
+  return TPORT_OK;
+}
+
+void shm_stop(shm_table *t)
+{
+  if (!t)
+    return;
+  ssize_t n;
+  do
+    n = write(t->wake[1], "x", 1);
+  while (n < 0 && errno == EINTR);
+  pthread_join(t->thread, NULL);
+  close(t->listen_fd);
+  unlink(t->path);
+  close(t->wake[0]);
+  close(t->wake[1]);
+  shm_region *r, *tmp;
+  HASH_ITER(hh, t->by_id, r, tmp)
+  {
+    region_remove(t, r);
+    region_free(r);
+  }
+  tenant_use *u, *ut;
+  HASH_ITER(hh, t->tenants, u, ut)
+  {
+    HASH_DEL(t->tenants, u);
+    free(u);
+  }
+  pthread_mutex_destroy(&t->mu);
+  free(t->path);
+  free(t);
+}
+
+const char *shm_socket_path(const shm_table *t)
+{
+  return t ? t->path : NULL;
+}
+
+int shm_register(shm_table *t, uint32_t pipe, const char *tenant, uint64_t nbytes, uint64_t *id,
+                 uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], tport_err *err)
+{
+  if (nbytes == 0)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "a region holds at least one byte");
+  if (nbytes > t->cfg.quota)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                         "a region of %llu bytes is over the tenant's shm quota (%zu bytes)",
+                         (unsigned long long)nbytes, t->cfg.quota);
+  shm_region *r = calloc(1, sizeof *r);
+  if (!r)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  if (RAND_bytes(r->token, sizeof r->token) != 1) {
+    free(r);
+    return tport_err_set(err, TPORT_INTERNAL, "RAND_bytes failed");
+  }
+  snprintf(r->tenant, sizeof r->tenant, "%s", tenant);
+  r->pipe = pipe;
+  r->nbytes = (size_t)nbytes;
+  r->state = REGION_PENDING;
+  r->token_expires_ms = now_ms() + TOKEN_TTL_MS;
+  pthread_mutex_lock(&t->mu);
+  size_t mine = 0;
+  for (shm_region *x = t->by_id; x; x = x->hh.next)
+    mine += x->pipe == pipe;
+  tenant_use *u = tenant_of(t, tenant, true);
+  int rc = TPORT_OK;
+  if (!u)
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  else if (mine >= t->cfg.max_regions)
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                       "this connection holds %zu regions already: release one first", mine);
+  else if (u->bytes + r->nbytes > t->cfg.quota || u->bytes + r->nbytes < u->bytes)
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                       "tenant '%s' has %zu bytes of regions: %llu more would pass its shm quota "
+                       "(%zu bytes)",
+                       tenant, u->bytes, (unsigned long long)nbytes, t->cfg.quota);
+  if (rc) {
+    if (u && u->bytes == 0) {
+      HASH_DEL(t->tenants, u);
+      free(u);
+    }
+    pthread_mutex_unlock(&t->mu);
+    free(r);
+    return rc;
+  }
+  u->bytes += r->nbytes;
+  r->id = t->next_id++;
+  HASH_ADD(hh, t->by_id, id, sizeof r->id, r);
+  HASH_ADD(hh_tok, t->by_token, token, sizeof r->token, r);
+  r->tokened = true;
+  t->stats.regions++;
+  t->stats.bytes += r->nbytes;
+  *id = r->id;
+  memcpy(token, r->token, sizeof r->token);
+  pthread_mutex_unlock(&t->mu);
+  return TPORT_OK;
+}
+
+static shm_region *find_mine(shm_table *t, uint32_t pipe, uint64_t id)
+{
+  shm_region *r;
+  HASH_FIND(hh, t->by_id, &id, sizeof id, r);
+  return r && r->pipe == pipe ? r : NULL; /* another connection's: as if none */
+}
+
+int shm_release(shm_table *t, uint32_t pipe, uint64_t id, tport_err *err)
+{
+  pthread_mutex_lock(&t->mu);
+  shm_region *r = find_mine(t, pipe, id);
+  bool free_it = r && region_remove(t, r);
+  pthread_mutex_unlock(&t->mu);
+  if (!r)
+    return tport_err_set(err, TPORT_NOT_FOUND, "this connection has no region %llu",
+                         (unsigned long long)id);
+  if (free_it)
+    region_free(r);
+  return TPORT_OK;
+}
+
+void shm_drop_pipe(shm_table *t, uint32_t pipe)
+{
+  if (!t)
+    return;
+  shm_region *dead = NULL;
+  pthread_mutex_lock(&t->mu);
+  shm_region *r, *tmp;
+  HASH_ITER(hh, t->by_id, r, tmp)
+  {
+    if (r->pipe != pipe)
+      continue;
+    if (region_remove(t, r)) {
+      r->hh.next = dead; /* out of the table: the link is free to reuse */
+      dead = r;
+    }
+  }
+  pthread_mutex_unlock(&t->mu);
+  while (dead) {
+    shm_region *next = dead->hh.next;
+    region_free(dead);
+    dead = next;
+  }
+}
+
+int shm_hold(shm_table *t, uint32_t pipe, uint64_t id, uint64_t offset, uint64_t length,
+             shm_region **out, uint8_t **p, bool *pinned, tport_err *err)
+{
+  if (!t)
+    return tport_err_set(err, TPORT_FAILED_PRECONDITION,
+                         "this server offers no shared memory (--shm-socket off)");
+  pthread_mutex_lock(&t->mu);
+  shm_region *r = find_mine(t, pipe, id);
+  int rc = TPORT_OK;
+  if (!r)
+    rc = tport_err_set(err, TPORT_NOT_FOUND, "this connection has no region %llu",
+                       (unsigned long long)id);
+  else if (r->state != REGION_READY)
+    rc = tport_err_set(err, TPORT_FAILED_PRECONDITION,
+                       "region %llu has not been handed over yet (its descriptor goes to the shm "
+                       "socket first)",
+                       (unsigned long long)id);
+  else if (offset > r->nbytes || length > r->nbytes - offset)
+    rc = tport_err_set(err, TPORT_OUT_OF_RANGE,
+                       "bytes [%llu, +%llu) are past region %llu's %zu bytes",
+                       (unsigned long long)offset, (unsigned long long)length,
+                       (unsigned long long)id, r->nbytes);
+  if (!rc) {
+    r->holds++;
+    t->stats.transfers++;
+    *out = r;
+    *p = r->base + offset;
+    *pinned = r->pinned;
+  }
+  pthread_mutex_unlock(&t->mu);
+  return rc;
+}
+
+void shm_unhold(shm_table *t, shm_region *r)
+{
+  if (!r)
+    return;
+  pthread_mutex_lock(&t->mu);
+  bool free_it = --r->holds == 0 && r->released && !r->handing_off;
+  pthread_mutex_unlock(&t->mu);
+  if (free_it)
+    region_free(r);
+}
+
+void shm_get_stats(shm_table *t, shm_stats *out)
+{
+  memset(out, 0, sizeof *out);
+  if (!t)
+    return;
+  pthread_mutex_lock(&t->mu);
+  *out = t->stats;
+  pthread_mutex_unlock(&t->mu);
+}

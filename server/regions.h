@@ -1,0 +1,68 @@
+/*
+ * regions.h: the server's same-host regions (transport/shm.h has the handoff).
+ *
+ * A region's life: ShmRegister makes it PENDING for its connection and
+ * tenant, with a one-time token that expires; the handoff thread (serving
+ * --shm-socket) takes a descriptor with that token, checks the peer, the
+ * seals and the size, maps it once (and registers the mapping with CUDA
+ * when a GPU is present, so copies to a device read it directly) and turns
+ * it READY.  Puts and gets of that connection then hold it while they copy
+ * (shm_hold/shm_unhold), so a release or a disconnect in the meantime
+ * unmaps it only once the last holder is done.  Regions belong to their
+ * connection: another connection's, even of the same tenant, is NOT_FOUND.
+ * Every byte registered counts against the tenant's quota (--shm-quota)
+ * until the region is released.
+ *
+ * Bytes in a region can change under the server at any time (the client
+ * shares them): the server copies them once and never trusts what it read
+ * from them for anything but data.  Their size cannot change (sealed).
+ */
+#ifndef TPORT_SERVER_REGIONS_H
+#define TPORT_SERVER_REGIONS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shm.h"
+#include "tport_types.h"
+
+typedef struct shm_table shm_table;
+typedef struct shm_region shm_region;
+
+typedef struct shm_config {
+  const char *path; /* the Unix socket */
+  unsigned mode;    /* its permissions */
+  size_t quota;     /* bytes registered per tenant */
+  size_t max_regions; /* per connection */
+} shm_config;
+
+/* Listens on cfg->path and starts the handoff thread. */
+int shm_start(const shm_config *cfg, shm_table **out, tport_err *err);
+/* Stops the thread, removes the socket file, unmaps every region (no
+ * request may be running). */
+void shm_stop(shm_table *t);
+const char *shm_socket_path(const shm_table *t);
+
+/* A new PENDING region of nbytes for the connection (pipe) of tenant. */
+int shm_register(shm_table *t, uint32_t pipe, const char *tenant, uint64_t nbytes, uint64_t *id,
+                 uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], tport_err *err);
+int shm_release(shm_table *t, uint32_t pipe, uint64_t id, tport_err *err);
+/* The connection closed: its regions go (once their holders are done). */
+void shm_drop_pipe(shm_table *t, uint32_t pipe);
+
+/* Bytes [offset, offset + length) of the connection's READY region id,
+ * checked against its size: *p points at them, *r is held (shm_unhold it).
+ * *pinned: the mapping is registered with the GPU driver. */
+int shm_hold(shm_table *t, uint32_t pipe, uint64_t id, uint64_t offset, uint64_t length,
+             shm_region **r, uint8_t **p, bool *pinned, tport_err *err);
+void shm_unhold(shm_table *t, shm_region *r);
+
+typedef struct shm_stats {
+  uint64_t regions, bytes;                /* registered now (pending ones included) */
+  uint64_t handoffs_ok, handoffs_refused; /* descriptors taken / refused, ever */
+  uint64_t transfers;                     /* puts and gets through a region, ever */
+} shm_stats;
+void shm_get_stats(shm_table *t, shm_stats *out);
+
+#endif
