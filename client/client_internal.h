@@ -67,6 +67,15 @@ int client_slot_finish(client_slot *s, tport_err *err);
 void client_ref_to_wire(const tport_ref *ref, Tport__Ref *w);
 void client_info_from_wire(const Tport__TensorInfo *w, tport_tensor_info *out);
 
+/* A region (shm.c): the server's name for it, and its mapping here. */
+struct tport_shm {
+  tport_client *client;
+  uint64_t id;
+  int fd; /* until the server has it */
+  uint8_t *data;
+  size_t nbytes;
+};
+
 /* Puts and gets of at least this many bytes go through the automatic
  * region (smaller ones cost less on the socket than the copy in). */
 #define CLIENT_SHM_MIN_BYTES ((size_t)256 << 10)

@@ -21,14 +21,6 @@
 #include "dtype.h"
 #include "shm.h"
 
-struct tport_shm {
-  tport_client *client;
-  uint64_t id;
-  int fd;
-  uint8_t *data;
-  size_t nbytes;
-};
-
 bool client_url_is_local(const char *url)
 {
   static const char *const local[] = {

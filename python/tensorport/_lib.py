@@ -92,6 +92,7 @@ class ConnectOptions(ctypes.Structure):
         ("tls_key", ctypes.c_char_p),
         ("tls_server_name", ctypes.c_char_p),
         ("verify", ctypes.c_bool),
+        ("no_shm", ctypes.c_bool),
     ]
 
 
