@@ -1,7 +1,7 @@
 /*
  * cli.c: tport, the command line of tensorport.
  *
- *   tport [--url URL] [--tenant T] [--secret-file F] [--verify] [--json] COMMAND ...
+ *   tport [--url URL] [--tenant T] [--secret-file F] [--verify] [--no-shm] [--json] COMMAND ...
  *
  * Exit status 0 only on success; errors go to stderr as "tport: CODE: message".
  * Tensors made by the tool are kept for the tenant (with the server's time to
@@ -50,6 +50,10 @@ static void usage(FILE *o)
              "                $TPORT_TLS_SERVER_NAME, else the URL's host)\n"
              "  --verify      a CRC32C on every chunk, checked by the other end (default\n"
              "                $TPORT_VERIFY=1)\n"
+             "  --no-shm      keep tensors on the socket: by default, on a local URL\n"
+             "                (ipc://, tcp:// on loopback) to a server that offers shared\n"
+             "                memory, large ones go through a sealed memfd region at memory\n"
+             "                speed ($TPORT_SHM=0 too)\n"
              "  --json        machine-readable output\n\n"
              "commands (a REF is a handle or a name):\n"
              "  put FILE.npy [--name N] [--device D] [--dtype T] [--memory-format F] [--ttl S]\n"
@@ -457,6 +461,7 @@ int main(int argc, char **argv)
              *secret_file = getenv("TPORT_SECRET_FILE"), *tls_ca = getenv("TPORT_TLS_CA"),
              *tls_cert = getenv("TPORT_TLS_CERT"), *tls_key = getenv("TPORT_TLS_KEY"),
              *tls_name = getenv("TPORT_TLS_SERVER_NAME"), *verify = getenv("TPORT_VERIFY");
+  bool no_shm = false;
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -466,6 +471,8 @@ int main(int argc, char **argv)
       json = true;
     } else if (strcmp(argv[i], "--verify") == 0) {
       verify = "1";
+    } else if (strcmp(argv[i], "--no-shm") == 0) {
+      no_shm = true;
     } else if (strcmp(argv[i], "--url") == 0 && i + 1 < argc) {
       url = argv[++i];
     } else if (strcmp(argv[i], "--tenant") == 0 && i + 1 < argc) {
@@ -511,7 +518,8 @@ int main(int argc, char **argv)
                               .tls_cert = SET(tls_cert),
                               .tls_key = SET(tls_key),
                               .tls_server_name = SET(tls_name),
-                              .verify = verify && strcmp(verify, "1") == 0};
+                              .verify = verify && strcmp(verify, "1") == 0,
+                              .no_shm = no_shm};
 #undef SET
   if (tport_connect(url && *url ? url : "tcp://127.0.0.1:7450", &co, &c, &err))
     return fail(&err);

@@ -172,7 +172,11 @@ class Client:
     (``$TPORT_TLS_CA``, ...), ``verify`` (``$TPORT_VERIFY=1``: a CRC32C on
     every chunk), ``timeout`` (seconds per request; default 60), ``keep``
     (keep everything this client makes for the tenant, as the ``tport`` tool
-    does; default False: unnamed tensors go when the client closes).
+    does; default False: unnamed tensors go when the client closes), ``shm``
+    (same host: on a local URL -- ``ipc://``, ``tcp://127.0.0.1`` -- to a
+    server that offers shared memory, large tensors go through a sealed
+    memfd region at memory speed instead of the socket; default True unless
+    ``$TPORT_SHM=0``).
 
     A context manager: ``with tensorport.Client() as c: ...`` closes it.
     Many threads may share one client.  Raises Unavailable when the server
@@ -181,7 +185,7 @@ class Client:
 
     def __init__(self, url=None, tenant=None, secret_file=None, tls_ca=None, *, secret=None,
                  tls_cert=None, tls_key=None, tls_server_name=None, verify=None, timeout=None,
-                 keep=False):
+                 keep=False, shm=None):
         self._lib = lib = _lib.load()
         self.url = url or _env("TPORT_URL") or DEFAULT_URL
         self.tenant = tenant or _env("TPORT_TENANT") or "default"
@@ -197,6 +201,7 @@ class Client:
             "tls_server_name": tls_server_name or _env("TPORT_TLS_SERVER_NAME"),
             "verify": bool(verify),
             "timeout_ms": int(timeout * 1000) if timeout else 0,
+            "no_shm": shm is not None and not shm,
         }
         self.keep = bool(keep)
         self._cv = threading.Condition()
@@ -219,6 +224,7 @@ class Client:
         for k in ("secret_file", "tls_ca", "tls_cert", "tls_key", "tls_server_name"):
             setattr(o, k, _enc(c[k]))
         o.verify = c["verify"]
+        o.no_shm = c["no_shm"]
         h = ctypes.c_void_p()
         err = _lib.Err()
         rc = self._lib.tport_connect(self.url.encode(), ctypes.byref(o), ctypes.byref(h),

@@ -44,7 +44,8 @@ class Server:
         self.log = open(os.path.join(self.dir, "tportd.log"), "w+")
         self.proc = subprocess.Popen(
             [tportd_path(), "--listen", self.url, "--devices", devices, "--http-listen", "off",
-             "--shm-socket", os.path.join(self.dir, "shm.sock"), "--log-level", "1", *args],
+             "--shm-socket", os.path.join(self.dir, "shm.sock"), "--admin", "ops",
+             "--log-level", "1", *args],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 20
         while True:

@@ -153,7 +153,9 @@ def test_context_managers_and_close(server):
         t.info()
 
 
-def test_progress_callable(client):
+def test_progress_callable(server):
+    # by socket: chunk by chunk (through a same-host region: once, whole)
+    client = tp.Client(server.url, shm=False)
     seen = []
     x = np.random.default_rng(2).standard_normal(3_000_000)  # 24 MB: several chunks
     t = client.put(x, progress=lambda done, total: seen.append((done, total)))
@@ -171,6 +173,11 @@ def test_progress_callable(client):
     seen.clear()
     client.put(np.ones(3), progress=lambda d, n: seen.append((d, n)))
     assert seen == [(24, 24)]
+    client.close()
+    with tp.Client(server.url) as c:
+        seen.clear()
+        assert np.array_equal(c.get(c.put(x, progress=lambda d, n: seen.append((d, n)))), x)
+        assert seen == [(x.nbytes, x.nbytes)]
 
 
 def test_progress_bar_with_tqdm(client, capfd):
@@ -258,12 +265,13 @@ def test_close_waits_for_calls_in_flight(server):
     assert results and all(r in ((4_000_000,), "closed") for r in results)
 
 
-def test_the_gil_is_released_during_transfers(client):
+def test_the_gil_is_released_during_transfers(server):
     # With no forced GIL switches (a switch interval of a minute), this thread
     # runs during a put on another thread only if the C call let go of the
     # GIL: ctypes' CDLL does (a PyDLL would not), and the progress callbacks
     # take it back.  sleep(0) hands the GIL over whenever a callback wants it.
-    x = np.zeros(64 << 17)  # 64 MiB, 16 chunks
+    x = np.zeros(64 << 17)  # 64 MiB, 16 chunks (by socket: a region reports once)
+    client = tp.Client(server.url, shm=False)
     spins = [0]
     marks = []
 
@@ -279,6 +287,7 @@ def test_the_gil_is_released_during_transfers(client):
     finally:
         sys.setswitchinterval(old)
     th.join()
+    client.close()
     assert len(marks) > 4
     assert marks[-1] - marks[0] > 20, marks  # 0 with the GIL held; ~500 here
 
@@ -310,6 +319,27 @@ def test_verify_and_timeout_options(server, monkeypatch):
     with tp.Client(server.url, timeout=30) as c:
         assert c._conf["verify"] and c._conf["timeout_ms"] == 30000
         assert np.array_equal(c.get(c.put(x)), x)
+
+
+def test_same_host_shared_memory(server, monkeypatch):
+    """A local client moves large tensors through a region (the server counts
+    them); shm=False and TPORT_SHM=0 keep them on the socket."""
+    x = np.random.default_rng(4).standard_normal((2, 3, 256, 512)).astype(np.float32)
+    with tp.Client(server.url, tenant="ops") as ops:
+        def moved():
+            return ops.stats()["shm_transfers"]
+        before = moved()
+        with tp.Client(server.url) as c:
+            t = c.put(x, dtype="float16", memory_format="channels_last")
+            assert np.array_equal(c.get(t), x.astype(np.float16))
+            assert np.array_equal(c.get(c.put(x)), x)
+        assert moved() == before + 4
+        with tp.Client(server.url, shm=False) as c:
+            assert np.array_equal(c.get(c.put(x)), x)
+        monkeypatch.setenv("TPORT_SHM", "0")
+        with tp.Client(server.url) as c:
+            assert np.array_equal(c.get(c.put(x)), x)
+        assert moved() == before + 4
 
 
 def _python(code, env):

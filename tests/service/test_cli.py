@@ -43,7 +43,8 @@ def check(cond, what):
         failures.append(what)
 
 
-server = subprocess.Popen([TPORTD, "--listen", url, "--devices", "cpu,sim:2", "--log-level", "1"])
+server = subprocess.Popen([TPORTD, "--listen", url, "--devices", "cpu,sim:2", "--log-level", "1",
+                           "--shm-socket", os.path.join(tmp, "shm.sock"), "--admin", "default"])
 try:
     for _ in range(200):
         probe = subprocess.run([TPORT, "--url", url, "stats"], capture_output=True)
@@ -85,6 +86,22 @@ try:
     del os.environ["TPORT_VERIFY"]
     check(np.array_equal(np.load(os.path.join(tmp, "big.out.npy")), big), "--verify: values differ")
     check("--verify" in tport("--help").stdout, "--help names --verify")
+
+    # same host: large tensors go through a shared-memory region (the
+    # server counts them), unless --no-shm or TPORT_SHM=0
+    moved = tjson("stats").get("shm_transfers", -1)
+    tport("put", os.path.join(tmp, "big.npy"), "--name", "big2")
+    tport("get", "big2", os.path.join(tmp, "big2.out.npy"))
+    check(np.array_equal(np.load(os.path.join(tmp, "big2.out.npy")), big), "shm: values differ")
+    check(tjson("stats").get("shm_transfers", -1) == moved + 2,
+          "a local put and get go through a region: %s" % tjson("stats").get("shm_transfers"))
+    tport("--no-shm", "put", os.path.join(tmp, "big.npy"), "--name", "big3")
+    os.environ["TPORT_SHM"] = "0"
+    tport("get", "big3", os.path.join(tmp, "big3.out.npy"))
+    del os.environ["TPORT_SHM"]
+    check(np.array_equal(np.load(os.path.join(tmp, "big3.out.npy")), big), "no-shm: values differ")
+    check(tjson("stats").get("shm_transfers", -1) == moved + 2, "--no-shm and TPORT_SHM=0 keep to the socket")
+    check("--no-shm" in tport("--help").stdout, "--help names --no-shm")
 
     # bfloat16 by the '<u2' convention, and conversions on the server
     tport("put", os.path.join(tmp, "float32.npy"), "--name", "bf", "--dtype", "bfloat16",
