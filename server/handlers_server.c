@@ -33,7 +33,9 @@ static int hello_reply(call *c, int code, const char *msg, const uint8_t *challe
   r.max_chunk_bytes = c->srv->cfg.chunk_bytes;
   r.max_inflight_chunks = (uint32_t)c->srv->cfg.window;
   r.max_outstanding = (uint32_t)c->srv->cfg.max_outstanding;
-  r.shm_socket = (char *)(c->srv->shm ? shm_socket_path(c->srv->shm) : "");
+  /* offered to clients on this host only (no other could hand a descriptor) */
+  r.shm_socket =
+      (char *)(c->srv->shm && server_peer_is_local(c->pipe) ? shm_socket_path(c->srv->shm) : "");
   return call_reply(c, &r.base, NULL, 0);
 }
 

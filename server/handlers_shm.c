@@ -14,6 +14,10 @@ int h_shm_register(call *c)
     return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION,
                          "this server offers no shared memory (--shm-socket off, or its socket "
                          "could not be opened)");
+  if (!server_peer_is_local(c->pipe))
+    return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION,
+                         "shared memory is for clients on this host (ipc://, inproc://, or tcp:// "
+                         "on loopback)");
   char tenant[REG_TENANT_MAX];
   if (!reg_session_tenant(&s->reg, c->pipe, tenant, sizeof tenant))
     return tport_err_set(&c->err, TPORT_ABORTED, "the connection is closing");

@@ -27,6 +27,10 @@
 #define TOKEN_TTL_MS 10000
 /* the time a peer of the socket has to send its handoff */
 #define HANDOFF_TIMEOUT_MS 2000
+/* handoffs served at once, each on a thread of its own: a peer that
+ * connects and says nothing holds one for HANDOFF_TIMEOUT_MS, never the
+ * others' */
+#define MAX_HANDOFFS 16
 #define TENANT_MAX 64
 
 typedef enum { REGION_PENDING, REGION_READY } region_state;
@@ -66,6 +70,8 @@ struct shm_table {
   tenant_use *tenants;
   uint64_t next_id;
   shm_stats stats;
+  int handoffs_running; /* threads serving one connection each (mu) */
+  pthread_cond_t handoffs_done;
 };
 
 static int64_t now_ms(void)
@@ -200,6 +206,37 @@ static int handoff(shm_table *t, int conn, tport_err *err)
   return rc;
 }
 
+typedef struct handoff_job {
+  shm_table *t;
+  int conn;
+} handoff_job;
+
+/* One connection of the socket: its handoff, the verdict, the end. */
+static void *handoff_thread(void *arg)
+{
+  handoff_job *j = arg;
+  shm_table *t = j->t;
+  tport_err err;
+  tport_err_clear(&err);
+  int rc = handoff(t, j->conn, &err);
+  transport_shm_reply(j->conn, rc, rc ? err.msg : "");
+  close(j->conn);
+  free(j);
+  if (rc)
+    log_event(LOG_INFO, "region handoff refused", "code", tport_status_name(rc), "error",
+              err.msg, NULL);
+  OPENSSL_thread_stop(); /* this thread's RAND and error state */
+  pthread_mutex_lock(&t->mu);
+  if (rc)
+    t->stats.handoffs_refused++;
+  else
+    t->stats.handoffs_ok++;
+  t->handoffs_running--;
+  pthread_cond_broadcast(&t->handoffs_done);
+  pthread_mutex_unlock(&t->mu);
+  return NULL;
+}
+
 static void *handoff_main(void *arg)
 {
   shm_table *t = arg;
@@ -215,22 +252,36 @@ static void *handoff_main(void *arg)
     int conn = accept4(t->listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (conn < 0)
       continue;
-    tport_err err;
-    tport_err_clear(&err);
-    int rc = handoff(t, conn, &err);
-    transport_shm_reply(conn, rc, rc ? err.msg : "");
-    close(conn);
+    handoff_job *j = malloc(sizeof *j);
     pthread_mutex_lock(&t->mu);
-    if (rc)
-      t->stats.handoffs_refused++;
-    else
-      t->stats.handoffs_ok++;
+    bool room = j && t->handoffs_running < MAX_HANDOFFS;
+    if (room)
+      t->handoffs_running++;
     pthread_mutex_unlock(&t->mu);
-    if (rc)
-      log_event(LOG_INFO, "region handoff refused", "code", tport_status_name(rc), "error",
-                err.msg, NULL);
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (room) {
+      *j = (handoff_job){t, conn};
+      if (pthread_create(&th, &attr, handoff_thread, j) != 0) {
+        pthread_mutex_lock(&t->mu);
+        t->handoffs_running--;
+        pthread_mutex_unlock(&t->mu);
+        room = false;
+      }
+    }
+    pthread_attr_destroy(&attr);
+    if (!room) {
+      free(j);
+      transport_shm_reply(conn, TPORT_UNAVAILABLE,
+                          "the server is busy with other handoffs: try again");
+      close(conn);
+      pthread_mutex_lock(&t->mu);
+      t->stats.handoffs_refused++;
+      pthread_mutex_unlock(&t->mu);
+    }
   }
-  OPENSSL_thread_stop();
   return NULL;
 }
 
@@ -247,6 +298,7 @@ int shm_start(const shm_config *cfg, shm_table **out, tport_err *err)
   t->wake[0] = t->wake[1] = -1;
   t->next_id = 1;
   pthread_mutex_init(&t->mu, NULL);
+  pthread_cond_init(&t->handoffs_done, NULL);
   int rc = t->path ? TPORT_OK : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   if (!rc)
     rc = transport_shm_listen(cfg->path, cfg->mode, &t->listen_fd, err);
@@ -264,6 +316,7 @@ int shm_start(const shm_config *cfg, shm_table **out, tport_err *err)
       close(t->wake[1]);
     }
     pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->handoffs_done);
     free(t->path);
     free(t);
     return rc;
@@ -281,6 +334,11 @@ void shm_stop(shm_table *t)
     n = write(t->wake[1], "x", 1);
   while (n < 0 && errno == EINTR);
   pthread_join(t->thread, NULL);
+  /* the handoffs in progress end within their timeout */
+  pthread_mutex_lock(&t->mu);
+  while (t->handoffs_running > 0)
+    pthread_cond_wait(&t->handoffs_done, &t->mu);
+  pthread_mutex_unlock(&t->mu);
   close(t->listen_fd);
   unlink(t->path);
   close(t->wake[0]);
@@ -298,6 +356,7 @@ void shm_stop(shm_table *t)
     free(u);
   }
   pthread_mutex_destroy(&t->mu);
+  pthread_cond_destroy(&t->handoffs_done);
   free(t->path);
   free(t);
 }

@@ -194,6 +194,25 @@ void server_peer_address(uint32_t pipe, char *buf, size_t len)
   snprintf(buf, len, "%s", ip);
 }
 
+bool server_peer_is_local(uint32_t pipe)
+{
+  nng_sockaddr sa;
+  if (nng_pipe_get_addr((nng_pipe){.id = pipe}, NNG_OPT_REMADDR, &sa) != 0)
+    return false;
+  switch (sa.s_family) {
+  case NNG_AF_IPC:
+  case NNG_AF_INPROC: return true;
+  case NNG_AF_INET: return (ntohl(sa.s_in.sa_addr) >> 24) == 127;
+  case NNG_AF_INET6: {
+    static const uint8_t loop6[16] = {[15] = 1};
+    static const uint8_t mapped[12] = {[10] = 0xff, [11] = 0xff};
+    const uint8_t *a = sa.s_in6.sa_addr;
+    return memcmp(a, loop6, 16) == 0 || (memcmp(a, mapped, 12) == 0 && a[12] == 127);
+  }
+  default: return false;
+  }
+}
+
 /* ---------------------------------------------------------------- contexts */
 
 /* Waits for the next request (no time limit).  A callback that sees the

@@ -103,6 +103,8 @@ typedef struct call {
 auth_file *server_auth(struct server *s);
 /* The peer address of a connection ("ipc", "inproc" for local ones). */
 void server_peer_address(uint32_t pipe, char *buf, size_t len);
+/* Is the connection from this host (ipc, inproc, loopback tcp)? */
+bool server_peer_is_local(uint32_t pipe);
 
 /* Packs a reply (whose status the handler has set) and a payload into the
  * reply message. */

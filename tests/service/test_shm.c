@@ -829,3 +829,40 @@ Test(shm, the_socket_file_is_private_and_never_stolen)
   unlink(path);
   rmdir(sock_dir);
 }
+
+/* A peer of the socket that connects and says nothing holds one handoff
+ * thread until its timeout, never another client's handoff; past 16 such,
+ * new ones are told the server is busy. */
+Test(shm, a_silent_peer_of_the_socket_stalls_no_one_else)
+{
+  char url[96];
+  server *s = start(url, sizeof url, 0);
+  tport_client *c;
+  tport_err err;
+  /* a client that waits 1 s for a handoff: less than the silent one holds */
+  cr_assert_eq(tport_connect(url, &(tport_connect_options){.tenant = "t", .timeout_ms = 1000}, &c,
+                             &err),
+               0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%.60s/shm.sock", sock_dir);
+  int silent[16];
+  silent[0] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  cr_assert_eq(connect(silent[0], (struct sockaddr *)&sa, sizeof sa), 0);
+  tport_shm *r;
+  cr_assert_eq(tport_shm_create(c, 4096, &r, &err), 0, "behind a silent peer: %s", err.msg);
+  tport_shm_release(r, NULL);
+  for (int i = 1; i < 16; i++) {
+    silent[i] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_eq(connect(silent[i], (struct sockaddr *)&sa, sizeof sa), 0);
+  }
+  usleep(100000); /* all sixteen accepted */
+  cr_assert_eq(tport_shm_create(c, 4096, &r, &err), TPORT_UNAVAILABLE, "%d %s", err.code,
+               err.msg);
+  for (int i = 0; i < 16; i++)
+    close(silent[i]);
+  usleep(100000);
+  cr_assert_eq(tport_shm_create(c, 4096, &r, &err), 0, "%s", err.msg);
+  tport_shm_release(r, NULL);
+  tport_close(c);
+  stop(s);
+}
