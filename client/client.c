@@ -128,6 +128,7 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
   pthread_mutex_init(&c->shm_mu, NULL);
+  pthread_mutex_init(&c->regions_mu, NULL);
   c->credits = 1; /* the Hello */
   int rv = nng_req0_open(&c->sock);
   if (rv) {
@@ -200,6 +201,7 @@ void tport_close(tport_client *c)
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);
   pthread_mutex_destroy(&c->shm_mu);
+  pthread_mutex_destroy(&c->regions_mu);
   free(c);
 }
 

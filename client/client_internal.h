@@ -31,6 +31,9 @@ struct tport_client {
   bool shm_auto;
   pthread_mutex_t shm_mu;
   struct tport_shm *shm_cache;
+  /* the application's regions, unmapped by tport_close */
+  pthread_mutex_t regions_mu;
+  struct tport_shm *regions;
 };
 
 /* A request in flight on its own context. */
@@ -74,6 +77,7 @@ struct tport_shm {
   int fd; /* until the server has it */
   uint8_t *data;
   size_t nbytes;
+  struct tport_shm *prev, *next; /* the client's regions (regions_mu) */
 };
 
 /* Puts and gets of at least this many bytes go through the automatic

@@ -48,6 +48,30 @@ size_t tport_shm_size(const tport_shm *r)
   return r ? r->nbytes : 0;
 }
 
+static void link_region(tport_client *c, tport_shm *r)
+{
+  pthread_mutex_lock(&c->regions_mu);
+  r->prev = NULL;
+  r->next = c->regions;
+  if (c->regions)
+    c->regions->prev = r;
+  c->regions = r;
+  pthread_mutex_unlock(&c->regions_mu);
+}
+
+static void unlink_region(tport_client *c, tport_shm *r)
+{
+  pthread_mutex_lock(&c->regions_mu);
+  if (r->prev)
+    r->prev->next = r->next;
+  else if (c->regions == r)
+    c->regions = r->next;
+  if (r->next)
+    r->next->prev = r->prev;
+  r->prev = r->next = NULL;
+  pthread_mutex_unlock(&c->regions_mu);
+}
+
 static void region_unmap(tport_shm *r)
 {
   if (r->data)
@@ -108,6 +132,7 @@ int tport_shm_create(tport_client *c, size_t nbytes, tport_shm **out, tport_err 
     region_unmap(r);
     return rc;
   }
+  link_region(c, r);
   *out = r;
   return TPORT_OK;
 }
@@ -123,6 +148,7 @@ int tport_shm_release(tport_shm *r, tport_err *err)
                       &tport__shm_release_reply__descriptor, &a, NULL, err);
   if (!rc)
     protobuf_c_message_free_unpacked(a, NULL);
+  unlink_region(r->client, r);
   region_unmap(r); /* here, whatever the server said */
   return rc;
 }
@@ -366,9 +392,13 @@ void client_shm_auto_done(tport_client *c, size_t want)
 
 void client_shm_close(tport_client *c)
 {
-  if (c->shm_cache)
-    region_unmap(c->shm_cache); /* the server's side goes with the connection */
-  c->shm_cache = NULL;
+  /* the server's side goes with the connection */
+  while (c->regions) {
+    tport_shm *r = c->regions;
+    unlink_region(c, r);
+    region_unmap(r);
+  }
+  c->shm_cache = NULL; /* it was one of them */
 }
 
 int client_shm_get_begin(tport_client *c, const tport_ref *ref, tport_shm *r,

@@ -221,7 +221,9 @@ int tport_get_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t of
  * offset, described by its info: no copy (valid while the region lives). */
 int tport_shm_dlpack(const tport_shm *r, size_t offset, const tport_tensor_info *info,
                      DLTensor *out, int64_t shape[TPORT_MAX_DIMS], tport_err *err);
-/* Releases the region on the server and unmaps it here; r is freed. */
+/* Releases the region on the server and unmaps it here; r is freed.
+ * tport_close releases (and frees) every region of its client: a region
+ * may not be used after its client is closed. */
 int tport_shm_release(tport_shm *r, tport_err *err);
 
 #ifdef __cplusplus

@@ -1,0 +1,180 @@
+/*
+ * stress_shm.c: same-host regions under load, as a plain program for
+ * ThreadSanitizer (Criterion cannot run under it).  An in-process server
+ * with a shm socket; six threads share one client's automatic region
+ * (tport_put/tport_get of large tensors: the region is taken by one call at
+ * a time, the others take the socket), four more create regions, put and
+ * get through them and release them -- or close their connection with the
+ * regions still registered while another thread of theirs is copying
+ * through one (a disconnect must unmap a region only after the last copy).
+ * Exit status 0 when every byte came back right.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "server.h"
+#include "tport.h"
+
+static char url[128];
+static atomic_int failures;
+static tport_client *shared;
+
+static void fail(const char *what, const tport_err *err)
+{
+  fprintf(stderr, "stress_shm: %s: %s\n", what, err ? err->msg : "");
+  atomic_fetch_add(&failures, 1);
+}
+
+/* Large puts and gets on the shared client: its one region, or the socket. */
+static void *auto_worker(void *arg)
+{
+  int id = (int)(intptr_t)arg;
+  size_t n = ((size_t)256 << 10) + (size_t)id * 4096;
+  uint8_t *v = malloc(n), *back = malloc(n);
+  for (int r = 0; r < 30; r++) {
+    for (size_t i = 0; i < n; i++)
+      v[i] = (uint8_t)(i * 13 + (size_t)id + (size_t)r);
+    int64_t sz = (int64_t)n;
+    tport_tensor_info info;
+    tport_err err;
+    if (tport_put(shared, TPORT_UINT8, 1, &sz, NULL, v, n, NULL, &info, &err)) {
+      fail("put", &err);
+      continue;
+    }
+    memset(back, 0, n);
+    if (tport_get(shared, &info.ref, back, n, NULL, NULL, NULL, &err))
+      fail("get", &err);
+    else if (memcmp(v, back, n))
+      fail("auto: bytes differ", NULL);
+    tport_free(shared, &info.ref, NULL);
+  }
+  free(v);
+  free(back);
+  return NULL;
+}
+
+typedef struct owner {
+  tport_client *c;
+  tport_shm *r;
+  atomic_bool go;
+} owner;
+
+/* Copies through the owner's region until its connection goes. */
+static void *copier(void *arg)
+{
+  owner *o = arg;
+  int64_t sz = 1 << 20;
+  while (atomic_load(&o->go)) {
+    tport_tensor_info info;
+    if (tport_put_shm(o->c, o->r, 0, TPORT_FLOAT32, 1, (int64_t[]){sz / 4}, NULL, NULL, &info,
+                      NULL) == 0)
+      tport_get_shm(o->c, &info.ref, o->r, (size_t)sz, (size_t)sz, NULL, NULL, NULL);
+  }
+  return NULL;
+}
+
+static void *region_worker(void *arg)
+{
+  int id = (int)(intptr_t)arg;
+  for (int r = 0; r < 24; r++) {
+    tport_client *c;
+    tport_err err;
+    if (tport_connect(url, &(tport_connect_options){.tenant = id % 2 ? "a" : "b"}, &c, &err)) {
+      fail("connect", &err);
+      continue;
+    }
+    tport_shm *reg;
+    size_t n = (size_t)2 << 20;
+    if (tport_shm_create(c, n, &reg, &err)) {
+      fail("create", &err);
+      tport_close(c);
+      continue;
+    }
+    float *x = tport_shm_data(reg);
+    for (size_t i = 0; i < n / 8; i++)
+      x[i] = (float)(i + (size_t)r);
+    if (r % 3 == 2) {
+      /* the connection goes while another thread copies through its region */
+      owner o = {.c = c, .r = reg};
+      atomic_init(&o.go, true);
+      pthread_t th;
+      pthread_create(&th, NULL, copier, &o);
+      usleep(2000);
+      atomic_store(&o.go, false);
+      pthread_join(th, NULL);
+      tport_close(c); /* the region goes with the connection, on both sides */
+      continue;
+    }
+    tport_put_options po;
+    tport_put_options_init(&po);
+    po.device = r % 2 ? "sim:0" : "cpu";
+    po.has_dtype = true;
+    po.dtype = TPORT_FLOAT64;
+    tport_tensor_info info;
+    int64_t rows = (int64_t)(n / 16 / 64); /* n/4 bytes of float32: n/2 as float64 */
+    if (tport_put_shm(c, reg, 0, TPORT_FLOAT32, 2, (int64_t[]){rows, 64}, NULL, &po, &info, &err)) {
+      fail("put_shm", &err);
+    } else {
+      size_t got = 0;
+      double *y = (double *)((uint8_t *)tport_shm_data(reg) + n / 2);
+      if (tport_get_shm(c, &info.ref, reg, n / 2, n / 2, NULL, &got, &err))
+        fail("get_shm", &err);
+      else
+        for (size_t i = 0; i < got / 8; i++)
+          if (y[i] != (double)(float)(i + (size_t)r)) {
+            fail("shm: values differ", NULL);
+            break;
+          }
+    }
+    if (tport_shm_release(reg, &err))
+      fail("release", &err);
+    tport_close(c);
+  }
+  return NULL;
+}
+
+int main(void)
+{
+  snprintf(url, sizeof url, "inproc://stress-shm-%d", (int)getpid());
+  char sock[128];
+  snprintf(sock, sizeof sock, "/tmp/tport-stress-shm-%d/shm.sock", (int)getpid());
+  server_config cfg;
+  config_defaults(&cfg);
+  cfg.listen[0] = strdup(url);
+  cfg.nlisten = 1;
+  cfg.devices = strdup("cpu,sim:2");
+  cfg.chunk_bytes = 64 << 10;
+  cfg.log_level = 0;
+  cfg.shm_socket = strdup(sock);
+  cfg.shm_socket_set = true;
+  server *s;
+  tport_err err;
+  if (server_start(&cfg, &s, &err)) {
+    fprintf(stderr, "%s\n", err.msg);
+    return 1;
+  }
+  if (tport_connect(url, NULL, &shared, &err)) {
+    fprintf(stderr, "%s\n", err.msg);
+    return 1;
+  }
+  pthread_t t[10];
+  for (int i = 0; i < 6; i++)
+    pthread_create(&t[i], NULL, auto_worker, (void *)(intptr_t)i);
+  for (int i = 6; i < 10; i++)
+    pthread_create(&t[i], NULL, region_worker, (void *)(intptr_t)i);
+  for (int i = 0; i < 10; i++)
+    pthread_join(t[i], NULL);
+  tport_close(shared);
+  server_stop(s, 2000);
+  config_free(&cfg);
+  char dir[128];
+  snprintf(dir, sizeof dir, "/tmp/tport-stress-shm-%d", (int)getpid());
+  rmdir(dir);
+  int f = atomic_load(&failures);
+  printf("stress_shm: 10 threads, %d failures\n", f);
+  return f ? 1 : 0;
+}
