@@ -737,8 +737,17 @@ Test(shm, no_descriptor_or_mapping_leaks)
   tport_shm *warm;
   cr_assert_eq(tport_shm_create(c, 4096, &warm, &err), 0, "%s", err.msg);
   tport_shm_release(warm, NULL);
-  usleep(200000); /* the handoff thread closes its end of a socket just after answering */
-  int fds0 = open_fds(), maps0 = regions_mapped();
+  /* a handoff thread closes its end of the socket just after answering:
+   * the count, once it holds still */
+  int fds0 = open_fds();
+  for (int i = 0; i < 100; i++) {
+    usleep(50000);
+    int now = open_fds();
+    if (now == fds0)
+      break;
+    fds0 = now;
+  }
+  int maps0 = regions_mapped();
   cr_assert_eq(maps0, 0);
   for (int i = 0; i < 50; i++) {
     tport_shm *r;
@@ -855,9 +864,13 @@ Test(shm, a_silent_peer_of_the_socket_stalls_no_one_else)
     silent[i] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     cr_assert_eq(connect(silent[i], (struct sockaddr *)&sa, sizeof sa), 0);
   }
-  usleep(100000); /* all sixteen accepted */
-  cr_assert_eq(tport_shm_create(c, 4096, &r, &err), TPORT_UNAVAILABLE, "%d %s", err.code,
-               err.msg);
+  /* once all sixteen are accepted (a loaded machine may take a while) */
+  int rc = 0;
+  for (int i = 0; i < 100 && (rc = tport_shm_create(c, 4096, &r, &err)) == 0; i++) {
+    tport_shm_release(r, NULL);
+    usleep(20000);
+  }
+  cr_assert_eq(rc, TPORT_UNAVAILABLE, "%d %s", err.code, err.msg);
   for (int i = 0; i < 16; i++)
     close(silent[i]);
   usleep(100000);
