@@ -90,12 +90,14 @@ struct tport_shm {
 void client_put_request(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
                         const int64_t *strides, const tport_put_options *opts,
                         Tport__TensorDesc *desc, Tport__PutBeginRequest *q);
-/* tport_put through the automatic region: *used false (nothing done) when
- * it could not be used, else the put's status. */
+/* Writes a put's nbytes into dst (the automatic region). */
+typedef void (*client_fill_fn)(void *dst, size_t nbytes, void *arg);
+/* tport_put through the automatic region, filled by fill: *used false
+ * (nothing done) when it could not be used, else the put's status. */
 int client_shm_put_auto(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
-                        const int64_t *strides, const void *data, size_t nbytes,
-                        const tport_put_options *opts, tport_tensor_info *out, bool *used,
-                        tport_err *err);
+                        const int64_t *strides, client_fill_fn fill, void *fill_arg,
+                        size_t nbytes, const tport_put_options *opts, tport_tensor_info *out,
+                        bool *used, tport_err *err);
 /* The automatic region for a get of up to cap bytes (cap 0: whatever size
  * it has), locked: NULL when there is none to use.  Unlock with
  * client_shm_auto_done (grow: the tensor was want bytes, too many for it). */

@@ -117,6 +117,21 @@ static void pack(uint8_t *dst, const uint8_t *src, int n, const int64_t *sz, con
   }
 }
 
+typedef struct pack_args {
+  const uint8_t *src;
+  int ndim;
+  const int64_t *sizes, *strides;
+  size_t es;
+  int64_t numel;
+} pack_args;
+
+static void pack_into(void *dst, size_t n, void *arg)
+{
+  (void)n;
+  pack_args *a = arg;
+  pack(dst, a->src, a->ndim, a->sizes, a->strides, a->es, a->numel);
+}
+
 int tport_put_dlpack(tport_client *c, const DLTensor *t, const tport_put_options *opts,
                      tport_tensor_info *out, tport_err *err)
 {
@@ -153,7 +168,15 @@ int tport_put_dlpack(tport_client *c, const DLTensor *t, const tport_put_options
   if (dense(t->ndim, t->shape, t->strides))
     return tport_put(c, dt, t->ndim, t->shape, t->strides, base, (size_t)numel * es, opts, out,
                      err);
-  /* gaps or overlaps: send the values in logical C order */
+  /* gaps or overlaps: send the values in logical C order -- packed straight
+   * into the client's region on the same host (one copy), else into a
+   * buffer for the socket */
+  pack_args pa = {base, t->ndim, t->shape, t->strides, es, numel};
+  bool used;
+  rc = client_shm_put_auto(c, dt, t->ndim, t->shape, NULL, pack_into, &pa, (size_t)numel * es,
+                           opts, out, &used, err);
+  if (used)
+    return rc;
   uint8_t *buf = malloc((size_t)numel * es + 1);
   if (!buf)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");

@@ -123,6 +123,11 @@ void client_put_request(tport_client *c, tport_dtype dtype, int ndim, const int6
   q->keep = c->keep;
 }
 
+static void fill_copy(void *dst, size_t n, void *src)
+{
+  memcpy(dst, src, n);
+}
+
 int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
               const int64_t *strides, const void *data, size_t nbytes,
               const tport_put_options *opts, tport_tensor_info *out, tport_err *err)
@@ -137,7 +142,8 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
                          TPORT_MAX_DIMS);
   /* same host: through the client's region, one copy on each side */
   bool used;
-  int rc = client_shm_put_auto(c, dtype, ndim, sizes, strides, data, nbytes, opts, out, &used, err);
+  int rc = client_shm_put_auto(c, dtype, ndim, sizes, strides, fill_copy, (void *)data, nbytes,
+                               opts, out, &used, err);
   if (used)
     return rc;
   Tport__TensorDesc desc;

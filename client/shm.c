@@ -350,9 +350,9 @@ static bool cache_fit(tport_client *c, size_t need)
 }
 
 int client_shm_put_auto(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
-                        const int64_t *strides, const void *data, size_t nbytes,
-                        const tport_put_options *opts, tport_tensor_info *out, bool *used,
-                        tport_err *err)
+                        const int64_t *strides, client_fill_fn fill, void *fill_arg,
+                        size_t nbytes, const tport_put_options *opts, tport_tensor_info *out,
+                        bool *used, tport_err *err)
 {
   *used = false;
   if (!c->shm_auto || nbytes < CLIENT_SHM_MIN_BYTES || nbytes > CLIENT_SHM_MAX_BYTES)
@@ -362,7 +362,7 @@ int client_shm_put_auto(tport_client *c, tport_dtype dtype, int ndim, const int6
   int rc = TPORT_OK;
   if (c->shm_auto && cache_fit(c, nbytes)) {
     *used = true;
-    memcpy(c->shm_cache->data, data, nbytes);
+    fill(c->shm_cache->data, nbytes, fill_arg);
     rc = put_from(c, c->shm_cache, 0, nbytes, dtype, ndim, sizes, strides, opts, out, err);
   }
   pthread_mutex_unlock(&c->shm_mu);

@@ -380,8 +380,18 @@ Test(shm, automatic_region_for_large_puts_and_gets)
   cr_assert_eq(tport_get_dlpack(c, &info.ref, &dl, &err), 0, "%s", err.msg);
   cr_assert_eq(memcmp(dl->dl_tensor.data, buf, n), 0);
   dl->deleter(dl);
+  /* a strided DLPack tensor (every other column): packed into the region */
+  int64_t shape[2] = {1024, 768}, strides[2] = {1536, 2};
+  DLTensor st = {.data = buf, .device = {kDLCPU, 0}, .ndim = 2, .dtype = {kDLUInt, 8, 1},
+                 .shape = shape, .strides = strides};
+  tport_tensor_info sinfo;
+  cr_assert_eq(tport_put_dlpack(c, &st, NULL, &sinfo, &err), 0, "%s", err.msg);
+  cr_assert_eq(tport_get(plain, &sinfo.ref, back, 1024 * 768, NULL, NULL, NULL, &err), 0);
+  for (int i = 0; i < 1024; i++)
+    for (int j = 0; j < 768; j++)
+      cr_assert_eq(back[i * 768 + j], buf[i * 1536 + 2 * j]);
   int64_t t1 = counter(url, "shm_transfers");
-  cr_assert_eq(t1, t0 + 4);
+  cr_assert_eq(t1, t0 + 5);
   /* no_shm: the socket */
   memset(back, 0, n);
   cr_assert_eq(tport_put(plain, TPORT_UINT8, 1, &sz, NULL, buf, n, NULL, &info, &err), 0);
