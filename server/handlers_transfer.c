@@ -127,6 +127,75 @@ static int put_bytes(call *c, reg_entry *e, uint64_t off, const uint8_t *p, size
   return rc;
 }
 
+/* A put from a region: the client's bytes, in its layout, converted (to
+ * the device, dtype and memory format asked) by one copy straight into the
+ * tensor that is stored -- what an upload's landing and commit make of
+ * them, without the landing.  The copy ends before the region may go. */
+static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_layout *l,
+                           tport_dtype from, tport_device dev, const to_options *convert)
+{
+  server *s = c->srv;
+  shm_region *held = NULL;
+  uint8_t *p = NULL;
+  bool pinned = false;
+  int rc = shm_hold(s->shm, c->pipe, q->shm->region, q->shm->offset, q->shm->length, &held, &p,
+                    &pinned, &c->err);
+  if (rc)
+    return rc;
+  size_t len = (size_t)q->shm->length;
+  rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, 0, p, len);
+  tport_tensor *src = NULL, *final = NULL;
+  if (!rc)
+    rc = pinned ? tensor_wrap_host_pinned(p, len, from, l->ndim, l->sizes, l->strides, 0, &src,
+                                          &c->err)
+                : tensor_wrap_host(p, len, from, l->ndim, l->sizes, l->strides, 0, &src, &c->err);
+  int64_t t0 = metrics_now_ns();
+  if (!rc) {
+    to_options o = *convert;
+    o.has_device = true;
+    o.device = dev;
+    o.copy = true; /* never an alias of the client's memory */
+    o.non_blocking = false;
+    bool aliased = false;
+    rc = tensor_to(src, &o, &final, &aliased, &c->err);
+    if (!rc && (aliased || final->storage == src->storage))
+      rc = tport_err_set(&c->err, TPORT_INTERNAL, "a put from a region aliased the region");
+    if (!rc)
+      rc = tensor_sync(final, &c->err);
+  }
+  metrics_stage_since(&s->metrics,
+                      dev.type != TPORT_DEV_CPU ? STAGE_HOST_TO_DEVICE
+                      : (convert->has_dtype || convert->has_format) ? STAGE_CONVERT
+                                                                    : STAGE_STAGE,
+                      t0);
+  tensor_release(src);
+  shm_unhold(s->shm, held);
+  if (rc) {
+    tensor_release(final);
+    return rc;
+  }
+  atomic_fetch_add(&s->bytes_in, len);
+  reg_entry *e;
+  rc = reg_add(&s->reg, c->pipe, final, NULL, q->name, q->keep, q->ttl_ms, 0, &e, &c->err);
+  if (rc)
+    return rc; /* final freed with the entry that could not be */
+  wire_info wi;
+  wire_fill_info(&wi, e, final);
+  Tport__PutBeginReply r = TPORT__PUT_BEGIN_REPLY__INIT;
+  Tport__Ref ref = TPORT__REF__INIT;
+  ref.handle.data = e->handle;
+  ref.handle.len = REG_HANDLE_BYTES;
+  ref.name = e->name;
+  r.status = wire_ok();
+  r.ref = &ref;
+  r.info = &wi.info;
+  r.chunk_bytes = s->cfg.chunk_bytes;
+  r.window = (uint32_t)s->cfg.window;
+  rc = call_reply(c, &r.base, NULL, 0);
+  reg_put(&s->reg, e);
+  return rc;
+}
+
 int h_put_begin(call *c)
 {
   Tport__PutBeginRequest *q = (Tport__PutBeginRequest *)c->req;
@@ -219,6 +288,10 @@ int h_put_begin(call *c)
   }
   if (rc)
     return rc;
+  /* --uvm: every put to a device lands in managed memory */
+  unsigned flags = q->managed || (s->cfg.uvm && dev.type != TPORT_DEV_CPU) ? STORAGE_MANAGED : 0;
+  if (q->shm && !flags)
+    return put_from_region(c, q, &l, from, dev, &convert);
   reg_upload *up = calloc(1, sizeof *up);
   if (!up)
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
@@ -232,8 +305,6 @@ int h_put_begin(call *c)
   size_t bitmap = (size_t)(up->nchunks + 7) / 8 + 1;
   up->claimed = calloc(bitmap, 1);
   up->received = calloc(bitmap, 1);
-  /* --uvm: every put to a device lands in managed memory */
-  unsigned flags = q->managed || (s->cfg.uvm && dev.type != TPORT_DEV_CPU) ? STORAGE_MANAGED : 0;
   if (!up->claimed || !up->received)
     rc = tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   /* converting on arrival, the landing tensor is the final one */

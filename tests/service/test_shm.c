@@ -261,6 +261,10 @@ Test(shm, bytes_exact_every_dtype_and_layout_on_cpu_and_sim)
                                    l->ndim ? l->strides : NULL, &o, &info, &err),
                      0, "%s %d %s: %s", devices[dv], dt, l->name, err.msg);
         cr_assert_str_eq(info.device, devices[dv]);
+        /* stored as the socket's put stores it: in the client's layout */
+        for (int d = 0; d < l->ndim && numel > 0; d++)
+          cr_assert_eq(info.strides[d], l->strides[d], "%s %d %s: strides", devices[dv], dt,
+                       l->name);
         /* into the region, and by socket: both the values in C order */
         size_t got = 0;
         memset(out, 0xA5, nbytes + 16);
