@@ -232,7 +232,7 @@ int tport_put_shm(tport_client *c, tport_shm *r, size_t offset, tport_dtype dtyp
 /* GetBegin into a slice of r; with fallback, a tensor that does not fit
  * (or fits inline) comes back the ordinary way instead: *in_region says. */
 static int get_begin_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t offset,
-                         size_t cap, bool fallback, Tport__GetBeginReply **out,
+                         size_t cap, bool fallback, int fmt, Tport__GetBeginReply **out,
                          client_payload *payload, tport_err *err)
 {
   Tport__Ref w;
@@ -247,6 +247,8 @@ static int get_begin_shm(tport_client *c, const tport_ref *ref, tport_shm *r, si
   slice.length = cap;
   q.shm = &slice;
   q.shm_fallback = fallback;
+  q.memory_format_set = fmt >= 0;
+  q.memory_format = (Tport__MemoryFormat)(fmt >= 0 ? fmt : 0);
   return client_rpc(c, TPORT__METHOD__METHOD_GET_BEGIN, &q.base, NULL, 0,
                     &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload, err);
 }
@@ -271,8 +273,8 @@ int client_shm_check_get(tport_client *c, const Tport__GetBeginReply *b, const t
   return TPORT_OK;
 }
 
-int tport_get_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t offset, size_t cap,
-                  tport_tensor_info *info, size_t *nbytes, tport_err *err)
+static int get_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t offset, size_t cap,
+                   int fmt, tport_tensor_info *info, size_t *nbytes, tport_err *err)
 {
   if (!r || r->client != c)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "the region is not this client's");
@@ -281,7 +283,7 @@ int tport_get_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t of
                          "%zu bytes at offset %zu are past the region's %zu bytes", cap, offset,
                          r->nbytes);
   Tport__GetBeginReply *b;
-  int rc = get_begin_shm(c, ref, r, offset, cap, false, &b, NULL, err);
+  int rc = get_begin_shm(c, ref, r, offset, cap, false, fmt, &b, NULL, err);
   if (rc)
     return rc;
   if (!b->shm)
@@ -294,6 +296,19 @@ int tport_get_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t of
     *nbytes = (size_t)b->nbytes;
   protobuf_c_message_free_unpacked(&b->base, NULL);
   return rc;
+}
+
+int tport_get_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t offset, size_t cap,
+                  tport_tensor_info *info, size_t *nbytes, tport_err *err)
+{
+  return get_shm(c, ref, r, offset, cap, -1, info, nbytes, err);
+}
+
+int tport_get_shm_format(tport_client *c, const tport_ref *ref, tport_shm *r, size_t offset,
+                         size_t cap, tport_memory_format fmt, tport_tensor_info *info,
+                         size_t *nbytes, tport_err *err)
+{
+  return get_shm(c, ref, r, offset, cap, (int)fmt, info, nbytes, err);
 }
 
 int tport_shm_dlpack(const tport_shm *r, size_t offset, const tport_tensor_info *info,
@@ -404,5 +419,5 @@ void client_shm_close(tport_client *c)
 int client_shm_get_begin(tport_client *c, const tport_ref *ref, tport_shm *r,
                          Tport__GetBeginReply **out, client_payload *payload, tport_err *err)
 {
-  return get_begin_shm(c, ref, r, 0, r->nbytes, true, out, payload, err);
+  return get_begin_shm(c, ref, r, 0, r->nbytes, true, -1, out, payload, err);
 }

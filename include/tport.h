@@ -217,6 +217,11 @@ int tport_put_shm(tport_client *c, tport_shm *r, size_t offset, tport_dtype dtyp
  * at most cap bytes; *nbytes (when not NULL) is how many it holds. */
 int tport_get_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t offset, size_t cap,
                   tport_tensor_info *info, size_t *nbytes, tport_err *err);
+/* The same in the order of memory format fmt (TPORT_MF_CHANNELS_LAST: the
+ * NHWC bytes of an NCHW tensor; CONTIGUOUS: as tport_get_shm). */
+int tport_get_shm_format(tport_client *c, const tport_ref *ref, tport_shm *r, size_t offset,
+                         size_t cap, tport_memory_format fmt, tport_tensor_info *info,
+                         size_t *nbytes, tport_err *err);
 /* A DLTensor (kDLCPU, contiguous) over the bytes a tport_get_shm wrote at
  * offset, described by its info: no copy (valid while the region lives). */
 int tport_shm_dlpack(const tport_shm *r, size_t offset, const tport_tensor_info *info,

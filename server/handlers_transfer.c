@@ -587,11 +587,23 @@ static int get_into_region(call *c, const Tport__GetBeginRequest *q, reg_entry *
   if (rc)
     return rc;
   int64_t t0 = metrics_now_ns();
-  if (want) {
+  /* logical C order, or the order of the memory format asked */
+  int64_t strides[TPORT_MAX_DIMS];
+  tport_memory_format fmt = TPORT_MF_CONTIGUOUS;
+  if (q->memory_format_set)
+    rc = wire_format(q->memory_format, "memory_format", &fmt, &c->err);
+  if (!rc && fmt == TPORT_MF_PRESERVE)
+    rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                       "memory_format: a get writes contiguous, channels_last or "
+                       "channels_last_3d order");
+  tport_err why;
+  if (!rc && meta_fresh_strides(t->layout.ndim, t->layout.sizes, fmt, strides, &why))
+    rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "memory_format: %s", why.msg);
+  if (!rc && want) {
     tport_tensor *dst = NULL;
-    rc = pinned ? tensor_wrap_host_pinned(p, want, t->dtype, t->layout.ndim, t->layout.sizes, NULL,
-                                          0, &dst, &c->err)
-                : tensor_wrap_host(p, want, t->dtype, t->layout.ndim, t->layout.sizes, NULL, 0,
+    rc = pinned ? tensor_wrap_host_pinned(p, want, t->dtype, t->layout.ndim, t->layout.sizes,
+                                          strides, 0, &dst, &c->err)
+                : tensor_wrap_host(p, want, t->dtype, t->layout.ndim, t->layout.sizes, strides, 0,
                                    &dst, &c->err);
     if (!rc)
       rc = tensor_copy_(dst, t, false, &c->err);
@@ -635,6 +647,9 @@ int h_get_begin(call *c)
   /* into a region -- unless, with shm_fallback, the tensor is small enough
    * for the reply or too large for the slice: then the ordinary way */
   bool small = want <= q->inline_max && want <= s->cfg.chunk_bytes;
+  if (!rc && q->memory_format_set && (!q->shm || q->shm_fallback))
+    rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                       "memory_format: a get in another order writes into a region (shm)");
   if (!rc && q->shm && !(q->shm_fallback && (small || want > q->shm->length))) {
     rc = get_into_region(c, q, e, t);
     reg_put(&s->reg, e);

@@ -893,3 +893,61 @@ Test(shm, a_silent_peer_of_the_socket_stalls_no_one_else)
   tport_close(c);
   stop(s);
 }
+
+/* A get into a region in the order asked: channels_last bytes of an NCHW
+ * tensor (and of a channels_last one: its storage as it is), from cpu and
+ * sim; a format of the wrong rank, or preserve, is refused. */
+Test(shm, get_into_a_region_in_the_memory_format_asked)
+{
+  char url[96];
+  server *s = start(url, sizeof url, 0);
+  tport_client *c = connect_as(url, "t", false);
+  tport_err err;
+  int64_t sizes[4] = {2, 3, 5, 7}, n = 2 * 3 * 5 * 7;
+  float *v = malloc((size_t)n * 4), *want = malloc((size_t)n * 4);
+  for (int64_t i = 0; i < n; i++)
+    v[i] = (float)i + 0.5f;
+  /* NHWC order of the NCHW values */
+  int64_t k = 0;
+  for (int a = 0; a < 2; a++)
+    for (int h = 0; h < 5; h++)
+      for (int w = 0; w < 7; w++)
+        for (int ch = 0; ch < 3; ch++)
+          want[k++] = v[((a * 3 + ch) * 5 + h) * 7 + w];
+  tport_shm *r;
+  cr_assert_eq(tport_shm_create(c, (size_t)n * 8, &r, &err), 0, "%s", err.msg);
+  const char *devices[] = {"cpu", "sim:1"};
+  for (int dv = 0; dv < 2; dv++)
+    for (int stored_cl = 0; stored_cl < 2; stored_cl++) {
+      tport_put_options o;
+      tport_put_options_init(&o);
+      o.device = devices[dv];
+      o.memory_format = stored_cl ? TPORT_MF_CHANNELS_LAST : TPORT_MF_CONTIGUOUS;
+      tport_tensor_info info;
+      cr_assert_eq(tport_put(c, TPORT_FLOAT32, 4, sizes, NULL, v, (size_t)n * 4, &o, &info, &err),
+                   0, "%s", err.msg);
+      size_t got = 0;
+      float *out = tport_shm_data(r);
+      cr_assert_eq(tport_get_shm_format(c, &info.ref, r, 0, (size_t)n * 4, TPORT_MF_CHANNELS_LAST,
+                                        NULL, &got, &err),
+                   0, "%s", err.msg);
+      cr_assert_eq(got, (size_t)n * 4);
+      cr_assert_eq(memcmp(out, want, (size_t)n * 4), 0, "%s stored %s", devices[dv],
+                   stored_cl ? "channels_last" : "contiguous");
+      cr_assert_eq(tport_get_shm_format(c, &info.ref, r, 0, (size_t)n * 4, TPORT_MF_CONTIGUOUS,
+                                        NULL, &got, &err),
+                   0, "%s", err.msg);
+      cr_assert_eq(memcmp(out, v, (size_t)n * 4), 0);
+      cr_assert_eq(tport_get_shm_format(c, &info.ref, r, 0, (size_t)n * 4,
+                                        TPORT_MF_CHANNELS_LAST_3D, NULL, &got, &err),
+                   TPORT_INVALID_ARGUMENT);
+      cr_assert_eq(tport_get_shm_format(c, &info.ref, r, 0, (size_t)n * 4, TPORT_MF_PRESERVE,
+                                        NULL, &got, &err),
+                   TPORT_INVALID_ARGUMENT);
+    }
+  free(v);
+  free(want);
+  tport_shm_release(r, NULL);
+  tport_close(c);
+  stop(s);
+}
