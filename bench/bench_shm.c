@@ -1,0 +1,180 @@
+/*
+ * bench_shm.c: same-host regions against memcpy and against the socket.
+ *
+ * tportd runs in this process (cpu device) listening on ipc:// with a shm
+ * socket; the clients are libtport's, over that ipc:// URL.  Rows (JSON
+ * lines in bench/run's format, medians of --reps, every row's subject and
+ * baseline interleaved rep by rep):
+ *  - put_shm_NMiB_vs_memcpy: tport_put_shm of a filled region (the server
+ *    copies it into a new tensor) vs memcpy of the same bytes into a reused,
+ *    touched buffer;
+ *  - get_shm_NMiB_vs_memcpy: tport_get_shm of a tensor into a region vs the
+ *    same memcpy;
+ *  - put_auto_shm_NMiB_vs_ipc / get_auto_shm_NMiB_vs_ipc: tport_put /
+ *    tport_get of a user buffer on a client with the automatic region (one
+ *    copy on each side) vs the same on a client with no_shm (the socket).
+ * Each put's tensor is freed after it, as a loader's batches are.
+ *
+ *   tport-bench-shm [--reps R] [--mib N,...]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "server.h"
+#include "tport.h"
+
+static void die(const char *what, const tport_err *err)
+{
+  fprintf(stderr, "bench_shm: %s: %s\n", what, err ? err->msg : "");
+  exit(1);
+}
+
+static void emit(const char *name, size_t bytes, double *v, double *b, int reps, const char *base)
+{
+  double sv = bench_median(v, reps), sb = bench_median(b, reps);
+  double gv = (double)bytes / sv / 1e9, gb = (double)bytes / sb / 1e9;
+  printf("{\"bench\": \"%s\", \"value\": %.4f, \"unit\": \"GB/s\", \"baseline\": %.4f, "
+         "\"ratio\": %.4f, \"baseline_name\": \"%s\", \"reps\": %d, "
+         "\"value_range\": [%.3f, %.3f], \"baseline_range\": [%.3f, %.3f]}\n",
+         name, gv, gb, gv / gb, base, reps, (double)bytes / v[reps - 1] / 1e9,
+         (double)bytes / v[0] / 1e9, (double)bytes / b[reps - 1] / 1e9, (double)bytes / b[0] / 1e9);
+  fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+  int reps = 7;
+  char mibs[64] = "16,256";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--reps"))
+      reps = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--mib"))
+      snprintf(mibs, sizeof mibs, "%s", argv[i + 1]);
+  }
+  if (reps < 1 || reps > 1000)
+    reps = 7;
+  char dir[] = "/tmp/tport-bench-shm-XXXXXX";
+  if (!mkdtemp(dir))
+    die("mkdtemp", NULL);
+  char url[128], sock[128];
+  snprintf(url, sizeof url, "ipc://%s/s.ipc", dir);
+  snprintf(sock, sizeof sock, "%s/shm.sock", dir);
+  server_config cfg;
+  config_defaults(&cfg);
+  cfg.listen[0] = strdup(url);
+  cfg.nlisten = 1;
+  cfg.devices = strdup("cpu");
+  cfg.log_level = 0;
+  cfg.shm_socket = strdup(sock);
+  cfg.shm_socket_set = true;
+  server *s;
+  tport_err err;
+  if (server_start(&cfg, &s, &err))
+    die("server_start", &err);
+  tport_client *c, *plain;
+  if (tport_connect(url, NULL, &c, &err))
+    die("connect", &err);
+  if (tport_connect(url, &(tport_connect_options){.no_shm = true}, &plain, &err))
+    die("connect", &err);
+  if (!tport_shm_available(c))
+    die("the server offers no shared memory", NULL);
+  double *v = calloc((size_t)reps, sizeof *v), *b = calloc((size_t)reps, sizeof *b),
+         *v2 = calloc((size_t)reps, sizeof *v2), *b2 = calloc((size_t)reps, sizeof *b2);
+  char *save = NULL;
+  for (char *tok = strtok_r(mibs, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    size_t mib = (size_t)atoi(tok), n = mib << 20;
+    if (!n)
+      continue;
+    int64_t sz = (int64_t)n;
+    uint8_t *user = malloc(n), *dst = malloc(n), *back = malloc(n);
+    for (size_t i = 0; i < n; i++)
+      user[i] = (uint8_t)(i * 31);
+    memset(dst, 0, n);
+    memset(back, 0, n);
+    tport_shm *in, *out;
+    if (tport_shm_create(c, n, &in, &err) || tport_shm_create(c, n, &out, &err))
+      die("tport_shm_create", &err);
+    memcpy(tport_shm_data(in), user, n);
+    memset(tport_shm_data(out), 0, n);
+    tport_tensor_info info, kept;
+    /* a tensor to get, and a warm-up of every path (first touches) */
+    if (tport_put_shm(c, in, 0, TPORT_UINT8, 1, &sz, NULL, NULL, &kept, &err))
+      die("put_shm", &err);
+    for (int w = 0; w < 2; w++) {
+      if (tport_put_shm(c, in, 0, TPORT_UINT8, 1, &sz, NULL, NULL, &info, &err) ||
+          tport_free(c, &info.ref, &err) ||
+          tport_get_shm(c, &kept.ref, out, 0, n, NULL, NULL, &err) ||
+          tport_put(c, TPORT_UINT8, 1, &sz, NULL, user, n, NULL, &info, &err) ||
+          tport_free(c, &info.ref, &err) ||
+          tport_put(plain, TPORT_UINT8, 1, &sz, NULL, user, n, NULL, &info, &err) ||
+          tport_free(plain, &info.ref, &err) ||
+          tport_get(c, &kept.ref, back, n, NULL, NULL, NULL, &err) ||
+          tport_get(plain, &kept.ref, back, n, NULL, NULL, NULL, &err))
+        die("warm-up", &err);
+    }
+    if (memcmp(tport_shm_data(out), user, n) || memcmp(back, user, n))
+      die("the bytes came back wrong", NULL);
+    /* region vs memcpy: memcpy, put, memcpy, get in every rep */
+    for (int r = 0; r < reps; r++) {
+      double t0 = bench_now();
+      memcpy(dst, user, n);
+      b[r] = bench_now() - t0;
+      t0 = bench_now();
+      if (tport_put_shm(c, in, 0, TPORT_UINT8, 1, &sz, NULL, NULL, &info, &err))
+        die("put_shm", &err);
+      v[r] = bench_now() - t0;
+      tport_free(c, &info.ref, NULL);
+      t0 = bench_now();
+      memcpy(back, dst, n);
+      b2[r] = bench_now() - t0;
+      t0 = bench_now();
+      if (tport_get_shm(c, &kept.ref, out, 0, n, NULL, NULL, &err))
+        die("get_shm", &err);
+      v2[r] = bench_now() - t0;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "put_shm_%zuMiB_vs_memcpy", mib);
+    emit(name, n, v, b, reps, "memcpy");
+    snprintf(name, sizeof name, "get_shm_%zuMiB_vs_memcpy", mib);
+    emit(name, n, v2, b2, reps, "memcpy");
+    /* automatic region vs the socket (ipc://), the order swapped every rep */
+    for (int r = 0; r < reps; r++) {
+      for (int k = 0; k < 2; k++) {
+        bool shm = (k == 0) == (r % 2 == 0);
+        tport_client *who = shm ? c : plain;
+        double t0 = bench_now();
+        if (tport_put(who, TPORT_UINT8, 1, &sz, NULL, user, n, NULL, &info, &err))
+          die("put", &err);
+        (shm ? v : b)[r] = bench_now() - t0;
+        tport_free(who, &info.ref, NULL);
+        t0 = bench_now();
+        if (tport_get(who, &kept.ref, back, n, NULL, NULL, NULL, &err))
+          die("get", &err);
+        (shm ? v2 : b2)[r] = bench_now() - t0;
+      }
+    }
+    snprintf(name, sizeof name, "put_auto_shm_%zuMiB_vs_ipc", mib);
+    emit(name, n, v, b, reps, "ipc");
+    snprintf(name, sizeof name, "get_auto_shm_%zuMiB_vs_ipc", mib);
+    emit(name, n, v2, b2, reps, "ipc");
+    tport_free(c, &kept.ref, NULL);
+    tport_shm_release(in, NULL);
+    tport_shm_release(out, NULL);
+    free(user);
+    free(dst);
+    free(back);
+  }
+  tport_close(c);
+  tport_close(plain);
+  server_stop(s, 1000);
+  config_free(&cfg);
+  rmdir(dir);
+  free(v);
+  free(b);
+  free(v2);
+  free(b2);
+  return 0;
+}
