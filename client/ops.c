@@ -75,6 +75,7 @@ typedef struct put_ctx {
   const Tport__Ref *ref;
   const uint8_t *data;
   bool verify;
+  struct tport_shm *region; /* same host: each chunk goes through it */
 } put_ctx;
 
 static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err *err)
@@ -83,11 +84,23 @@ static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
   Tport__PutChunkRequest q = TPORT__PUT_CHUNK_REQUEST__INIT;
   q.ref = (Tport__Ref *)p->ref;
   q.offset = off;
+  Tport__ShmSlice slice = TPORT__SHM_SLICE__INIT;
+  const uint8_t *bytes = p->data + off;
+  if (p->region) {
+    /* into the region; the server copies it out while the next is copied in */
+    memcpy(p->region->data + off, bytes, len);
+    bytes = p->region->data + off;
+    slice.region = p->region->id;
+    slice.offset = off;
+    slice.length = len;
+    q.shm = &slice;
+  }
   if (p->verify) {
     q.crc32c_set = true;
-    q.crc32c = transport_crc32c(0, p->data + off, len);
+    q.crc32c = transport_crc32c(0, bytes, len);
   }
-  return client_pack(TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, p->data + off, len, out, err);
+  return client_pack(TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, p->region ? NULL : bytes,
+                     p->region ? 0 : len, out, err);
 }
 
 static int put_take(void *vctx, client_slot *s, tport_err *err)
@@ -140,17 +153,28 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
   if (ndim < 0 || ndim > TPORT_MAX_DIMS)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "ndim is %d: it must be in [0, %d]", ndim,
                          TPORT_MAX_DIMS);
-  /* same host: through the client's region, one copy on each side */
-  bool used;
-  int rc = client_shm_put_auto(c, dtype, ndim, sizes, strides, fill_copy, (void *)data, nbytes,
-                               opts, out, &used, err);
+  /* same host: through the client's region, one copy on each side -- at
+   * once for a tensor of a few chunks, chunk by chunk (the client's copies
+   * and the server's overlap) for a larger one */
+  bool used = false;
+  int rc = TPORT_OK;
+  struct tport_shm *region = NULL;
+  if (nbytes > 2 * c->chunk_bytes && nbytes <= CLIENT_SHM_MAX_BYTES)
+    region = client_shm_auto_take(c, nbytes);
+  if (region && tport_shm_size(region) < nbytes) {
+    client_shm_auto_done(c, 0);
+    region = NULL;
+  }
+  if (!region)
+    rc = client_shm_put_auto(c, dtype, ndim, sizes, strides, fill_copy, (void *)data, nbytes,
+                             opts, out, &used, err);
   if (used)
     return rc;
   Tport__TensorDesc desc;
   Tport__PutBeginRequest q;
   client_put_request(c, dtype, ndim, sizes, strides, opts, &desc, &q);
   /* a tensor that fits in one chunk goes in one round trip */
-  q.commit = nbytes <= c->chunk_bytes;
+  q.commit = nbytes <= c->chunk_bytes && !region;
   if (q.commit && c->verify) {
     q.crc32c_set = true;
     q.crc32c = transport_crc32c(0, data, nbytes);
@@ -159,8 +183,11 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
   rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, q.commit ? data : NULL,
                       q.commit ? nbytes : 0, &tport__put_begin_reply__descriptor,
                       (ProtobufCMessage **)&b, NULL, err);
-  if (rc)
+  if (rc) {
+    if (region)
+      client_shm_auto_done(c, 0);
     return rc;
+  }
   if (q.commit) {
     if (opts->progress)
       opts->progress(opts->progress_arg, nbytes, nbytes);
@@ -177,7 +204,7 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
   ref.handle.len = TPORT_HANDLE_BYTES;
   size_t chunk = b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes;
   protobuf_c_message_free_unpacked(&b->base, NULL);
-  put_ctx pc = {&ref, data, c->verify};
+  put_ctx pc = {&ref, data, c->verify, region};
   rc = run_window(c, nbytes, chunk, put_make, put_take, &pc, opts->progress, opts->progress_arg,
                   err);
   if (!rc) {
@@ -202,6 +229,8 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
                    &tport__put_abort_reply__descriptor, &ar, NULL, NULL) == TPORT_OK)
       protobuf_c_message_free_unpacked(ar, NULL);
   }
+  if (region)
+    client_shm_auto_done(c, 0);
   return rc;
 }
 

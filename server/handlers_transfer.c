@@ -175,6 +175,7 @@ static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_
     return rc;
   }
   atomic_fetch_add(&s->bytes_in, len);
+  shm_count_transfer(s->shm);
   reg_entry *e;
   rc = reg_add(&s->reg, c->pipe, final, NULL, q->name, q->keep, q->ttl_ms, 0, &e, &c->err);
   if (rc)
@@ -338,6 +339,8 @@ int h_put_begin(call *c)
         rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, 0, data, len);
       if (!rc)
         atomic_fetch_add(&s->bytes_in, len);
+      if (!rc)
+        shm_count_transfer(s->shm);
     }
     if (!rc)
       rc = put_bytes(c, e, 0, data, len, pinned);
@@ -392,16 +395,38 @@ int h_put_chunk(call *c)
   Tport__PutChunkRequest *q = (Tport__PutChunkRequest *)c->req;
   reg_entry *e = NULL;
   int rc = find_upload(c, q->ref, &e); /* the in-flight limit was checked on arrival */
+  const uint8_t *data = c->payload;
+  size_t len = c->payload_len;
+  shm_region *held = NULL;
+  bool pinned = false;
+  if (!rc && q->shm) {
+    /* the chunk's bytes are in a region */
+    uint8_t *p = NULL;
+    if (c->payload_len)
+      rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                         "a chunk from a region carries no payload (%zu bytes came)",
+                         c->payload_len);
+    if (!rc)
+      rc = shm_hold(c->srv->shm, c->pipe, q->shm->region, q->shm->offset, q->shm->length, &held,
+                    &p, &pinned, &c->err);
+    data = p;
+    len = (size_t)q->shm->length; /* within the region: at most its size */
+    if (!rc)
+      atomic_fetch_add(&c->srv->bytes_in, len);
+    if (!rc && q->offset == 0)
+      shm_count_transfer(c->srv->shm); /* a put's first chunk */
+  }
   if (!rc)
-    rc = check_crc32c(c, q->crc32c_set, q->crc32c, q->offset);
+    rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, q->offset, data, len);
   if (!rc) {
     metrics_stage_since(&c->srv->metrics, STAGE_RECEIVE, c->arrived_ns);
-    rc = put_bytes(c, e, q->offset, c->payload, c->payload_len, false);
+    rc = put_bytes(c, e, q->offset, data, len, pinned);
   }
+  shm_unhold(c->srv->shm, held);
   if (!rc) {
     Tport__PutChunkReply r = TPORT__PUT_CHUNK_REPLY__INIT;
     r.status = wire_ok();
-    r.received_bytes = c->payload_len;
+    r.received_bytes = len;
     rc = call_reply(c, &r.base, NULL, 0);
   }
   reg_put(&c->srv->reg, e);
@@ -630,6 +655,7 @@ static int get_into_region(call *c, const Tport__GetBeginRequest *q, reg_entry *
   r.crc32c = crc;
   r.shm = true;
   atomic_fetch_add(&s->bytes_out, want);
+  shm_count_transfer(s->shm);
   return call_reply(c, &r.base, NULL, 0);
 }
 

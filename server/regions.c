@@ -494,7 +494,6 @@ int shm_hold(shm_table *t, uint32_t pipe, uint64_t id, uint64_t offset, uint64_t
                        (unsigned long long)id, r->nbytes);
   if (!rc) {
     r->holds++;
-    t->stats.transfers++;
     *out = r;
     *p = r->base + offset;
     *pinned = r->pinned;
@@ -512,6 +511,15 @@ void shm_unhold(shm_table *t, shm_region *r)
   pthread_mutex_unlock(&t->mu);
   if (free_it)
     region_free(r);
+}
+
+void shm_count_transfer(shm_table *t)
+{
+  if (!t)
+    return;
+  pthread_mutex_lock(&t->mu);
+  t->stats.transfers++;
+  pthread_mutex_unlock(&t->mu);
 }
 
 void shm_get_stats(shm_table *t, shm_stats *out)

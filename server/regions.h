@@ -64,5 +64,8 @@ typedef struct shm_stats {
   uint64_t transfers;                     /* puts and gets through a region, ever */
 } shm_stats;
 void shm_get_stats(shm_table *t, shm_stats *out);
+/* A put or a get went through a region (once per tensor, however many
+ * chunks it took). */
+void shm_count_transfer(shm_table *t);
 
 #endif

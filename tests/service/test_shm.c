@@ -160,6 +160,51 @@ static int raw_put_slice(tport_client *c, uint64_t region, uint64_t off, uint64_
   return rc;
 }
 
+/* A raw upload of n uint8 (PutBegin without commit): its ref. */
+static void raw_upload(tport_client *c, int64_t n, uint8_t handle[16])
+{
+  Tport__TensorDesc d = TPORT__TENSOR_DESC__INIT;
+  d.dtype = TPORT__DTYPE__DTYPE_UINT8;
+  d.n_sizes = 1;
+  d.sizes = &n;
+  Tport__PutBeginRequest q = TPORT__PUT_BEGIN_REQUEST__INIT;
+  q.desc = &d;
+  q.memory_format = TPORT__MEMORY_FORMAT__MF_PRESERVE;
+  Tport__PutBeginReply *r;
+  tport_err err;
+  cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, NULL, 0,
+                          &tport__put_begin_reply__descriptor, (ProtobufCMessage **)&r, NULL, &err),
+               0, "%s", err.msg);
+  cr_assert_eq(r->ref->handle.len, 16);
+  memcpy(handle, r->ref->handle.data, 16);
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+}
+
+/* A raw PutChunk of an upload naming a slice (and a payload of extra bytes). */
+static int raw_chunk_slice(tport_client *c, const uint8_t handle[16], uint64_t offset,
+                           uint64_t region, uint64_t off, uint64_t len, size_t extra,
+                           tport_err *err)
+{
+  Tport__Ref ref = TPORT__REF__INIT;
+  ref.handle.data = (uint8_t *)handle;
+  ref.handle.len = 16;
+  Tport__ShmSlice s = TPORT__SHM_SLICE__INIT;
+  s.region = region;
+  s.offset = off;
+  s.length = len;
+  Tport__PutChunkRequest q = TPORT__PUT_CHUNK_REQUEST__INIT;
+  q.ref = &ref;
+  q.offset = offset;
+  q.shm = &s;
+  static uint8_t junk[64];
+  ProtobufCMessage *r;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, extra ? junk : NULL, extra,
+                      &tport__put_chunk_reply__descriptor, &r, NULL, err);
+  if (!rc)
+    protobuf_c_message_free_unpacked(r, NULL);
+  return rc;
+}
+
 static int raw_get_slice(tport_client *c, const tport_ref *ref, uint64_t region, uint64_t off,
                          uint64_t len, tport_err *err)
 {
@@ -444,6 +489,9 @@ Test(shm, another_connections_or_tenants_region_is_not_found)
   tport_tensor_info info;
   cr_assert_eq(tport_put(b, TPORT_UINT8, 1, &one, NULL, "12345678", 8, NULL, &info, NULL), 0);
   cr_assert_eq(raw_get_slice(b, &info.ref, id, 0, 4096, &err), TPORT_NOT_FOUND, "%s", err.msg);
+  uint8_t hb[16];
+  raw_upload(b, 65536, hb);
+  cr_assert_eq(raw_chunk_slice(b, hb, 0, id, 0, 65536, 0, &err), TPORT_NOT_FOUND, "%s", err.msg);
   /* release is the owner's too */
   Tport__ShmReleaseRequest q = TPORT__SHM_RELEASE_REQUEST__INIT;
   q.region = id;
@@ -600,6 +648,20 @@ Test(shm, offsets_and_lengths_past_the_region_are_refused)
                err.msg);
   cr_assert_eq(raw_get_slice(c, &info.ref, id, UINT64_MAX, 2, &err), TPORT_OUT_OF_RANGE);
   cr_assert_eq(raw_get_slice(c, &info.ref, id + 1000, 0, n, &err), TPORT_NOT_FOUND);
+  /* chunks of an upload naming slices: checked the same way */
+  uint8_t h[16];
+  int64_t two = 2 * 65536; /* the tests' server takes 64 KiB chunks */
+  raw_upload(c, two, h);
+  cr_assert_eq(raw_chunk_slice(c, h, 0, id, n - 100, 65536, 0, &err), TPORT_OUT_OF_RANGE, "%s",
+               err.msg);
+  cr_assert_eq(raw_chunk_slice(c, h, 0, id, UINT64_MAX - 5, 65536, 0, &err), TPORT_OUT_OF_RANGE);
+  cr_assert_eq(raw_chunk_slice(c, h, 0, id, 0, 65536, 16, &err), TPORT_INVALID_ARGUMENT,
+               "a payload and a slice");
+  cr_assert_eq(raw_chunk_slice(c, h, 0, id + 77, 0, 65536, 0, &err), TPORT_NOT_FOUND);
+  cr_assert_eq(raw_chunk_slice(c, h, 0, id, 0, 1000, 0, &err), TPORT_INVALID_ARGUMENT,
+               "a short chunk: %s", err.msg);
+  cr_assert_eq(raw_chunk_slice(c, h, 0, id, 0, 65536, 0, &err), 0, "%s", err.msg);
+  cr_assert_eq(raw_chunk_slice(c, h, 65536, id, 0, 65536, 0, &err), 0, "%s", err.msg);
   /* the library says so before asking */
   cr_assert_eq(tport_put_shm(c, r, 1, TPORT_UINT8, 1, &sz, NULL, NULL, &info, &err),
                TPORT_OUT_OF_RANGE);
