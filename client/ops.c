@@ -154,12 +154,14 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "ndim is %d: it must be in [0, %d]", ndim,
                          TPORT_MAX_DIMS);
   /* same host: through the client's region, one copy on each side -- at
-   * once for a tensor of a few chunks, chunk by chunk (the client's copies
-   * and the server's overlap) for a larger one */
+   * once for a tensor of a few chunks or one the server converts (it then
+   * converts in its one copy), chunk by chunk (the client's copies and the
+   * server's overlap) for a larger one */
   bool used = false;
   int rc = TPORT_OK;
   struct tport_shm *region = NULL;
-  if (nbytes > 2 * c->chunk_bytes && nbytes <= CLIENT_SHM_MAX_BYTES)
+  bool converts = opts->has_dtype || opts->memory_format != TPORT_MF_PRESERVE;
+  if (!converts && nbytes > 2 * c->chunk_bytes && nbytes <= CLIENT_SHM_MAX_BYTES)
     region = client_shm_auto_take(c, nbytes);
   if (region && tport_shm_size(region) < nbytes) {
     client_shm_auto_done(c, 0);
