@@ -154,7 +154,8 @@ def test_context_managers_and_close(server):
 
 
 def test_progress_callable(server):
-    # by socket: chunk by chunk (through a same-host region: once, whole)
+    # by socket: chunk by chunk (through a same-host region too for a put
+    # that is not converted; a get through one reports once, whole)
     client = tp.Client(server.url, shm=False)
     seen = []
     x = np.random.default_rng(2).standard_normal(3_000_000)  # 24 MB: several chunks
@@ -176,7 +177,11 @@ def test_progress_callable(server):
     client.close()
     with tp.Client(server.url) as c:
         seen.clear()
-        assert np.array_equal(c.get(c.put(x, progress=lambda d, n: seen.append((d, n)))), x)
+        t = c.put(x, progress=lambda d, n: seen.append((d, n)))
+        assert len(seen) > 1 and seen[-1] == (x.nbytes, x.nbytes)
+        assert all(a[0] < b[0] for a, b in zip(seen, seen[1:]))
+        seen.clear()
+        assert np.array_equal(c.get(t, progress=lambda d, n: seen.append((d, n))), x)
         assert seen == [(x.nbytes, x.nbytes)]
 
 
