@@ -115,8 +115,8 @@ int tport_shm_create(tport_client *c, size_t nbytes, tport_shm **out, tport_err 
   if (a->token.len != TRANSPORT_SHM_TOKEN_BYTES)
     rc = tport_err_set(err, TPORT_INTERNAL, "the server sent a %zu-byte token", a->token.len);
   else
-    rc = transport_shm_send(a->socket_path && *a->socket_path ? a->socket_path : c->shm_socket,
-                            a->token.data, r->fd, c->timeout_ms, err);
+    /* the socket Hello named, whatever this reply says */
+    rc = transport_shm_send(c->shm_socket, a->token.data, r->fd, c->timeout_ms, err);
   protobuf_c_message_free_unpacked(&a->base, NULL);
   /* the server holds its own mapping now: this descriptor is done */
   close(r->fd);
@@ -358,9 +358,12 @@ static bool cache_fit(tport_client *c, size_t need)
   }
   tport_err why;
   int rc = tport_shm_create(c, want, &c->shm_cache, &why);
+  /* the socket cannot be reached from here, or its server is not one to
+   * trust with memory: do not try again (a busy server, RESOURCE_EXHAUSTED,
+   * may be tried later) */
   if (rc == TPORT_UNAVAILABLE || rc == TPORT_PERMISSION_DENIED ||
       rc == TPORT_FAILED_PRECONDITION)
-    c->shm_auto = false; /* the socket cannot be reached from here: do not try again */
+    c->shm_auto = false;
   return rc == TPORT_OK;
 }
 

@@ -3,8 +3,24 @@
  * regions (the descriptor itself goes over the shm socket: regions.h).
  */
 #include <string.h>
+#include <unistd.h>
 
 #include "wire.h"
+
+/* The process at the other end of a connection, where the transport knows
+ * it: an ipc:// peer (SO_PEERCRED, through nng) or this very process
+ * (inproc://); 0 over tcp://. */
+static pid_t peer_pid(uint32_t pipe)
+{
+  nng_pipe p = {.id = pipe};
+  uint64_t pid = 0;
+  if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid) == 0 && pid > 0)
+    return (pid_t)pid;
+  nng_sockaddr sa;
+  if (nng_pipe_get_addr(p, NNG_OPT_REMADDR, &sa) == 0 && sa.s_family == NNG_AF_INPROC)
+    return getpid();
+  return 0;
+}
 
 int h_shm_register(call *c)
 {
@@ -23,9 +39,17 @@ int h_shm_register(call *c)
     return tport_err_set(&c->err, TPORT_ABORTED, "the connection is closing");
   uint64_t id;
   uint8_t token[TRANSPORT_SHM_TOKEN_BYTES];
-  int rc = shm_register(s->shm, c->pipe, tenant, q->nbytes, &id, token, &c->err);
+  int rc = shm_register(s->shm, c->pipe, tenant, peer_pid(c->pipe), q->nbytes, &id, token,
+                        &c->err);
   if (rc)
     return rc;
+  /* a connection that closed meanwhile has had its regions dropped already
+   * (its session goes first): this one would outlive it */
+  if (!reg_session_tenant(&s->reg, c->pipe, tenant, sizeof tenant)) {
+    tport_err ignored;
+    shm_release(s->shm, c->pipe, id, &ignored);
+    return tport_err_set(&c->err, TPORT_ABORTED, "the connection is closing");
+  }
   Tport__ShmRegisterReply r = TPORT__SHM_REGISTER_REPLY__INIT;
   r.status = wire_ok();
   r.region = id;

@@ -406,6 +406,11 @@ int h_put_chunk(call *c)
       rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                          "a chunk from a region carries no payload (%zu bytes came)",
                          c->payload_len);
+    else if (q->shm->length > c->srv->cfg.chunk_bytes)
+      rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                         "shm.length is %llu: a chunk is at most %zu bytes (a put of the whole "
+                         "tensor from a region is PutBegin with commit)",
+                         (unsigned long long)q->shm->length, c->srv->cfg.chunk_bytes);
     if (!rc)
       rc = shm_hold(c->srv->shm, c->pipe, q->shm->region, q->shm->offset, q->shm->length, &held,
                     &p, &pinned, &c->err);

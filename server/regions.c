@@ -41,6 +41,7 @@ struct shm_region {
   char tenant[TENANT_MAX];
   uint8_t token[TRANSPORT_SHM_TOKEN_BYTES];
   int64_t token_expires_ms;
+  pid_t peer_pid; /* who must hand the descriptor over (0: any allowed peer) */
   region_state state;
   bool tokened;     /* in by_token: its token has not been used */
   bool handing_off; /* the handoff thread is checking its descriptor */
@@ -164,7 +165,12 @@ static int handoff(shm_table *t, int conn, tport_err *err)
     return tport_err_set(err, TPORT_PERMISSION_DENIED,
                          "the token names no region waiting for its descriptor");
   }
-  if (now_ms() > r->token_expires_ms)
+  if (r->peer_pid && peer.pid != r->peer_pid)
+    rc = tport_err_set(err, TPORT_PERMISSION_DENIED,
+                       "the descriptor came from pid %d: region %llu was registered by pid %d's "
+                       "connection",
+                       (int)peer.pid, (unsigned long long)r->id, (int)r->peer_pid);
+  else if (now_ms() > r->token_expires_ms)
     rc = tport_err_set(err, TPORT_DEADLINE_EXCEEDED,
                        "the region's token expired (%d ms after ShmRegister): register again",
                        TOKEN_TTL_MS);
@@ -250,8 +256,13 @@ static void *handoff_main(void *arg)
     if (!(p[0].revents & POLLIN))
       continue;
     int conn = accept4(t->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (conn < 0)
+    if (conn < 0) {
+      /* out of descriptors or memory: the connection stays pending and
+       * poll says so again at once -- wait a little (or for the stop) */
+      if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS)
+        poll(&p[1], 1, 100);
       continue;
+    }
     handoff_job *j = malloc(sizeof *j);
     pthread_mutex_lock(&t->mu);
     bool room = j && t->handoffs_running < MAX_HANDOFFS;
@@ -274,7 +285,7 @@ static void *handoff_main(void *arg)
     pthread_attr_destroy(&attr);
     if (!room) {
       free(j);
-      transport_shm_reply(conn, TPORT_UNAVAILABLE,
+      transport_shm_reply(conn, TPORT_RESOURCE_EXHAUSTED,
                           "the server is busy with other handoffs: try again");
       close(conn);
       pthread_mutex_lock(&t->mu);
@@ -366,8 +377,8 @@ const char *shm_socket_path(const shm_table *t)
   return t ? t->path : NULL;
 }
 
-int shm_register(shm_table *t, uint32_t pipe, const char *tenant, uint64_t nbytes, uint64_t *id,
-                 uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], tport_err *err)
+int shm_register(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid, uint64_t nbytes,
+                 uint64_t *id, uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], tport_err *err)
 {
   if (nbytes == 0)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "a region holds at least one byte");
@@ -384,6 +395,7 @@ int shm_register(shm_table *t, uint32_t pipe, const char *tenant, uint64_t nbyte
   }
   snprintf(r->tenant, sizeof r->tenant, "%s", tenant);
   r->pipe = pipe;
+  r->peer_pid = peer_pid;
   r->nbytes = (size_t)nbytes;
   r->state = REGION_PENDING;
   r->token_expires_ms = now_ms() + TOKEN_TTL_MS;

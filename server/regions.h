@@ -44,9 +44,13 @@ int shm_start(const shm_config *cfg, shm_table **out, tport_err *err);
 void shm_stop(shm_table *t);
 const char *shm_socket_path(const shm_table *t);
 
-/* A new PENDING region of nbytes for the connection (pipe) of tenant. */
-int shm_register(shm_table *t, uint32_t pipe, const char *tenant, uint64_t nbytes, uint64_t *id,
-                 uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], tport_err *err);
+/* A new PENDING region of nbytes for the connection (pipe) of tenant.
+ * peer_pid: the process at the other end of that connection where it is
+ * known (ipc, inproc; 0 where not: tcp): only that process may hand the
+ * region's descriptor over, so a token relayed by anyone else is worth
+ * nothing to them. */
+int shm_register(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid, uint64_t nbytes,
+                 uint64_t *id, uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], tport_err *err);
 int shm_release(shm_table *t, uint32_t pipe, uint64_t id, tport_err *err);
 /* The connection closed: its regions go (once their holders are done). */
 void shm_drop_pipe(shm_table *t, uint32_t pipe);

@@ -512,6 +512,20 @@ Test(shm, another_connections_or_tenants_region_is_not_found)
   uint8_t forged[TRANSPORT_SHM_TOKEN_BYTES] = {1, 2, 3};
   cr_assert_eq(transport_shm_send(path, forged, fd, 5000, &err), TPORT_PERMISSION_DENIED);
   close(fd);
+  /* a token relayed to another process is worth nothing: only the process
+   * at the other end of the registering connection may hand the region
+   * over (here, inproc: this one) */
+  cr_assert_eq(raw_register(a, 4096, &id2, token, path, &err), 0);
+  fd = memfd_with(4096, F_SEAL_SHRINK | F_SEAL_SEAL);
+  pid_t child = fork();
+  if (child == 0) /* sockets only: no nng in the child */
+    _exit(transport_shm_send(path, token, fd, 5000, NULL));
+  int st;
+  cr_assert_eq(waitpid(child, &st, 0), child);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == TPORT_PERMISSION_DENIED,
+            "another process handed a region over: status %d", st);
+  cr_assert_eq(raw_put_slice(a, id2, 0, 16, 16, &err), TPORT_NOT_FOUND, "%s", err.msg);
+  close(fd);
   /* a region not yet handed over cannot be used */
   cr_assert_eq(raw_register(a, 4096, &id2, token, path, &err), 0);
   cr_assert_eq(raw_put_slice(a, id2, 0, 16, 16, &err), TPORT_FAILED_PRECONDITION, "%s", err.msg);
@@ -660,6 +674,8 @@ Test(shm, offsets_and_lengths_past_the_region_are_refused)
   cr_assert_eq(raw_chunk_slice(c, h, 0, id + 77, 0, 65536, 0, &err), TPORT_NOT_FOUND);
   cr_assert_eq(raw_chunk_slice(c, h, 0, id, 0, 1000, 0, &err), TPORT_INVALID_ARGUMENT,
                "a short chunk: %s", err.msg);
+  cr_assert_eq(raw_chunk_slice(c, h, 0, id, 0, 2 * 65536, 0, &err), TPORT_INVALID_ARGUMENT,
+               "a chunk of two chunks' bytes (one request, any amount of work): %s", err.msg);
   cr_assert_eq(raw_chunk_slice(c, h, 0, id, 0, 65536, 0, &err), 0, "%s", err.msg);
   cr_assert_eq(raw_chunk_slice(c, h, 65536, id, 0, 65536, 0, &err), 0, "%s", err.msg);
   /* the library says so before asking */
@@ -946,7 +962,7 @@ Test(shm, a_silent_peer_of_the_socket_stalls_no_one_else)
     tport_shm_release(r, NULL);
     usleep(20000);
   }
-  cr_assert_eq(rc, TPORT_UNAVAILABLE, "%d %s", err.code, err.msg);
+  cr_assert_eq(rc, TPORT_RESOURCE_EXHAUSTED, "%d %s", err.code, err.msg);
   for (int i = 0; i < 16; i++)
     close(silent[i]);
   usleep(100000);
