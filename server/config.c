@@ -144,6 +144,9 @@ static const struct {
     {"shm-mode", "TPORT_SHM_MODE", "OCTAL",
      "permissions of the shm socket (default 600: this user and root; 660 lets the group in)"},
     {"shm-quota", "TPORT_SHM_QUOTA", "BYTES", "bytes of regions each tenant may register (default 16 GiB)"},
+    {"shm-max", "TPORT_SHM_MAX", "BYTES",
+     "bytes of regions all tenants together may register (default half the machine's memory: "
+     "with a GPU, regions are pinned)"},
 };
 #define NOPTS (int)(sizeof opts / sizeof opts[0])
 
@@ -261,6 +264,7 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
     c->shm_socket = strcmp(v, "off") == 0 ? NULL : strdup(v);
     return TPORT_OK;
   case 36: return parse_size(v, opts[i].flag, &c->shm_quota, err);
+  case 37: return parse_size(v, opts[i].flag, &c->shm_max, err);
   case 26:
   case 27:
   case 28: {

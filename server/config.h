@@ -66,6 +66,7 @@ typedef struct server_config {
                            (the default path only warns) */
   unsigned shm_mode;    /* its permissions */
   size_t shm_quota;     /* bytes of regions per tenant */
+  size_t shm_max;       /* bytes of regions in all (0: half the machine's memory) */
   int shm_max_regions;  /* per connection */
 } server_config;
 

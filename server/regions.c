@@ -308,6 +308,10 @@ int shm_start(const shm_config *cfg, shm_table **out, tport_err *err)
   t->listen_fd = -1;
   t->wake[0] = t->wake[1] = -1;
   t->next_id = 1;
+  if (!t->cfg.total_max) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    t->cfg.total_max = pages > 0 && page > 0 ? (size_t)pages * (size_t)page / 2 : SIZE_MAX;
+  }
   pthread_mutex_init(&t->mu, NULL);
   pthread_cond_init(&t->handoffs_done, NULL);
   int rc = t->path ? TPORT_OK : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
@@ -410,6 +414,12 @@ int shm_register(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid
   else if (mine >= t->cfg.max_regions)
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
                        "this connection holds %zu regions already: release one first", mine);
+  else if (t->stats.bytes + r->nbytes > t->cfg.total_max)
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                       "the server holds %llu bytes of regions: %llu more would pass its limit "
+                       "(%zu bytes, half its memory)",
+                       (unsigned long long)t->stats.bytes, (unsigned long long)nbytes,
+                       t->cfg.total_max);
   else if (u->bytes + r->nbytes > t->cfg.quota || u->bytes + r->nbytes < u->bytes)
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
                        "tenant '%s' has %zu bytes of regions: %llu more would pass its shm quota "

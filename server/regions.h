@@ -34,6 +34,8 @@ typedef struct shm_config {
   const char *path; /* the Unix socket */
   unsigned mode;    /* its permissions */
   size_t quota;     /* bytes registered per tenant */
+  size_t total_max; /* bytes registered in all (0: half the machine's memory): with a GPU, a
+                       region is pinned, and pinned pages are the server's to pay for */
   size_t max_regions; /* per connection */
 } shm_config;
 

@@ -597,6 +597,7 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
     shm_config sc = {.path = cfg->shm_socket,
                      .mode = cfg->shm_mode,
                      .quota = cfg->shm_quota,
+                     .total_max = cfg->shm_max,
                      .max_regions = (size_t)cfg->shm_max_regions};
     tport_err why;
     if (shm_start(&sc, &s->shm, &why) == TPORT_OK)

@@ -31,7 +31,7 @@
 static char sock_dir[64];
 
 /* An in-process server with shared memory on a socket of this test's own. */
-static server *start(char *url, size_t len, size_t quota)
+static server *start_max(char *url, size_t len, size_t quota, size_t max)
 {
   snprintf(sock_dir, sizeof sock_dir, "/tmp/tport-shm-%d", (int)getpid());
   char path[128];
@@ -42,7 +42,13 @@ static server *start(char *url, size_t len, size_t quota)
   cfg.shm_socket_set = true;
   if (quota)
     cfg.shm_quota = quota;
+  cfg.shm_max = max;
   return svc_start_with(&cfg, url, len);
+}
+
+static server *start(char *url, size_t len, size_t quota)
+{
+  return start_max(url, len, quota, 0);
 }
 
 static void stop(server *s)
@@ -1027,5 +1033,25 @@ Test(shm, get_into_a_region_in_the_memory_format_asked)
   free(want);
   tport_shm_release(r, NULL);
   tport_close(c);
+  stop(s);
+}
+
+/* Regions of all tenants together stay under --shm-max (with a GPU they
+ * are pinned: memory the server pays for). */
+Test(shm, all_tenants_together_stay_under_shm_max)
+{
+  char url[96];
+  server *s = start_max(url, sizeof url, (size_t)1 << 20, (size_t)3 << 19);
+  tport_client *a = connect_as(url, "alice", false), *b = connect_as(url, "bob", false);
+  tport_shm *r1, *r2;
+  tport_err err;
+  cr_assert_eq(tport_shm_create(a, 1 << 20, &r1, &err), 0, "%s", err.msg);
+  cr_assert_eq(tport_shm_create(b, 1 << 20, &r2, &err), TPORT_RESOURCE_EXHAUSTED, "%s", err.msg);
+  cr_assert(strstr(err.msg, "limit"), "%s", err.msg);
+  cr_assert_eq(tport_shm_create(b, 256 << 10, &r2, &err), 0, "%s", err.msg);
+  tport_shm_release(r1, NULL);
+  tport_shm_release(r2, NULL);
+  tport_close(a);
+  tport_close(b);
   stop(s);
 }
