@@ -80,6 +80,16 @@ struct tport_shm {
   struct tport_shm *prev, *next; /* the client's regions (regions_mu) */
 };
 
+/* Bytes [off, off + len) of a region, as the wire names them. */
+static inline Tport__ShmSlice client_slice(const struct tport_shm *r, size_t off, size_t len)
+{
+  Tport__ShmSlice s = TPORT__SHM_SLICE__INIT;
+  s.region = r->id;
+  s.offset = off;
+  s.length = len;
+  return s;
+}
+
 /* Puts and gets of at least this many bytes go through the automatic
  * region (smaller ones cost less on the socket than the copy in). */
 #define CLIENT_SHM_MIN_BYTES ((size_t)256 << 10)

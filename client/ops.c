@@ -84,15 +84,13 @@ static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
   Tport__PutChunkRequest q = TPORT__PUT_CHUNK_REQUEST__INIT;
   q.ref = (Tport__Ref *)p->ref;
   q.offset = off;
-  Tport__ShmSlice slice = TPORT__SHM_SLICE__INIT;
+  Tport__ShmSlice slice;
   const uint8_t *bytes = p->data + off;
   if (p->region) {
     /* into the region; the server copies it out while the next is copied in */
     memcpy(p->region->data + off, bytes, len);
     bytes = p->region->data + off;
-    slice.region = p->region->id;
-    slice.offset = off;
-    slice.length = len;
+    slice = client_slice(p->region, off, len);
     q.shm = &slice;
   }
   if (p->verify) {

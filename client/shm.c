@@ -189,10 +189,7 @@ static int put_from(tport_client *c, tport_shm *r, size_t offset, size_t nbytes,
   Tport__TensorDesc desc;
   Tport__PutBeginRequest q;
   client_put_request(c, dtype, ndim, sizes, strides, opts, &desc, &q);
-  Tport__ShmSlice slice = TPORT__SHM_SLICE__INIT;
-  slice.region = r->id;
-  slice.offset = offset;
-  slice.length = nbytes;
+  Tport__ShmSlice slice = client_slice(r, offset, nbytes);
   q.shm = &slice;
   q.commit = true;
   if (c->verify) {
@@ -241,10 +238,7 @@ static int get_begin_shm(tport_client *c, const tport_ref *ref, tport_shm *r, si
   q.ref = &w;
   q.inline_max = fallback ? CLIENT_SHM_MIN_BYTES - 1 : 0; /* small ones: inline */
   q.want_crc32c = c->verify;
-  Tport__ShmSlice slice = TPORT__SHM_SLICE__INIT;
-  slice.region = r->id;
-  slice.offset = offset;
-  slice.length = cap;
+  Tport__ShmSlice slice = client_slice(r, offset, cap);
   q.shm = &slice;
   q.shm_fallback = fallback;
   q.memory_format_set = fmt >= 0;

@@ -39,11 +39,20 @@ static int commit_upload(call *c, reg_entry *e, bool non_blocking, tport_tensor 
  * storage bytes [off, off + n) -- into the landing tensor, which has the
  * client's strides in another dtype: the same elements in the same storage
  * order, so the chunk is a 1-D run of both storages. */
+/* A cpu tensor over n bytes at p (a payload, or a slice of a region:
+ * pinned when the region is registered with the GPU driver). */
+static int wrap_host(const uint8_t *p, size_t n, bool pinned, tport_dtype dt, int ndim,
+                     const int64_t *sizes, const int64_t *strides, tport_tensor **out,
+                     tport_err *err)
+{
+  return pinned ? tensor_wrap_host_pinned((void *)p, n, dt, ndim, sizes, strides, 0, out, err)
+                : tensor_wrap_host((void *)p, n, dt, ndim, sizes, strides, 0, out, err);
+}
+
 static int wrap_bytes(const uint8_t *p, size_t n, tport_dtype dt, int64_t count, bool pinned,
                       tport_tensor **out, tport_err *err)
 {
-  return pinned ? tensor_wrap_host_pinned((void *)p, n, dt, 1, &count, NULL, 0, out, err)
-                : tensor_wrap_host((void *)p, n, dt, 1, &count, NULL, 0, out, err);
+  return wrap_host(p, n, pinned, dt, 1, &count, NULL, out, err);
 }
 
 static int land_converted(call *c, tport_tensor *landing, tport_dtype st, size_t off,
@@ -146,9 +155,7 @@ static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_
   rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, 0, p, len);
   tport_tensor *src = NULL, *final = NULL;
   if (!rc)
-    rc = pinned ? tensor_wrap_host_pinned(p, len, from, l->ndim, l->sizes, l->strides, 0, &src,
-                                          &c->err)
-                : tensor_wrap_host(p, len, from, l->ndim, l->sizes, l->strides, 0, &src, &c->err);
+    rc = wrap_host(p, len, pinned, from, l->ndim, l->sizes, l->strides, &src, &c->err);
   int64_t t0 = metrics_now_ns();
   if (!rc) {
     to_options o = *convert;
@@ -631,10 +638,8 @@ static int get_into_region(call *c, const Tport__GetBeginRequest *q, reg_entry *
     rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "memory_format: %s", why.msg);
   if (!rc && want) {
     tport_tensor *dst = NULL;
-    rc = pinned ? tensor_wrap_host_pinned(p, want, t->dtype, t->layout.ndim, t->layout.sizes,
-                                          strides, 0, &dst, &c->err)
-                : tensor_wrap_host(p, want, t->dtype, t->layout.ndim, t->layout.sizes, strides, 0,
-                                   &dst, &c->err);
+    rc = wrap_host(p, want, pinned, t->dtype, t->layout.ndim, t->layout.sizes, strides, &dst,
+                   &c->err);
     if (!rc)
       rc = tensor_copy_(dst, t, false, &c->err);
     if (!rc)
