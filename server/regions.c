@@ -225,6 +225,13 @@ static void *handoff_thread(void *arg)
   tport_err err;
   tport_err_clear(&err);
   int rc = handoff(t, j->conn, &err);
+  /* counted before the client hears the verdict (it may ask for the count) */
+  pthread_mutex_lock(&t->mu);
+  if (rc)
+    t->stats.handoffs_refused++;
+  else
+    t->stats.handoffs_ok++;
+  pthread_mutex_unlock(&t->mu);
   transport_shm_reply(j->conn, rc, rc ? err.msg : "");
   close(j->conn);
   free(j);
@@ -233,10 +240,6 @@ static void *handoff_thread(void *arg)
               err.msg, NULL);
   OPENSSL_thread_stop(); /* this thread's RAND and error state */
   pthread_mutex_lock(&t->mu);
-  if (rc)
-    t->stats.handoffs_refused++;
-  else
-    t->stats.handoffs_ok++;
   t->handoffs_running--;
   pthread_cond_broadcast(&t->handoffs_done);
   pthread_mutex_unlock(&t->mu);
