@@ -399,6 +399,25 @@ Test(shm, conversions_match_the_socket_path)
     free(y);
     free(copy);
   }
+  /* managed memory on a device: the upload path, from the region */
+  tport_put_options mo;
+  tport_put_options_init(&mo);
+  mo.device = "sim:0";
+  mo.managed = true;
+  int32_t *iv = tport_shm_data(r);
+  for (int64_t k = 0; k < n; k++)
+    iv[k] = (int32_t)(k * 7 - 1000);
+  tport_tensor_info m;
+  cr_assert_eq(tport_put_shm(c, r, 0, TPORT_INT32, 4, sizes, NULL, &mo, &m, &err), 0, "%s",
+               err.msg);
+  cr_assert(m.managed);
+  cr_assert_str_eq(m.device, "sim:0");
+  int32_t *mb = malloc((size_t)n * 4);
+  cr_assert_eq(tport_get(plain, &m.ref, mb, (size_t)n * 4, NULL, NULL, NULL, &err), 0, "%s",
+               err.msg);
+  for (int64_t k = 0; k < n; k++)
+    cr_assert_eq(mb[k], (int32_t)(k * 7 - 1000));
+  free(mb);
   tport_shm_release(r, NULL);
   tport_close(plain);
   tport_close(c);
