@@ -542,13 +542,19 @@ Test(shm, another_connections_or_tenants_region_is_not_found)
    * over (here, inproc: this one) */
   cr_assert_eq(raw_register(a, 4096, &id2, token, path, &err), 0);
   fd = memfd_with(4096, F_SEAL_SHRINK | F_SEAL_SEAL);
+  int verdict[2];
+  cr_assert_eq(pipe(verdict), 0);
   pid_t child = fork();
-  if (child == 0) /* sockets only: no nng in the child */
-    _exit(transport_shm_send(path, token, fd, 5000, NULL));
-  int st;
+  if (child == 0) { /* sockets only: no nng in the child */
+    int code = transport_shm_send(path, token, fd, 5000, NULL);
+    _exit(write(verdict[1], &code, sizeof code) == sizeof code ? 0 : 1);
+  }
+  int st, code = -1;
   cr_assert_eq(waitpid(child, &st, 0), child);
-  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == TPORT_PERMISSION_DENIED,
-            "another process handed a region over: status %d", st);
+  cr_assert_eq(read(verdict[0], &code, sizeof code), (ssize_t)sizeof code);
+  close(verdict[0]);
+  close(verdict[1]);
+  cr_assert_eq(code, TPORT_PERMISSION_DENIED, "another process handed a region over: %d", code);
   cr_assert_eq(raw_put_slice(a, id2, 0, 16, 16, &err), TPORT_NOT_FOUND, "%s", err.msg);
   close(fd);
   /* a region not yet handed over cannot be used */
