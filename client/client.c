@@ -128,6 +128,7 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
   pthread_mutex_init(&c->shm_mu, NULL);
+  atomic_init(&c->shm_auto, false);
   pthread_mutex_init(&c->regions_mu, NULL);
   c->credits = 1; /* the Hello */
   int rv = nng_req0_open(&c->sock);
@@ -171,11 +172,13 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
     return rc;
   }
   c->chunk_bytes = r->max_chunk_bytes ? r->max_chunk_bytes : (4u << 20);
-  if (r->shm_socket && strlen(r->shm_socket) < sizeof c->shm_socket &&
+  /* same host: the server offers regions (a socket named), and this URL
+   * reaches it locally */
+  if (r->shm_socket && r->shm_socket[0] && strlen(r->shm_socket) < sizeof c->shm_socket &&
       client_url_is_local(url)) {
     const char *env = getenv("TPORT_SHM");
     snprintf(c->shm_socket, sizeof c->shm_socket, "%s", r->shm_socket);
-    c->shm_auto = !(opts && opts->no_shm) && !(env && strcmp(env, "0") == 0);
+    atomic_store(&c->shm_auto, !(opts && opts->no_shm) && !(env && strcmp(env, "0") == 0));
   }
   c->window = r->max_inflight_chunks ? (int)r->max_inflight_chunks : 4;
   if (c->window > CLIENT_MAX_WINDOW)

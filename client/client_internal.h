@@ -4,6 +4,7 @@
 
 #include <nng/nng.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "frame.h"
 #include "tport.h"
@@ -28,7 +29,7 @@ struct tport_client {
    * whether tport_put/tport_get use a region on their own, and the region
    * they use (one at a time: shm_mu) */
   char shm_socket[108];
-  bool shm_auto;
+  atomic_bool shm_auto; /* read before shm_mu is taken; turned off under it */
   pthread_mutex_t shm_mu;
   struct tport_shm *shm_cache;
   /* the application's regions, unmapped by tport_close */

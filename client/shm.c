@@ -357,7 +357,7 @@ static bool cache_fit(tport_client *c, size_t need)
    * may be tried later) */
   if (rc == TPORT_UNAVAILABLE || rc == TPORT_PERMISSION_DENIED ||
       rc == TPORT_FAILED_PRECONDITION)
-    c->shm_auto = false;
+    atomic_store(&c->shm_auto, false);
   return rc == TPORT_OK;
 }
 
@@ -367,12 +367,13 @@ int client_shm_put_auto(tport_client *c, tport_dtype dtype, int ndim, const int6
                         bool *used, tport_err *err)
 {
   *used = false;
-  if (!c->shm_auto || nbytes < CLIENT_SHM_MIN_BYTES || nbytes > CLIENT_SHM_MAX_BYTES)
+  if (!atomic_load(&c->shm_auto) || nbytes < CLIENT_SHM_MIN_BYTES ||
+      nbytes > CLIENT_SHM_MAX_BYTES)
     return TPORT_OK;
   if (pthread_mutex_trylock(&c->shm_mu) != 0)
     return TPORT_OK; /* another thread's transfer has it: this one takes the socket */
   int rc = TPORT_OK;
-  if (c->shm_auto && cache_fit(c, nbytes)) {
+  if (atomic_load(&c->shm_auto) && cache_fit(c, nbytes)) {
     *used = true;
     fill(c->shm_cache->data, nbytes, fill_arg);
     rc = put_from(c, c->shm_cache, 0, nbytes, dtype, ndim, sizes, strides, opts, out, err);
@@ -383,9 +384,9 @@ int client_shm_put_auto(tport_client *c, tport_dtype dtype, int ndim, const int6
 
 tport_shm *client_shm_auto_take(tport_client *c, size_t cap)
 {
-  if (!c->shm_auto || pthread_mutex_trylock(&c->shm_mu) != 0)
+  if (!atomic_load(&c->shm_auto) || pthread_mutex_trylock(&c->shm_mu) != 0)
     return NULL;
-  if (cap >= CLIENT_SHM_MIN_BYTES && cap <= CLIENT_SHM_MAX_BYTES && c->shm_auto)
+  if (cap >= CLIENT_SHM_MIN_BYTES && cap <= CLIENT_SHM_MAX_BYTES && atomic_load(&c->shm_auto))
     cache_fit(c, cap);
   if (!c->shm_cache) {
     pthread_mutex_unlock(&c->shm_mu);
@@ -397,7 +398,7 @@ tport_shm *client_shm_auto_take(tport_client *c, size_t cap)
 void client_shm_auto_done(tport_client *c, size_t want)
 {
   /* a tensor too large for the region came by socket: next time it fits */
-  if (want >= CLIENT_SHM_MIN_BYTES && want <= CLIENT_SHM_MAX_BYTES && c->shm_auto)
+  if (want >= CLIENT_SHM_MIN_BYTES && want <= CLIENT_SHM_MAX_BYTES && atomic_load(&c->shm_auto))
     cache_fit(c, want);
   pthread_mutex_unlock(&c->shm_mu);
 }
