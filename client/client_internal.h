@@ -32,6 +32,7 @@ struct tport_client {
   atomic_bool shm_auto; /* read before shm_mu is taken; turned off under it */
   pthread_mutex_t shm_mu;
   struct tport_shm *shm_cache;
+  int64_t shm_retry_ms; /* a region refused for now (quota): not asked again before this */
   /* the application's regions, unmapped by tport_close */
   pthread_mutex_t regions_mu;
   struct tport_shm *regions;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client_internal.h"
@@ -341,6 +342,11 @@ static bool cache_fit(tport_client *c, size_t need)
 {
   if (c->shm_cache && c->shm_cache->nbytes >= need)
     return true;
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  int64_t now_ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+  if (now_ms < c->shm_retry_ms)
+    return c->shm_cache != NULL && c->shm_cache->nbytes >= need;
   size_t old = c->shm_cache ? c->shm_cache->nbytes : 0;
   size_t want = need > 2 * old ? need : 2 * old;
   if (want > CLIENT_SHM_MAX_BYTES)
@@ -358,6 +364,8 @@ static bool cache_fit(tport_client *c, size_t need)
   if (rc == TPORT_UNAVAILABLE || rc == TPORT_PERMISSION_DENIED ||
       rc == TPORT_FAILED_PRECONDITION)
     atomic_store(&c->shm_auto, false);
+  else if (rc != TPORT_OK)
+    c->shm_retry_ms = now_ms + 1000; /* over a quota, busy: the socket for a second */
   return rc == TPORT_OK;
 }
 

@@ -1080,3 +1080,34 @@ Test(shm, all_tenants_together_stay_under_shm_max)
   tport_close(b);
   stop(s);
 }
+
+/* A region the server refuses (over the tenant's quota): the automatic
+ * path takes the socket, and does not ask again for every put. */
+Test(shm, a_refused_automatic_region_falls_back_to_the_socket)
+{
+  char url[96];
+  server *s = start(url, sizeof url, (size_t)1 << 20);
+  tport_client *c = connect_as(url, "t", false);
+  size_t n = (size_t)3 << 20;
+  uint8_t *buf = malloc(n), *back = malloc(n);
+  fill(buf, n, TPORT_UINT8, 3);
+  int64_t sz = (int64_t)n;
+  tport_tensor_info info;
+  tport_err err;
+  int64_t asked0 = counter(url, "requests_ShmRegister");
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, buf, n, NULL, &info, &err), 0, "%s",
+                 err.msg);
+    memset(back, 0, n);
+    cr_assert_eq(tport_get(c, &info.ref, back, n, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(memcmp(buf, back, n), 0);
+  }
+  cr_assert_eq(counter(url, "shm_transfers"), 0);
+  cr_assert_eq(counter(url, "requests_ShmRegister") - asked0, 1,
+               "asked for a region %lld times in a second",
+               (long long)(counter(url, "requests_ShmRegister") - asked0));
+  free(buf);
+  free(back);
+  tport_close(c);
+  stop(s);
+}
