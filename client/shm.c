@@ -178,6 +178,16 @@ static int tensor_bytes(tport_dtype dtype, int ndim, const int64_t *sizes, size_
   return TPORT_OK;
 }
 
+/* Bytes [offset, offset + n) lie within the region. */
+static int check_slice(const tport_shm *r, size_t offset, size_t n, tport_err *err)
+{
+  if (offset > r->nbytes || n > r->nbytes - offset)
+    return tport_err_set(err, TPORT_OUT_OF_RANGE,
+                         "%zu bytes at offset %zu are past the region's %zu bytes", n, offset,
+                         r->nbytes);
+  return TPORT_OK;
+}
+
 static int put_from(tport_client *c, tport_shm *r, size_t offset, size_t nbytes, tport_dtype dtype,
                     int ndim, const int64_t *sizes, const int64_t *strides,
                     const tport_put_options *opts, tport_tensor_info *out, tport_err *err)
@@ -220,10 +230,8 @@ int tport_put_shm(tport_client *c, tport_shm *r, size_t offset, tport_dtype dtyp
   int rc = tensor_bytes(dtype, ndim, sizes, &nbytes, err);
   if (rc)
     return rc;
-  if (offset > r->nbytes || nbytes > r->nbytes - offset)
-    return tport_err_set(err, TPORT_OUT_OF_RANGE,
-                         "%zu bytes at offset %zu are past the region's %zu bytes", nbytes, offset,
-                         r->nbytes);
+  if ((rc = check_slice(r, offset, nbytes, err)) != TPORT_OK)
+    return rc;
   return put_from(c, r, offset, nbytes, dtype, ndim, sizes, strides, opts, out, err);
 }
 
@@ -273,13 +281,11 @@ static int get_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t o
 {
   if (!r || r->client != c)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "the region is not this client's");
-  if (offset > r->nbytes || cap > r->nbytes - offset)
-    return tport_err_set(err, TPORT_OUT_OF_RANGE,
-                         "%zu bytes at offset %zu are past the region's %zu bytes", cap, offset,
-                         r->nbytes);
-  Tport__GetBeginReply *b;
-  int rc = get_begin_shm(c, ref, r, offset, cap, false, fmt, &b, NULL, err);
+  int rc = check_slice(r, offset, cap, err);
   if (rc)
+    return rc;
+  Tport__GetBeginReply *b;
+  if ((rc = get_begin_shm(c, ref, r, offset, cap, false, fmt, &b, NULL, err)) != TPORT_OK)
     return rc;
   if (!b->shm)
     rc = tport_err_set(err, TPORT_INTERNAL, "the server did not write into the region");
@@ -315,10 +321,8 @@ int tport_shm_dlpack(const tport_shm *r, size_t offset, const tport_tensor_info 
   int rc = tensor_bytes(info->dtype, info->ndim, info->sizes, &nbytes, err);
   if (rc)
     return rc;
-  if (offset > r->nbytes || nbytes > r->nbytes - offset)
-    return tport_err_set(err, TPORT_OUT_OF_RANGE,
-                         "%zu bytes at offset %zu are past the region's %zu bytes", nbytes, offset,
-                         r->nbytes);
+  if ((rc = check_slice(r, offset, nbytes, err)) != TPORT_OK)
+    return rc;
   DLDataType dt;
   if ((rc = client_dl_dtype(info->dtype, &dt, err)) != TPORT_OK)
     return rc;

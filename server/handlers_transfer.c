@@ -35,10 +35,6 @@
 
 static int commit_upload(call *c, reg_entry *e, bool non_blocking, tport_tensor **final_out);
 
-/* Converts n payload bytes -- whole elements of the client's dtype st,
- * storage bytes [off, off + n) -- into the landing tensor, which has the
- * client's strides in another dtype: the same elements in the same storage
- * order, so the chunk is a 1-D run of both storages. */
 /* A cpu tensor over n bytes at p (a payload, or a slice of a region:
  * pinned when the region is registered with the GPU driver). */
 static int wrap_host(const uint8_t *p, size_t n, bool pinned, tport_dtype dt, int ndim,
@@ -55,6 +51,10 @@ static int wrap_bytes(const uint8_t *p, size_t n, tport_dtype dt, int64_t count,
   return wrap_host(p, n, pinned, dt, 1, &count, NULL, out, err);
 }
 
+/* Converts n payload bytes -- whole elements of the client's dtype st,
+ * storage bytes [off, off + n) -- into the landing tensor, which has the
+ * client's strides in another dtype: the same elements in the same storage
+ * order, so the chunk is a 1-D run of both storages. */
 static int land_converted(call *c, tport_tensor *landing, tport_dtype st, size_t off,
                           const uint8_t *p, size_t n, bool pinned)
 {
@@ -136,6 +136,39 @@ static int put_bytes(call *c, reg_entry *e, uint64_t off, const uint8_t *p, size
   return rc;
 }
 
+/* PutBegin's reply: the entry's ref, the chunking, and the stored tensor
+ * when the put committed (final); releases the caller's reference to e. */
+static int put_begin_reply(call *c, reg_entry *e, tport_tensor *final)
+{
+  server *s = c->srv;
+  wire_info wi;
+  Tport__PutBeginReply r = TPORT__PUT_BEGIN_REPLY__INIT;
+  if (final) {
+    wire_fill_info(&wi, e, final);
+    r.info = &wi.info;
+  }
+  Tport__Ref ref = TPORT__REF__INIT;
+  ref.handle.data = e->handle;
+  ref.handle.len = REG_HANDLE_BYTES;
+  ref.name = e->name;
+  r.status = wire_ok();
+  r.ref = &ref;
+  r.chunk_bytes = s->cfg.chunk_bytes;
+  r.window = (uint32_t)s->cfg.window;
+  int rc = call_reply(c, &r.base, NULL, 0);
+  reg_put(&s->reg, e);
+  return rc;
+}
+
+/* The connection's region slice a request names, held for the copy
+ * (shm_unhold it): *p its bytes, *pinned whether the GPU driver knows them. */
+static int hold_slice(call *c, const Tport__ShmSlice *sl, shm_region **held, uint8_t **p,
+                      bool *pinned)
+{
+  return shm_hold(c->srv->shm, c->pipe, sl->region, sl->offset, sl->length, held, p, pinned,
+                  &c->err);
+}
+
 /* A put from a region: the client's bytes, in its layout, converted (to
  * the device, dtype and memory format asked) by one copy straight into the
  * tensor that is stored -- what an upload's landing and commit make of
@@ -147,8 +180,7 @@ static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_
   shm_region *held = NULL;
   uint8_t *p = NULL;
   bool pinned = false;
-  int rc = shm_hold(s->shm, c->pipe, q->shm->region, q->shm->offset, q->shm->length, &held, &p,
-                    &pinned, &c->err);
+  int rc = hold_slice(c, q->shm, &held, &p, &pinned);
   if (rc)
     return rc;
   size_t len = (size_t)q->shm->length;
@@ -187,21 +219,7 @@ static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_
   rc = reg_add(&s->reg, c->pipe, final, NULL, q->name, q->keep, q->ttl_ms, 0, &e, &c->err);
   if (rc)
     return rc; /* final freed with the entry that could not be */
-  wire_info wi;
-  wire_fill_info(&wi, e, final);
-  Tport__PutBeginReply r = TPORT__PUT_BEGIN_REPLY__INIT;
-  Tport__Ref ref = TPORT__REF__INIT;
-  ref.handle.data = e->handle;
-  ref.handle.len = REG_HANDLE_BYTES;
-  ref.name = e->name;
-  r.status = wire_ok();
-  r.ref = &ref;
-  r.info = &wi.info;
-  r.chunk_bytes = s->cfg.chunk_bytes;
-  r.window = (uint32_t)s->cfg.window;
-  rc = call_reply(c, &r.base, NULL, 0);
-  reg_put(&s->reg, e);
-  return rc;
+  return put_begin_reply(c, e, final);
 }
 
 int h_put_begin(call *c)
@@ -328,7 +346,6 @@ int h_put_begin(call *c)
                &e, &c->err);
   if (rc)
     return rc;
-  wire_info wi;
   tport_tensor *final = NULL;
   if (q->commit) {
     /* the data, then the commit: one round trip */
@@ -338,8 +355,7 @@ int h_put_begin(call *c)
     bool pinned = false;
     if (q->shm) {
       uint8_t *p = NULL;
-      rc = shm_hold(s->shm, c->pipe, q->shm->region, q->shm->offset, q->shm->length, &held, &p,
-                    &pinned, &c->err);
+      rc = hold_slice(c, q->shm, &held, &p, &pinned);
       data = p;
       len = (size_t)q->shm->length;
       if (!rc)
@@ -361,22 +377,8 @@ int h_put_begin(call *c)
       reg_put(&s->reg, e);
       return rc;
     }
-    wire_fill_info(&wi, e, final);
   }
-  Tport__PutBeginReply r = TPORT__PUT_BEGIN_REPLY__INIT;
-  if (final)
-    r.info = &wi.info;
-  Tport__Ref ref = TPORT__REF__INIT;
-  ref.handle.data = e->handle;
-  ref.handle.len = REG_HANDLE_BYTES;
-  ref.name = e->name;
-  r.status = wire_ok();
-  r.ref = &ref;
-  r.chunk_bytes = s->cfg.chunk_bytes;
-  r.window = (uint32_t)s->cfg.window;
-  rc = call_reply(c, &r.base, NULL, 0);
-  reg_put(&s->reg, e);
-  return rc;
+  return put_begin_reply(c, e, final);
 }
 
 static int find_upload(call *c, const Tport__Ref *ref, reg_entry **e)
@@ -419,8 +421,7 @@ int h_put_chunk(call *c)
                          "tensor from a region is PutBegin with commit)",
                          (unsigned long long)q->shm->length, c->srv->cfg.chunk_bytes);
     if (!rc)
-      rc = shm_hold(c->srv->shm, c->pipe, q->shm->region, q->shm->offset, q->shm->length, &held,
-                    &p, &pinned, &c->err);
+      rc = hold_slice(c, q->shm, &held, &p, &pinned);
     data = p;
     len = (size_t)q->shm->length; /* within the region: at most its size */
     if (!rc)
@@ -619,8 +620,7 @@ static int get_into_region(call *c, const Tport__GetBeginRequest *q, reg_entry *
   shm_region *held = NULL;
   uint8_t *p = NULL;
   bool pinned = false;
-  int rc = shm_hold(s->shm, c->pipe, q->shm->region, q->shm->offset, q->shm->length, &held, &p,
-                    &pinned, &c->err);
+  int rc = hold_slice(c, q->shm, &held, &p, &pinned);
   if (rc)
     return rc;
   int64_t t0 = metrics_now_ns();

@@ -420,7 +420,7 @@ int shm_register(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid
   else if (t->stats.bytes + r->nbytes > t->cfg.total_max)
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
                        "the server holds %llu bytes of regions: %llu more would pass its limit "
-                       "(%zu bytes, half its memory)",
+                       "(--shm-max, %zu bytes)",
                        (unsigned long long)t->stats.bytes, (unsigned long long)nbytes,
                        t->cfg.total_max);
   else if (u->bytes + r->nbytes > t->cfg.quota || u->bytes + r->nbytes < u->bytes)
