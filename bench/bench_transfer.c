@@ -36,7 +36,10 @@
  *
  *   tport-bench-transfer [--max-mib N] [--reps R] [--device D] [--chunk-mib N]
  *                        [--grpc-client EXE --grpc-tcp HOST:PORT [--grpc-unix unix:PATH]]
- *                        [--tls-cert F --tls-key F [--tls-reps R] [--only-tls]]
+ *                        [--tls-cert F --tls-key F [--tls-reps R] [--only-tls]] [--only-rpc]
+ *
+ * --only-rpc measures only the small round trip (Info vs the raw echo and the
+ * gRPC peer's unary call).
  */
 #include <fcntl.h>
 #include <nng/nng.h>
@@ -670,7 +673,7 @@ int main(int argc, char **argv)
   size_t max_mib = 256;
   const char *tls_cert = NULL, *tls_key = NULL;
   const char *grpc_exe = NULL, *grpc_tcp = NULL, *grpc_unix = NULL;
-  bool only_tls = false;
+  bool only_tls = false, only_rpc = false;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--max-mib") == 0 && i + 1 < argc)
       max_mib = (size_t)atoi(argv[++i]);
@@ -686,6 +689,8 @@ int main(int argc, char **argv)
       tls_key = argv[++i];
     else if (strcmp(argv[i], "--only-tls") == 0)
       only_tls = true;
+    else if (strcmp(argv[i], "--only-rpc") == 0)
+      only_rpc = true;
     else if (strcmp(argv[i], "--chunk-mib") == 0 && i + 1 < argc)
       chunk = (size_t)(atoi(argv[++i]) < 1 ? 1 : atoi(argv[i]) > 32 ? 32 : atoi(argv[i])) << 20;
     else if (strcmp(argv[i], "--grpc-client") == 0 && i + 1 < argc)
@@ -751,7 +756,9 @@ int main(int argc, char **argv)
   static raw_ctx rc1[RAW_CTX], rc2[RAW_CTX];
   nng_socket r1 = raw_start(tcp_r, rc1), r2 = raw_start(ipc_r, rc2);
 
-  if (!only_tls) {
+  if (only_rpc) {
+    bench_small_rpc(tcp_t, tcp_r);
+  } else if (!only_tls) {
     for (size_t mib = 1; mib <= max_mib; mib *= 16) {
       bench_size("tcp", tcp_t, tcp_r, mib << 20);
       bench_size("ipc", ipc_t, ipc_r, mib << 20);
@@ -765,7 +772,7 @@ int main(int argc, char **argv)
            8 * each * 4, eight, each * 4, one);
     fflush(stdout);
   }
-  if (tls_cert)
+  if (tls_cert && !only_rpc)
     bench_tls(tcp_t, tls_t, tls_cert, max_mib);
   raw_stop(r1, rc1);
   raw_stop(r2, rc2);

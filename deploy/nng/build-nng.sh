@@ -46,7 +46,8 @@ if [ "${1:-}" = "--sanitize" ]; then
   esac
 fi
 PREFIX="${1:-/opt/tensorport/nng${sanitize:+-tsan}}"
-patches=("$here/closed-pipe-io.patch" "$here/msg-alloc-no-zero.patch")
+patches=("$here/closed-pipe-io.patch" "$here/msg-alloc-no-zero.patch" "$here/poller-delivers-reads.patch"
+         "$here/msg-body-cache.patch")
 patch_id="$(sha256sum "${patches[@]}" "$0" | sha256sum | cut -c1-16)"
 stamp="$PREFIX/.tensorport-nng-${sanitize:+$sanitize-}$patch_id"
 if [ -f "$stamp" ]; then
