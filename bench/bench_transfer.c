@@ -265,7 +265,25 @@ static void grpc_start(const char *exe, const char *tcp, const char *unix_addr)
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, in[0], 0);
   posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  int rc = posix_spawn(&grpc_peer.pid, exe, &fa, NULL, argv, environ);
+  /* TPORT_BENCH_GRPC_GLIBC_TUNABLES (set by bench/run for
+   * TPORT_BENCH_GRPC_MALLOC=tuned): the peer's client, and only it, runs with
+   * those GLIBC_TUNABLES */
+  const char *tun = getenv("TPORT_BENCH_GRPC_GLIBC_TUNABLES");
+  size_t nenv = 0;
+  while (environ[nenv])
+    nenv++;
+  char **env = calloc(nenv + 2, sizeof *env), *tun_var = NULL;
+  size_t k = 0;
+  for (size_t i = 0; i < nenv; i++)
+    if (!tun || strncmp(environ[i], "GLIBC_TUNABLES=", 15) != 0)
+      env[k++] = environ[i];
+  if (tun && (tun_var = malloc(strlen(tun) + 16)) != NULL) {
+    snprintf(tun_var, strlen(tun) + 16, "GLIBC_TUNABLES=%s", tun);
+    env[k++] = tun_var;
+  }
+  int rc = posix_spawn(&grpc_peer.pid, exe, &fa, NULL, argv, env);
+  free(env);
+  free(tun_var);
   posix_spawn_file_actions_destroy(&fa);
   close(in[0]);
   close(out[1]);
