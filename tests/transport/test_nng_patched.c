@@ -1,0 +1,163 @@
+/*
+ * test_nng_patched.c: what our patches to nng 1.5.2 promise (deploy/nng), on
+ * the nng that tensorport links.
+ *
+ *  - msg-body-cache.patch: a large body freed is reused by the next message
+ *    of about its size (no fresh pages), and a body that grows, or a copy of
+ *    a message, is zeroed beyond the bytes it carries -- a reused block holds
+ *    another message's bytes.
+ *  - poller-delivers-reads.patch: only the SP transports' own reads are
+ *    finished on nng's poller thread; the reads of a plain nng_stream (as the
+ *    TLS layer makes) complete as before, so a callback of one that stops
+ *    another read of the same stream does not wait for its own thread.
+ *
+ * The cache is off under AddressSanitizer (TPORT_NNG_MSG_CACHE_BYTES=0, set
+ * by the test runs): the reuse test skips there.
+ */
+#include <criterion/criterion.h>
+#include <nng/nng.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+Test(nng_patched, a_large_body_freed_is_reused)
+{
+  const char *off = getenv("TPORT_NNG_MSG_CACHE_BYTES");
+  if (off && strcmp(off, "0") == 0)
+    cr_skip_test("the body cache is off here (TPORT_NNG_MSG_CACHE_BYTES=0)");
+  /* a 4 MiB chunk and its header, as a put sends (nng puts the body of a
+   * size that is not a power of two 32 bytes into its block) */
+  nng_msg *m;
+  cr_assert_eq(nng_msg_alloc(&m, (4 << 20) + 40), 0);
+  void *body = nng_msg_body(m);
+  memset(body, 0x5a, (4 << 20) + 40);
+  nng_msg_free(m);
+  /* a little smaller (a shorter header): the same block */
+  cr_assert_eq(nng_msg_alloc(&m, (4 << 20) + 20), 0);
+  cr_expect_eq(nng_msg_body(m), body, "a freed 4 MiB body was not reused");
+  nng_msg_free(m);
+  /* much smaller: not served by a block ten times its size */
+  cr_assert_eq(nng_msg_alloc(&m, (4 << 20) + 40), 0);
+  body = nng_msg_body(m);
+  nng_msg_free(m);
+  cr_assert_eq(nng_msg_alloc(&m, (300 << 10) + 40), 0);
+  cr_expect_neq(nng_msg_body(m), body, "a 300 KiB message took a 4 MiB block");
+  nng_msg_free(m);
+}
+
+static size_t nonzero(const uint8_t *p, size_t n)
+{
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    k += p[i] != 0;
+  return k;
+}
+
+Test(nng_patched, a_grown_body_shows_no_other_message_bytes)
+{
+  enum { SMALL = 300000, LARGE = 1600000, GROWN = 1500000 };
+  nng_msg *m, *other;
+  cr_assert_eq(nng_msg_alloc(&m, SMALL), 0);
+  memset(nng_msg_body(m), 0x11, SMALL);
+  /* another message's bytes, freed: its block is what the growth may get */
+  cr_assert_eq(nng_msg_alloc(&other, LARGE), 0);
+  memset(nng_msg_body(other), 0xaa, LARGE);
+  nng_msg_free(other);
+  cr_assert_eq(nng_msg_realloc(m, GROWN), 0);
+  const uint8_t *b = nng_msg_body(m);
+  cr_expect_eq(nonzero(b, SMALL), SMALL, "the message's own bytes were lost");
+  cr_expect_eq(b[0], 0x11);
+  cr_expect_eq(nonzero(b + SMALL, GROWN - SMALL), 0,
+               "the grown tail holds %zu bytes of a freed message", nonzero(b + SMALL, GROWN - SMALL));
+  /* a duplicate: the same bytes, and nothing else's beyond them */
+  cr_assert_eq(nng_msg_alloc(&other, LARGE), 0);
+  memset(nng_msg_body(other), 0xaa, LARGE);
+  nng_msg_free(other);
+  nng_msg *dup;
+  cr_assert_eq(nng_msg_dup(&dup, m), 0);
+  cr_expect_eq(nng_msg_len(dup), GROWN);
+  cr_expect_eq(memcmp(nng_msg_body(dup), b, GROWN), 0);
+  nng_msg_free(dup);
+  nng_msg_free(m);
+}
+
+/* two reads queued on one accepted stream; the first's callback stops the
+ * second (already read, in the same poller round, by the stock loop) */
+static nng_aio *read_a, *read_b;
+static atomic_int first_done;
+
+static void first_read_done(void *arg)
+{
+  (void)arg;
+  nng_aio_stop(read_b); /* would wait for ever on the poller's own thread */
+  atomic_store(&first_done, 1);
+}
+
+static void watchdog(int sig)
+{
+  (void)sig;
+  static const char msg[] = "a stream read's callback waited for its own poller thread\n";
+  (void)!write(2, msg, sizeof msg - 1);
+  _exit(1);
+}
+
+Test(nng_patched, a_stream_callback_may_stop_another_read_of_its_stream)
+{
+  signal(SIGALRM, watchdog);
+  alarm(20);
+  nng_stream_listener *l;
+  nng_stream_dialer *d;
+  nng_aio *acc, *dial;
+  cr_assert_eq(nng_aio_alloc(&acc, NULL, NULL), 0);
+  cr_assert_eq(nng_aio_alloc(&dial, NULL, NULL), 0);
+  int port = 0;
+  for (int tries = 0; tries < 50; tries++) {
+    char url[64];
+    port = 20000 + (int)((unsigned)getpid() * 7919u + (unsigned)tries * 104729u) % 30000;
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port);
+    cr_assert_eq(nng_stream_listener_alloc(&l, url), 0);
+    if (nng_stream_listener_listen(l) == 0) {
+      cr_assert_eq(nng_stream_dialer_alloc(&d, url), 0);
+      break;
+    }
+    nng_stream_listener_free(l);
+    l = NULL;
+  }
+  cr_assert_not_null(l, "no port to listen on");
+  nng_stream_listener_accept(l, acc);
+  nng_stream_dialer_dial(d, dial);
+  nng_aio_wait(dial);
+  nng_aio_wait(acc);
+  cr_assert_eq(nng_aio_result(dial), 0);
+  cr_assert_eq(nng_aio_result(acc), 0);
+  nng_stream *client = nng_aio_get_output(dial, 0), *server = nng_aio_get_output(acc, 0);
+  char a[4], b[4];
+  cr_assert_eq(nng_aio_alloc(&read_a, first_read_done, NULL), 0);
+  cr_assert_eq(nng_aio_alloc(&read_b, NULL, NULL), 0);
+  nng_iov ia = {a, sizeof a}, ib = {b, sizeof b};
+  nng_aio_set_iov(read_a, 1, &ia);
+  nng_aio_set_iov(read_b, 1, &ib);
+  nng_stream_recv(server, read_a);
+  nng_stream_recv(server, read_b);
+  nng_iov out = {"abcdefgh", 8};
+  nng_aio_set_iov(dial, 1, &out);
+  nng_stream_send(client, dial);
+  nng_aio_wait(dial);
+  while (!atomic_load(&first_done))
+    usleep(1000);
+  cr_expect_eq(memcmp(a, "abcd", 4), 0);
+  alarm(0);
+  nng_aio_free(read_a);
+  nng_aio_free(read_b);
+  nng_stream_close(client);
+  nng_stream_close(server);
+  nng_stream_free(client);
+  nng_stream_free(server);
+  nng_stream_dialer_free(d);
+  nng_stream_listener_free(l);
+  nng_aio_free(acc);
+  nng_aio_free(dial);
+}
