@@ -125,8 +125,11 @@ static bool strides_look_like(const meta_layout *l, const int *order, int n)
     if (d == 0 && min == l->strides[1])
       return false;
     min = l->strides[d];
-    if (l->sizes[d] > 1)
-      min *= l->sizes[d];
+    /* An empty tensor's strides are not bounded by any extent (validate.h):
+     * past int64, no later stride reaches min -- and the last dim's
+     * product is never used. */
+    if (l->sizes[d] > 1 && __builtin_mul_overflow(min, l->sizes[d], &min))
+      return i == n - 1;
   }
   return true;
 }
@@ -246,12 +249,14 @@ void meta_infer_dense_strides(int n, const int64_t *sizes, const int64_t *stride
 
 int64_t meta_span_elements(const meta_layout *l)
 {
-  int64_t last = 0;
-  for (int d = 0; d < l->ndim; d++) {
+  /* an empty tensor spans nothing, whatever its other dims (whose strides
+   * are not bounded by any extent: validate.h) */
+  for (int d = 0; d < l->ndim; d++)
     if (l->sizes[d] == 0)
       return 0;
+  int64_t last = 0;
+  for (int d = 0; d < l->ndim; d++)
     last += (l->sizes[d] - 1) * l->strides[d];
-  }
   return last + 1;
 }
 

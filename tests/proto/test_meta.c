@@ -168,3 +168,21 @@ Test(device, parse_and_format)
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     cr_assert_eq(device_parse(bad[i], "device", &d, &err), TPORT_INVALID_ARGUMENT, "'%s'", bad[i]);
 }
+
+/* An empty tensor's strides are bounded by nothing (no element to reach):
+ * the format guess must not multiply one by a size past int64 (found by
+ * fuzz_frame: UBSan, signed overflow in strides_look_like). */
+Test(meta, empty_tensors_with_huge_strides_guess_without_overflow)
+{
+  meta_layout a = L(4, (int64_t[]){0, 218103807, 1, 1},
+                    (int64_t[]){1, 4398046511103, 1, 1});
+  cr_assert_eq(meta_suggest_memory_format(&a), TPORT_MF_CONTIGUOUS);
+  meta_layout b = L(4, (int64_t[]){2, 3, 1 << 30, 0},
+                    (int64_t[]){INT64_MAX / 2, 1, INT64_MAX / 4, 3});
+  (void)meta_suggest_memory_format(&b);
+  cr_assert_eq(meta_span_elements(&b), 0);
+  meta_layout c = L(5, (int64_t[]){0, 1 << 20, 1 << 20, 1 << 20, 1 << 20},
+                    (int64_t[]){INT64_MAX, 1, INT64_MAX / 3, INT64_MAX / 5, INT64_MAX / 7});
+  (void)meta_suggest_memory_format(&c);
+  cr_assert_eq(meta_span_elements(&c), 0);
+}
