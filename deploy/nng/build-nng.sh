@@ -48,7 +48,10 @@ fi
 PREFIX="${1:-/opt/tensorport/nng${sanitize:+-tsan}}"
 patches=("$here/closed-pipe-io.patch" "$here/msg-alloc-no-zero.patch" "$here/poller-delivers-reads.patch"
          "$here/msg-body-cache.patch")
-patch_id="$(sha256sum "${patches[@]}" "$0" | sha256sum | cut -c1-16)"
+# the contents only: sha256sum's own output names the files, and a stamp
+# that hashed their paths made every checkout rebuild (and replace) the nng
+# that the others link
+patch_id="$(cat "${patches[@]}" "$0" | sha256sum | cut -c1-16)"
 stamp="$PREFIX/.tensorport-nng-${sanitize:+$sanitize-}$patch_id"
 if [ -f "$stamp" ]; then
   exit 0

@@ -28,6 +28,15 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
 prefix="$tmp/first"
 cmake --install "$build" --prefix "$prefix" >/dev/null
 
+# the shared library exports its API and nothing else: not the (patched,
+# static) nng, contract and transport code compiled into it, which would
+# otherwise take the place of an application's own nng or same-named code
+so="$(find "$prefix" -name 'libtport.so.*.*' | head -1)"
+[ -n "$so" ] || fail "no libtport.so installed"
+others="$(nm -D --defined-only "$so" | awk '{print $3}' | grep -v '^tport_' | head -5 || true)"
+[ -z "$others" ] || fail "libtport.so exports more than tport_*: $(echo $others)"
+nm -D --defined-only "$so" | grep -q ' tport_connect$' || fail "libtport.so does not export tport_connect"
+
 cat >"$tmp/app.c" <<'EOF'
 /* a new user's first program: put a tensor, get it back */
 #include <stdio.h>
