@@ -40,6 +40,14 @@
  *
  * --only-rpc measures only the small round trip (Info vs the raw echo and the
  * gRPC peer's unary call).
+ *
+ * With --tportd EXE, every server runs in a process of its own, as a user
+ * runs tportd and as the gRPC peer's server runs: tportd (EXE, with the
+ * in-process server's listeners, chunk, window and devices) and the raw nng
+ * servers (this program again, --raw-serve TCP_URL IPC_URL).  Without it,
+ * both run inside this process and share its nng threads with the clients.
+ * The tls_info line counts the handshakes of this process: both ends of the
+ * TLS connection in process, the client's end only with --tportd.
  */
 #include <fcntl.h>
 #include <nng/nng.h>
@@ -146,6 +154,20 @@ static nng_socket raw_start(const char *url, raw_ctx *ctxs)
   return s;
 }
 
+/* The raw servers' source (a chunk) and the copying baseline's destination
+ * (as large as the largest transfer), touched here so that no rep pays its
+ * first-touch page faults (with a byte other than 0: the compiler turns
+ * malloc + memset 0 into calloc, which touches nothing -- and a first touch
+ * can cost ~20 us a page on a VM). */
+static void raw_buffers_init(size_t max_mib)
+{
+  raw_source_len = chunk;
+  raw_source = calloc(chunk, 1);
+  raw_dest_len = max_mib << 20;
+  raw_dest = malloc(raw_dest_len);
+  memset(raw_dest, 1, raw_dest_len);
+}
+
 static void raw_stop(nng_socket s, raw_ctx *ctxs)
 {
   nng_close(s);
@@ -215,6 +237,138 @@ static void raw_transfer(nng_socket s, enum raw_op op, uint8_t *data, size_t n)
   for (int i = 0; i < WINDOW; i++) {
     nng_aio_free(aio[i]);
     nng_ctx_close(ctx[i]);
+  }
+}
+
+/* ---------------------------------------------------------------- servers in
+ * their own processes (--tportd): tportd itself, spawned with the options
+ * the in-process server would get, and the raw nng servers in a copy of
+ * this program (--raw-serve), as a user runs tportd and as the gRPC peer's
+ * server runs, so that no server shares this process's nng poller, task
+ * threads or allocator with the clients it answers. */
+static pid_t spawn_piped(char *const argv[], char *const envp[], FILE **to, FILE **from)
+{
+  int in[2], out[2];
+  if (pipe(in) || pipe(out)) {
+    perror("bench: pipe");
+    exit(1);
+  }
+  for (int i = 0; i < 2; i++)
+    fcntl(in[i], F_SETFD, FD_CLOEXEC), fcntl(out[i], F_SETFD, FD_CLOEXEC);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  pid_t pid;
+  int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, envp);
+  posix_spawn_file_actions_destroy(&fa);
+  close(in[0]);
+  close(out[1]);
+  if (rc != 0) {
+    fprintf(stderr, "bench: cannot start %s: %s\n", argv[0], strerror(rc));
+    exit(1);
+  }
+  *to = fdopen(in[1], "w");
+  *from = fdopen(out[0], "r");
+  return pid;
+}
+
+static struct {
+  pid_t pid;
+  FILE *to, *from;
+} raw_child = {.pid = -1}, tportd_child = {.pid = -1};
+
+/* The raw servers' process: both listen, "ready", then serve until stdin
+ * closes. */
+static int raw_serve(const char *tcp, const char *ipc, size_t max_mib)
+{
+  raw_buffers_init(max_mib);
+  static raw_ctx rc1[RAW_CTX], rc2[RAW_CTX];
+  nng_socket r1 = raw_start(tcp, rc1), r2 = raw_start(ipc, rc2);
+  printf("ready\n");
+  fflush(stdout);
+  while (getchar() != EOF)
+    ;
+  raw_stop(r1, rc1);
+  raw_stop(r2, rc2);
+  return 0;
+}
+
+static void raw_child_start(const char *tcp, const char *ipc, size_t max_mib)
+{
+  char mib[32], chunk_mib[32];
+  snprintf(mib, sizeof mib, "%zu", max_mib);
+  snprintf(chunk_mib, sizeof chunk_mib, "%zu", chunk >> 20);
+  char *argv[] = {"/proc/self/exe", "--raw-serve", (char *)tcp,  (char *)ipc, "--max-mib",
+                  mib,              "--chunk-mib", chunk_mib,    NULL};
+  raw_child.pid = spawn_piped(argv, environ, &raw_child.to, &raw_child.from);
+  char line[64];
+  if (!fgets(line, sizeof line, raw_child.from) || strcmp(line, "ready\n") != 0) {
+    fprintf(stderr, "bench: the raw nng servers did not start\n");
+    exit(1);
+  }
+}
+
+static void child_stop(pid_t *pid, FILE **to, FILE **from, int sig)
+{
+  if (*pid <= 0)
+    return;
+  if (sig)
+    kill(*pid, sig);
+  fclose(*to);
+  fclose(*from);
+  int st;
+  waitpid(*pid, &st, 0);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    fprintf(stderr, "bench: server process %d ended with status 0x%x\n", (int)*pid, st);
+  *pid = -1;
+}
+
+/* tportd on the same listeners, chunk, window and devices as the in-process
+ * server (no metrics listener, no shm socket: the rows measure the socket
+ * path); returns once it answers on every URL. */
+static void tportd_child_start(const char *exe, const server_config *cfg)
+{
+  char *argv[64];
+  char chunk_s[32], window_s[32];
+  int n = 0;
+  argv[n++] = (char *)exe;
+  for (int i = 0; i < cfg->nlisten; i++) {
+    argv[n++] = "--listen";
+    argv[n++] = cfg->listen[i];
+  }
+  snprintf(chunk_s, sizeof chunk_s, "%zu", cfg->chunk_bytes);
+  snprintf(window_s, sizeof window_s, "%d", (int)cfg->window);
+  char *rest[] = {"--chunk",     chunk_s, "--window",   window_s, "--devices", cfg->devices,
+                  "--log-level", "0",     "--http-listen", "off", "--shm-socket", "off"};
+  for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)
+    argv[n++] = rest[i];
+  if (cfg->tls_cert) {
+    argv[n++] = "--tls-cert";
+    argv[n++] = cfg->tls_cert;
+    if (cfg->tls_key) {
+      argv[n++] = "--tls-key";
+      argv[n++] = cfg->tls_key;
+    }
+  }
+  argv[n] = NULL;
+  tportd_child.pid = spawn_piped(argv, environ, &tportd_child.to, &tportd_child.from);
+  for (int i = 0; i < cfg->nlisten; i++) {
+    if (strncmp(cfg->listen[i], "tls+", 4) == 0)
+      continue; /* a tls client needs the CA: bench_tls connects when it starts */
+    tport_client *c = NULL;
+    tport_err err;
+    int rc = 1;
+    for (int k = 0; k < 200 && rc; k++) {
+      rc = tport_connect(cfg->listen[i], &(tport_connect_options){.timeout_ms = 2000}, &c, &err);
+      if (rc)
+        usleep(50000);
+    }
+    if (rc) {
+      fprintf(stderr, "bench: tportd does not answer on %s: %s\n", cfg->listen[i], err.msg);
+      exit(1);
+    }
+    tport_close(c);
   }
 }
 
@@ -692,6 +846,7 @@ int main(int argc, char **argv)
   const char *tls_cert = NULL, *tls_key = NULL;
   const char *grpc_exe = NULL, *grpc_tcp = NULL, *grpc_unix = NULL;
   bool only_tls = false, only_rpc = false;
+  const char *tportd_exe = NULL, *raw_tcp = NULL, *raw_ipc = NULL;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--max-mib") == 0 && i + 1 < argc)
       max_mib = (size_t)atoi(argv[++i]);
@@ -711,7 +866,12 @@ int main(int argc, char **argv)
       only_rpc = true;
     else if (strcmp(argv[i], "--chunk-mib") == 0 && i + 1 < argc)
       chunk = (size_t)(atoi(argv[++i]) < 1 ? 1 : atoi(argv[i]) > 32 ? 32 : atoi(argv[i])) << 20;
-    else if (strcmp(argv[i], "--grpc-client") == 0 && i + 1 < argc)
+    else if (strcmp(argv[i], "--tportd") == 0 && i + 1 < argc)
+      tportd_exe = argv[++i];
+    else if (strcmp(argv[i], "--raw-serve") == 0 && i + 2 < argc) {
+      raw_tcp = argv[++i];
+      raw_ipc = argv[++i];
+    } else if (strcmp(argv[i], "--grpc-client") == 0 && i + 1 < argc)
       grpc_exe = argv[++i];
     else if (strcmp(argv[i], "--grpc-tcp") == 0 && i + 1 < argc)
       grpc_tcp = argv[++i];
@@ -731,6 +891,8 @@ int main(int argc, char **argv)
     return 2;
   }
   signal(SIGPIPE, SIG_IGN); /* a dead gRPC client is reported, not fatal by signal */
+  if (raw_tcp)
+    return raw_serve(raw_tcp, raw_ipc, max_mib);
   if (grpc_exe && !only_tls)
     grpc_start(grpc_exe, grpc_tcp, grpc_unix);
   char tcp_t[64], tcp_r[64], tls_t[64], ipc_t[96], ipc_r[96];
@@ -740,16 +902,6 @@ int main(int argc, char **argv)
   snprintf(tls_t, sizeof tls_t, "tls+tcp://127.0.0.1:%d", port + 2);
   snprintf(ipc_t, sizeof ipc_t, "ipc:///tmp/tport-bench-%d-t.sock", (int)getpid());
   snprintf(ipc_r, sizeof ipc_r, "ipc:///tmp/tport-bench-%d-r.sock", (int)getpid());
-  raw_source_len = chunk;
-  raw_source = calloc(chunk, 1);
-  /* the copying baseline's destination: as large as the largest transfer,
-   * touched here so that no rep pays its first-touch page faults (with a
-   * byte other than 0: the compiler turns malloc + memset 0 into calloc,
-   * which touches nothing -- and a first touch can cost ~20 us a page on a
-   * VM) */
-  raw_dest_len = max_mib << 20;
-  raw_dest = malloc(raw_dest_len);
-  memset(raw_dest, 1, raw_dest_len);
 
   server_config cfg;
   config_defaults(&cfg);
@@ -765,14 +917,26 @@ int main(int argc, char **argv)
   cfg.chunk_bytes = chunk;
   cfg.window = WINDOW;
   cfg.log_level = 0;
-  server *s;
+  server *s = NULL;
   tport_err err;
-  if (server_start(&cfg, &s, &err)) {
-    fprintf(stderr, "%s\n", err.msg);
-    return 1;
-  }
   static raw_ctx rc1[RAW_CTX], rc2[RAW_CTX];
-  nng_socket r1 = raw_start(tcp_r, rc1), r2 = raw_start(ipc_r, rc2);
+  nng_socket r1 = NNG_SOCKET_INITIALIZER, r2 = NNG_SOCKET_INITIALIZER;
+  if (tportd_exe) {
+    /* raw servers first: the child gets no fd of tportd's pipes */
+    raw_child_start(tcp_r, ipc_r, max_mib);
+    tportd_child_start(tportd_exe, &cfg);
+  } else {
+    raw_buffers_init(max_mib);
+    if (server_start(&cfg, &s, &err)) {
+      fprintf(stderr, "%s\n", err.msg);
+      return 1;
+    }
+    r1 = raw_start(tcp_r, rc1);
+    r2 = raw_start(ipc_r, rc2);
+  }
+  printf("{\"op\": \"servers\", \"where\": \"%s\"}\n",
+         tportd_exe ? "own processes" : "in this process");
+  fflush(stdout);
 
   if (only_rpc) {
     bench_small_rpc(tcp_t, tcp_r);
@@ -792,9 +956,14 @@ int main(int argc, char **argv)
   }
   if (tls_cert && !only_rpc)
     bench_tls(tcp_t, tls_t, tls_cert, max_mib);
-  raw_stop(r1, rc1);
-  raw_stop(r2, rc2);
-  server_stop(s, 1000);
+  if (tportd_exe) {
+    child_stop(&tportd_child.pid, &tportd_child.to, &tportd_child.from, SIGTERM);
+    child_stop(&raw_child.pid, &raw_child.to, &raw_child.from, 0);
+  } else {
+    raw_stop(r1, rc1);
+    raw_stop(r2, rc2);
+    server_stop(s, 1000);
+  }
   config_free(&cfg);
   grpc_stop();
   free(raw_source);
