@@ -742,7 +742,8 @@ int h_get_begin(call *c)
       r.crc32c_set = true;
       r.crc32c = transport_crc32c(0, payload, payload ? nbytes : 0);
     }
-    rc = call_reply(c, &r.base, payload, payload ? nbytes : 0);
+    rc = payload ? call_reply_lent(c, &r.base, g->host->storage, payload, nbytes)
+                 : call_reply(c, &r.base, NULL, 0);
   }
   transfers_free(&s->xfers, g); /* an inline one, or one that failed */
   reg_put(&s->reg, e);
@@ -801,7 +802,10 @@ int h_get_chunk(call *c)
       r.crc32c = transport_crc32c(0, base ? base + q->offset : NULL, base ? (size_t)q->length : 0);
     }
     int64_t t0 = metrics_now_ns();
-    rc = call_reply(c, &r.base, base ? base + q->offset : NULL, (size_t)q->length);
+    /* lent, not copied: the bytes go from the host copy (or the tensor
+     * itself) to the socket, and the reply holds its storage till then */
+    rc = call_reply_lent(c, &r.base, g->host->storage, base ? base + q->offset : NULL,
+                         (size_t)q->length);
     if (!rc)
       metrics_stage_since(&s->metrics, STAGE_STAGE, t0); /* the bytes into the reply */
   }

@@ -54,6 +54,31 @@ int call_reply(call *c, ProtobufCMessage *reply, const void *payload, size_t n)
   return TPORT_OK;
 }
 
+static void release_lent_storage(void *arg)
+{
+  storage_release(arg);
+}
+
+int call_reply_lent(call *c, ProtobufCMessage *reply, tport_storage *st, const void *payload,
+                    size_t n)
+{
+  if (n < REPLY_LEND_MIN_BYTES)
+    return call_reply(c, reply, payload, n);
+  int rc = pack_reply(&c->out, c->method, reply, NULL, 0);
+  if (rc)
+    return tport_err_set(&c->err, rc, "out of memory for a reply");
+  /* the message holds a reference until nng is done with the bytes */
+  if (nng_msg_set_tail(c->out, payload, n, release_lent_storage, storage_retain(st)) != 0) {
+    storage_release(st);
+    nng_msg_free(c->out);
+    c->out = NULL;
+    return call_reply(c, reply, payload, n);
+  }
+  /* ctx_finish counts the message's own bytes: the lent ones are not in them */
+  atomic_fetch_add(&c->srv->bytes_out, n);
+  return TPORT_OK;
+}
+
 static nng_msg *error_reply(uint16_t method, const tport_err *e)
 {
   Tport__ErrorReply r = TPORT__ERROR_REPLY__INIT;

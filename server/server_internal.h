@@ -109,6 +109,15 @@ bool server_peer_is_local(uint32_t pipe);
 /* Packs a reply (whose status the handler has set) and a payload into the
  * reply message. */
 int call_reply(call *c, ProtobufCMessage *reply, const void *payload, size_t n);
+/* The same with a payload lent from st's memory instead of copied into the
+ * reply: nng sends it straight from there (tcp, ipc; other transports copy
+ * it when they send) and the reply keeps a reference to st until then.  The
+ * bytes must not change before the reply is sent: a chunk of a get's host
+ * copy or of a tensor being read.  Payloads under REPLY_LEND_MIN_BYTES are
+ * copied (the reference costs more than the copy). */
+#define REPLY_LEND_MIN_BYTES (64u << 10)
+int call_reply_lent(call *c, ProtobufCMessage *reply, tport_storage *st, const void *payload,
+                    size_t n);
 
 typedef int (*handler_fn)(call *c);
 /* The handler of each method (NULL: unknown). */

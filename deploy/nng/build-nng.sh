@@ -47,7 +47,7 @@ if [ "${1:-}" = "--sanitize" ]; then
 fi
 PREFIX="${1:-/opt/tensorport/nng${sanitize:+-tsan}}"
 patches=("$here/closed-pipe-io.patch" "$here/msg-alloc-no-zero.patch" "$here/poller-delivers-reads.patch"
-         "$here/msg-body-cache.patch")
+         "$here/msg-body-cache.patch" "$here/msg-lent-tail.patch")
 # the contents only: sha256sum's own output names the files, and a stamp
 # that hashed their paths made every checkout rebuild (and replace) the nng
 # that the others link

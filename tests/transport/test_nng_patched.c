@@ -11,11 +11,19 @@
  *    TLS layer makes) complete as before, so a callback of one that stops
  *    another read of the same stream does not wait for its own thread.
  *
+ *  - msg-lent-tail.patch: a message may carry a tail of bytes lent by the
+ *    sender (nng_msg_set_tail): sent after the body, over tcp and ipc
+ *    straight from the sender's memory, over other transports copied into
+ *    the body first; its release runs exactly once, however the message
+ *    ends; body-changing calls and duplicates see the tail as the body's end.
+ *
  * The cache is off under AddressSanitizer (TPORT_NNG_MSG_CACHE_BYTES=0, set
  * by the test runs): the reuse test skips there.
  */
 #include <criterion/criterion.h>
 #include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -160,4 +168,162 @@ Test(nng_patched, a_stream_callback_may_stop_another_read_of_its_stream)
   nng_stream_listener_free(l);
   nng_aio_free(acc);
   nng_aio_free(dial);
+}
+
+/* ---------------------------------------------------------------- lent tails */
+
+static atomic_int releases;
+
+static void count_release(void *arg)
+{
+  atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+/* waits up to 5 s for the release (it runs when the sender's transport is
+ * done with the message: on its own thread, maybe after the peer has it) */
+static int releases_after_wait(int want)
+{
+  for (int i = 0; i < 5000 && atomic_load(&releases) < want; i++)
+    usleep(1000);
+  return atomic_load(&releases);
+}
+
+static void reply_with_tail(const char *url)
+{
+  enum { TAIL = (1 << 20) + 13 };
+  nng_socket rep, req;
+  cr_assert_eq(nng_rep0_open(&rep), 0);
+  cr_assert_eq(nng_req0_open(&req), 0);
+  cr_assert_eq(nng_socket_set_size(req, NNG_OPT_RECVMAXSZ, 4 << 20), 0);
+  cr_assert_eq(nng_listen(rep, url, NULL, 0), 0, "listen on %s", url);
+  cr_assert_eq(nng_dial(req, url, NULL, 0), 0, "dial %s", url);
+  uint8_t *tail = malloc(TAIL);
+  for (size_t i = 0; i < TAIL; i++)
+    tail[i] = (uint8_t)(i * 7 + 3);
+  for (int round = 0; round < 3; round++) {
+    atomic_store(&releases, 0);
+    cr_assert_eq(nng_send(req, "ask", 3, 0), 0);
+    nng_msg *m;
+    cr_assert_eq(nng_recvmsg(rep, &m, 0), 0);
+    nng_msg_clear(m);
+    cr_assert_eq(nng_msg_append(m, "HEAD", 4), 0);
+    cr_assert_eq(nng_msg_set_tail(m, tail, TAIL, count_release, &releases), 0);
+    cr_expect_eq(nng_msg_len(m), 4, "the tail is not counted in the body");
+    cr_expect_eq(atomic_load(&releases), 0, "released before it was sent");
+    cr_assert_eq(nng_sendmsg(rep, m, 0), 0);
+    nng_msg *r;
+    cr_assert_eq(nng_recvmsg(req, &r, 0), 0);
+    cr_assert_eq(nng_msg_len(r), 4 + TAIL, "%s: %zu bytes arrived", url, nng_msg_len(r));
+    cr_expect_eq(memcmp(nng_msg_body(r), "HEAD", 4), 0, "%s: the body came first", url);
+    cr_expect_eq(memcmp((uint8_t *)nng_msg_body(r) + 4, tail, TAIL), 0,
+                 "%s: the tail's bytes differ", url);
+    nng_msg_free(r);
+    cr_expect_eq(releases_after_wait(1), 1, "%s: released %d times", url,
+                 atomic_load(&releases));
+  }
+  nng_close(req);
+  nng_close(rep);
+  free(tail);
+  usleep(20000);
+  cr_expect_eq(atomic_load(&releases), 1, "%s: released again after the sockets closed", url);
+}
+
+Test(nng_patched, a_lent_tail_is_sent_after_the_body_over_tcp)
+{
+  char url[64];
+  snprintf(url, sizeof url, "tcp://127.0.0.1:%d",
+           20000 + (int)((unsigned)getpid() * 131u % 30000u));
+  reply_with_tail(url);
+}
+
+Test(nng_patched, a_lent_tail_is_sent_after_the_body_over_ipc)
+{
+  char url[96];
+  snprintf(url, sizeof url, "ipc:///tmp/tport-nng-tail-%d.sock", (int)getpid());
+  reply_with_tail(url);
+}
+
+/* inproc hands the message itself to the peer: the tail is copied into the
+ * body (released then), or the peer would see the body only */
+Test(nng_patched, a_lent_tail_is_copied_in_over_inproc)
+{
+  char url[64];
+  snprintf(url, sizeof url, "inproc://tport-nng-tail-%d", (int)getpid());
+  reply_with_tail(url);
+}
+
+Test(nng_patched, a_lent_tail_is_released_once_however_the_message_ends)
+{
+  static const char tail[] = "0123456789abcdef";
+  nng_msg *m, *dup;
+  uint32_t v;
+
+  /* freed unsent */
+  atomic_store(&releases, 0);
+  cr_assert_eq(nng_msg_alloc(&m, 0), 0);
+  cr_assert_eq(nng_msg_set_tail(m, tail, 16, count_release, &releases), 0);
+  cr_expect_eq(nng_msg_set_tail(m, tail, 16, count_release, &releases), NNG_EBUSY);
+  nng_msg_free(m);
+  cr_expect_eq(atomic_load(&releases), 1);
+
+  /* appended to: the tail becomes the body's, then the new bytes */
+  atomic_store(&releases, 0);
+  cr_assert_eq(nng_msg_alloc(&m, 0), 0);
+  cr_assert_eq(nng_msg_append(m, "ab", 2), 0);
+  cr_assert_eq(nng_msg_set_tail(m, tail, 16, count_release, &releases), 0);
+  cr_assert_eq(nng_msg_append(m, "Z", 1), 0);
+  cr_expect_eq(atomic_load(&releases), 1, "not released when copied in");
+  cr_expect_eq(nng_msg_len(m), 19);
+  cr_expect_eq(memcmp(nng_msg_body(m), "ab0123456789abcdefZ", 19), 0);
+  nng_msg_free(m);
+  cr_expect_eq(atomic_load(&releases), 1, "released twice");
+
+  /* chopped: from the tail's end */
+  atomic_store(&releases, 0);
+  cr_assert_eq(nng_msg_alloc(&m, 0), 0);
+  cr_assert_eq(nng_msg_set_tail(m, tail, 16, count_release, &releases), 0);
+  cr_assert_eq(nng_msg_chop_u32(m, &v), 0);
+  cr_expect_eq(v, 0x63646566u, "chop_u32 read %#x, not the tail's last bytes", v);
+  cr_expect_eq(nng_msg_len(m), 12);
+  cr_expect_eq(atomic_load(&releases), 1);
+  nng_msg_free(m);
+
+  /* duplicated: the copy owns the bytes; the original keeps its tail */
+  atomic_store(&releases, 0);
+  cr_assert_eq(nng_msg_alloc(&m, 0), 0);
+  cr_assert_eq(nng_msg_append(m, "x", 1), 0);
+  cr_assert_eq(nng_msg_set_tail(m, tail, 16, count_release, &releases), 0);
+  cr_assert_eq(nng_msg_dup(&dup, m), 0);
+  cr_expect_eq(nng_msg_len(dup), 17);
+  cr_expect_eq(memcmp(nng_msg_body(dup), "x0123456789abcdef", 17), 0);
+  nng_msg_free(dup);
+  cr_expect_eq(atomic_load(&releases), 0, "the duplicate released the original's tail");
+  nng_msg_free(m);
+  cr_expect_eq(atomic_load(&releases), 1);
+
+  /* cleared, grown, flattened */
+  atomic_store(&releases, 0);
+  cr_assert_eq(nng_msg_alloc(&m, 0), 0);
+  cr_assert_eq(nng_msg_set_tail(m, tail, 16, count_release, &releases), 0);
+  nng_msg_clear(m);
+  cr_expect_eq(atomic_load(&releases), 1);
+  cr_expect_eq(nng_msg_len(m), 0);
+  cr_assert_eq(nng_msg_set_tail(m, tail, 16, count_release, &releases), 0);
+  cr_assert_eq(nng_msg_realloc(m, 20), 0);
+  cr_expect_eq(atomic_load(&releases), 2);
+  cr_expect_eq(memcmp(nng_msg_body(m), tail, 16), 0);
+  nng_msg_clear(m);
+  cr_assert_eq(nng_msg_set_tail(m, tail, 16, count_release, &releases), 0);
+  cr_assert_eq(nng_msg_flatten(m), 0);
+  cr_expect_eq(atomic_load(&releases), 3);
+  cr_expect_eq(nng_msg_len(m), 16);
+  cr_expect_eq(memcmp(nng_msg_body(m), tail, 16), 0);
+  nng_msg_free(m);
+  cr_expect_eq(atomic_load(&releases), 3);
+
+  /* a NULL tail with bytes is refused; an empty one is fine */
+  cr_assert_eq(nng_msg_alloc(&m, 0), 0);
+  cr_expect_eq(nng_msg_set_tail(m, NULL, 4, NULL, NULL), NNG_EINVAL);
+  cr_expect_eq(nng_msg_set_tail(m, NULL, 0, NULL, NULL), 0);
+  nng_msg_free(m);
 }
