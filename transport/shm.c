@@ -137,6 +137,31 @@ int transport_shm_create(size_t nbytes, int *fd_out, void **base_out, tport_err 
   return TPORT_OK;
 }
 
+/* Reads the server's answer to a handoff into *rc; false when none came
+ * (*rc then says why). */
+static bool read_answer(int s, int64_t deadline, tport_err *err, int *rc)
+{
+  uint8_t head[8];
+  if ((*rc = read_full(s, head, sizeof head, deadline, err)) != TPORT_OK)
+    return false;
+  uint32_t code = get_u32(head), len = get_u32(head + 4);
+  char text[REPLY_MSG_MAX + 1] = "";
+  if (len > REPLY_MSG_MAX) {
+    *rc = tport_err_set(err, TPORT_INTERNAL, "the shm socket answered a %u-byte message", len);
+    return true;
+  }
+  if ((*rc = read_full(s, text, len, deadline, err)) != TPORT_OK)
+    return false;
+  text[len] = 0;
+  if (code > TPORT_UNAUTHENTICATED)
+    *rc = tport_err_set(err, TPORT_INTERNAL, "the shm socket answered code %u", code);
+  else if (code != TPORT_OK)
+    *rc = tport_err_set(err, (int)code, "the server refused the region: %s", text);
+  else
+    *rc = TPORT_OK;
+  return true;
+}
+
 int transport_shm_send(const char *path, const uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], int fd,
                        int timeout_ms, tport_err *err)
 {
@@ -190,26 +215,16 @@ int transport_shm_send(const char *path, const uint8_t token[TRANSPORT_SHM_TOKEN
     sent = sendmsg(s, &mh, MSG_NOSIGNAL);
   while (sent < 0 && errno == EINTR);
   if (sent != (ssize_t)sizeof msg) {
+    int e = sent < 0 ? errno : 0;
+    /* a busy server answers and closes without reading (regions.c): its
+     * answer may be waiting here already, and it says more than EPIPE */
+    if ((e == EPIPE || e == ECONNRESET) && read_answer(s, now_ms(), err, &rc))
+      goto out;
     rc = tport_err_set(err, TPORT_UNAVAILABLE, "sending the region: %s",
-                       sent < 0 ? strerror(errno) : "a short write");
+                       e ? strerror(e) : "a short write");
     goto out;
   }
-  uint8_t head[8];
-  if ((rc = read_full(s, head, sizeof head, deadline, err)) != TPORT_OK)
-    goto out;
-  uint32_t code = get_u32(head), len = get_u32(head + 4);
-  char text[REPLY_MSG_MAX + 1] = "";
-  if (len > REPLY_MSG_MAX) {
-    rc = tport_err_set(err, TPORT_INTERNAL, "the shm socket answered a %u-byte message", len);
-    goto out;
-  }
-  if ((rc = read_full(s, text, len, deadline, err)) != TPORT_OK)
-    goto out;
-  text[len] = 0;
-  if (code > TPORT_UNAUTHENTICATED)
-    rc = tport_err_set(err, TPORT_INTERNAL, "the shm socket answered code %u", code);
-  else if (code != TPORT_OK)
-    rc = tport_err_set(err, (int)code, "the server refused the region: %s", text);
+  read_answer(s, deadline, err, &rc);
 out:
   close(s);
   return rc;

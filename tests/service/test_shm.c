@@ -1111,3 +1111,48 @@ Test(shm, a_refused_automatic_region_falls_back_to_the_socket)
   tport_close(c);
   stop(s);
 }
+
+/* A server too busy for another handoff answers at once and closes without
+ * reading (regions.c): a client whose send comes after the close gets EPIPE,
+ * and must still report the answer waiting in its socket (it reported
+ * "sending the region: Broken pipe", UNAVAILABLE, when the race went that
+ * way; the silent-peer test above met it under ASan). */
+static int busy_listener;
+
+static void *answer_busy(void *arg)
+{
+  int n = *(int *)arg;
+  for (int i = 0; i < n; i++) {
+    int conn = accept(busy_listener, NULL, NULL);
+    if (conn < 0)
+      break;
+    transport_shm_reply(conn, TPORT_RESOURCE_EXHAUSTED, "busy: try again");
+    close(conn);
+  }
+  return NULL;
+}
+
+Test(shm, a_busy_servers_answer_is_reported_even_when_the_send_fails)
+{
+  char dir[64], path[108];
+  snprintf(dir, sizeof dir, "/tmp/tport-shm-busy-%d", (int)getpid());
+  snprintf(path, sizeof path, "%s/shm.sock", dir);
+  tport_err err;
+  cr_assert_eq(transport_shm_listen(path, 0600, &busy_listener, &err), 0, "%s", err.msg);
+  int n = 2000, epipe_like = 0;
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, answer_busy, &n), 0);
+  int fd = memfd_with(4096, 0);
+  uint8_t token[TRANSPORT_SHM_TOKEN_BYTES] = {0};
+  for (int i = 0; i < n; i++) {
+    int rc = transport_shm_send(path, token, fd, 5000, &err);
+    if (rc != TPORT_RESOURCE_EXHAUSTED && epipe_like++ == 0)
+      cr_expect_fail("handoff %d: %d %s", i, rc, err.msg);
+  }
+  pthread_join(th, NULL);
+  cr_expect_eq(epipe_like, 0, "%d of %d answers lost", epipe_like, n);
+  close(fd);
+  close(busy_listener);
+  unlink(path);
+  rmdir(dir);
+}
