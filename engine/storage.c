@@ -102,6 +102,25 @@ static void storage_destroy(tport_storage *s)
   free(s);
 }
 
+/* Puts s in the graveyard (freed by storage_reap); false when out of memory. */
+static bool graveyard_add(tport_storage *s)
+{
+  pthread_mutex_lock(&graveyard.mu);
+  if (graveyard.n == graveyard.cap) {
+    int cap = graveyard.cap ? graveyard.cap * 2 : 64;
+    tport_storage **items = realloc(graveyard.items, (size_t)cap * sizeof *items);
+    if (!items) {
+      pthread_mutex_unlock(&graveyard.mu);
+      return false;
+    }
+    graveyard.items = items;
+    graveyard.cap = cap;
+  }
+  graveyard.items[graveyard.n++] = s;
+  pthread_mutex_unlock(&graveyard.mu);
+  return true;
+}
+
 void storage_release(tport_storage *s)
 {
   if (!s || atomic_fetch_sub(&s->refs, 1) != 1)
@@ -110,22 +129,19 @@ void storage_release(tport_storage *s)
     storage_destroy(s);
     return;
   }
-  pthread_mutex_lock(&graveyard.mu);
-  if (graveyard.n == graveyard.cap) {
-    int cap = graveyard.cap ? graveyard.cap * 2 : 64;
-    tport_storage **items = realloc(graveyard.items, (size_t)cap * sizeof *items);
-    if (!items) {
-      /* Cannot defer: wait for the work, then free (correct, only slower). */
-      pthread_mutex_unlock(&graveyard.mu);
-      s->ev_be->event_synchronize(s->ev, NULL);
-      storage_destroy(s);
-      return;
-    }
-    graveyard.items = items;
-    graveyard.cap = cap;
+  if (!graveyard_add(s)) {
+    /* Cannot defer: wait for the work, then free (correct, only slower). */
+    s->ev_be->event_synchronize(s->ev, NULL);
+    storage_destroy(s);
   }
-  graveyard.items[graveyard.n++] = s;
-  pthread_mutex_unlock(&graveyard.mu);
+}
+
+void storage_release_deferred(tport_storage *s)
+{
+  if (!s || atomic_fetch_sub(&s->refs, 1) != 1)
+    return;
+  if (!graveyard_add(s))
+    storage_destroy(s); /* out of memory for the list: free it here after all */
 }
 
 void storage_reap(bool wait)
@@ -133,9 +149,10 @@ void storage_reap(bool wait)
   pthread_mutex_lock(&graveyard.mu);
   for (int i = 0; i < graveyard.n;) {
     tport_storage *s = graveyard.items[i];
-    if (wait)
+    /* no event: put here by storage_release_deferred, nothing to wait for */
+    if (wait && s->ev)
       s->ev_be->event_synchronize(s->ev, NULL);
-    if (wait || s->ev_be->event_query(s->ev)) {
+    if (wait || !s->ev || s->ev_be->event_query(s->ev)) {
       graveyard.items[i] = graveyard.items[--graveyard.n];
       storage_destroy(s);
     } else {

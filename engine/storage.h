@@ -47,6 +47,11 @@ int storage_new(tport_device device, size_t nbytes, unsigned flags, tport_storag
 int storage_wrap_host(void *ptr, size_t nbytes, tport_storage **out, tport_err *err);
 tport_storage *storage_retain(tport_storage *s);
 void storage_release(tport_storage *s);
+/* Drops a reference but never frees on this thread: the last one puts the
+ * storage in the graveyard, freed by the next storage_reap (every
+ * storage_new calls it; so does tportd's reaper, each second).  For threads
+ * that must not block: nng's, which may hold nng's own locks. */
+void storage_release_deferred(tport_storage *s);
 
 /* Make stream `s` of backend `be` (or the host, when be is the cpu backend or
  * the pending event belongs to another backend) wait for pending work. */

@@ -12,7 +12,10 @@
  *
  * Get: GetBegin starts a copy of the tensor into pinned host memory in
  * logical C order (non_blocking: the device works while the reply goes out);
- * GetChunk waits for it once, then serves byte ranges (several at once).
+ * GetChunk waits for it once, then serves byte ranges (several at once),
+ * each lent to its reply from the host copy -- or from the tensor itself,
+ * when it already is contiguous host memory -- rather than copied into it
+ * (call_reply_lent: nng writes it to the socket from there).
  * The transfer ends once as many bytes as the tensor holds have been served,
  * when it has not been read from for a while, or with its connection
  * (transfers.c).
@@ -807,7 +810,7 @@ int h_get_chunk(call *c)
     rc = call_reply_lent(c, &r.base, g->host->storage, base ? base + q->offset : NULL,
                          (size_t)q->length);
     if (!rc)
-      metrics_stage_since(&s->metrics, STAGE_STAGE, t0); /* the bytes into the reply */
+      metrics_stage_since(&s->metrics, STAGE_STAGE, t0); /* the reply made (bytes lent) */
   }
   transfers_release(&s->xfers, g, rc ? 0 : (size_t)q->length);
   return rc;

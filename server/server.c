@@ -54,22 +54,44 @@ int call_reply(call *c, ProtobufCMessage *reply, const void *payload, size_t n)
   return TPORT_OK;
 }
 
-static void release_lent_storage(void *arg)
+#ifdef TPORT_NNG_LENT_TAIL
+/* Whether nng sends a reply's lent tail on this connection straight from
+ * memory: tcp:// and ipc:// do; any other transport (tls+tcp://, inproc://)
+ * would copy it into the reply under nng's socket lock and tportd's queue
+ * lock, where the worker's own copy holds no lock. */
+static bool pipe_takes_lent_bytes(uint32_t pipe)
 {
-  storage_release(arg);
+  nng_pipe p = {.id = pipe};
+  nng_sockaddr sa;
+  bool verified;
+  if (nng_pipe_get_addr(p, NNG_OPT_REMADDR, &sa) != 0)
+    return false;
+  switch (sa.s_family) {
+  case NNG_AF_IPC: return true;
+  case NNG_AF_INET:
+  case NNG_AF_INET6: return nng_pipe_get_bool(p, NNG_OPT_TLS_VERIFIED, &verified) == NNG_ENOTSUP;
+  default: return false;
+  }
 }
+#endif
 
 int call_reply_lent(call *c, ProtobufCMessage *reply, tport_storage *st, const void *payload,
                     size_t n)
 {
-  if (n < REPLY_LEND_MIN_BYTES)
+#ifndef TPORT_NNG_LENT_TAIL
+  (void)st; /* the system's nng (TPORT_SYSTEM_NNG) lends nothing */
+  return call_reply(c, reply, payload, n);
+#else
+  if (n < REPLY_LEND_MIN_BYTES || !c->srv->lends || !pipe_takes_lent_bytes(c->pipe))
     return call_reply(c, reply, payload, n);
   int rc = pack_reply(&c->out, c->method, reply, NULL, 0);
   if (rc)
     return tport_err_set(&c->err, rc, "out of memory for a reply");
-  /* the message holds a reference until nng is done with the bytes */
-  if (nng_msg_set_tail(c->out, payload, n, release_lent_storage, storage_retain(st)) != 0) {
-    storage_release(st);
+  /* the message holds the storage until nng is done with the bytes */
+  void *lend = lends_begin(c->srv->lends, c->pipe, st);
+  if (!lend || nng_msg_set_tail(c->out, payload, n, lends_end, lend) != 0) {
+    if (lend)
+      lends_end(lend);
     nng_msg_free(c->out);
     c->out = NULL;
     return call_reply(c, reply, payload, n);
@@ -77,6 +99,7 @@ int call_reply_lent(call *c, ProtobufCMessage *reply, tport_storage *st, const v
   /* ctx_finish counts the message's own bytes: the lent ones are not in them */
   atomic_fetch_add(&c->srv->bytes_out, n);
   return TPORT_OK;
+#endif
 }
 
 static nng_msg *error_reply(uint16_t method, const tport_err *e)
@@ -457,6 +480,15 @@ static void *reaper_main(void *arg)
       for (size_t i = 0; i < k; i++)
         drop_pipe(s, (nng_pipe){.id = ids[i]}, "it did not prove its tenant in time");
     }
+    if (s->lends) {
+      /* a lent reply its connection has not taken within the send timeout
+       * (lends.h): REP's own send timeout never sees it */
+      uint32_t ids[256];
+      size_t k = lends_overdue(s->lends, lends_now_ms() - (int64_t)s->cfg.send_timeout_ms, ids,
+                               256);
+      for (size_t i = 0; i < k; i++)
+        drop_pipe(s, (nng_pipe){.id = ids[i]}, "it does not read its replies");
+    }
     storage_reap(false);
     pthread_mutex_lock(&s->rmu);
   }
@@ -522,6 +554,7 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
     s->cfg.listen[i] = NULL;
   s->cfg.http_listen = NULL; /* the caller's */
   s->started_ms = reg_now_ms();
+  s->lends = lends_new(); /* NULL (out of memory): replies copy their bytes */
   metrics_init(&s->metrics);
   atomic_init(&s->ready, false);
   atomic_init(&s->devices_up, false);
@@ -597,6 +630,7 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
     reg_destroy(&s->reg);
     auth_file_release(s->auth);
     auth_limiter_free(s->limiter);
+    lends_free(s->lends, 0);
     free(s->cfg.auth_file);
     free(s->cfg.admin);
     free(s);
@@ -742,9 +776,11 @@ void server_stop(server *s, unsigned long grace_ms)
   pthread_cond_broadcast(&s->rcv);
   pthread_mutex_unlock(&s->rmu);
   pthread_join(s->reaper, NULL);
+  /* the transports free their last replies on nng's threads */
+  lends_free(s->lends, 5000);
   transfers_destroy(&s->xfers);
   reg_destroy(&s->reg);
-  engine_synchronize_all();
+  engine_synchronize_all(); /* frees what lends deferred, too */
   shm_stop(s->shm); /* no request left to hold a region */
   free(s->ctxs);
   free(s->workers);

@@ -13,6 +13,7 @@
 #include "config.h"
 #include "frame.h"
 #include "http.h"
+#include "lends.h"
 #include "metrics.h"
 #include "regions.h"
 #include "registry.h"
@@ -79,6 +80,7 @@ struct server {
   http_server *http;
   atomic_bool ready, devices_up, draining;
   shm_table *shm; /* same-host regions; NULL: none offered */
+  lends *lends;   /* replies whose bytes are lent (call_reply_lent); NULL: none */
 };
 
 /* Testing knob: called by server_start just before the server turns ready

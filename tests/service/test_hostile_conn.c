@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "host_cache.h"
 #include "hostile_util.h"
 
 /* A server that stalls must fail the test, never hang it. */
@@ -110,6 +111,92 @@ Test(hostile, d3_a_slow_reader_is_dropped_and_others_are_served)
 Test(hostile, d3_a_reader_that_stops_reading_is_dropped_by_the_send_timeout)
 {
   slow_reader(6, "--send-timeout 1000");
+}
+
+/* A get's reply lends its bytes from the tensor's storage (call_reply_lent)
+ * and REP completes a send once the transport has the reply: a client that
+ * asks for a view inline and never reads its reply would keep the whole
+ * storage behind the view, charged to nobody once the tensors are freed, for
+ * as long as it kept the connection (found by review: 6 such connections
+ * held 288 MiB for a tenant with a 64 MiB quota, for ever).  The reaper
+ * drops a connection whose lent reply is older than the send timeout. */
+static void free_named(rawc *r, const char *name)
+{
+  Tport__Ref ref = mkref(NULL, 0, name);
+  Tport__FreeRequest q = TPORT__FREE_REQUEST__INIT;
+  q.ref = &ref;
+  char msg[256];
+  int code = raw_call(r, TPORT__METHOD__METHOD_FREE, &q.base, NULL, 0,
+                      &tport__free_reply__descriptor, msg, NULL, NULL);
+  cr_assert_eq(code, 0, "Free %s: %s", name, msg);
+}
+
+Test(hostile, d3_an_unread_lent_reply_holds_its_storage_only_until_the_send_timeout)
+{
+  server_config cfg;
+  config(&cfg);
+  cfg.chunk_bytes = 8 << 20;
+  cfg.tenant_quota_bytes = 64 << 20;
+  cfg.send_timeout_ms = 1000;
+  char inproc[128], tcp[128];
+  server *s = start_tcp(&cfg, inproc, sizeof inproc, tcp, sizeof tcp);
+  rawc r;
+  raw_open(&r, inproc);
+  const size_t big = 48 << 20;
+  uint8_t *v = malloc(big);
+  fill(v, big, 7);
+  enum { ROUNDS = 4 };
+  int fds[ROUNDS];
+  host_cache_stats st0, st;
+  host_cache_get_stats(&st0);
+  for (int k = 0; k < ROUNDS; k++) {
+    uint8_t h[16];
+    char pm[256];
+    cr_assert_eq(raw_put_begin(&r, big, NULL, "base", h, pm), 0, "PutBegin: %s", pm);
+    for (size_t off = 0; off < big; off += 8 << 20)
+      cr_assert_eq(raw_chunk(&r, h, off, v + off, 8 << 20, pm), 0, "PutChunk: %s", pm);
+    cr_assert_eq(raw_commit(&r, h, pm, NULL), 0, "Commit: %s", pm);
+    Tport__Ref ref = mkref(NULL, 0, "base");
+    Tport__ViewRequest q = TPORT__VIEW_REQUEST__INIT;
+    int64_t sizes[1] = {8 << 20}, strides[1] = {1};
+    q.ref = &ref;
+    q.n_sizes = 1;
+    q.sizes = sizes;
+    q.n_strides = 1;
+    q.strides = strides;
+    q.name = "v";
+    char msg[256];
+    int code = raw_call(&r, TPORT__METHOD__METHOD_VIEW, &q.base, NULL, 0,
+                        &tport__view_reply__descriptor, msg, NULL, NULL);
+    cr_assert_eq(code, 0, "View: %s", msg);
+    /* a connection that asks for the view inline and never reads */
+    fds[k] = sp_connect(tcp, 4096);
+    Tport__Ref vref;
+    Tport__GetBeginRequest g;
+    sp_get_begin(&g, &vref, "v");
+    cr_assert(sp_send(fds[k], 1, TPORT__METHOD__METHOD_GET_BEGIN, &g.base));
+    usleep(200000);
+    free_named(&r, "v");
+    free_named(&r, "base");
+  }
+  /* the send timeout (1 s), the reaper's round (1 s), the storage freed */
+  size_t held = 0;
+  for (int i = 0; i < 100; i++) {
+    host_cache_get_stats(&st);
+    held = st.in_use_bytes > st0.in_use_bytes ? st.in_use_bytes - st0.in_use_bytes : 0;
+    if (held == 0)
+      break;
+    usleep(100000);
+  }
+  cr_expect_eq(held, 0,
+               "%zu MiB still held 10 s after %d connections left their lent replies unread "
+               "and the tensors behind them were freed",
+               held >> 20, ROUNDS);
+  for (int k = 0; k < ROUNDS; k++)
+    close(fds[k]);
+  raw_close(&r);
+  free(v);
+  server_stop(s, 2000);
 }
 
 /* ================================================================ 5: gets racing disconnects */

@@ -22,6 +22,10 @@
  */
 #include <criterion/criterion.h>
 #include <nng/nng.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <nng/protocol/pubsub0/pub.h>
+#include <nng/protocol/pubsub0/sub.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <signal.h>
@@ -29,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 Test(nng_patched, a_large_body_freed_is_reused)
@@ -326,4 +331,82 @@ Test(nng_patched, a_lent_tail_is_released_once_however_the_message_ends)
   cr_expect_eq(nng_msg_set_tail(m, NULL, 4, NULL, NULL), NNG_EINVAL);
   cr_expect_eq(nng_msg_set_tail(m, NULL, 0, NULL, NULL), 0);
   nng_msg_free(m);
+}
+
+/* pub sends one message to every pipe: a tcp pipe whose peer reads slowly
+ * still writes it from the tail when an inproc pipe, later in the list,
+ * must have the tail in its body.  The inproc pipe gets a copy of its own:
+ * copying the tail into the shared message's body released it, and the
+ * lender could reuse its bytes while the tcp pipe still sent them (found by
+ * review: 64 of 64 MiB arrived wrong). */
+Test(nng_patched, a_lent_tail_shared_by_several_pipes_stays_until_the_last_has_sent_it)
+{
+  enum { TAIL = 16 << 20 };
+  int port = 20000 + (int)((unsigned)getpid() * 977u % 30000u);
+  char tcp[64], inproc[64];
+  snprintf(tcp, sizeof tcp, "tcp://127.0.0.1:%d", port);
+  snprintf(inproc, sizeof inproc, "inproc://tport-nng-shared-%d", (int)getpid());
+  nng_socket pub, sub;
+  cr_assert_eq(nng_pub0_open(&pub), 0);
+  cr_assert_eq(nng_listen(pub, tcp, NULL, 0), 0);
+  cr_assert_eq(nng_listen(pub, inproc, NULL, 0), 0);
+  /* an SP peer over tcp that says hello, then reads nothing for now */
+  int fd = socket(AF_INET, SOCK_STREAM, 0), small = 4096;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  sa.sin_addr.s_addr = htonl(0x7f000001);
+  cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  uint8_t hs[8] = {0, 'S', 'P', 0, 0, 0x21, 0, 0}, got[8]; /* SUB0 */
+  cr_assert_eq(write(fd, hs, 8), 8);
+  cr_assert_eq(read(fd, got, 8), 8);
+  usleep(100000);
+  cr_assert_eq(nng_sub0_open(&sub), 0);
+  cr_assert_eq(nng_socket_set(sub, NNG_OPT_SUB_SUBSCRIBE, "", 0), 0);
+  cr_assert_eq(nng_socket_set_size(sub, NNG_OPT_RECVMAXSZ, 0), 0);
+  cr_assert_eq(nng_dial(sub, inproc, NULL, 0), 0);
+  usleep(100000);
+  uint8_t *tail = malloc(TAIL);
+  memset(tail, 0xab, TAIL);
+  atomic_store(&releases, 0);
+  nng_msg *m;
+  cr_assert_eq(nng_msg_alloc(&m, 0), 0);
+  cr_assert_eq(nng_msg_append(m, "HEAD", 4), 0);
+  cr_assert_eq(nng_msg_set_tail(m, tail, TAIL, count_release, &releases), 0);
+  cr_assert_eq(nng_sendmsg(pub, m, 0), 0);
+  nng_msg *r;
+  cr_assert_eq(nng_recvmsg(sub, &r, 0), 0);
+  cr_expect_eq(nng_msg_len(r), 4 + TAIL, "the inproc peer got %zu bytes", nng_msg_len(r));
+  cr_expect_eq(((uint8_t *)nng_msg_body(r))[4 + TAIL - 1], 0xab);
+  nng_msg_free(r);
+  usleep(100000);
+  cr_expect_eq(atomic_load(&releases), 0, "released while the tcp pipe still sends it");
+  if (atomic_load(&releases))
+    memset(tail, 0xee, TAIL); /* a lender may reuse its bytes once released */
+  /* now the tcp peer reads the whole message */
+  uint8_t head[8];
+  size_t n = 0, bad = 0;
+  while (n < 8) {
+    ssize_t k = read(fd, head + n, 8 - n);
+    cr_assert_gt(k, 0);
+    n += (size_t)k;
+  }
+  uint64_t total = 0;
+  for (int i = 0; i < 8; i++)
+    total = total << 8 | head[i];
+  cr_assert_eq(total, 4 + TAIL);
+  uint8_t *buf = malloc(total);
+  for (n = 0; n < total;) {
+    ssize_t k = read(fd, buf + n, total - n);
+    cr_assert_gt(k, 0);
+    n += (size_t)k;
+  }
+  for (size_t i = 4; i < total; i++)
+    bad += buf[i] != 0xab;
+  cr_expect_eq(bad, 0, "the tcp peer got %zu of the tail's bytes wrong", bad);
+  cr_expect_eq(releases_after_wait(1), 1);
+  free(buf);
+  close(fd);
+  nng_close(sub);
+  nng_close(pub);
+  free(tail);
 }

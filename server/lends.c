@@ -1,0 +1,121 @@
+/* lends.c: the table of lent replies (lends.h). */
+#include "lends.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct lend {
+  lends *owner;
+  tport_storage *st;
+  uint32_t pipe;
+  int64_t since_ms;
+  struct lend *prev, *next;
+} lend;
+
+struct lends {
+  pthread_mutex_t mu;
+  lend *head;
+  size_t n;
+  bool orphaned; /* lends_free gave up waiting: the last lend frees it */
+};
+
+int64_t lends_now_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+lends *lends_new(void)
+{
+  lends *l = calloc(1, sizeof *l);
+  if (l)
+    pthread_mutex_init(&l->mu, NULL);
+  return l;
+}
+
+void lends_free(lends *l, int wait_ms)
+{
+  if (!l)
+    return;
+  for (int i = 0; i < wait_ms && lends_count(l); i++)
+    usleep(1000);
+  pthread_mutex_lock(&l->mu);
+  if (l->n) {
+    l->orphaned = true;
+    pthread_mutex_unlock(&l->mu);
+    return;
+  }
+  pthread_mutex_unlock(&l->mu);
+  pthread_mutex_destroy(&l->mu);
+  free(l);
+}
+
+void *lends_begin(lends *l, uint32_t pipe, tport_storage *st)
+{
+  lend *d = calloc(1, sizeof *d);
+  if (!d)
+    return NULL;
+  d->owner = l;
+  d->st = storage_retain(st);
+  d->pipe = pipe;
+  d->since_ms = lends_now_ms();
+  pthread_mutex_lock(&l->mu);
+  d->next = l->head;
+  if (l->head)
+    l->head->prev = d;
+  l->head = d;
+  l->n++;
+  pthread_mutex_unlock(&l->mu);
+  return d;
+}
+
+void lends_end(void *arg)
+{
+  lend *d = arg;
+  lends *l = d->owner;
+  pthread_mutex_lock(&l->mu);
+  if (d->prev)
+    d->prev->next = d->next;
+  else
+    l->head = d->next;
+  if (d->next)
+    d->next->prev = d->prev;
+  bool last_of_orphan = --l->n == 0 && l->orphaned;
+  pthread_mutex_unlock(&l->mu);
+  /* on nng's thread, maybe under its locks: never free memory here */
+  storage_release_deferred(d->st);
+  free(d);
+  if (last_of_orphan) {
+    pthread_mutex_destroy(&l->mu);
+    free(l);
+  }
+}
+
+size_t lends_overdue(lends *l, int64_t before_ms, uint32_t *pipes, size_t max)
+{
+  size_t k = 0;
+  pthread_mutex_lock(&l->mu);
+  for (lend *d = l->head; d && k < max; d = d->next) {
+    if (d->since_ms >= before_ms)
+      continue;
+    bool seen = false;
+    for (size_t i = 0; i < k && !seen; i++)
+      seen = pipes[i] == d->pipe;
+    if (!seen)
+      pipes[k++] = d->pipe;
+  }
+  pthread_mutex_unlock(&l->mu);
+  return k;
+}
+
+size_t lends_count(lends *l)
+{
+  pthread_mutex_lock(&l->mu);
+  size_t n = l->n;
+  pthread_mutex_unlock(&l->mu);
+  return n;
+}

@@ -1,0 +1,47 @@
+/*
+ * lends.h: replies whose payload is lent from a storage instead of copied
+ * into them (call_reply_lent), until nng has sent them.
+ *
+ * A lend holds its storage: the bytes must stay until the transport has
+ * written them.  Two things follow, both handled here:
+ *  - nng may free the reply (and so end the lend) on its own threads, while
+ *    it holds its own locks: the storage's reference is dropped with
+ *    storage_release_deferred, never freeing memory there;
+ *  - REP completes a reply's send once the connection's transport has taken
+ *    it, so the send timeout never sees a reply its client does not read:
+ *    with a copied reply that held a chunk; a lent one holds a whole
+ *    storage, charged to nobody once its tensor is freed.  The reaper asks
+ *    for the connections with a lend older than the send timeout and drops
+ *    them (which frees their replies).
+ */
+#ifndef TPORT_LENDS_H
+#define TPORT_LENDS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "storage.h"
+
+typedef struct lends lends;
+
+lends *lends_new(void);
+/* Frees the table once nng has freed every lent reply (after nng_close: the
+ * transports may still free some on their threads, so it waits up to
+ * wait_ms, then leaves the table to the last lend to free). */
+void lends_free(lends *l, int wait_ms);
+
+/* A lend of st's memory to a reply on pipe, with a reference to st; the
+ * result is the argument of lends_end, to be called once when nng is done
+ * with the reply.  NULL when out of memory (nothing held). */
+void *lends_begin(lends *l, uint32_t pipe, tport_storage *st);
+/* Ends a lend (nng's release callback of nng_msg_set_tail). */
+void lends_end(void *lend);
+
+/* The pipes (each once, at most max) with a lend begun before before_ms
+ * (lends_now_ms's clock). */
+size_t lends_overdue(lends *l, int64_t before_ms, uint32_t *pipes, size_t max);
+/* Lends not yet ended. */
+size_t lends_count(lends *l);
+int64_t lends_now_ms(void);
+
+#endif
