@@ -125,6 +125,12 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
   c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : 60000;
   c->keep = opts && opts->keep;
   c->verify = opts && opts->verify;
+#ifdef TPORT_NNG_LENT_TAIL
+  /* tcp and ipc write a request's lent bytes straight from the caller's
+   * memory; any other transport would copy them anyway */
+  c->lend_chunks = strncmp(url, "tcp://", 6) == 0 || strncmp(url, "ipc://", 6) == 0;
+#endif
+  atomic_init(&c->last_pipe, 0);
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
   pthread_mutex_init(&c->shm_mu, NULL);
@@ -318,6 +324,7 @@ static int nng_to_status(int rv)
 int client_slot_open(tport_client *c, client_slot *s, tport_err *err)
 {
   memset(s, 0, sizeof *s);
+  s->owner = c;
   int rv = nng_ctx_open(&s->ctx, c->sock);
   if (!rv)
     rv = nng_aio_alloc(&s->aio, NULL, NULL);
@@ -375,6 +382,7 @@ int client_slot_finish(client_slot *s, tport_err *err)
   if (s->reply)
     nng_msg_free(s->reply);
   s->reply = nng_aio_get_msg(s->aio);
+  atomic_store(&s->owner->last_pipe, (unsigned)nng_pipe_id(nng_msg_get_pipe(s->reply)));
   return TPORT_OK;
 }
 

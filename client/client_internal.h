@@ -18,6 +18,10 @@ struct tport_client {
   int window;
   bool keep;
   bool verify; /* CRC32C on every chunk (tport_connect_options.verify) */
+  /* a put's chunks lend the caller's bytes to their requests instead of
+   * copying them (ops.c): tcp:// and ipc:// send them from there */
+  bool lend_chunks;
+  atomic_uint last_pipe; /* the connection the latest reply came on */
   /* requests in flight across all threads stay within the server's
    * max_outstanding (it drops a connection that goes past it) */
   pthread_mutex_t mu;
@@ -40,6 +44,7 @@ struct tport_client {
 
 /* A request in flight on its own context. */
 typedef struct client_slot {
+  tport_client *owner;
   nng_ctx ctx;
   nng_aio *aio;
   nng_msg *reply;

@@ -1,8 +1,11 @@
 /* ops.c: libtport's operations: put and get with a window of chunks in
  * flight, and the one-request RPCs. */
+#include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "client_internal.h"
 #include "crc32c.h"
@@ -69,6 +72,76 @@ static int run_window(tport_client *c, size_t nbytes, size_t chunk, window_make_
   return rc;
 }
 
+/* ---------------------------------------------------------------- lent chunks
+ * A put's chunks lend the caller's bytes to their requests (nng_msg_set_tail)
+ * instead of copying them into the requests, where the transport writes them
+ * straight from there (tcp://, ipc://): one copy of every byte fewer.  The
+ * put must not return while nng may still read them, so it waits for nng to
+ * let go of every lent request.  A chunk's reply comes only after the server
+ * has read the whole request, so a put that succeeds waits for nothing; a
+ * request stuck in the transport (a put that failed: its server stopped
+ * reading) is let go of once its connection closes, which the wait does
+ * after the client's timeout. */
+typedef struct lent_chunks {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int outstanding;
+} lent_chunks;
+
+static void lent_chunk_done(void *arg)
+{
+  lent_chunks *l = arg;
+  pthread_mutex_lock(&l->mu);
+  if (--l->outstanding == 0)
+    pthread_cond_broadcast(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+}
+
+#ifdef TPORT_NNG_LENT_TAIL
+/* The request of a chunk whose n bytes at p are lent, not copied; a copy
+ * where nng cannot take them. */
+static int pack_lent(lent_chunks *l, uint16_t method, const ProtobufCMessage *q, const void *p,
+                     size_t n, nng_msg **out, tport_err *err)
+{
+  int rc = client_pack(method, q, NULL, 0, out, err);
+  if (rc)
+    return rc;
+  pthread_mutex_lock(&l->mu);
+  l->outstanding++;
+  pthread_mutex_unlock(&l->mu);
+  if (nng_msg_set_tail(*out, p, n, lent_chunk_done, l) == 0)
+    return TPORT_OK;
+  lent_chunk_done(l);
+  nng_msg_free(*out);
+  return client_pack(method, q, p, n, out, err);
+}
+#endif
+
+static void lent_chunks_wait(tport_client *c, lent_chunks *l)
+{
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += c->timeout_ms / 1000;
+  until.tv_nsec += (long)(c->timeout_ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&l->mu);
+  int rv = 0;
+  while (l->outstanding && rv != ETIMEDOUT)
+    rv = pthread_cond_timedwait(&l->cv, &l->mu, &until);
+  if (l->outstanding) {
+    /* stuck in the transport: closing the connection frees the request */
+    pthread_mutex_unlock(&l->mu);
+    nng_pipe_close((nng_pipe){.id = atomic_load(&c->last_pipe)});
+    pthread_mutex_lock(&l->mu);
+    while (l->outstanding)
+      pthread_cond_wait(&l->cv, &l->mu);
+  }
+  pthread_mutex_unlock(&l->mu);
+}
+
 /* ---------------------------------------------------------------- put */
 
 typedef struct put_ctx {
@@ -76,6 +149,7 @@ typedef struct put_ctx {
   const uint8_t *data;
   bool verify;
   struct tport_shm *region; /* same host: each chunk goes through it */
+  lent_chunks *lent;        /* NULL: chunks copied into their requests */
 } put_ctx;
 
 static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err *err)
@@ -97,6 +171,10 @@ static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
     q.crc32c_set = true;
     q.crc32c = transport_crc32c(0, bytes, len);
   }
+#ifdef TPORT_NNG_LENT_TAIL
+  if (p->lent && !p->region)
+    return pack_lent(p->lent, TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, bytes, len, out, err);
+#endif
   return client_pack(TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, p->region ? NULL : bytes,
                      p->region ? 0 : len, out, err);
 }
@@ -204,9 +282,13 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
   ref.handle.len = TPORT_HANDLE_BYTES;
   size_t chunk = b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes;
   protobuf_c_message_free_unpacked(&b->base, NULL);
-  put_ctx pc = {&ref, data, c->verify, region};
+  lent_chunks lent = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+  put_ctx pc = {&ref, data, c->verify, region, c->lend_chunks && !region ? &lent : NULL};
   rc = run_window(c, nbytes, chunk, put_make, put_take, &pc, opts->progress, opts->progress_arg,
                   err);
+  lent_chunks_wait(c, &lent); /* the caller's bytes are theirs again */
+  pthread_cond_destroy(&lent.cv);
+  pthread_mutex_destroy(&lent.mu);
   if (!rc) {
     Tport__PutCommitRequest cq = TPORT__PUT_COMMIT_REQUEST__INIT;
     cq.ref = &ref;
