@@ -22,7 +22,7 @@
 #include "server.h"
 #include "tport.h"
 
-static char url[128];
+static char url[128], tcp_url[64];
 static atomic_int failures;
 static tport_client *shared;
 
@@ -34,7 +34,8 @@ static void *worker(void *arg)
   for (int r = 0; r < 25; r++) {
     bool own = id >= 2;
     tport_client *c = shared;
-    if (own && tport_connect(url, NULL, &c, NULL)) {
+    /* odd threads over tcp: puts and gets lend their chunks there */
+    if (own && tport_connect(id % 2 ? tcp_url : url, NULL, &c, NULL)) {
       atomic_fetch_add(&failures, 1);
       continue;
     }
@@ -127,7 +128,7 @@ static int raw_status(nng_ctx ctx, nng_aio *aio, const ProtobufCMessageDescripto
 static void *racer(void *arg)
 {
   (void)arg;
-  enum { K = 6, CH = 32 << 10 };
+  enum { K = 6, CH = 64 << 10 }; /* the server's chunk */
   uint8_t *data = malloc(3 * CH);
   memset(data, 0x5a, 3 * CH);
   for (int r = 0; r < 20; r++) {
@@ -218,10 +219,13 @@ int main(void)
   snprintf(url, sizeof url, "inproc://stress-%d", (int)getpid());
   server_config cfg;
   config_defaults(&cfg);
+  snprintf(tcp_url, sizeof tcp_url, "tcp://127.0.0.1:%d", 20000 + (int)(getpid() % 30000));
   cfg.listen[0] = strdup(url);
-  cfg.nlisten = 1;
+  cfg.listen[1] = strdup(tcp_url);
+  cfg.nlisten = 2;
   cfg.devices = strdup("cpu,sim:2");
-  cfg.chunk_bytes = 32 << 10;
+  /* 64 KiB: the smallest chunk a get's reply lends (REPLY_LEND_MIN_BYTES) */
+  cfg.chunk_bytes = 64 << 10;
   cfg.log_level = 0;
   server *s;
   tport_err err;
