@@ -116,6 +116,19 @@ static int answer_challenge(tport_client *c, const tport_connect_options *opts,
   return TPORT_OK;
 }
 
+/* Keeps live_pipe: the dialer's one connection, replaced when it redials. */
+static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+  tport_client *c = arg;
+  unsigned id = (unsigned)nng_pipe_id(p);
+  if (ev == NNG_PIPE_EV_ADD_POST) {
+    atomic_store(&c->live_pipe, id);
+  } else {
+    unsigned was = id; /* a new connection may have come first */
+    atomic_compare_exchange_strong(&c->live_pipe, &was, 0);
+  }
+}
+
 int tport_connect(const char *url, const tport_connect_options *opts, tport_client **out,
                   tport_err *err)
 {
@@ -128,9 +141,11 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
 #ifdef TPORT_NNG_LENT_TAIL
   /* tcp and ipc write a request's lent bytes straight from the caller's
    * memory; any other transport would copy them anyway */
-  c->lend_chunks = strncmp(url, "tcp://", 6) == 0 || strncmp(url, "ipc://", 6) == 0;
+  static const char *const lending[] = {"tcp://", "tcp4://", "tcp6://", "ipc://"};
+  for (size_t i = 0; i < sizeof lending / sizeof lending[0]; i++)
+    c->lend_chunks = c->lend_chunks || strncmp(url, lending[i], strlen(lending[i])) == 0;
 #endif
-  atomic_init(&c->last_pipe, 0);
+  atomic_init(&c->live_pipe, 0);
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
   pthread_mutex_init(&c->shm_mu, NULL);
@@ -143,6 +158,9 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
     return tport_err_set(err, TPORT_INTERNAL, "nng_req0_open: %s", nng_strerror(rv));
   }
   nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+  /* nng_close returns only after every pipe's last event: c outlives them */
+  nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_POST, pipe_event, c);
+  nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, pipe_event, c);
   nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, (size_t)1 << 30);
   int trc = dial(c, url, opts, err);
   if (trc) {
@@ -214,16 +232,22 @@ void tport_close(tport_client *c)
   free(c);
 }
 
+struct timespec client_deadline_after(int ms)
+{
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  t.tv_sec += ms / 1000;
+  t.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (t.tv_nsec >= 1000000000L) {
+    t.tv_sec++;
+    t.tv_nsec -= 1000000000L;
+  }
+  return t;
+}
+
 int client_credits_take(tport_client *c, int k, tport_err *err)
 {
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += c->timeout_ms / 1000;
-  until.tv_nsec += (long)(c->timeout_ms % 1000) * 1000000;
-  if (until.tv_nsec >= 1000000000) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000;
-  }
+  struct timespec until = client_deadline_after(c->timeout_ms);
   int rc = TPORT_OK;
   pthread_mutex_lock(&c->mu);
   while (c->credits < k && !rc)
@@ -382,7 +406,6 @@ int client_slot_finish(client_slot *s, tport_err *err)
   if (s->reply)
     nng_msg_free(s->reply);
   s->reply = nng_aio_get_msg(s->aio);
-  atomic_store(&s->owner->last_pipe, (unsigned)nng_pipe_id(nng_msg_get_pipe(s->reply)));
   return TPORT_OK;
 }
 

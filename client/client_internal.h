@@ -5,6 +5,7 @@
 #include <nng/nng.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #include "frame.h"
 #include "tport.h"
@@ -21,7 +22,9 @@ struct tport_client {
   /* a put's chunks lend the caller's bytes to their requests instead of
    * copying them (ops.c): tcp:// and ipc:// send them from there */
   bool lend_chunks;
-  atomic_uint last_pipe; /* the connection the latest reply came on */
+  /* the client's connection now (0: none), kept by pipe events: a put whose
+   * lent bytes are stuck in it closes it (ops.c) */
+  atomic_uint live_pipe;
   /* requests in flight across all threads stay within the server's
    * max_outstanding (it drops a connection that goes past it) */
   pthread_mutex_t mu;
@@ -68,6 +71,8 @@ int client_rpc(tport_client *c, uint16_t method, const ProtobufCMessage *q, cons
                client_payload *reply_payload, tport_err *err);
 /* Takes k request credits, all at once (so that threads that each need
  * several never deadlock), waiting up to the client's timeout. */
+/* CLOCK_REALTIME ms from now, for pthread_cond_timedwait */
+struct timespec client_deadline_after(int ms);
 int client_credits_take(tport_client *c, int k, tport_err *err);
 void client_credits_give(tport_client *c, int k);
 int client_slot_open(tport_client *c, client_slot *s, tport_err *err);

@@ -81,7 +81,9 @@ static int run_window(tport_client *c, size_t nbytes, size_t chunk, window_make_
  * has read the whole request, so a put that succeeds waits for nothing; a
  * request stuck in the transport (a put that failed: its server stopped
  * reading) is let go of once its connection closes, which the wait does
- * after the client's timeout. */
+ * after the client's timeout: the connection goes, and with it the tensors
+ * put on it without a name (a server that has not read a whole request in
+ * two timeouts is taken for gone; the dialer then connects anew). */
 typedef struct lent_chunks {
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -119,25 +121,21 @@ static int pack_lent(lent_chunks *l, uint16_t method, const ProtobufCMessage *q,
 
 static void lent_chunks_wait(tport_client *c, lent_chunks *l)
 {
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += c->timeout_ms / 1000;
-  until.tv_nsec += (long)(c->timeout_ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
-  }
+  struct timespec until = client_deadline_after(c->timeout_ms);
   pthread_mutex_lock(&l->mu);
-  int rv = 0;
-  while (l->outstanding && rv != ETIMEDOUT)
-    rv = pthread_cond_timedwait(&l->cv, &l->mu, &until);
-  if (l->outstanding) {
-    /* stuck in the transport: closing the connection frees the request */
+  while (l->outstanding) {
+    if (pthread_cond_timedwait(&l->cv, &l->mu, &until) != ETIMEDOUT || !l->outstanding)
+      continue;
+    /* Stuck in the transport: closing the connection frees the request.
+     * The connection is the one live now, not the one the last reply came
+     * on: after a redial the stuck request is on the new one.  Closed again
+     * every second until all are let go of (a redial may race the close). */
     pthread_mutex_unlock(&l->mu);
-    nng_pipe_close((nng_pipe){.id = atomic_load(&c->last_pipe)});
+    unsigned id = atomic_load(&c->live_pipe);
+    if (id)
+      nng_pipe_close((nng_pipe){.id = id});
     pthread_mutex_lock(&l->mu);
-    while (l->outstanding)
-      pthread_cond_wait(&l->cv, &l->mu);
+    until = client_deadline_after(1000);
   }
   pthread_mutex_unlock(&l->mu);
 }

@@ -146,25 +146,56 @@ void storage_release_deferred(tport_storage *s)
 
 void storage_reap(bool wait)
 {
+  /* The graveyard is taken whole and the storages freed without its lock:
+   * storage_release_deferred adds to it on nng's threads (the poller among
+   * them), which must never wait for a cudaFreeHost or a device's work. */
   pthread_mutex_lock(&graveyard.mu);
-  for (int i = 0; i < graveyard.n;) {
-    tport_storage *s = graveyard.items[i];
+  tport_storage **items = graveyard.items;
+  int n = graveyard.n, cap = graveyard.cap;
+  graveyard.items = NULL;
+  graveyard.n = graveyard.cap = 0;
+  pthread_mutex_unlock(&graveyard.mu);
+  int kept = 0;
+  for (int i = 0; i < n; i++) {
+    tport_storage *s = items[i];
     /* no event: put here by storage_release_deferred, nothing to wait for */
     if (wait && s->ev)
       s->ev_be->event_synchronize(s->ev, NULL);
-    if (wait || !s->ev || s->ev_be->event_query(s->ev)) {
-      graveyard.items[i] = graveyard.items[--graveyard.n];
+    if (wait || !s->ev || s->ev_be->event_query(s->ev))
       storage_destroy(s);
-    } else {
-      i++;
-    }
+    else
+      items[kept++] = s;
   }
+  if (kept == 0) {
+    free(items);
+    return;
+  }
+  /* the ones whose work is still running go back, beside any added since */
+  pthread_mutex_lock(&graveyard.mu);
   if (graveyard.n == 0) {
     free(graveyard.items);
-    graveyard.items = NULL;
-    graveyard.cap = 0;
+    graveyard.items = items;
+    graveyard.n = kept;
+    graveyard.cap = cap;
+    items = NULL;
+  } else if (graveyard.n + kept <= cap) {
+    memcpy(items + kept, graveyard.items, (size_t)graveyard.n * sizeof *items);
+    free(graveyard.items);
+    graveyard.items = items;
+    graveyard.n += kept;
+    graveyard.cap = cap;
+    items = NULL;
   }
   pthread_mutex_unlock(&graveyard.mu);
+  if (!items)
+    return;
+  for (int i = 0; i < kept; i++)
+    if (!graveyard_add(items[i])) {
+      /* out of memory for the list: wait for its work and free it here */
+      items[i]->ev_be->event_synchronize(items[i]->ev, NULL);
+      storage_destroy(items[i]);
+    }
+  free(items);
 }
 
 int storage_deferred_count(void)

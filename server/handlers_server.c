@@ -274,6 +274,7 @@ int h_stats(call *c)
   COUNTER("shm_transfers", ss.transfers);
   COUNTER("bytes_in", atomic_load(&s->bytes_in));
   COUNTER("bytes_out", atomic_load(&s->bytes_out));
+  COUNTER("bytes_lent", atomic_load(&s->bytes_lent));
   COUNTER("errors", atomic_load(&s->errors));
   COUNTER("uptime_ms", reg_now_ms() - s->started_ms);
   staging_stats st;

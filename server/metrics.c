@@ -285,6 +285,10 @@ static void requests(metrics_text *t, server *s)
                      NULL);
   metrics_sample_u64(t, "tport_transfer_bytes_total", atomic_load(&s->bytes_out), "direction",
                      "out", NULL);
+  metrics_family(t, "tport_reply_bytes_lent_total", "counter",
+                 "Of the reply bytes sent, those written straight from a tensor's memory "
+                 "(lent to the tcp or ipc transport) instead of copied into the reply.");
+  metrics_sample_u64(t, "tport_reply_bytes_lent_total", atomic_load(&s->bytes_lent), NULL);
   metrics_family(t, "tport_connections_dropped_total", "counter",
                  "Connections the server dropped for a limit (requests unanswered, replies not "
                  "read, no proof of tenant in time).");

@@ -56,22 +56,23 @@ int call_reply(call *c, ProtobufCMessage *reply, const void *payload, size_t n)
 
 #ifdef TPORT_NNG_LENT_TAIL
 /* Whether nng sends a reply's lent tail on this connection straight from
- * memory: tcp:// and ipc:// do; any other transport (tls+tcp://, inproc://)
- * would copy it into the reply under nng's socket lock and tportd's queue
- * lock, where the worker's own copy holds no lock. */
+ * memory: tcp:// and ipc:// do; any other transport (tls+tcp://, ws://,
+ * inproc://) would copy it into the reply under nng's socket lock and
+ * tportd's queue lock, where the worker's own copy holds no lock.  Told by
+ * the scheme of the listener the connection came from (a ws:// connection's
+ * address looks like a tcp one's). */
 static bool pipe_takes_lent_bytes(uint32_t pipe)
 {
-  nng_pipe p = {.id = pipe};
-  nng_sockaddr sa;
-  bool verified;
-  if (nng_pipe_get_addr(p, NNG_OPT_REMADDR, &sa) != 0)
+  nng_listener l = nng_pipe_listener((nng_pipe){.id = pipe});
+  char *url;
+  if (nng_listener_id(l) <= 0 || nng_listener_get_string(l, NNG_OPT_URL, &url) != 0)
     return false;
-  switch (sa.s_family) {
-  case NNG_AF_IPC: return true;
-  case NNG_AF_INET:
-  case NNG_AF_INET6: return nng_pipe_get_bool(p, NNG_OPT_TLS_VERIFIED, &verified) == NNG_ENOTSUP;
-  default: return false;
-  }
+  static const char *const lending[] = {"tcp://", "tcp4://", "tcp6://", "ipc://"};
+  bool yes = false;
+  for (size_t i = 0; i < sizeof lending / sizeof lending[0] && !yes; i++)
+    yes = strncmp(url, lending[i], strlen(lending[i])) == 0;
+  nng_strfree(url);
+  return yes;
 }
 #endif
 
@@ -98,6 +99,7 @@ int call_reply_lent(call *c, ProtobufCMessage *reply, tport_storage *st, const v
   }
   /* ctx_finish counts the message's own bytes: the lent ones are not in them */
   atomic_fetch_add(&c->srv->bytes_out, n);
+  atomic_fetch_add(&c->srv->bytes_lent, n);
   return TPORT_OK;
 #endif
 }

@@ -71,6 +71,7 @@ struct server {
   pthread_cond_t rcv;
   bool reaper_stop;
   atomic_uint_fast64_t requests[SERVER_METHODS], errors, bytes_in, bytes_out, dropped;
+  atomic_uint_fast64_t bytes_lent; /* of bytes_out: sent from a storage, not copied */
   int64_t started_ms;
   /* operations: the metrics of the hot path (metrics.h) and the HTTP
    * endpoint; ready is what /readyz says (listeners and devices up, not

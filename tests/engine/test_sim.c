@@ -2,9 +2,11 @@
  * with devices here (cpu, sim, and cuda where present), and the engine's
  * transfers, D2D paths and managed moves on sim devices. */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "conformance.h"
 #include "engine.h"
@@ -236,6 +238,58 @@ Test(sim, freed_while_in_use_is_deferred)
   tport_tensor *back = to_dev(d, (tport_device){TPORT_DEV_CPU, 0}, true);
   tensor_release(d); /* still being read by the D2H copy */
   cr_assert_geq(storage_deferred_count(), 1, "the storage waits for the copy reading it");
+  check_seq(back);
+  tensor_release(back);
+  tensor_release(h);
+  sim_set_delay(0);
+  engine_synchronize_all();
+  cr_assert_eq(storage_deferred_count(), 0);
+  cr_assert_eq(sim_bytes_in_use(0), 0, "nothing leaked on the device");
+}
+
+/* storage_reap frees what waited for its device work without holding the
+ * graveyard's lock: nng's threads put lent replies' storages there
+ * (storage_release_deferred) and must not wait behind a reaper that is
+ * synchronizing a device or freeing pinned memory (found by review: the
+ * reaper held the lock through event_synchronize). */
+static void *reap_waiting(void *arg)
+{
+  (void)arg;
+  storage_reap(true);
+  return NULL;
+}
+
+/* whether the device work on t's storage has finished */
+static bool work_done(tport_tensor *t)
+{
+  tport_storage *st = t->storage;
+  pthread_mutex_lock(&st->mu);
+  bool done = !st->ev || st->ev_be->event_query(st->ev);
+  pthread_mutex_unlock(&st->mu);
+  return done;
+}
+
+Test(sim, a_release_to_the_graveyard_does_not_wait_for_a_reaper)
+{
+  tport_device s0 = {TPORT_DEV_SIM, 0};
+  sim_set_delay_range(400000, 400000); /* 400 ms per op */
+  tport_tensor *h = host_seq(TPORT_FLOAT32, 1, (int64_t[]){1 << 10});
+  tport_tensor *d = to_dev(h, s0, true);
+  tport_tensor *back = to_dev(d, (tport_device){TPORT_DEV_CPU, 0}, true);
+  tensor_release(d); /* its storage waits in the graveyard for the D2H copy */
+  cr_assert_geq(storage_deferred_count(), 1);
+  tport_tensor *x = host_seq(TPORT_FLOAT32, 1, (int64_t[]){1 << 10});
+  tport_storage *st = storage_retain(x->storage);
+  tensor_release(x);
+  pthread_t t;
+  pthread_create(&t, NULL, reap_waiting, NULL);
+  usleep(50000); /* the reaper waits for the copy by now */
+  storage_release_deferred(st); /* the last reference: into the graveyard */
+  /* the copy the reaper waits for (800 ms from its start) is still running:
+   * the release did not wait for the reaper */
+  bool copy_done = work_done(back);
+  pthread_join(t, NULL);
+  cr_expect_not(copy_done, "a release to the graveyard waited for the reaper's event_synchronize");
   check_seq(back);
   tensor_release(back);
   tensor_release(h);

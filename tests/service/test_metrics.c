@@ -541,6 +541,7 @@ Test(metrics, every_line_parses_and_counters_move)
   static const char *const names[] = {"tport_requests_total",
                                       "tport_request_duration_seconds",
                                       "tport_transfer_bytes_total",
+                                      "tport_reply_bytes_lent_total",
                                       "tport_stage_duration_seconds",
                                       "tport_connections",
                                       "tport_uploads_in_progress",
