@@ -259,6 +259,59 @@ Test(verify, a_put_corrupted_in_flight_is_data_loss)
   free(back);
 }
 
+/* Every way a chunk lands -- in host memory as it is, on another device,
+ * converted on arrival -- checks its CRC32C: exact bytes without a flip, and
+ * DATA_LOSS naming the chunk with one (only the first was tested). */
+Test(verify, every_landing_checks_the_crc)
+{
+  uint8_t *v = pattern(NBYTES, 21);
+  float *back = malloc((size_t)NBYTES * sizeof(float));
+  const struct {
+    const char *device;
+    bool to_float;
+  } cases[] = {{"cpu", false}, {"sim:0", false}, {"cpu", true}, {"sim:1", true}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    char what[64];
+    snprintf(what, sizeof what, "to %s%s", cases[k].device,
+             cases[k].to_float ? ", converted to float32" : "");
+    tport_put_options po;
+    tport_put_options_init(&po);
+    po.device = cases[k].device;
+    po.has_dtype = cases[k].to_float;
+    po.dtype = TPORT_FLOAT32;
+    int64_t n = NBYTES;
+    tport_err err;
+    tport_tensor_info t;
+    /* unflipped: exact */
+    tport_client *c = connect_via_relay(true);
+    cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &n, NULL, v, NBYTES, &po, &t, &err), 0, "%s: %s",
+                 what, err.msg);
+    size_t esize = cases[k].to_float ? sizeof(float) : 1;
+    cr_assert_eq(tport_get(c, &t.ref, back, NBYTES * esize, NULL, NULL, NULL, &err), 0, "%s: %s",
+                 what, err.msg);
+    for (size_t i = 0; i < NBYTES; i++) {
+      double got = cases[k].to_float ? back[i] : ((uint8_t *)back)[i];
+      if (got != v[i])
+        cr_assert_fail("%s: element %zu is %g, was put as %u", what, i, got, v[i]);
+    }
+    tport_close(c);
+    /* a bit flipped in the third chunk */
+    c = connect_via_relay(true);
+    int before = atomic_load(&rl.flipped);
+    atomic_store(&rl.flip_at, 2 * (long long)CHUNK + CHUNK / 2);
+    rl.to_server = true;
+    int rc = tport_put(c, TPORT_UINT8, 1, &n, NULL, v, NBYTES, &po, &t, &err);
+    cr_assert_eq(atomic_load(&rl.flipped), before + 1, "%s: the relay flipped a bit", what);
+    cr_assert_eq(rc, TPORT_DATA_LOSS, "%s: %d: %s", what, rc, err.msg);
+    cr_assert(strstr(err.msg, "the chunk at offset 2097152 (1048576 bytes)"), "%s: %s", what,
+              err.msg);
+    cr_assert_eq(svc_counter(c, "uploads_in_progress"), 0, "%s: the upload was aborted", what);
+    tport_close(c);
+  }
+  free(v);
+  free(back);
+}
+
 /* A raw PutChunk whose CRC32C does not match: DATA_LOSS, the chunk is not
  * written, and the same chunk sent again with its right CRC completes the
  * upload. */
