@@ -19,6 +19,11 @@
 # And msg-alloc-no-zero.patch, for speed: a new message body is not zeroed
 # (every sender writes what it sends and transports receive whole messages;
 # zeroing each megabyte chunk was 12% of tportd's time in a put).
+# (poller-delivers-reads, msg-body-cache and msg-lent-tail: the README's
+# paragraph on the patched nng says what they do.)  And tls-buffers.patch: a TLS
+# connection buffers four 16K records each way instead of one (128 KiB per
+# connection instead of 32): with one, every record of a stream waited for
+# a task-thread hand-off, and TLS moved a fifth of what plain TCP did.
 #
 # Installs a static, position-independent libnng with its headers and CMake
 # package under PREFIX (default /opt/tensorport/nng), once per patch version
@@ -47,7 +52,7 @@ if [ "${1:-}" = "--sanitize" ]; then
 fi
 PREFIX="${1:-/opt/tensorport/nng${sanitize:+-tsan}}"
 patches=("$here/closed-pipe-io.patch" "$here/msg-alloc-no-zero.patch" "$here/poller-delivers-reads.patch"
-         "$here/msg-body-cache.patch" "$here/msg-lent-tail.patch")
+         "$here/msg-body-cache.patch" "$here/msg-lent-tail.patch" "$here/tls-buffers.patch")
 # the contents only: sha256sum's own output names the files, and a stamp
 # that hashed their paths made every checkout rebuild (and replace) the nng
 # that the others link
