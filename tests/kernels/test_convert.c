@@ -412,3 +412,26 @@ Test(convert, unaligned_and_u8_vector_loops_match_scalar_bits)
       }
     }
 }
+
+/* A long uint8 -> float32 run (a converting put's chunk) is written with
+ * non-temporal stores from the first 32-byte boundary on: the same bits as
+ * the scalar loop, whatever the destination's alignment and the length's
+ * remainder, and nothing written past the end. */
+Test(convert, long_u8_to_f32_runs_match_scalar_bits)
+{
+  enum { N = (1 << 20) + 13 };
+  static unsigned char src[N + 8];
+  static float dv[N + 16], ds[N + 16];
+  for (size_t i = 0; i < sizeof src; i++)
+    src[i] = (unsigned char)(i * 167 + 3);
+  cast_loop_fn f = cpu_cast_loop(TPORT_FLOAT32, TPORT_UINT8);
+  for (int off = 0; off < 8; off++) {
+    int n = N - off;
+    memset(dv, 0xAB, sizeof dv);
+    memset(ds, 0xAB, sizeof ds);
+    f((char *)(dv + off), (const char *)src + off, n, 4, 1); /* dense */
+    for (int i = 0; i < n; i++)
+      f((char *)(ds + off + i), (const char *)src + off + i, 1, 0, 0);
+    cr_assert(memcmp(dv, ds, sizeof dv) == 0, "destination off by %d floats", off);
+  }
+}
