@@ -141,7 +141,8 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
 #ifdef TPORT_NNG_LENT_TAIL
   /* tcp and ipc write a request's lent bytes straight from the caller's
    * memory; any other transport would copy them anyway */
-  static const char *const lending[] = {"tcp://", "tcp4://", "tcp6://", "ipc://"};
+  static const char *const lending[] = {"tcp://", "tcp4://", "tcp6://",
+                                        "ipc://", "unix://", "abstract://"};
   for (size_t i = 0; i < sizeof lending / sizeof lending[0]; i++)
     c->lend_chunks = c->lend_chunks || strncmp(url, lending[i], strlen(lending[i])) == 0;
 #endif

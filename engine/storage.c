@@ -144,8 +144,17 @@ void storage_release_deferred(tport_storage *s)
     storage_destroy(s); /* out of memory for the list: free it here after all */
 }
 
+/* One reaper at a time: a reap that waits must see every storage, not an
+ * empty graveyard another reaper has taken out (Sync and shutdown rely on
+ * "with wait, all of them"); a reap that does not wait skips its turn. */
+static pthread_mutex_t reaper_mu = PTHREAD_MUTEX_INITIALIZER;
+
 void storage_reap(bool wait)
 {
+  if (wait)
+    pthread_mutex_lock(&reaper_mu);
+  else if (pthread_mutex_trylock(&reaper_mu) != 0)
+    return;
   /* The graveyard is taken whole and the storages freed without its lock:
    * storage_release_deferred adds to it on nng's threads (the poller among
    * them), which must never wait for a cudaFreeHost or a device's work. */
@@ -168,6 +177,7 @@ void storage_reap(bool wait)
   }
   if (kept == 0) {
     free(items);
+    pthread_mutex_unlock(&reaper_mu);
     return;
   }
   /* the ones whose work is still running go back, beside any added since */
@@ -187,8 +197,10 @@ void storage_reap(bool wait)
     items = NULL;
   }
   pthread_mutex_unlock(&graveyard.mu);
-  if (!items)
+  if (!items) {
+    pthread_mutex_unlock(&reaper_mu);
     return;
+  }
   for (int i = 0; i < kept; i++)
     if (!graveyard_add(items[i])) {
       /* out of memory for the list: wait for its work and free it here */
@@ -196,6 +208,7 @@ void storage_reap(bool wait)
       storage_destroy(items[i]);
     }
   free(items);
+  pthread_mutex_unlock(&reaper_mu);
 }
 
 int storage_deferred_count(void)
