@@ -116,6 +116,20 @@ static int answer_challenge(tport_client *c, const tport_connect_options *opts,
   return TPORT_OK;
 }
 
+/* Closes the client's socket and returns once nng has destroyed what hung
+ * from it: a tls+tcp:// dialer's configuration is freed on nng's reaper
+ * thread after nng_close returns, and a program that exits right after
+ * tport_close (or a failed tport_connect) had OpenSSL's exit handlers tear
+ * OpenSSL down under that SSL_CTX_free (`tport` crashed in about 1 exit in
+ * 80 after a refused TLS handshake). */
+static void close_socket(nng_socket sock)
+{
+  nng_close(sock);
+#ifdef TPORT_NNG_REAP_DRAIN
+  nng_reap_drain();
+#endif
+}
+
 /* Keeps live_pipe: the dialer's one connection, replaced when it redials. */
 static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
@@ -165,7 +179,7 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
   nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, (size_t)1 << 30);
   int trc = dial(c, url, opts, err);
   if (trc) {
-    nng_close(c->sock);
+    close_socket(c->sock);
     free(c);
     return trc;
   }
@@ -192,7 +206,7 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
     }
   }
   if (rc) {
-    nng_close(c->sock);
+    close_socket(c->sock);
     free(c);
     return rc;
   }
@@ -224,7 +238,7 @@ void tport_close(tport_client *c)
 {
   if (!c)
     return;
-  nng_close(c->sock);
+  close_socket(c->sock);
   client_shm_close(c);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);

@@ -768,6 +768,12 @@ void server_stop(server *s, unsigned long grace_ms)
     if (s->ctxs[i].aio)
       nng_ctx_close(s->ctxs[i].ctx);
   nng_close(s->sock);
+#ifdef TPORT_NNG_REAP_DRAIN
+  /* and what hung from it destroyed (pipes, the listeners' TLS
+   * configurations): none of it may run on while the process exits, under
+   * OpenSSL's exit handlers */
+  nng_reap_drain();
+#endif
   for (int i = 0; i < s->nctx; i++) {
     if (s->ctxs[i].aio)
       nng_aio_free(s->ctxs[i].aio);

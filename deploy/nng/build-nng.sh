@@ -24,6 +24,12 @@
 # connection buffers four 16K records each way instead of one (128 KiB per
 # connection instead of 32): with one, every record of a stream waited for
 # a task-thread hand-off, and TLS moved a fifth of what plain TCP did.
+# And reap-drain.patch: nng_reap_drain() waits for nng's reaper thread to
+# finish destroying what was closed (nng_close returns before a TLS
+# dialer's or listener's configuration is freed there): libtport and tportd
+# call it after closing, so that no SSL_CTX_free runs while OpenSSL's exit
+# handlers tear OpenSSL down (`tport` crashed in about 1 exit in 80 after a
+# refused TLS handshake).
 #
 # Installs a static, position-independent libnng with its headers and CMake
 # package under PREFIX (default /opt/tensorport/nng), once per patch version
@@ -52,7 +58,8 @@ if [ "${1:-}" = "--sanitize" ]; then
 fi
 PREFIX="${1:-/opt/tensorport/nng${sanitize:+-tsan}}"
 patches=("$here/closed-pipe-io.patch" "$here/msg-alloc-no-zero.patch" "$here/poller-delivers-reads.patch"
-         "$here/msg-body-cache.patch" "$here/msg-lent-tail.patch" "$here/tls-buffers.patch")
+         "$here/msg-body-cache.patch" "$here/msg-lent-tail.patch" "$here/tls-buffers.patch"
+         "$here/reap-drain.patch")
 # the contents only: sha256sum's own output names the files, and a stamp
 # that hashed their paths made every checkout rebuild (and replace) the nng
 # that the others link
