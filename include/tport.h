@@ -155,7 +155,13 @@ void tport_ref_format(const tport_ref *ref, char *buf, size_t len);
 int tport_ref_parse(const char *text, tport_ref *ref, tport_err *err);
 
 /* Puts a tensor whose bytes (nbytes = numel * element size) are laid out by
- * strides (elements; NULL: contiguous), which must be dense. */
+ * strides (elements; NULL: contiguous), which must be dense.  Over tcp://
+ * and ipc:// the transport writes data straight from the caller's memory,
+ * which must not change until the call returns; it returns only once nothing
+ * reads it any more.  A put that fails while one of its chunks is still
+ * stuck in the transport a timeout later (the server stopped reading) closes
+ * the connection to take the bytes back: the tensors put on it without a
+ * name go with it. */
 int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
               const int64_t *strides, const void *data, size_t nbytes,
               const tport_put_options *opts, tport_tensor_info *out, tport_err *err);
