@@ -229,6 +229,19 @@ Test(sim, managed_to_device_is_a_move)
   cr_assert_eq(sim_bytes_in_use(0), 0);
 }
 
+/* The end of a deferred-free case: the copy's result right, and once the
+ * work is done nothing deferred or left on the device. */
+static void settle_deferred(tport_tensor *back, tport_tensor *h)
+{
+  check_seq(back);
+  tensor_release(back);
+  tensor_release(h);
+  sim_set_delay(0);
+  engine_synchronize_all();
+  cr_assert_eq(storage_deferred_count(), 0);
+  cr_assert_eq(sim_bytes_in_use(0), 0, "nothing leaked on the device");
+}
+
 Test(sim, freed_while_in_use_is_deferred)
 {
   tport_device s0 = {TPORT_DEV_SIM, 0};
@@ -238,13 +251,7 @@ Test(sim, freed_while_in_use_is_deferred)
   tport_tensor *back = to_dev(d, (tport_device){TPORT_DEV_CPU, 0}, true);
   tensor_release(d); /* still being read by the D2H copy */
   cr_assert_geq(storage_deferred_count(), 1, "the storage waits for the copy reading it");
-  check_seq(back);
-  tensor_release(back);
-  tensor_release(h);
-  sim_set_delay(0);
-  engine_synchronize_all();
-  cr_assert_eq(storage_deferred_count(), 0);
-  cr_assert_eq(sim_bytes_in_use(0), 0, "nothing leaked on the device");
+  settle_deferred(back, h);
 }
 
 /* storage_reap frees what waited for its device work without holding the
@@ -290,13 +297,7 @@ Test(sim, a_release_to_the_graveyard_does_not_wait_for_a_reaper)
   bool copy_done = work_done(back);
   pthread_join(t, NULL);
   cr_expect_not(copy_done, "a release to the graveyard waited for the reaper's event_synchronize");
-  check_seq(back);
-  tensor_release(back);
-  tensor_release(h);
-  sim_set_delay(0);
-  engine_synchronize_all();
-  cr_assert_eq(storage_deferred_count(), 0);
-  cr_assert_eq(sim_bytes_in_use(0), 0, "nothing leaked on the device");
+  settle_deferred(back, h);
 }
 
 Test(sim, fences_mark_a_point_in_a_series_of_copies)
