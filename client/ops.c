@@ -90,6 +90,7 @@ typedef struct lent_chunks {
   int outstanding;
 } lent_chunks;
 
+#ifdef TPORT_NNG_LENT_TAIL
 static void lent_chunk_done(void *arg)
 {
   lent_chunks *l = arg;
@@ -99,7 +100,6 @@ static void lent_chunk_done(void *arg)
   pthread_mutex_unlock(&l->mu);
 }
 
-#ifdef TPORT_NNG_LENT_TAIL
 /* The request of a chunk whose n bytes at p are lent, not copied; a copy
  * where nng cannot take them. */
 static int pack_lent(lent_chunks *l, uint16_t method, const ProtobufCMessage *q, const void *p,
