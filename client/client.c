@@ -17,6 +17,7 @@
 
 #include "client_internal.h"
 #include "hello_mac.h"
+#include "lent_bytes.h"
 #include "tls_openssl.h"
 #include "dtype.h"
 
@@ -155,10 +156,7 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
 #ifdef TPORT_NNG_LENT_TAIL
   /* tcp and ipc write a request's lent bytes straight from the caller's
    * memory; any other transport would copy them anyway */
-  static const char *const lending[] = {"tcp://", "tcp4://", "tcp6://",
-                                        "ipc://", "unix://", "abstract://"};
-  for (size_t i = 0; i < sizeof lending / sizeof lending[0]; i++)
-    c->lend_chunks = c->lend_chunks || strncmp(url, lending[i], strlen(lending[i])) == 0;
+  c->lend_chunks = transport_url_sends_lent_bytes(url);
 #endif
   atomic_init(&c->live_pipe, 0);
   pthread_mutex_init(&c->mu, NULL);

@@ -2,7 +2,6 @@
 #include "storage.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 /* Storages released while their work was pending. */
 static struct {
@@ -160,7 +159,7 @@ void storage_reap(bool wait)
    * them), which must never wait for a cudaFreeHost or a device's work. */
   pthread_mutex_lock(&graveyard.mu);
   tport_storage **items = graveyard.items;
-  int n = graveyard.n, cap = graveyard.cap;
+  int n = graveyard.n;
   graveyard.items = NULL;
   graveyard.n = graveyard.cap = 0;
   pthread_mutex_unlock(&graveyard.mu);
@@ -175,32 +174,8 @@ void storage_reap(bool wait)
     else
       items[kept++] = s;
   }
-  if (kept == 0) {
-    free(items);
-    pthread_mutex_unlock(&reaper_mu);
-    return;
-  }
-  /* the ones whose work is still running go back, beside any added since */
-  pthread_mutex_lock(&graveyard.mu);
-  if (graveyard.n == 0) {
-    free(graveyard.items);
-    graveyard.items = items;
-    graveyard.n = kept;
-    graveyard.cap = cap;
-    items = NULL;
-  } else if (graveyard.n + kept <= cap) {
-    memcpy(items + kept, graveyard.items, (size_t)graveyard.n * sizeof *items);
-    free(graveyard.items);
-    graveyard.items = items;
-    graveyard.n += kept;
-    graveyard.cap = cap;
-    items = NULL;
-  }
-  pthread_mutex_unlock(&graveyard.mu);
-  if (!items) {
-    pthread_mutex_unlock(&reaper_mu);
-    return;
-  }
+  /* the ones whose work is still running go back (rare: a device's copies
+   * outlived their tensor) */
   for (int i = 0; i < kept; i++)
     if (!graveyard_add(items[i])) {
       /* out of memory for the list: wait for its work and free it here */

@@ -18,6 +18,7 @@
 
 #include "device.h"
 #include "host_cache.h"
+#include "lent_bytes.h"
 #include "log.h"
 #include "server_internal.h"
 #include "tls_openssl.h"
@@ -67,11 +68,7 @@ static bool pipe_takes_lent_bytes(uint32_t pipe)
   char *url;
   if (nng_listener_id(l) <= 0 || nng_listener_get_string(l, NNG_OPT_URL, &url) != 0)
     return false;
-  static const char *const lending[] = {"tcp://", "tcp4://", "tcp6://",
-                                        "ipc://", "unix://", "abstract://"};
-  bool yes = false;
-  for (size_t i = 0; i < sizeof lending / sizeof lending[0] && !yes; i++)
-    yes = strncmp(url, lending[i], strlen(lending[i])) == 0;
+  bool yes = transport_url_sends_lent_bytes(url);
   nng_strfree(url);
   return yes;
 }

@@ -157,10 +157,13 @@ Test(lent, get_replies_are_lent_over_tcp_and_ipc_and_not_over_ws)
  * review). */
 static struct {
   const char *url;
-  pid_t pid;
+  atomic_int pid; /* replaced by the put's thread, read by the test's */
   bool restart;
   int calls;
 } mid;
+
+/* 16 MiB chunks, one at a time: a chunk is more than the sockets hold */
+static const char *const midway_args[] = {"--chunk", "16777216", "--window", "1", NULL};
 
 static void stop_after_first_chunk(void *arg, uint64_t done, uint64_t total)
 {
@@ -171,7 +174,7 @@ static void stop_after_first_chunk(void *arg, uint64_t done, uint64_t total)
   if (mid.restart) {
     kill(mid.pid, SIGKILL);
     waitpid(mid.pid, NULL, 0);
-    mid.pid = svc_spawn(mid.url, (const char *[]){"--chunk", "16777216", "--window", "1", NULL});
+    mid.pid = svc_spawn(mid.url, midway_args);
     usleep(1500000); /* the client's dialer connects to it */
   }
   if (mid.pid > 0) /* never kill(-1, ...) */
@@ -203,12 +206,10 @@ static void put_stopped_midway(bool restart)
 {
   char tcp[64];
   svc_tcp_url(tcp, sizeof tcp);
-  /* 16 MiB chunks, one at a time: a chunk is more than the sockets hold */
-  const char *extra[] = {"--chunk", "16777216", "--window", "1", NULL};
   mid.url = tcp;
   mid.restart = restart;
   mid.calls = 0;
-  mid.pid = svc_spawn(tcp, extra);
+  mid.pid = svc_spawn(tcp, midway_args);
   cr_assert_gt(mid.pid, 0, "tportd did not start on %s", tcp);
   put_job j = {.n = 64 << 20};
   tport_connect_options o = {.no_shm = true, .timeout_ms = 1000};

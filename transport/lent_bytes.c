@@ -1,0 +1,16 @@
+/* lent_bytes.c: which transports send lent bytes without a copy (lent_bytes.h). */
+#include "lent_bytes.h"
+
+#include <string.h>
+
+bool transport_url_sends_lent_bytes(const char *url)
+{
+  /* nng's tcp transport under its three names, and its ipc transport under
+   * its three */
+  static const char *const lending[] = {"tcp://", "tcp4://", "tcp6://",
+                                        "ipc://", "unix://", "abstract://"};
+  for (size_t i = 0; url && i < sizeof lending / sizeof lending[0]; i++)
+    if (strncmp(url, lending[i], strlen(lending[i])) == 0)
+      return true;
+  return false;
+}
