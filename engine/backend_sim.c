@@ -25,8 +25,9 @@
  *  - device memory is bounded (sim_config.mem_bytes); managed memory counts
  *    against its device and is refused beyond what is free.
  * Where it deliberately differs from CUDA:
- *  - "pinned" host memory is ordinary memory, and a pageable host pointer in
- *    an async copy is not synchronized the way CUDA does it (the engine never
+ *  - "pinned" host memory is ordinary memory, locked where the limit allows
+ *    (allocating and freeing it cost what they cost CUDA: sim_host_alloc),
+ *    and a pageable host pointer in an async copy is not synchronized the way CUDA does it (the engine never
  *    relies on that: it stages pageable memory through pinned blocks);
  *  - managed memory is host memory: prefetch only costs a delay and records
  *    the location, page faults and oversubscription are not simulated;
@@ -40,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -533,20 +535,73 @@ static void sim_free(int dev, void *p)
   abort(); /* freeing memory that is not a live sim allocation is an engine bug */
 }
 
+/* "Pinned" host memory costs here what pinning costs on a GPU machine:
+ * cudaHostAlloc maps, zeroes and page-locks every page before it returns
+ * (101-117 ms for 256 MiB on an H200, twenty times the copy into it), and
+ * cudaFreeHost unlocks and unmaps them (26-33 ms).  The sim does the same
+ * work -- mmap with MAP_POPULATE, mlock where RLIMIT_MEMLOCK allows;
+ * munlock, munmap -- so that a path allocating pinned memory per request is
+ * slow here too, not only on the first GPU it meets.  Under AddressSanitizer
+ * the block comes from its allocator instead (it then sees overflows). */
+#if defined(__SANITIZE_ADDRESS__)
+#define SIM_HOST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SIM_HOST_ASAN 1
+#endif
+#endif
+
+typedef struct sim_host_header {
+  size_t len; /* mapped bytes, this header's page included */
+  bool locked;
+} sim_host_header;
+
+static atomic_uint_fast64_t sim_host_allocs, sim_host_bytes;
+
 static int sim_host_alloc(size_t bytes, void **out, tport_err *err)
 {
-  size_t rounded = (bytes + 255) & ~(size_t)255;
-  void *p = aligned_alloc(256, rounded ? rounded : 256);
-  if (!p)
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  if (bytes > SIZE_MAX - 2 * page)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "sim: cannot allocate %zu host bytes",
                          bytes);
-  *out = p;
+  size_t len = page + ((bytes ? bytes : 1) + page - 1) / page * page;
+#ifdef SIM_HOST_ASAN
+  char *m = aligned_alloc(page, len);
+  if (m)
+    memset(m, 0, len); /* what populating costs */
+#else
+  char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
+                 -1, 0);
+  if (m == MAP_FAILED)
+    m = NULL;
+#endif
+  if (!m)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "sim: cannot allocate %zu host bytes",
+                         bytes);
+  sim_host_header *h = (sim_host_header *)m;
+  h->len = len;
+  h->locked = mlock(m, len) == 0; /* else only populated: a user's small limit */
+  atomic_fetch_add(&sim_host_allocs, 1);
+  atomic_fetch_add(&sim_host_bytes, len);
+  *out = m + page;
   return TPORT_OK;
 }
 
 static void sim_host_free(void *p)
 {
-  free(p);
+  if (!p)
+    return;
+  char *m = (char *)p - sysconf(_SC_PAGESIZE);
+  sim_host_header *h = (sim_host_header *)m;
+  size_t len = h->len;
+  if (h->locked)
+    munlock(m, len);
+  atomic_fetch_sub(&sim_host_bytes, len);
+#ifdef SIM_HOST_ASAN
+  free(m);
+#else
+  munmap(m, len);
+#endif
 }
 
 static be_stream *sim_stream_default(int dev)
@@ -833,6 +888,12 @@ static size_t sim_stats(be_stat *out, size_t max)
   for (int d = 0; d < sim_count() && n < max; d++, n++) {
     snprintf(out[n].name, sizeof out[n].name, "sim%d_bytes_in_use", d);
     out[n].value = (int64_t)sim_bytes_in_use(d);
+  }
+  if (sim_count() > 0 && n + 2 <= max) {
+    snprintf(out[n].name, sizeof out[n].name, "sim_host_allocs");
+    out[n++].value = (int64_t)atomic_load(&sim_host_allocs);
+    snprintf(out[n].name, sizeof out[n].name, "sim_host_pinned_bytes");
+    out[n++].value = (int64_t)atomic_load(&sim_host_bytes);
   }
   return n;
 }

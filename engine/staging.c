@@ -84,22 +84,32 @@ static void collect(staging_pool *p)
   }
 }
 
-static void free_block(staging_pool *p, staging_block *b)
+/* Frees blocks taken off the pool's lists, outside its lock: cudaFreeHost
+ * is slow and synchronizing, and a read-back block comes home on nng's
+ * threads (staging_release) which must never wait behind it. */
+static void free_blocks(staging_pool *p, staging_block *dead)
 {
-  p->be->host_free(b->ptr);
-  p->st.bytes_allocated -= b->size;
-  free(b);
+  while (dead) {
+    staging_block *b = dead;
+    dead = b->next;
+    p->be->host_free(b->ptr);
+    free(b);
+  }
 }
 
-/* Frees cached blocks of other classes until `need` more bytes fit. */
-static bool shrink_for(staging_pool *p, size_t need)
+/* Takes cached blocks of other classes off their lists (onto *dead, freed
+ * by the caller without the lock) until `need` more bytes fit.  Called
+ * with mu held. */
+static bool shrink_for(staging_pool *p, size_t need, staging_block **dead)
 {
   for (int c = NCLASSES - 1; c >= 0 && p->st.bytes_allocated + need > p->budget; c--)
     while (p->free_list[c] && p->st.bytes_allocated + need > p->budget) {
       staging_block *b = p->free_list[c];
       p->free_list[c] = b->next;
       p->st.bytes_cached -= b->size;
-      free_block(p, b);
+      p->st.bytes_allocated -= b->size;
+      b->next = *dead;
+      *dead = b;
     }
   return p->st.bytes_allocated + need <= p->budget;
 }
@@ -113,6 +123,7 @@ int staging_acquire(staging_pool *p, size_t n, staging_block **out, tport_err *e
   int cls = size_class(n);
   size_t size = STAGING_MIN_BLOCK << cls;
   bool waited = false;
+  staging_block *dead = NULL;
   pthread_mutex_lock(&p->mu);
   for (;;) {
     collect(p);
@@ -123,15 +134,17 @@ int staging_acquire(staging_pool *p, size_t n, staging_block **out, tport_err *e
       p->st.bytes_in_use += size;
       p->st.hits++;
       pthread_mutex_unlock(&p->mu);
+      free_blocks(p, dead);
       b->next = NULL;
       *out = b;
       return TPORT_OK;
     }
-    if (shrink_for(p, size)) {
+    if (shrink_for(p, size, &dead)) {
       p->st.bytes_allocated += size; /* reserve before dropping the lock */
       p->st.bytes_in_use += size;
       p->st.misses++;
       pthread_mutex_unlock(&p->mu);
+      free_blocks(p, dead);
       b = calloc(1, sizeof *b);
       int rc = b ? p->be->host_alloc(size, &b->ptr, err)
                  : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of host memory");
@@ -148,6 +161,14 @@ int staging_acquire(staging_pool *p, size_t n, staging_block **out, tport_err *e
       b->cls = cls;
       *out = b;
       return TPORT_OK;
+    }
+    if (dead) {
+      /* shrinking did not make room: free what it took before waiting */
+      pthread_mutex_unlock(&p->mu);
+      free_blocks(p, dead);
+      dead = NULL;
+      pthread_mutex_lock(&p->mu);
+      continue;
     }
     if (!waited) {
       p->st.waits++;
@@ -216,6 +237,7 @@ void staging_get_stats(staging_pool *p, staging_stats *out)
 
 void staging_empty_cache(staging_pool *p)
 {
+  staging_block *dead = NULL;
   pthread_mutex_lock(&p->mu);
   collect(p);
   for (int c = 0; c < NCLASSES; c++)
@@ -223,9 +245,12 @@ void staging_empty_cache(staging_pool *p)
       staging_block *b = p->free_list[c];
       p->free_list[c] = b->next;
       p->st.bytes_cached -= b->size;
-      free_block(p, b);
+      p->st.bytes_allocated -= b->size;
+      b->next = dead;
+      dead = b;
     }
   pthread_mutex_unlock(&p->mu);
+  free_blocks(p, dead);
 }
 
 void staging_destroy(staging_pool *p)
@@ -248,25 +273,45 @@ void staging_destroy(staging_pool *p)
   free(p);
 }
 
-static struct {
+/* The engine's pools: created on first use (after the devices are
+ * configured), their pinned memory from the first accelerator backend
+ * with a device. */
+typedef struct lazy_pool {
   pthread_mutex_t mu;
   staging_pool *pool;
-} default_pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  const char *env;       /* the budget's variable */
+  size_t default_budget;
+} lazy_pool;
 
-staging_pool *staging_default(void)
+static staging_pool *lazy_pool_get(lazy_pool *lp)
 {
-  pthread_mutex_lock(&default_pool.mu);
-  if (!default_pool.pool) {
+  pthread_mutex_lock(&lp->mu);
+  if (!lp->pool) {
     const backend_ops *be = &backend_cpu;
     if (backend_cuda.device_count() > 0)
       be = &backend_cuda;
     else if (backend_sim.device_count() > 0)
       be = &backend_sim;
-    const char *env = getenv("TPORT_STAGING_BYTES");
-    size_t budget = env && atoll(env) > 0 ? (size_t)atoll(env) : (size_t)256 << 20;
-    staging_create(be, budget, &default_pool.pool, NULL);
+    const char *env = getenv(lp->env);
+    size_t budget = env && atoll(env) > 0 ? (size_t)atoll(env) : lp->default_budget;
+    staging_create(be, budget, &lp->pool, NULL);
   }
-  staging_pool *p = default_pool.pool;
-  pthread_mutex_unlock(&default_pool.mu);
+  staging_pool *p = lp->pool;
+  pthread_mutex_unlock(&lp->mu);
   return p;
+}
+
+static lazy_pool default_pool = {PTHREAD_MUTEX_INITIALIZER, NULL, "TPORT_STAGING_BYTES",
+                                 (size_t)256 << 20};
+static lazy_pool readback_pool = {PTHREAD_MUTEX_INITIALIZER, NULL, "TPORT_READBACK_BYTES",
+                                  (size_t)256 << 20};
+
+staging_pool *staging_default(void)
+{
+  return lazy_pool_get(&default_pool);
+}
+
+staging_pool *staging_readback(void)
+{
+  return lazy_pool_get(&readback_pool);
 }

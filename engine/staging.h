@@ -58,5 +58,9 @@ void staging_empty_cache(staging_pool *p);
 /* The engine's pool (created on first use, pinned memory from the host
  * memory backend, budget from TPORT_STAGING_BYTES or 256 MiB). */
 staging_pool *staging_default(void);
+/* The pool gets read back through (readback.h): a pool of its own, so that
+ * replies a slow client has not read yet never hold the blocks puts and
+ * device copies stage through (budget from TPORT_READBACK_BYTES or 256 MiB). */
+staging_pool *staging_readback(void);
 
 #endif

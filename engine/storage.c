@@ -81,6 +81,18 @@ int storage_wrap_host(void *ptr, size_t nbytes, tport_storage **out, tport_err *
   return TPORT_OK;
 }
 
+int storage_wrap_given(void *ptr, size_t nbytes, void (*give_back)(void *ctx), void *ctx,
+                       tport_storage **out, tport_err *err)
+{
+  int rc = storage_wrap_host(ptr, nbytes, out, err);
+  if (rc)
+    return rc;
+  (*out)->flags = STORAGE_PINNED;
+  (*out)->give_back = give_back;
+  (*out)->give_back_ctx = ctx;
+  return TPORT_OK;
+}
+
 tport_storage *storage_retain(tport_storage *s)
 {
   atomic_fetch_add(&s->refs, 1);
@@ -91,7 +103,9 @@ static void storage_destroy(tport_storage *s)
 {
   if (s->ev)
     s->ev_be->event_destroy(s->ev);
-  if (s->ptr && !s->external) {
+  if (s->give_back)
+    s->give_back(s->give_back_ctx);
+  else if (s->ptr && !s->external) {
     if (s->mem_dev < 0)
       s->mem_be->host_free(s->ptr);
     else
@@ -139,6 +153,12 @@ void storage_release_deferred(tport_storage *s)
 {
   if (!s || atomic_fetch_sub(&s->refs, 1) != 1)
     return;
+  /* a pool's block with nothing pending goes back now: a reader may be
+   * waiting for it, and the reaper runs only once a second */
+  if (s->give_back && !s->ev) {
+    storage_destroy(s);
+    return;
+  }
   if (!graveyard_add(s))
     storage_destroy(s); /* out of memory for the list: free it here after all */
 }

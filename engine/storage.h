@@ -32,6 +32,9 @@ typedef struct tport_storage {
   size_t nbytes;
   unsigned flags;
   bool external;      /* caller's memory: never freed by the engine */
+  /* memory lent by a pool (storage_wrap_given): handed back, not freed */
+  void (*give_back)(void *ctx);
+  void *give_back_ctx;
   pthread_mutex_t mu; /* guards the pending event */
   const backend_ops *ev_be;
   be_event *ev;
@@ -45,6 +48,12 @@ int storage_new(tport_device device, size_t nbytes, unsigned flags, tport_storag
                 tport_err *err);
 /* Wraps caller-owned host memory (never freed; the caller keeps it alive). */
 int storage_wrap_host(void *ptr, size_t nbytes, tport_storage **out, tport_err *err);
+/* Wraps pinned host memory that a pool lends (a read-back block): when the
+ * last reference goes and no work is pending on it, give_back(ctx) hands
+ * it back -- at once, even from storage_release_deferred (so on nng's
+ * threads): give_back must only take short locks, never wait for a device. */
+int storage_wrap_given(void *ptr, size_t nbytes, void (*give_back)(void *ctx), void *ctx,
+                       tport_storage **out, tport_err *err);
 tport_storage *storage_retain(tport_storage *s);
 void storage_release(tport_storage *s);
 /* Drops a reference but never frees on this thread: the last one puts the

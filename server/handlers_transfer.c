@@ -10,12 +10,13 @@
  * the tensor -- except a dtype change that keeps the client's strides, which
  * converts each chunk as it lands, straight into the final tensor.
  *
- * Get: GetBegin starts a copy of the tensor into pinned host memory in
- * logical C order (non_blocking: the device works while the reply goes out);
- * GetChunk waits for it once, then serves byte ranges (several at once),
- * each lent to its reply from the host copy -- or from the tensor itself,
- * when it already is contiguous host memory -- rather than copied into it
- * (call_reply_lent: nng writes it to the socket from there).
+ * Get: GetBegin makes the values ready in logical C order; GetChunk serves
+ * byte ranges of them (several at once), each lent to its reply rather
+ * than copied into it (call_reply_lent: nng writes it to the socket from
+ * there): from a device, each range is read back into a recycled pinned
+ * block of the read-back pool when it is asked for (readback.h); from the
+ * host, straight from the tensor when it is contiguous, else from a copy
+ * made contiguous.
  * The transfer ends once as many bytes as the tensor holds have been served,
  * when it has not been read from for a while, or with its connection
  * (transfers.c).
@@ -531,74 +532,87 @@ int h_put_abort(call *c)
 
 /* ---------------------------------------------------------------- get */
 
-/* Starts copying t into pinned host memory in logical C order.  A device
- * tensor served in chunks is copied chunk by chunk, each copy followed by a
- * fence, so that GetChunk serves the first chunks while later ones are still
- * copying (read-ahead); anything else is one non_blocking copy. */
-static int stage_for_get(call *c, tport_tensor *t, bool inline_data, get_transfer *g)
+/* The blocks one get may have lent at once: its window of chunk requests
+ * (or fewer chunks), and a few whose replies nng has sent but not yet
+ * given back.  More is a client asking for the same bytes over and over. */
+static int reader_max_held(const server *s, size_t nbytes)
 {
-  size_t nbytes = tensor_nbytes(t), chunk = c->srv->cfg.chunk_bytes;
-  bool aliased, on_host = tensor_device(t).type == TPORT_DEV_CPU;
+  size_t chunks = (nbytes + s->cfg.chunk_bytes - 1) / s->cfg.chunk_bytes;
+  size_t w = (size_t)s->cfg.window;
+  return (int)((chunks < w ? chunks : w) + 2);
+}
+
+/* Makes t's values ready to serve in logical C order: a device tensor is
+ * read back a chunk at a time through recycled pinned blocks (never a
+ * pinned copy of the whole tensor per request: cudaHostAlloc costs twenty
+ * times the copy); a host tensor is served from its own memory, or from a
+ * copy made contiguous when it is not. */
+static int stage_for_get(call *c, tport_tensor *t, get_transfer *g)
+{
   metrics *m = &c->srv->metrics;
   int64_t t0 = metrics_now_ns();
-  if (on_host || inline_data || nbytes <= chunk) {
-    /* an alias when t already is exactly that */
-    to_options o = {.has_device = true,
-                    .device = {TPORT_DEV_CPU, 0},
-                    .has_format = true,
-                    .format = TPORT_MF_CONTIGUOUS,
-                    .exact_format = true,
-                    .non_blocking = true,
-                    /* a managed tensor would otherwise move to the host: a
-                     * get reads, it never changes where a tensor lives */
-                    .copy = t->conj || t->neg || tensor_is_managed(t)};
-    int rc = tensor_to(t, &o, &g->host, &aliased, &c->err);
-    /* from a device: the copy is enqueued (the wait comes later); on the
-     * host: a copy made contiguous, when one was needed */
-    if (!rc && (!on_host || !aliased))
-      metrics_stage_since(m, on_host ? STAGE_CONVERT : STAGE_DEVICE_TO_HOST, t0);
+  int rc;
+  if (tensor_device(t).type != TPORT_DEV_CPU) {
+    rc = reader_open(t, reader_max_held(c->srv, tensor_nbytes(t)), &g->reader, &c->err);
+    if (!rc) {
+      g->nbytes = reader_nbytes(g->reader);
+      metrics_stage_since(m, STAGE_CONVERT, t0); /* made contiguous (enqueued), if it was not */
+    }
     return rc;
   }
-  to_options o = {.has_format = true,
+  /* an alias when t already is exactly that */
+  to_options o = {.has_device = true,
+                  .device = {TPORT_DEV_CPU, 0},
+                  .has_format = true,
                   .format = TPORT_MF_CONTIGUOUS,
                   .exact_format = true,
                   .non_blocking = true,
-                  .copy = t->conj || t->neg};
-  tport_tensor *dev_c = NULL;
-  int rc = tensor_to(t, &o, &dev_c, &aliased, &c->err); /* contiguous, on its device */
+                  /* a managed tensor would otherwise move to the host: a
+                   * get reads, it never changes where a tensor lives */
+                  .copy = t->conj || t->neg || tensor_is_managed(t)};
+  bool aliased;
+  rc = tensor_to(t, &o, &g->host, &aliased, &c->err);
   if (!rc && !aliased)
     metrics_stage_since(m, STAGE_CONVERT, t0);
-  t0 = metrics_now_ns();
   if (!rc)
-    rc = tensor_empty((tport_device){TPORT_DEV_CPU, 0}, t->dtype, t->layout.ndim, t->layout.sizes,
-                      TPORT_MF_CONTIGUOUS, STORAGE_PINNED, &g->host, &c->err);
-  g->chunk = chunk;
-  int n = (int)((nbytes + chunk - 1) / chunk);
-  if (!rc) {
-    g->fence = calloc((size_t)n, sizeof *g->fence);
-    g->fence_be = calloc((size_t)n, sizeof *g->fence_be);
-    if (!g->fence || !g->fence_be)
-      rc = tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
-  }
-  for (int k = 0; !rc && k < n; k++) {
-    size_t off = (size_t)k * chunk, len = nbytes - off < chunk ? nbytes - off : chunk;
-    tport_tensor *hv = NULL, *dv = NULL;
-    rc = tensor_byte_view(g->host, off, len, &hv, &c->err);
-    if (!rc)
-      rc = tensor_byte_view(dev_c, off, len, &dv, &c->err);
-    if (!rc)
-      rc = tensor_copy_(hv, dv, true, &c->err);
-    if (!rc)
-      rc = storage_fence(g->host->storage, &g->fence_be[k], &g->fence[k], &c->err);
-    if (!rc)
-      g->nfences = k + 1;
-    tensor_release(hv);
-    tensor_release(dv);
-  }
-  if (!rc)
-    metrics_stage_since(m, STAGE_DEVICE_TO_HOST, t0); /* the copies enqueued */
-  tensor_release(dev_c);
+    g->nbytes = tensor_nbytes(g->host);
   return rc;
+}
+
+/* Bytes [off, off + n) of a get's values, ready to lend to a reply: *lend
+ * is the storage they lie in and *held the caller's reference to release
+ * after the reply (a read-back block; NULL when served from the host
+ * tensor, which the transfer holds). */
+static int get_bytes(call *c, get_transfer *g, size_t off, size_t n, tport_storage **lend,
+                     tport_storage **held, const uint8_t **p)
+{
+  server *s = c->srv;
+  *held = NULL;
+  int64_t t0 = metrics_now_ns();
+  if (g->reader) {
+    int rc = reader_read(g->reader, off, n, held, p, &c->err);
+    metrics_stage_since(&s->metrics, STAGE_DEVICE_TO_HOST, t0);
+    *lend = *held;
+    return rc;
+  }
+  pthread_mutex_lock(&s->xfers.mu);
+  bool synced = g->synced;
+  pthread_mutex_unlock(&s->xfers.mu);
+  if (!synced) {
+    int rc = tensor_sync(g->host, &c->err);
+    if (rc)
+      return rc;
+    pthread_mutex_lock(&s->xfers.mu);
+    g->synced = true;
+    pthread_mutex_unlock(&s->xfers.mu);
+  }
+  const uint8_t *base =
+      g->nbytes ? (const uint8_t *)g->host->storage->ptr +
+                      g->host->layout.offset * (int64_t)tport_dtype_size(g->host->dtype)
+                : NULL;
+  *p = base ? base + off : NULL;
+  *lend = g->host->storage;
+  return TPORT_OK;
 }
 
 /* True when a get of t needs a host copy of its own (else it serves t's
@@ -702,30 +716,27 @@ int h_get_begin(call *c)
     return rc;
   }
   g->pipe = c->pipe;
+  /* a device's chunks are read back into pool blocks, which are no larger
+   * than STAGING_MAX_BLOCK: the client is told to ask for no more */
+  g->chunk = s->cfg.chunk_bytes;
+  if (tensor_device(t).type != TPORT_DEV_CPU && g->chunk > STAGING_MAX_BLOCK)
+    g->chunk = STAGING_MAX_BLOCK;
   /* small tensors come back in this reply; an empty one has nothing to wait for */
-  bool inline_data = want <= q->inline_max && want <= s->cfg.chunk_bytes;
+  bool inline_data = want <= q->inline_max && want <= g->chunk;
   bool keep = want > 0 && !inline_data;
   if (keep)
     rc = transfers_reserve(&s->xfers, g, get_copies(t) ? want : 0, &c->err);
   if (!rc)
-    rc = stage_for_get(c, t, inline_data, g);
+    rc = stage_for_get(c, t, g);
   if (!rc && RAND_bytes(g->id, TRANSFER_ID_BYTES) != 1)
     rc = tport_err_set(&c->err, TPORT_INTERNAL, "cannot create a transfer id");
   const uint8_t *payload = NULL;
-  if (!rc) {
-    g->nbytes = tensor_nbytes(g->host);
-    if (inline_data && g->nbytes) {
-      int64_t t0 = metrics_now_ns();
-      rc = tensor_sync(g->host, &c->err);
-      if (tensor_device(t).type != TPORT_DEV_CPU)
-        metrics_stage_since(&s->metrics, STAGE_DEVICE_TO_HOST, t0);
-      payload = (const uint8_t *)g->host->storage->ptr +
-                g->host->layout.offset * (int64_t)tport_dtype_size(g->host->dtype);
-    }
-  }
+  tport_storage *lend = NULL, *held = NULL;
+  if (!rc && inline_data && g->nbytes)
+    rc = get_bytes(c, g, 0, g->nbytes, &lend, &held, &payload);
   uint8_t id[TRANSFER_ID_BYTES];
   memcpy(id, g->id, sizeof id);
-  size_t nbytes = g->nbytes;
+  size_t nbytes = g->nbytes, chunk = g->chunk;
   if (!rc && keep) {
     rc = transfers_insert(&s->xfers, g, &c->err);
     if (!rc)
@@ -738,16 +749,17 @@ int h_get_begin(call *c)
     r.status = wire_ok();
     r.info = &wi.info;
     r.nbytes = nbytes;
-    r.chunk_bytes = s->cfg.chunk_bytes;
+    r.chunk_bytes = chunk;
     r.transfer.data = id;
     r.transfer.len = keep ? TRANSFER_ID_BYTES : 0;
     if (q->want_crc32c && !keep) {
       r.crc32c_set = true;
       r.crc32c = transport_crc32c(0, payload, payload ? nbytes : 0);
     }
-    rc = payload ? call_reply_lent(c, &r.base, g->host->storage, payload, nbytes)
+    rc = payload ? call_reply_lent(c, &r.base, lend, payload, nbytes)
                  : call_reply(c, &r.base, NULL, 0);
   }
+  storage_release(held); /* a lent reply holds its own reference */
   transfers_free(&s->xfers, g); /* an inline one, or one that failed */
   reg_put(&s->reg, e);
   return rc;
@@ -769,49 +781,29 @@ int h_get_chunk(call *c)
     rc = tport_err_set(&c->err, TPORT_OUT_OF_RANGE,
                        "offset %llu + length %llu is outside the tensor's %zu bytes",
                        (unsigned long long)q->offset, (unsigned long long)q->length, g->nbytes);
-  else if (q->length > s->cfg.chunk_bytes)
+  else if (q->length > g->chunk)
     rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "length %llu is over the chunk size %zu",
-                       (unsigned long long)q->length, s->cfg.chunk_bytes);
-  if (!rc && g->nfences && q->length) {
-    /* read-ahead: wait only for the copies of the chunks asked for (they
-     * complete in order on one stream: the last one's fence is enough) */
-    int last = (int)((q->offset + q->length - 1) / g->chunk);
-    if (last >= g->nfences)
-      last = g->nfences - 1;
-    int64_t t0 = metrics_now_ns();
-    if (g->fence[last])
-      rc = g->fence_be[last]->event_synchronize(g->fence[last], &c->err);
-    metrics_stage_since(&s->metrics, STAGE_DEVICE_TO_HOST, t0);
-  }
-  pthread_mutex_lock(&s->xfers.mu);
-  bool synced = g->synced || g->nfences;
-  pthread_mutex_unlock(&s->xfers.mu);
-  if (!rc && !synced) {
-    rc = tensor_sync(g->host, &c->err);
-    pthread_mutex_lock(&s->xfers.mu);
-    g->synced = rc == TPORT_OK;
-    pthread_mutex_unlock(&s->xfers.mu);
-  }
+                       (unsigned long long)q->length, g->chunk);
+  const uint8_t *bytes = NULL;
+  tport_storage *lend = NULL, *held = NULL;
+  if (!rc)
+    rc = get_bytes(c, g, (size_t)q->offset, (size_t)q->length, &lend, &held, &bytes);
   if (!rc) {
     Tport__GetChunkReply r = TPORT__GET_CHUNK_REPLY__INIT;
     r.status = wire_ok();
     r.offset = q->offset;
-    const uint8_t *base =
-        g->nbytes ? (const uint8_t *)g->host->storage->ptr +
-                        g->host->layout.offset * (int64_t)tport_dtype_size(g->host->dtype)
-                  : NULL;
     if (q->want_crc32c) {
       r.crc32c_set = true;
-      r.crc32c = transport_crc32c(0, base ? base + q->offset : NULL, base ? (size_t)q->length : 0);
+      r.crc32c = transport_crc32c(0, bytes, bytes ? (size_t)q->length : 0);
     }
     int64_t t0 = metrics_now_ns();
-    /* lent, not copied: the bytes go from the host copy (or the tensor
-     * itself) to the socket, and the reply holds its storage till then */
-    rc = call_reply_lent(c, &r.base, g->host->storage, base ? base + q->offset : NULL,
-                         (size_t)q->length);
+    /* lent, not copied: the bytes go from the host tensor or the read-back
+     * block to the socket, and the reply holds its storage till then */
+    rc = call_reply_lent(c, &r.base, lend, bytes, (size_t)q->length);
     if (!rc)
       metrics_stage_since(&s->metrics, STAGE_STAGE, t0); /* the reply made (bytes lent) */
   }
+  storage_release(held);
   transfers_release(&s->xfers, g, rc ? 0 : (size_t)q->length);
   return rc;
 }

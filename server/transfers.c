@@ -34,11 +34,7 @@ void transfers_free(transfers *ts, get_transfer *g)
 {
   if (!g)
     return;
-  for (int k = 0; k < g->nfences; k++)
-    if (g->fence[k])
-      g->fence_be[k]->event_destroy(g->fence[k]);
-  free(g->fence);
-  free(g->fence_be);
+  reader_close(g->reader);
   tensor_release(g->host);
   if (g->tn)
     reg_transfer_leave(ts->reg, g->pipe, g->tn, g->charged);

@@ -1,12 +1,14 @@
 /*
  * transfers.h: the gets in progress.
  *
- * A get copies a tensor into host memory in logical C order (GetBegin) and
- * serves it in byte ranges (GetChunk).  A transfer belongs to the connection
- * that began it: it counts against that connection's limit of gets in
- * progress and its tenant's quota (for the host copy it holds), it ends
- * once every byte was served, when it has not been read from for the idle
- * timeout, or with its connection.  Transfers are found by their 128-bit
+ * A get serves a tensor's values in logical C order in byte ranges
+ * (GetChunk) after GetBegin: from host memory (the tensor, or a copy made
+ * contiguous), or read back from a device a chunk at a time (readback.h).
+ * A transfer belongs to the connection that began it: it counts against
+ * that connection's limit of gets in progress and its tenant's quota (for
+ * the copy it holds or the blocks it reads back into), it ends once every
+ * byte was served, when it has not been read from for the idle timeout, or
+ * with its connection.  Transfers are found by their 128-bit
  * random id in a hash table.
  */
 #ifndef TPORT_TRANSFERS_H
@@ -16,6 +18,7 @@
 #include <uthash.h>
 
 #include "backend.h"
+#include "readback.h"
 #include "registry.h"
 
 #define TRANSFER_ID_BYTES 16
@@ -23,15 +26,13 @@
 typedef struct get_transfer {
   uint8_t id[TRANSFER_ID_BYTES];
   uint32_t pipe;
-  tport_tensor *host;
+  /* the values come from one of: */
+  tport_tensor *host;    /* a host tensor in logical C order (its own copy, or the tensor) */
+  tensor_reader *reader; /* a device tensor, read back a chunk at a time */
   size_t nbytes;
+  size_t chunk;  /* the most one GetChunk may ask for */
   size_t served; /* bytes sent; the transfer ends when all were */
-  bool synced;
-  /* read-ahead of a device tensor: one copy and one fence per chunk */
-  size_t chunk;
-  int nfences;
-  const backend_ops **fence_be;
-  be_event **fence;
+  bool synced;   /* host: its pending copy is done */
   /* what it costs its tenant (reg_transfer_enter) */
   struct reg_tenant *tn;
   size_t charged;
