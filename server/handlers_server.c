@@ -232,7 +232,7 @@ int h_stats(call *c)
   if (!reg_session_tenant(&s->reg, c->pipe, tenant, sizeof tenant))
     return tport_err_set(&c->err, TPORT_ABORTED, "the connection is closing");
   bool op = is_operator(s, tenant);
-  enum { MAXC = 96 };
+  enum { MAXC = 128 };
   Tport__Counter counters[MAXC], *ptrs[MAXC];
   char names[MAXC][48];
   size_t n = 0;
@@ -285,6 +285,13 @@ int h_stats(call *c)
   COUNTER("staging_bytes_in_use", st.bytes_in_use);
   COUNTER("staging_bytes_cached", st.bytes_cached);
   COUNTER("staging_bytes_allocated", st.bytes_allocated);
+  staging_get_stats(staging_readback(), &st);
+  COUNTER("readback_hits", st.hits);
+  COUNTER("readback_misses", st.misses);
+  COUNTER("readback_waits", st.waits);
+  COUNTER("readback_bytes_in_use", st.bytes_in_use);
+  COUNTER("readback_bytes_cached", st.bytes_cached);
+  COUNTER("readback_bytes_allocated", st.bytes_allocated);
   COUNTER("deferred_frees", storage_deferred_count());
   host_cache_stats hc;
   host_cache_get_stats(&hc);

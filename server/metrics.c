@@ -475,6 +475,26 @@ static void host_gauges(metrics_text *t, server *s)
             st.bytes_cached);
   gauge_u64(t, "tport_staging_allocated_bytes", "Pinned staging bytes the pool owns.",
             st.bytes_allocated);
+  staging_stats rb = {0};
+  staging_pool *rpool = atomic_load(&s->devices_up) ? staging_readback() : NULL;
+  if (rpool)
+    staging_get_stats(rpool, &rb);
+  counter_u64(t, "tport_readback_hits_total",
+              "Pinned blocks a get from a device read back into, served from the read-back pool.",
+              rb.hits);
+  counter_u64(t, "tport_readback_misses_total", "Pinned read-back blocks that were allocated.",
+              rb.misses);
+  counter_u64(t, "tport_readback_waits_total",
+              "Read-backs that waited for a block (the pool's budget, TPORT_READBACK_BYTES, was "
+              "reached).",
+              rb.waits);
+  gauge_u64(t, "tport_readback_in_use_bytes",
+            "Pinned read-back bytes being copied into or lent to replies not yet sent.",
+            rb.bytes_in_use);
+  gauge_u64(t, "tport_readback_cached_bytes", "Pinned read-back bytes free in the pool.",
+            rb.bytes_cached);
+  gauge_u64(t, "tport_readback_allocated_bytes", "Pinned read-back bytes the pool owns.",
+            rb.bytes_allocated);
   gauge_u64(t, "tport_deferred_frees", "Storages freed while copies were pending on them.",
             (uint64_t)storage_deferred_count());
   host_cache_stats hc;
