@@ -37,6 +37,12 @@
  *   tport-bench-transfer [--max-mib N] [--reps R] [--device D] [--chunk-mib N]
  *                        [--grpc-client EXE --grpc-tcp HOST:PORT [--grpc-unix unix:PATH]]
  *                        [--tls-cert F --tls-key F [--tls-reps R] [--only-tls]] [--only-rpc]
+ *                        [--only-devices]
+ *
+ * The device rows (--only-devices: only those) put and get 16 and 256 MiB
+ * to and from sim:0 and, where the server has a GPU, cuda:0, against the
+ * same to and from the cpu, interleaved ("baseline": "cpu"), and the
+ * device's get against its put ("baseline": "put").
  *
  * --only-rpc measures only the small round trip (Info vs the raw echo and the
  * gRPC peer's unary call).
@@ -498,6 +504,7 @@ static void grpc_info(double *t, int k)
 
 static int reps = 5;
 static const char *put_device; /* --device: where puts land (default cpu) */
+static const char *row_device; /* a "device" field for the rows printed now */
 
 /* One JSON line: medians of t (ours) and b (the baseline named by baseline,
  * or the plain raw-nng one when NULL), with their spread.  Sorts both. */
@@ -510,6 +517,8 @@ static void print_row(const char *op, const char *transport, size_t n, double *t
          op, transport, n, tm, bm);
   if (baseline)
     printf("\"baseline\": \"%s\", ", baseline);
+  if (row_device)
+    printf("\"device\": \"%s\", ", row_device);
   printf("\"reps\": %d, \"chunk_bytes\": %zu, \"seconds_min\": %.6f, \"seconds_max\": %.6f, "
          "\"baseline_seconds_min\": %.6f, \"baseline_seconds_max\": %.6f}\n",
          reps, chunk, t[0], t[reps - 1], b[0], b[reps - 1]);
@@ -663,6 +672,95 @@ static void bench_data_path(const char *transport, const char *turl, size_t n)
   tport_close(verify);
   free(data);
   free(back);
+}
+
+/* Put and get of n bytes to and from a device (sim:0, cuda:0) against the
+ * same to and from the cpu, interleaved (the order swapped every rep): what
+ * the device path costs over the host path -- staging into pinned blocks
+ * and the H2D copy on a put, the read-back on a get.  Rows: device vs cpu,
+ * and the device's get vs its put. */
+static void bench_device(const char *transport, const char *turl, size_t n, const char *dev,
+                         const char *label)
+{
+  uint8_t *data = malloc(n), *back = malloc(n);
+  memset(data, 7, n);
+  memset(back, 1, n); /* touched: no rep pays its first-touch faults (see main) */
+  tport_client *c;
+  tport_err err;
+  if (tport_connect(turl, NULL, &c, &err)) {
+    fprintf(stderr, "%s\n", err.msg);
+    exit(1);
+  }
+  int64_t sz = (int64_t)n;
+  double pc[16], gc[16], pd[16], gd[16];
+  for (int r = 0; r < reps; r++) {
+    for (int j = 0; j < 2; j++) {
+      bool on_dev = (r + j) % 2;
+      tport_put_options po;
+      tport_put_options_init(&po);
+      po.device = on_dev ? dev : "cpu";
+      tport_tensor_info info;
+      double t0 = bench_now();
+      if (tport_put(c, TPORT_UINT8, 1, &sz, NULL, data, n, &po, &info, &err)) {
+        fprintf(stderr, "put to %s: %s\n", po.device, err.msg);
+        exit(1);
+      }
+      (on_dev ? pd : pc)[r] = bench_now() - t0;
+      t0 = bench_now();
+      if (tport_get(c, &info.ref, back, n, NULL, NULL, NULL, &err)) {
+        fprintf(stderr, "get from %s: %s\n", po.device, err.msg);
+        exit(1);
+      }
+      (on_dev ? gd : gc)[r] = bench_now() - t0;
+      if (back[0] != 7 || back[n - 1] != 7) {
+        fprintf(stderr, "get from %s: wrong bytes\n", po.device);
+        exit(1);
+      }
+      tport_free(c, &info.ref, NULL);
+    }
+  }
+  double pd2[16], gd2[16];
+  memcpy(pd2, pd, sizeof pd);
+  memcpy(gd2, gd, sizeof gd);
+  row_device = label;
+  print_row("put", transport, n, pd, pc, "cpu");
+  print_row("get", transport, n, gd, gc, "cpu");
+  print_row("get", transport, n, gd2, pd2, "put");
+  row_device = NULL;
+  fflush(stdout);
+  tport_close(c);
+  free(data);
+  free(back);
+}
+
+/* The devices of the server at turl that the device rows run on: sim:0,
+ * and cuda:0 where the server has a GPU. */
+static void bench_devices(const char *tcp_t, const char *ipc_t, size_t max_mib)
+{
+  tport_client *c;
+  tport_err err;
+  tport_device_info *devs = NULL;
+  size_t nd = 0;
+  char why[256];
+  if (tport_connect(tcp_t, NULL, &c, &err) ||
+      tport_devices(c, &devs, &nd, why, sizeof why, &err)) {
+    fprintf(stderr, "%s\n", err.msg);
+    exit(1);
+  }
+  tport_close(c);
+  static const char *const want[][2] = {{"sim:0", "sim0"}, {"cuda:0", "cuda0"}};
+  for (size_t w = 0; w < 2; w++) {
+    bool have = false;
+    for (size_t i = 0; i < nd; i++)
+      have = have || strcmp(devs[i].device, want[w][0]) == 0;
+    if (!have)
+      continue;
+    for (size_t mib = 16; mib <= max_mib; mib *= 16) {
+      bench_device("tcp", tcp_t, mib << 20, want[w][0], want[w][1]);
+      bench_device("ipc", ipc_t, mib << 20, want[w][0], want[w][1]);
+    }
+  }
+  free(devs);
 }
 
 static void bench_small_rpc(const char *turl, const char *rurl)
@@ -845,7 +943,7 @@ int main(int argc, char **argv)
   size_t max_mib = 256;
   const char *tls_cert = NULL, *tls_key = NULL;
   const char *grpc_exe = NULL, *grpc_tcp = NULL, *grpc_unix = NULL;
-  bool only_tls = false, only_rpc = false;
+  bool only_tls = false, only_rpc = false, only_devices = false;
   const char *tportd_exe = NULL, *raw_tcp = NULL, *raw_ipc = NULL;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--max-mib") == 0 && i + 1 < argc)
@@ -864,6 +962,8 @@ int main(int argc, char **argv)
       only_tls = true;
     else if (strcmp(argv[i], "--only-rpc") == 0)
       only_rpc = true;
+    else if (strcmp(argv[i], "--only-devices") == 0)
+      only_devices = true;
     else if (strcmp(argv[i], "--chunk-mib") == 0 && i + 1 < argc)
       chunk = (size_t)(atoi(argv[++i]) < 1 ? 1 : atoi(argv[i]) > 32 ? 32 : atoi(argv[i])) << 20;
     else if (strcmp(argv[i], "--tportd") == 0 && i + 1 < argc)
@@ -913,7 +1013,9 @@ int main(int argc, char **argv)
     cfg.tls_cert = strdup(tls_cert);
     cfg.tls_key = tls_key ? strdup(tls_key) : NULL;
   }
-  cfg.devices = strdup(put_device ? "cpu,cuda" : "cpu");
+  /* sim:1 and every GPU for the device rows (the staging pools take their
+   * pinned memory from the first accelerator: the cpu rows never stage) */
+  cfg.devices = strdup("cpu,sim:1,cuda");
   cfg.chunk_bytes = chunk;
   cfg.window = WINDOW;
   cfg.log_level = 0;
@@ -940,12 +1042,15 @@ int main(int argc, char **argv)
 
   if (only_rpc) {
     bench_small_rpc(tcp_t, tcp_r);
+  } else if (only_devices) {
+    bench_devices(tcp_t, ipc_t, max_mib);
   } else if (!only_tls) {
     for (size_t mib = 1; mib <= max_mib; mib *= 16) {
       bench_size("tcp", tcp_t, tcp_r, mib << 20);
       bench_size("ipc", ipc_t, ipc_r, mib << 20);
     }
     bench_data_path("tcp", tcp_t, max_mib << 20);
+    bench_devices(tcp_t, ipc_t, max_mib);
     bench_small_rpc(tcp_t, tcp_r);
     size_t each = (size_t)16 << 20;
     double one = run_clients(tcp_t, 1, each), eight = run_clients(tcp_t, 8, each);
