@@ -4,7 +4,8 @@
  *   {"op": NAME, "seconds": S, "bytes": B, "memcpy_seconds": M}
  * where bytes counts what the op reads plus what it writes, and memcpy moves
  * the same number of bytes (half read, half written; memcpy on one thread,
- * the ops on the pool).  bench/run turns these
+ * the ops on the pool; rows with "baseline": "memcpy_same_threads" time
+ * memcpy on the pool's threads).  bench/run turns these
  * into ratio lines and adds the PyTorch baseline.
  *
  * usage: tport-bench-kernels [--threads N] [--reps R]
@@ -17,6 +18,7 @@
 #include "bench_util.h"
 #include "cpu_kernels.h"
 #include "engine.h"
+#include "staging.h"
 
 static int reps = 15;
 
@@ -68,6 +70,59 @@ static void bench(const char *name, tport_tensor *dst, tport_tensor *src)
   fflush(stdout);
 }
 
+/* The host side of a staged transfer (engine/copy.c's copy_h2d and
+ * copy_d2h from and to pageable memory): the same calls, block by block --
+ * a pinned block from the staging pool, the copy into it (or out of it) on
+ * the kernels' threads, the block handed back -- without the device's copy,
+ * against one memcpy of the same bytes on the same threads (cpu_memcpy_parallel).
+ * The device's copy overlaps this; on a GPU machine bench/run gpu measures
+ * the whole. */
+static void bench_staging_host_side(size_t n)
+{
+  const size_t block = (size_t)8 << 20;
+  char *a = malloc(n), *b = malloc(n);
+  memset(a, 1, n);
+  memset(b, 2, n);
+  staging_pool *pool = staging_default();
+  double th[64], td[64], tm[64];
+  tport_err e;
+  for (int r = -1; r < reps; r++) { /* a warm-up: the pool's blocks */
+    for (int j = 0; j < 3; j++) {
+      int which = (r + 3 + j) % 3;
+      double t0 = bench_now();
+      if (which == 2) {
+        cpu_memcpy_parallel(b, a, n);
+      } else {
+        for (size_t off = 0; off < n; off += block) {
+          size_t len = n - off < block ? n - off : block;
+          staging_block *blk;
+          if (staging_acquire(pool, len, &blk, &e)) {
+            fprintf(stderr, "staging: %s\n", e.msg);
+            exit(1);
+          }
+          if (which == 0)
+            cpu_memcpy_parallel(blk->ptr, a + off, len);
+          else
+            cpu_memcpy_parallel(b + off, blk->ptr, len);
+          staging_release(pool, blk);
+        }
+      }
+      if (r >= 0)
+        (which == 0 ? th : which == 1 ? td : tm)[r] = bench_now() - t0;
+    }
+  }
+  double m = bench_median(tm, reps);
+  printf("{\"op\": \"staging_h2d_host_side_%zuMiB\", \"seconds\": %.9f, \"bytes\": %zu, "
+         "\"memcpy_seconds\": %.9f, \"baseline\": \"memcpy_same_threads\"}\n",
+         n >> 20, bench_median(th, reps), 2 * n, m);
+  printf("{\"op\": \"staging_d2h_host_side_%zuMiB\", \"seconds\": %.9f, \"bytes\": %zu, "
+         "\"memcpy_seconds\": %.9f, \"baseline\": \"memcpy_same_threads\"}\n",
+         n >> 20, bench_median(td, reps), 2 * n, m);
+  fflush(stdout);
+  free(a);
+  free(b);
+}
+
 int main(int argc, char **argv)
 {
   for (int i = 1; i < argc; i++) {
@@ -93,6 +148,7 @@ int main(int argc, char **argv)
   /* the transpose with a fused cast (the converting path of transpose.c) */
   tport_tensor *yh = make(TPORT_FLOAT16, 4, nchw, TPORT_MF_CHANNELS_LAST);
   bench("nchw_f32_to_nhwc_f16", yh, x);
+  bench_staging_host_side((size_t)256 << 20);
   tensor_release(a);
   tensor_release(b);
   tensor_release(h);

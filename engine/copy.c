@@ -22,8 +22,11 @@
 #include "engine.h"
 #include "staging.h"
 
-/* Bytes a staged transfer moves per pinned block. */
-#define COPY_STAGE_CHUNK ((size_t)4 << 20)
+/* Bytes a staged transfer moves per pinned block: the host's copy of one
+ * block (on the kernels' threads) overlaps the device's copy of the one
+ * before, and a block this size keeps the threads' start-up small beside
+ * the copy. */
+#define COPY_STAGE_CHUNK ((size_t)8 << 20)
 /* Staged device-to-host copies in flight at once. */
 #define COPY_D2H_RING 4
 
@@ -279,7 +282,7 @@ static int copy_h2d(tport_tensor *dst, tport_tensor *src, bool non_blocking, tpo
       rc = staging_acquire(pool, len, &b, err);
       if (rc)
         break;
-      memcpy(b->ptr, sp + off, len);
+      cpu_memcpy_parallel(b->ptr, sp + off, len);
       rc = be->memcpy_async(dd.index, s, dp + off, b->ptr, len, BE_H2D, err);
       if (!rc && !(faults & ENGINE_SKIP_STAGING_EVENT)) {
         be_event *ev;
@@ -314,7 +317,7 @@ static int drain_slot(const backend_ops *be, staging_pool *pool, d2h_slot *sl, c
 {
   int rc = be->event_synchronize(sl->ev, err);
   if (!rc)
-    memcpy(dp + sl->off, sl->b->ptr, sl->len);
+    cpu_memcpy_parallel(dp + sl->off, sl->b->ptr, sl->len);
   be->event_destroy(sl->ev);
   staging_release(pool, sl->b);
   return rc;

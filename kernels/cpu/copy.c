@@ -23,6 +23,18 @@ static void memcpy_range(void *vctx, int64_t b, int64_t e)
   memcpy(c->dst + b, c->src + b, (size_t)(e - b));
 }
 
+void cpu_memcpy_parallel(void *dst, const void *src, size_t n)
+{
+  /* one thread copies 8-10 GB/s; a staged transfer to a GPU wants the 50+
+   * of the copy engines, so large copies are split across the pool */
+  if (n < CPU_MEMCPY_PARALLEL_MIN) {
+    memcpy(dst, src, n);
+    return;
+  }
+  memcpy_ctx c = {dst, src};
+  parallel_for((int64_t)n, (int64_t)CPU_MEMCPY_GRAIN, memcpy_range, &c);
+}
+
 typedef struct strided_ctx {
   const plan *p;
   char *dst;

@@ -50,6 +50,14 @@ void cpu_transpose(const plan *p, char *dst, const char *src, cast_loop_fn cast,
  * benchmarks: results are the same bits at every level. */
 int cpu_transpose_set_simd(int level);
 
+/* memcpy of n bytes, split across the pool from CPU_MEMCPY_PARALLEL_MIN
+ * bytes on in pieces of at least CPU_MEMCPY_GRAIN (the pool's rules: inline
+ * when it is busy with another caller).  For staging copies between pageable
+ * and pinned memory. */
+#define CPU_MEMCPY_PARALLEL_MIN ((size_t)1 << 20)
+#define CPU_MEMCPY_GRAIN ((size_t)256 << 10)
+void cpu_memcpy_parallel(void *dst, const void *src, size_t n);
+
 /* A pool of worker threads shared by all CPU kernels. */
 typedef void (*parallel_fn)(void *ctx, int64_t begin, int64_t end);
 /* Runs fn over [0, n) in pieces of at least `grain`, on the pool and the
