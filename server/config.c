@@ -35,7 +35,7 @@ void config_defaults(server_config *c)
   c->ipc_mode = 0600;
   c->auth_timeout_ms = 10000;
   c->shm_mode = 0600;
-  c->shm_quota = (size_t)16 << 30;
+  c->shm_quota = 0; /* half of --shm-max, at most 16 GiB (regions.c) */
   c->shm_max_regions = 64;
 }
 
@@ -146,7 +146,9 @@ static const struct {
      "$XDG_RUNTIME_DIR/tportd/shm.sock, else /run/tportd/shm.sock; off: none)"},
     {"shm-mode", "TPORT_SHM_MODE", "OCTAL",
      "permissions of the shm socket (default 600: this user and root; 660 lets the group in)"},
-    {"shm-quota", "TPORT_SHM_QUOTA", "BYTES", "bytes of regions each tenant may register (default 16 GiB)"},
+    {"shm-quota", "TPORT_SHM_QUOTA", "BYTES",
+     "bytes of regions each tenant may register (default half of --shm-max, at most 16 GiB; a "
+     "region never handed over stops counting when its token expires, after 10 s)"},
     {"shm-max", "TPORT_SHM_MAX", "BYTES",
      "bytes of regions all tenants together may register (default half the machine's memory: "
      "with a GPU, regions are pinned)"},
@@ -266,7 +268,13 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
     free(c->shm_socket);
     c->shm_socket = strcmp(v, "off") == 0 ? NULL : strdup(v);
     return TPORT_OK;
-  case 36: return parse_size(v, opts[i].flag, &c->shm_quota, err);
+  case 36:
+    rc = parse_size(v, opts[i].flag, &c->shm_quota, err);
+    if (!rc && c->shm_quota == 0)
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                           "--shm-quota: '%s': at least 1 byte (--shm-socket off turns regions off)",
+                           v);
+    return rc;
   case 37: return parse_size(v, opts[i].flag, &c->shm_max, err);
   case 26:
   case 27:
@@ -392,6 +400,11 @@ int config_check(const server_config *c, tport_err *err)
       return tport_err_set(err, TPORT_INVALID_ARGUMENT,
                            "--listen %s needs a certificate: add --tls-cert FILE (and --tls-key)",
                            c->listen[i]);
+  if (c->shm_quota && c->shm_max && c->shm_quota > c->shm_max)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "--shm-quota %zu is over --shm-max %zu: one tenant's regions could refuse "
+                         "every other tenant's",
+                         c->shm_quota, c->shm_max);
   if (c->chunk_bytes < 4096)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--chunk is %zu bytes: at least 4096",
                          c->chunk_bytes);

@@ -65,9 +65,11 @@ typedef struct server_config {
   bool shm_socket_set;  /* --shm-socket given ("off" included): failing to listen is an error
                            (the default path only warns) */
   unsigned shm_mode;    /* its permissions */
-  size_t shm_quota;     /* bytes of regions per tenant */
+  size_t shm_quota;     /* bytes of regions per tenant (0: half of shm_max, at most 16 GiB) */
   size_t shm_max;       /* bytes of regions in all (0: half the machine's memory) */
   int shm_max_regions;  /* per connection */
+  unsigned long shm_token_ms; /* a region's token, and a region never handed over, lives this
+                                 long (0: 10 s); no flag: tests shorten it */
 } server_config;
 
 /* $XDG_RUNTIME_DIR/tportd/shm.sock, else /run/tportd/shm.sock (malloc'd). */

@@ -660,11 +660,18 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
                      .mode = cfg->shm_mode,
                      .quota = cfg->shm_quota,
                      .total_max = cfg->shm_max,
-                     .max_regions = (size_t)cfg->shm_max_regions};
+                     .max_regions = (size_t)cfg->shm_max_regions,
+                     .token_ms = cfg->shm_token_ms};
     tport_err why;
-    if (shm_start(&sc, &s->shm, &why) == TPORT_OK)
-      log_event(LOG_INFO, "same-host shared memory", "socket", cfg->shm_socket, NULL);
-    else if (cfg->shm_socket_set)
+    if (shm_start(&sc, &s->shm, &why) == TPORT_OK) {
+      size_t quota, max;
+      shm_limits(s->shm, &quota, &max);
+      char q[32], m[32];
+      snprintf(q, sizeof q, "%zu", quota);
+      snprintf(m, sizeof m, "%zu", max);
+      log_event(LOG_INFO, "same-host shared memory", "socket", cfg->shm_socket, "quota", q, "max",
+                m, NULL);
+    } else if (cfg->shm_socket_set)
       rc = tport_err_set(err, why.code, "--shm-socket: %s", why.msg);
     else
       log_msg(LOG_WARN, "same-host shared memory is off: %s (set --shm-socket)", why.msg);
