@@ -37,6 +37,7 @@ void config_defaults(server_config *c)
   c->shm_mode = 0600;
   c->shm_quota = 0; /* half of --shm-max, at most 16 GiB (regions.c) */
   c->shm_max_regions = 64;
+  c->metrics_tenants = METRICS_TENANTS_HASH; /* names are for the operator, not the endpoint */
 }
 
 char *config_shm_default_path(void)
@@ -152,6 +153,12 @@ static const struct {
     {"shm-max", "TPORT_SHM_MAX", "BYTES",
      "bytes of regions all tenants together may register (default half the machine's memory: "
      "with a GPU, regions are pinned)"},
+    {"metrics-tenants", "TPORT_METRICS_TENANTS", "name|hash|off",
+     "how /metrics labels each tenant's bytes (tport_tenant_bytes{tenant}): hash (default) a "
+     "keyed hash of the name, the same while this server runs (a random key of its own: "
+     "nobody can check a guessed name against it; the log line of an authenticated connection "
+     "has it as metrics_tenant); name the name itself, for anyone who reaches --http-listen; off "
+     "none"},
 };
 #define NOPTS (int)(sizeof opts / sizeof opts[0])
 
@@ -268,6 +275,18 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
     free(c->shm_socket);
     c->shm_socket = strcmp(v, "off") == 0 ? NULL : strdup(v);
     return TPORT_OK;
+  case 38: {
+    static const char *const modes[] = {[METRICS_TENANTS_HASH] = "hash",
+                                        [METRICS_TENANTS_NAME] = "name",
+                                        [METRICS_TENANTS_OFF] = "off"};
+    for (int m = 0; m < 3; m++)
+      if (strcmp(v, modes[m]) == 0) {
+        c->metrics_tenants = m;
+        return TPORT_OK;
+      }
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--metrics-tenants: '%s': name, hash or off",
+                         v);
+  }
   case 36:
     rc = parse_size(v, opts[i].flag, &c->shm_quota, err);
     if (!rc && c->shm_quota == 0)

@@ -11,6 +11,7 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <openssl/crypto.h>
+#include <openssl/rand.h>
 #include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
@@ -583,10 +584,13 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
   transfers_init(&s->xfers, &s->reg);
   s->mtls = cfg->tls_ca != NULL;
   s->authn = cfg->auth_file || cfg->tls_ca;
+  /* the key of --metrics-tenants hash: this server's alone */
+  int rc = RAND_bytes(s->metrics_key, sizeof s->metrics_key) == 1
+               ? TPORT_OK
+               : tport_err_set(err, TPORT_INTERNAL, "RAND_bytes failed (the metrics key)");
   /* the endpoint first: /healthz answers (and /readyz says 503) while the
    * devices and listeners come up, and a port taken is said at once */
-  int rc = TPORT_OK;
-  if (cfg->http_listen) {
+  if (!rc && cfg->http_listen) {
     http_routes routes = {.metrics = http_metrics, .ready = http_ready, .arg = s};
     rc = http_start(cfg->http_listen, &routes, &s->http, err);
     if (!rc)
