@@ -293,7 +293,9 @@ def total(name, cond=lambda labels: True):
 moved = {
     "tport_transfer_bytes_total counted the bytes (>= 3 x 6 MiB)": total("tport_transfer_bytes_total") >= 3 * nbytes,
     "tport_requests_total counted the requests": total("tport_requests_total") >= 6,
-    'tport_tenant_bytes{tenant="alice"} > 0': total("tport_tenant_bytes", lambda l: 'tenant="alice"' in l) > 0,
+    # --metrics-tenants hash (the default): alice's bytes under a keyed hash, never her name
+    "tport_tenant_bytes > 0 under a hashed tenant label": total("tport_tenant_bytes", lambda l: re.fullmatch(r'\{tenant="[0-9a-f]{16}"\}', l) is not None) > 0,
+    "no tenant's name in /metrics": 'alice' not in text and 'tenant="operator"' not in text,
     "tport_tensors >= 2": total("tport_tensors") >= 2,
     "histogram and counter TYPEs declared": types.get("tport_request_duration_seconds") == "histogram"
         and types.get("tport_requests_total") == "counter",

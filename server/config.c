@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "http.h"
+#include "listen_url.h"
 #include "log.h"
 
 #define DEFAULT_URL "tcp://127.0.0.1:7450"
@@ -34,8 +35,9 @@ void config_defaults(server_config *c)
   c->ipc_mode = 0600;
   c->auth_timeout_ms = 10000;
   c->shm_mode = 0600;
-  c->shm_quota = (size_t)16 << 30;
+  c->shm_quota = 0; /* half of --shm-max, at most 16 GiB (regions.c) */
   c->shm_max_regions = 64;
+  c->metrics_tenants = METRICS_TENANTS_HASH; /* names are for the operator, not the endpoint */
 }
 
 char *config_shm_default_path(void)
@@ -76,8 +78,10 @@ static const struct {
   const char *flag, *env, *arg, *help;
 } opts[] = {
     {"listen", "TPORT_LISTEN", "URL",
-     "listen on URL: tcp://HOST:PORT, ipc:///PATH, inproc://NAME (repeatable; the variable takes "
-     "a comma-separated list; default " DEFAULT_URL ", loopback only)"},
+     "listen on URL: tcp://HOST:PORT, tls+tcp://HOST:PORT, ipc:///PATH, inproc://NAME (any "
+     "scheme of nng's: tcp4, tcp6, unix, abstract, ws, wss...; repeatable; the variable takes a "
+     "comma-separated list; default " DEFAULT_URL ").  Loopback is 127.0.0.0/8, ::1 or "
+     "localhost, never another host name; anything else needs --auth-file or --tls-ca"},
     {"devices", "TPORT_DEVICES", "LIST",
      "devices to serve: cpu, sim:N (N simulated GPUs), cuda (every CUDA GPU); default cpu plus "
      "every CUDA GPU present"},
@@ -143,10 +147,18 @@ static const struct {
      "$XDG_RUNTIME_DIR/tportd/shm.sock, else /run/tportd/shm.sock; off: none)"},
     {"shm-mode", "TPORT_SHM_MODE", "OCTAL",
      "permissions of the shm socket (default 600: this user and root; 660 lets the group in)"},
-    {"shm-quota", "TPORT_SHM_QUOTA", "BYTES", "bytes of regions each tenant may register (default 16 GiB)"},
+    {"shm-quota", "TPORT_SHM_QUOTA", "BYTES",
+     "bytes of regions each tenant may register (default half of --shm-max, at most 16 GiB; a "
+     "region never handed over stops counting when its token expires, after 10 s)"},
     {"shm-max", "TPORT_SHM_MAX", "BYTES",
      "bytes of regions all tenants together may register (default half the machine's memory: "
      "with a GPU, regions are pinned)"},
+    {"metrics-tenants", "TPORT_METRICS_TENANTS", "name|hash|off",
+     "how /metrics labels each tenant's bytes (tport_tenant_bytes{tenant}): hash (default) a "
+     "keyed hash of the name, the same while this server runs (a random key of its own: "
+     "nobody can check a guessed name against it; the log line of an authenticated connection "
+     "has it as metrics_tenant); name the name itself, for anyone who reaches --http-listen; off "
+     "none"},
 };
 #define NOPTS (int)(sizeof opts / sizeof opts[0])
 
@@ -263,7 +275,25 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
     free(c->shm_socket);
     c->shm_socket = strcmp(v, "off") == 0 ? NULL : strdup(v);
     return TPORT_OK;
-  case 36: return parse_size(v, opts[i].flag, &c->shm_quota, err);
+  case 38: {
+    static const char *const modes[] = {[METRICS_TENANTS_HASH] = "hash",
+                                        [METRICS_TENANTS_NAME] = "name",
+                                        [METRICS_TENANTS_OFF] = "off"};
+    for (int m = 0; m < 3; m++)
+      if (strcmp(v, modes[m]) == 0) {
+        c->metrics_tenants = m;
+        return TPORT_OK;
+      }
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--metrics-tenants: '%s': name, hash or off",
+                         v);
+  }
+  case 36:
+    rc = parse_size(v, opts[i].flag, &c->shm_quota, err);
+    if (!rc && c->shm_quota == 0)
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                           "--shm-quota: '%s': at least 1 byte (--shm-socket off turns regions off)",
+                           v);
+    return rc;
   case 37: return parse_size(v, opts[i].flag, &c->shm_max, err);
   case 26:
   case 27:
@@ -357,65 +387,43 @@ int config_parse(server_config *c, int argc, char **argv, tport_err *err)
   return config_check(c, err);
 }
 
-/* True when a tcp:// or tls+tcp:// URL's host is a loopback address; *tcp
- * says whether the URL is one of those at all. */
-static bool loopback_url(const char *url, bool *tcp, bool *plain)
-{
-  static const char *const schemes[] = {"tcp://", "tcp4://", "tcp6://", "tls+tcp://",
-                                         "tls+tcp4://", "tls+tcp6://", "ws://", "wss://"};
-  *tcp = false;
-  const char *host = NULL;
-  for (size_t i = 0; i < sizeof schemes / sizeof *schemes && !host; i++)
-    if (strncmp(url, schemes[i], strlen(schemes[i])) == 0) {
-      host = url + strlen(schemes[i]);
-      *plain = strncmp(schemes[i], "tcp", 3) == 0 || strcmp(schemes[i], "ws://") == 0;
-    }
-  if (!host)
-    return true; /* ipc://, inproc://: never leave this machine */
-  *tcp = true;
-  char h[256];
-  size_t n;
-  if (*host == '[') {
-    const char *end = strchr(host, ']');
-    n = end ? (size_t)(end - host - 1) : 0;
-    host++;
-  } else {
-    const char *colon = strrchr(host, ':');
-    n = colon ? (size_t)(colon - host) : strlen(host);
-  }
-  if (n == 0 || n >= sizeof h)
-    return false; /* "tcp://:7450" or "tcp://[*]:7450": every interface */
-  memcpy(h, host, n);
-  h[n] = 0;
-  return strcmp(h, "localhost") == 0 || strcmp(h, "::1") == 0 || strncmp(h, "127.", 4) == 0;
-}
-
 /* What no single flag can check: the flags against each other. */
 int config_check(const server_config *c, tport_err *err)
 {
   /* safe defaults: nothing off loopback without authentication, and no
-   * plain tcp off loopback unless asked for in so many words */
+   * plain tcp off loopback unless asked for in so many words -- by the
+   * address nng will listen on, never by the spelling (listen_url.h) */
+  listen_url u[CONFIG_MAX_LISTEN];
   for (int i = 0; i < c->nlisten; i++) {
-    bool tcp, plain = false;
-    if (loopback_url(c->listen[i], &tcp, &plain) || !tcp)
+    int rc = listen_url_parse(c->listen[i], &u[i], err);
+    if (rc)
+      return rc;
+    if (!u[i].network || u[i].loopback)
       continue;
     if (!c->auth_file && !c->tls_ca)
       return tport_err_set(err, TPORT_INVALID_ARGUMENT,
                            "--listen %s is not a loopback address and authentication is off: "
                            "add --auth-file FILE or --tls-ca FILE (and listen on tls+tcp:// with "
-                           "--tls-cert and --tls-key), or listen on 127.0.0.1",
+                           "--tls-cert and --tls-key), or listen on 127.0.0.1 (a host name is "
+                           "not loopback; localhost, 127.0.0.0/8 and ::1 are)",
                            c->listen[i]);
-    if (plain && !c->insecure)
+    if (!u[i].encrypted && !c->insecure)
       return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                           "--listen %s is plain tcp off loopback: tensors travel unencrypted; "
-                           "listen on tls+tcp:// instead, or add --insecure",
-                           c->listen[i]);
+                           "--listen %s is plain tcp off loopback (%s:// is not encrypted): "
+                           "tensors travel unencrypted; listen on tls+tcp:// instead, or add "
+                           "--insecure",
+                           c->listen[i], u[i].scheme);
   }
   for (int i = 0; i < c->nlisten; i++)
-    if (strncmp(c->listen[i], "tls+", 4) == 0 && !c->tls_cert)
+    if (u[i].encrypted && !c->tls_cert)
       return tport_err_set(err, TPORT_INVALID_ARGUMENT,
                            "--listen %s needs a certificate: add --tls-cert FILE (and --tls-key)",
                            c->listen[i]);
+  if (c->shm_quota && c->shm_max && c->shm_quota > c->shm_max)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "--shm-quota %zu is over --shm-max %zu: one tenant's regions could refuse "
+                         "every other tenant's",
+                         c->shm_quota, c->shm_max);
   if (c->chunk_bytes < 4096)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--chunk is %zu bytes: at least 4096",
                          c->chunk_bytes);

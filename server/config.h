@@ -15,6 +15,13 @@
 /* ten years: keeps every deadline computed from a time to live far from overflow */
 #define CONFIG_MAX_TTL_S (10 * 366 * 24 * 3600)
 
+/* --metrics-tenants: a tenant's label in /metrics */
+enum {
+  METRICS_TENANTS_HASH, /* a keyed hash, stable for the server's life (the default) */
+  METRICS_TENANTS_NAME, /* the tenant's name */
+  METRICS_TENANTS_OFF   /* no per-tenant series */
+};
+
 typedef struct server_config {
   char *listen[CONFIG_MAX_LISTEN]; /* URLs (owned) */
   int nlisten;
@@ -58,6 +65,7 @@ typedef struct server_config {
                            config_parse's default is HTTP_DEFAULT_ADDRESS, config_defaults' none */
   bool http_listen_set; /* --http-listen given ("off" included) */
   int log_format;       /* LOG_TEXT or LOG_JSON */
+  int metrics_tenants;  /* METRICS_TENANTS_*: how /metrics labels each tenant's bytes */
   /* same-host shared memory (regions.h) */
   char *shm_socket;     /* the Unix socket regions are handed over on (owned); NULL: none.
                            config_parse's default is config_shm_default_path(), config_defaults'
@@ -65,9 +73,11 @@ typedef struct server_config {
   bool shm_socket_set;  /* --shm-socket given ("off" included): failing to listen is an error
                            (the default path only warns) */
   unsigned shm_mode;    /* its permissions */
-  size_t shm_quota;     /* bytes of regions per tenant */
+  size_t shm_quota;     /* bytes of regions per tenant (0: half of shm_max, at most 16 GiB) */
   size_t shm_max;       /* bytes of regions in all (0: half the machine's memory) */
   int shm_max_regions;  /* per connection */
+  unsigned long shm_token_ms; /* a region's token, and a region never handed over, lives this
+                                 long (0: 10 s); no flag: tests shorten it */
 } server_config;
 
 /* $XDG_RUNTIME_DIR/tportd/shm.sock, else /run/tportd/shm.sock (malloc'd). */

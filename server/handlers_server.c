@@ -151,9 +151,13 @@ int h_hello(call *c)
                 conn, "code", tport_status_name(rc), NULL);
     } else {
       rc = reg_session_authenticate(&s->reg, c->pipe, tenant, &c->err);
+      /* the operator's key from a /metrics series to its tenant */
+      char label[METRICS_TENANT_LABEL_HEX + 1] = "";
+      if (!rc && s->cfg.metrics_tenants == METRICS_TENANTS_HASH)
+        metrics_tenant_label(s->metrics_key, tenant, label);
       if (!rc)
         log_event(LOG_INFO, "connection authenticated", "tenant", tenant, "peer", peer,
-                  "connection", conn, NULL);
+                  "connection", conn, label[0] ? "metrics_tenant" : NULL, label, NULL);
     }
   }
   auth_file_release(a);

@@ -7,6 +7,8 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -295,6 +297,25 @@ static void requests(metrics_text *t, server *s)
   metrics_sample_u64(t, "tport_connections_dropped_total", atomic_load(&s->dropped), NULL);
 }
 
+bool metrics_tenant_label(const uint8_t key[METRICS_TENANT_KEY_BYTES], const char *tenant,
+                          char out[METRICS_TENANT_LABEL_HEX + 1])
+{
+  uint8_t mac[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+  out[0] = 0;
+  if (!HMAC(EVP_sha256(), key, METRICS_TENANT_KEY_BYTES, (const unsigned char *)tenant,
+            strlen(tenant), mac, &len) ||
+      len * 2 < METRICS_TENANT_LABEL_HEX)
+    return false;
+  static const char hex[] = "0123456789abcdef";
+  for (int i = 0; i < METRICS_TENANT_LABEL_HEX / 2; i++) {
+    out[2 * i] = hex[mac[i] >> 4];
+    out[2 * i + 1] = hex[mac[i] & 15];
+  }
+  out[METRICS_TENANT_LABEL_HEX] = 0;
+  return true;
+}
+
 static void gauge_u64(metrics_text *t, const char *name, const char *help, uint64_t v)
 {
   metrics_family(t, name, "gauge", help);
@@ -333,17 +354,31 @@ static void registry_gauges(metrics_text *t, server *s)
             "Bytes tenants pay for: distinct storages, conversions in progress, gets' host "
             "copies.",
             rs.bytes);
+  gauge_u64(t, "tport_tenants", "Tenants with a connection or a tensor.", rs.tenants);
+  /* whoever reaches the endpoint reads this: tenants' names only when the
+   * operator asked (--metrics-tenants name) */
+  int mode = s->cfg.metrics_tenants;
+  if (mode == METRICS_TENANTS_OFF)
+    return;
   size_t n = reg_tenants_usage(&s->reg, NULL, 0);
   size_t cap = n < METRICS_MAX_TENANTS ? n : METRICS_MAX_TENANTS;
   reg_tenant_usage *u = cap ? calloc(cap, sizeof *u) : NULL;
   size_t got = u ? reg_tenants_usage(&s->reg, u, cap) : 0;
   if (got > cap)
     got = cap;
-  gauge_u64(t, "tport_tenants", "Tenants with a connection or a tensor.", rs.tenants);
   metrics_family(t, "tport_tenant_bytes", "gauge",
-                 "Bytes each tenant pays for against its quota (at most 4096 tenants listed).");
-  for (size_t i = 0; i < got; i++)
-    metrics_sample_u64(t, "tport_tenant_bytes", u[i].bytes, "tenant", u[i].name, NULL);
+                 mode == METRICS_TENANTS_NAME
+                     ? "Bytes each tenant pays for against its quota (at most 4096 tenants listed)."
+                     : "Bytes each tenant pays for against its quota (at most 4096 tenants "
+                       "listed); tenant is a keyed hash of its name, the same for this server's "
+                       "life (--metrics-tenants).");
+  for (size_t i = 0; i < got; i++) {
+    char label[METRICS_TENANT_LABEL_HEX + 1];
+    if (mode == METRICS_TENANTS_NAME)
+      metrics_sample_u64(t, "tport_tenant_bytes", u[i].bytes, "tenant", u[i].name, NULL);
+    else if (metrics_tenant_label(s->metrics_key, u[i].name, label))
+      metrics_sample_u64(t, "tport_tenant_bytes", u[i].bytes, "tenant", label, NULL);
+  }
   free(u);
 }
 

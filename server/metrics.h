@@ -50,6 +50,9 @@
 #define METRICS_BUCKETS 21 /* bounds 10 us .. 60 s, then +Inf */
 /* tport_tenant_bytes lists at most this many tenants (tport_tenants counts all) */
 #define METRICS_MAX_TENANTS 4096
+/* --metrics-tenants hash: the key (random for each server) and the label's length */
+#define METRICS_TENANT_KEY_BYTES 32
+#define METRICS_TENANT_LABEL_HEX 16
 
 typedef enum {
   STAGE_RECEIVE,
@@ -103,6 +106,15 @@ void metrics_sample_u64(metrics_text *t, const char *name, uint64_t value, ...)
 /* A histogram's _bucket, _sum and _count samples, with one label (key NULL: none). */
 void metrics_histogram_write(metrics_text *t, const char *name, const metrics_histogram *h,
                              const char *key, const char *value);
+/* A tenant's label under --metrics-tenants hash: the first 64 bits of
+ * HMAC-SHA256(key, tenant) in hex (METRICS_TENANT_LABEL_HEX digits and a NUL).
+ * The key is the server's own, random, never shown: the label is the same
+ * for the server's life, and nobody who reads /metrics can test a guessed
+ * name against it (a plain hash of a short name would be a dictionary
+ * away); a collision of two tenants' labels among 4096 is about 2^-41.
+ * false when OpenSSL failed (out is then ""). */
+bool metrics_tenant_label(const uint8_t key[METRICS_TENANT_KEY_BYTES], const char *tenant,
+                          char out[METRICS_TENANT_LABEL_HEX + 1]);
 /* Appends v as a label value: \ " and newline escaped, invalid UTF-8 as U+FFFD. */
 void metrics_escape_label(metrics_text *t, const char *v);
 

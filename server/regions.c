@@ -23,8 +23,10 @@
 #include "engine.h"
 #include "log.h"
 
-/* a token is good this long after ShmRegister */
+/* a token is good this long after ShmRegister (shm_config.token_ms 0) */
 #define TOKEN_TTL_MS 10000
+/* the default --shm-quota: half of --shm-max, at most this */
+#define DEFAULT_QUOTA ((size_t)16 << 30)
 /* the time a peer of the socket has to send its handoff */
 #define HANDOFF_TIMEOUT_MS 2000
 /* handoffs served at once, each on a thread of its own: a peer that
@@ -133,6 +135,35 @@ static bool region_remove(shm_table *t, shm_region *r)
   return r->holds == 0 && !r->handing_off;
 }
 
+/* Ends the regions whose token expired before their descriptor came (mu
+ * held): they count against no quota any more.  Those still in by_token
+ * are exactly the PENDING regions no handoff has taken; one a handoff
+ * thread is checking has left it, and that thread decides.  The caller
+ * frees what comes back in *dead (linked by hh.next; nothing is mapped). */
+static void expire_pending(shm_table *t, shm_region **dead)
+{
+  int64_t now = now_ms();
+  shm_region *r, *tmp;
+  HASH_ITER(hh_tok, t->by_token, r, tmp)
+  {
+    if (now <= r->token_expires_ms)
+      continue;
+    if (region_remove(t, r)) {
+      r->hh.next = *dead; /* out of the table: the link is free to reuse */
+      *dead = r;
+    }
+  }
+}
+
+static void free_dead(shm_region *dead)
+{
+  while (dead) {
+    shm_region *next = dead->hh.next;
+    region_free(dead);
+    dead = next;
+  }
+}
+
 /* ---------------------------------------------------------------- handoff */
 
 /* Checks and maps the descriptor for the region its token names. */
@@ -172,8 +203,8 @@ static int handoff(shm_table *t, int conn, tport_err *err)
                        (int)peer.pid, (unsigned long long)r->id, (int)r->peer_pid);
   else if (now_ms() > r->token_expires_ms)
     rc = tport_err_set(err, TPORT_DEADLINE_EXCEEDED,
-                       "the region's token expired (%d ms after ShmRegister): register again",
-                       TOKEN_TTL_MS);
+                       "the region's token expired (%lu ms after ShmRegister): register again",
+                       t->cfg.token_ms);
   if (!rc)
     rc = transport_shm_check(fd, r->nbytes, err);
   void *base = MAP_FAILED;
@@ -315,6 +346,17 @@ int shm_start(const shm_config *cfg, shm_table **out, tport_err *err)
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     t->cfg.total_max = pages > 0 && page > 0 ? (size_t)pages * (size_t)page / 2 : SIZE_MAX;
   }
+  /* one tenant never fills what all share: at most half of it by default
+   * (16 GiB was over --shm-max on hosts under 32 GiB) */
+  if (!t->cfg.quota)
+    t->cfg.quota = t->cfg.total_max / 2 < DEFAULT_QUOTA ? t->cfg.total_max / 2 : DEFAULT_QUOTA;
+  else if (t->cfg.quota > t->cfg.total_max)
+    log_msg(LOG_WARN,
+            "--shm-quota %zu is over --shm-max %zu: one tenant's regions can refuse everyone "
+            "else's",
+            t->cfg.quota, t->cfg.total_max);
+  if (!t->cfg.token_ms)
+    t->cfg.token_ms = TOKEN_TTL_MS;
   pthread_mutex_init(&t->mu, NULL);
   pthread_cond_init(&t->handoffs_done, NULL);
   int rc = t->path ? TPORT_OK : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
@@ -405,8 +447,10 @@ int shm_register(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid
   r->peer_pid = peer_pid;
   r->nbytes = (size_t)nbytes;
   r->state = REGION_PENDING;
-  r->token_expires_ms = now_ms() + TOKEN_TTL_MS;
   pthread_mutex_lock(&t->mu);
+  shm_region *dead = NULL;
+  expire_pending(t, &dead);
+  r->token_expires_ms = now_ms() + (int64_t)t->cfg.token_ms;
   size_t mine = 0;
   for (shm_region *x = t->by_id; x; x = x->hh.next)
     mine += x->pipe == pipe;
@@ -435,6 +479,7 @@ int shm_register(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid
     }
     pthread_mutex_unlock(&t->mu);
     free(r);
+    free_dead(dead);
     return rc;
   }
   u->bytes += r->nbytes;
@@ -447,6 +492,7 @@ int shm_register(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid
   *id = r->id;
   memcpy(token, r->token, sizeof r->token);
   pthread_mutex_unlock(&t->mu);
+  free_dead(dead);
   return TPORT_OK;
 }
 
@@ -488,11 +534,7 @@ void shm_drop_pipe(shm_table *t, uint32_t pipe)
     }
   }
   pthread_mutex_unlock(&t->mu);
-  while (dead) {
-    shm_region *next = dead->hh.next;
-    region_free(dead);
-    dead = next;
-  }
+  free_dead(dead);
 }
 
 int shm_hold(shm_table *t, uint32_t pipe, uint64_t id, uint64_t offset, uint64_t length,
@@ -552,7 +594,16 @@ void shm_get_stats(shm_table *t, shm_stats *out)
   memset(out, 0, sizeof *out);
   if (!t)
     return;
+  shm_region *dead = NULL;
   pthread_mutex_lock(&t->mu);
+  expire_pending(t, &dead); /* what is counted is what counts */
   *out = t->stats;
   pthread_mutex_unlock(&t->mu);
+  free_dead(dead);
+}
+
+void shm_limits(const shm_table *t, size_t *quota, size_t *total_max)
+{
+  *quota = t ? t->cfg.quota : 0;
+  *total_max = t ? t->cfg.total_max : 0;
 }

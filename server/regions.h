@@ -11,7 +11,10 @@
  * unmaps it only once the last holder is done.  Regions belong to their
  * connection: another connection's, even of the same tenant, is NOT_FOUND.
  * Every byte registered counts against the tenant's quota (--shm-quota)
- * until the region is released.
+ * and the server's limit (--shm-max) until the region is released, or, for
+ * a region still PENDING, until its token expires: one never handed over
+ * ends then (ShmRegister and the statistics sweep them), so registering
+ * and walking away holds nothing for long.
  *
  * Bytes in a region can change under the server at any time (the client
  * shares them): the server copies them once and never trusts what it read
@@ -33,10 +36,11 @@ typedef struct shm_region shm_region;
 typedef struct shm_config {
   const char *path; /* the Unix socket */
   unsigned mode;    /* its permissions */
-  size_t quota;     /* bytes registered per tenant */
+  size_t quota;     /* bytes registered per tenant (0: half of total_max, at most 16 GiB) */
   size_t total_max; /* bytes registered in all (0: half the machine's memory): with a GPU, a
                        region is pinned, and pinned pages are the server's to pay for */
   size_t max_regions; /* per connection */
+  unsigned long token_ms; /* a token's life, and a PENDING region's (0: 10 s) */
 } shm_config;
 
 /* Listens on cfg->path and starts the handoff thread. */
@@ -70,6 +74,8 @@ typedef struct shm_stats {
   uint64_t transfers;                     /* puts and gets through a region, ever */
 } shm_stats;
 void shm_get_stats(shm_table *t, shm_stats *out);
+/* The limits in force (the defaults resolved): bytes per tenant, in all. */
+void shm_limits(const shm_table *t, size_t *quota, size_t *total_max);
 /* A put or a get went through a region (once per tensor, however many
  * chunks it took). */
 void shm_count_transfer(shm_table *t);

@@ -11,6 +11,7 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <openssl/crypto.h>
+#include <openssl/rand.h>
 #include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include "device.h"
 #include "host_cache.h"
 #include "lent_bytes.h"
+#include "listen_url.h"
 #include "log.h"
 #include "server_internal.h"
 #include "tls_openssl.h"
@@ -582,10 +584,13 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
   transfers_init(&s->xfers, &s->reg);
   s->mtls = cfg->tls_ca != NULL;
   s->authn = cfg->auth_file || cfg->tls_ca;
+  /* the key of --metrics-tenants hash: this server's alone */
+  int rc = RAND_bytes(s->metrics_key, sizeof s->metrics_key) == 1
+               ? TPORT_OK
+               : tport_err_set(err, TPORT_INTERNAL, "RAND_bytes failed (the metrics key)");
   /* the endpoint first: /healthz answers (and /readyz says 503) while the
    * devices and listeners come up, and a port taken is said at once */
-  int rc = TPORT_OK;
-  if (cfg->http_listen) {
+  if (!rc && cfg->http_listen) {
     http_routes routes = {.metrics = http_metrics, .ready = http_ready, .arg = s};
     rc = http_start(cfg->http_listen, &routes, &s->http, err);
     if (!rc)
@@ -598,8 +603,10 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
     atomic_store(&s->devices_up, true);
   nng_tls_config *tls = NULL;
   bool any_tls = false;
-  for (int i = 0; i < cfg->nlisten; i++)
-    any_tls = any_tls || strncmp(cfg->listen[i], "tls+", 4) == 0;
+  listen_url lu[CONFIG_MAX_LISTEN];
+  for (int i = 0; i < cfg->nlisten && !rc; i++) /* config_check has read them */
+    if (!(rc = listen_url_parse(cfg->listen[i], &lu[i], err)))
+      any_tls = any_tls || lu[i].encrypted;
   if (!rc && any_tls) {
     transport_tls_server_opts to = {.cert_file = cfg->tls_cert,
                                     .key_file = cfg->tls_key,
@@ -657,11 +664,18 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
                      .mode = cfg->shm_mode,
                      .quota = cfg->shm_quota,
                      .total_max = cfg->shm_max,
-                     .max_regions = (size_t)cfg->shm_max_regions};
+                     .max_regions = (size_t)cfg->shm_max_regions,
+                     .token_ms = cfg->shm_token_ms};
     tport_err why;
-    if (shm_start(&sc, &s->shm, &why) == TPORT_OK)
-      log_event(LOG_INFO, "same-host shared memory", "socket", cfg->shm_socket, NULL);
-    else if (cfg->shm_socket_set)
+    if (shm_start(&sc, &s->shm, &why) == TPORT_OK) {
+      size_t quota, max;
+      shm_limits(s->shm, &quota, &max);
+      char q[32], m[32];
+      snprintf(q, sizeof q, "%zu", quota);
+      snprintf(m, sizeof m, "%zu", max);
+      log_event(LOG_INFO, "same-host shared memory", "socket", cfg->shm_socket, "quota", q, "max",
+                m, NULL);
+    } else if (cfg->shm_socket_set)
       rc = tport_err_set(err, why.code, "--shm-socket: %s", why.msg);
     else
       log_msg(LOG_WARN, "same-host shared memory is off: %s (set --shm-socket)", why.msg);
@@ -674,14 +688,13 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
       break;
     }
     nng_listener_set_size(*l, NNG_OPT_RECVMAXSZ, cfg->max_message_bytes);
-    if (strncmp(cfg->listen[i], "tls+", 4) == 0 &&
-        (rv = nng_listener_set_ptr(*l, NNG_OPT_TLS_CONFIG, tls)) != 0) {
+    if (lu[i].encrypted && (rv = nng_listener_set_ptr(*l, NNG_OPT_TLS_CONFIG, tls)) != 0) {
       rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "--listen %s: TLS: %s", cfg->listen[i],
                          nng_strerror(rv));
       nng_listener_close(*l);
       break;
     }
-    if (strncmp(cfg->listen[i], "ipc://", 6) == 0 &&
+    if (lu[i].transport == LISTEN_IPC &&
         (rv = nng_listener_set_int(*l, NNG_OPT_IPC_PERMISSIONS, (int)cfg->ipc_mode)) != 0) {
       rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "--listen %s: --ipc-mode: %s",
                          cfg->listen[i], nng_strerror(rv));
@@ -691,6 +704,25 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
     if ((rv = nng_listener_start(*l, 0)) != 0) {
       rc = tport_err_set(err, TPORT_UNAVAILABLE, "cannot listen on %s: %s", cfg->listen[i],
                          nng_strerror(rv));
+      nng_listener_close(*l);
+      break;
+    }
+    /* what the safe defaults took for loopback is bound to loopback
+     * (localhost is a name: listen_url.h); no request is served before this */
+    nng_sockaddr bound;
+    if (lu[i].loopback && ((rv = nng_listener_get_addr(*l, NNG_OPT_LOCADDR, &bound)) != 0 ||
+                           !listen_addr_is_loopback(&bound))) {
+      char where[INET6_ADDRSTRLEN + 64] = "an address that is not IP";
+      if (rv)
+        snprintf(where, sizeof where, "an address nng cannot tell (%s)", nng_strerror(rv));
+      else if (bound.s_family == NNG_AF_INET)
+        inet_ntop(AF_INET, &bound.s_in.sa_addr, where, sizeof where);
+      else if (bound.s_family == NNG_AF_INET6)
+        inet_ntop(AF_INET6, bound.s_in6.sa_addr, where, sizeof where);
+      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "--listen %s was bound to %s, which is not a loopback address: name "
+                         "127.0.0.1 or [::1] instead",
+                         cfg->listen[i], where);
       nng_listener_close(*l);
       break;
     }

@@ -78,6 +78,7 @@ struct server {
    * stopping); devices_up: the backends may be asked for their state;
    * draining: stopping, new connections are refused */
   metrics metrics;
+  uint8_t metrics_key[METRICS_TENANT_KEY_BYTES]; /* --metrics-tenants hash: random per server */
   http_server *http;
   atomic_bool ready, devices_up, draining;
   shm_table *shm; /* same-host regions; NULL: none offered */

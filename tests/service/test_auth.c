@@ -16,6 +16,7 @@
 
 #include "auth.h"
 #include "hello_mac.h"
+#include "listen_url.h"
 #include "service_util.h"
 
 #define ALICE "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
@@ -314,6 +315,41 @@ Test(auth, nothing_is_exposed_without_protection)
       {{"--listen", "tcp://[::1]:7450"}, NULL},
       {{"--listen", "tcp://localhost:7450"}, NULL},
       {{"--listen", "ipc:///tmp/x.sock"}, NULL},
+      /* issue 20, finding 5: the check reads the address nng will parse, not a
+       * spelling of it -- schemes in any case, every scheme of nng 1.5.2 */
+      {{"--listen", "TCP://0.0.0.0:7777"}, "authentication is off"},
+      {{"--listen", "Tcp4://0.0.0.0:7777"}, "authentication is off"},
+      {{"--listen", "tcp6://[::]:7777"}, "authentication is off"},
+      {{"--listen", "ws4://0.0.0.0:7777/t"}, "authentication is off"},
+      {{"--listen", "ws6://[::]:7777/t"}, "authentication is off"},
+      {{"--listen", "WS://0.0.0.0:7777/t"}, "authentication is off"},
+      {{"--listen", "wss4://0.0.0.0:7777/t"}, "authentication is off"},
+      {{"--listen", "wss6://[::]:7777/t"}, "authentication is off"},
+      {{"--listen", "TLS+TCP6://[::]:7777"}, "authentication is off"},
+      {{"--listen", "tcp://*:7777"}, "authentication is off"},
+      {{"--listen", "tcp://[*]:7777"}, "authentication is off"},
+      /* a DNS name is not loopback, whatever it starts with */
+      {{"--listen", "tcp://127.attacker.example:7777"}, "authentication is off"},
+      {{"--listen", "tcp://127.0.0.1.nip.io:7777"}, "authentication is off"},
+      {{"--listen", "tcp://[::1].example:7777"}, "not a URL"},
+      /* plain off loopback, in another spelling */
+      {{"--listen", "TCP://10.1.2.3:7450", "--auth-file", "/x"}, "plain tcp off loopback"},
+      {{"--listen", "Ws4://10.1.2.3:7450/t", "--auth-file", "/x"}, "plain tcp off loopback"},
+      {{"--listen", "Tls+Tcp://10.1.2.3:7450", "--auth-file", "/x"}, "--tls-cert"},
+      {{"--listen", "WSS://10.1.2.3:7450/t", "--auth-file", "/x"}, "--tls-cert"},
+      /* what nng does not know, or tportd does not serve, is refused by name */
+      {{"--listen", "udp://127.0.0.1:7450"}, "scheme 'udp'"},
+      {{"--listen", "zt://abcdef/7450"}, "scheme 'zt'"},
+      {{"--listen", "127.0.0.1:7450"}, "not a URL"},
+      /* loopback in any spelling stays allowed */
+      {{"--listen", "TCP://127.0.0.1:7450"}, NULL},
+      {{"--listen", "tcp4://127.255.0.9:7450"}, NULL},
+      {{"--listen", "TCP6://[::1]:7450"}, NULL},
+      {{"--listen", "tcp://LocalHost:7450"}, NULL},
+      {{"--listen", "ws://127.0.0.1:7450/t"}, NULL},
+      {{"--listen", "UNIX:///tmp/x.sock"}, NULL},
+      {{"--listen", "abstract://tportd-test"}, NULL},
+      {{"--listen", "INPROC://x"}, NULL},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char *argv[10] = {"tportd"};
@@ -334,26 +370,78 @@ Test(auth, nothing_is_exposed_without_protection)
   }
 }
 
+/* localhost counts as loopback because tportd checks where each listener
+ * it counted so was bound (listen_url.h): the name starts a server, in any
+ * case, and the check on the bound address tells loopback from the rest. */
+Test(auth, loopback_listeners_are_bound_to_loopback)
+{
+  static const char *const hosts[] = {"localhost", "LOCALHOST", "127.0.0.1"};
+  for (size_t i = 0; i < sizeof hosts / sizeof *hosts; i++) {
+    server *s = NULL;
+    tport_err err;
+    char url[128];
+    int rc = -1;
+    for (int k = 0; k < 20 && rc; k++) { /* a free port */
+      svc_tcp_url(url, sizeof url);
+      int port = atoi(strrchr(url, ':') + 1);
+      snprintf(url, sizeof url, "TCP://%s:%d", hosts[i], port);
+      server_config cfg;
+      svc_config(&cfg);
+      cfg.listen[0] = strdup(url);
+      cfg.nlisten = 1;
+      rc = server_start(&cfg, &s, &err);
+      config_free(&cfg);
+    }
+    cr_assert_eq(rc, 0, "%s: %s", url, err.msg);
+    tport_client *c = svc_connect(url, "alice");
+    tport_close(c);
+    server_stop(s, 1000);
+  }
+  nng_sockaddr a = {.s_in = {.sa_family = NNG_AF_INET}};
+  static const char *const v4[] = {"127.0.0.1", "127.255.3.4", "10.0.0.1", "0.0.0.0", "128.0.0.1"};
+  for (size_t i = 0; i < sizeof v4 / sizeof *v4; i++) {
+    cr_assert_eq(inet_pton(AF_INET, v4[i], &a.s_in.sa_addr), 1);
+    cr_expect_eq(listen_addr_is_loopback(&a), i < 2, "%s", v4[i]);
+  }
+  a = (nng_sockaddr){.s_in6 = {.sa_family = NNG_AF_INET6}};
+  static const char *const v6[] = {
+      "::1", "::ffff:127.0.0.9", "::", "::2", "::ffff:10.0.0.1", "fe80::1"};
+  for (size_t i = 0; i < sizeof v6 / sizeof *v6; i++) {
+    cr_assert_eq(inet_pton(AF_INET6, v6[i], a.s_in6.sa_addr), 1);
+    cr_expect_eq(listen_addr_is_loopback(&a), i < 2, "%s", v6[i]);
+  }
+  a = (nng_sockaddr){.s_ipc = {.sa_family = NNG_AF_IPC}};
+  cr_expect(!listen_addr_is_loopback(&a), "an ipc address is not an IP loopback");
+}
+
 Test(auth, ipc_sockets_are_private_to_their_owner)
 {
-  for (int k = 0; k < 2; k++) {
-    char url[128];
-    svc_ipc_url(url, sizeof url);
-    server_config cfg;
-    svc_config(&cfg);
-    cfg.listen[0] = strdup(url);
-    cfg.nlisten = 1;
-    if (k)
-      cfg.ipc_mode = 0660;
-    server *s;
-    tport_err err;
-    cr_assert_eq(server_start(&cfg, &s, &err), 0, "%s", err.msg);
-    struct stat st;
-    cr_assert_eq(stat(url + strlen("ipc://"), &st), 0);
-    cr_assert_eq(st.st_mode & 0777, k ? 0660u : 0600u, "mode %o", st.st_mode & 0777);
-    server_stop(s, 1000);
-    config_free(&cfg);
-  }
+  /* nng's ipc transport under each of its names, in any case (issue 20,
+   * finding 5: IPC:// and unix:// sockets were left at the umask's mode) */
+  static const char *const schemes[] = {"ipc", "IPC", "unix", "Unix"};
+  mode_t old = umask(0); /* what the umask would leave: open to all */
+  for (size_t n = 0; n < sizeof schemes / sizeof *schemes; n++)
+    for (int k = 0; k < 2; k++) {
+      char url[192], path[128];
+      svc_ipc_url(path, sizeof path);
+      memmove(path, path + strlen("ipc://"), strlen(path) - strlen("ipc://") + 1);
+      snprintf(url, sizeof url, "%s://%s", schemes[n], path);
+      server_config cfg;
+      svc_config(&cfg);
+      cfg.listen[0] = strdup(url);
+      cfg.nlisten = 1;
+      if (k)
+        cfg.ipc_mode = 0660;
+      server *s;
+      tport_err err;
+      cr_assert_eq(server_start(&cfg, &s, &err), 0, "%s: %s", url, err.msg);
+      struct stat st;
+      cr_assert_eq(stat(path, &st), 0);
+      cr_expect_eq(st.st_mode & 0777, k ? 0660u : 0600u, "%s: mode %o", url, st.st_mode & 0777);
+      server_stop(s, 1000);
+      config_free(&cfg);
+    }
+  umask(old);
 }
 
 /* An unauthenticated flood costs bounded memory: connections that do not

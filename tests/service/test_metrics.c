@@ -513,12 +513,20 @@ static void check_monotonic(const expo *a, const expo *b)
 
 /* ---------------------------------------------------------------- servers */
 
-static server *start_http(const char *address, char *url, size_t len)
+/* tenants: METRICS_TENANTS_NAME, _HASH or _OFF (--metrics-tenants) */
+static server *start_http_tenants(const char *address, char *url, size_t len, int tenants)
 {
   server_config cfg;
   svc_config(&cfg);
   cfg.http_listen = strdup(address);
+  cfg.metrics_tenants = tenants;
   return svc_start_with(&cfg, url, len);
+}
+
+/* The tests that read tenants' names ask for them (--metrics-tenants name). */
+static server *start_http(const char *address, char *url, size_t len)
+{
+  return start_http_tenants(address, url, len, METRICS_TENANTS_NAME);
 }
 
 static double count_of(const expo *e, const char *hist, const char *key, const char *val)
@@ -710,6 +718,130 @@ Test(metrics, tenant_names_are_escaped)
   for (int i = 0; i < 2; i++)
     tport_close(c[i]);
   server_stop(s, 1000);
+}
+
+/* Issue 20, finding 10: whoever reaches the HTTP port reads /metrics, and
+ * tenants' names are not theirs to read.  By default a tenant's label is a
+ * keyed hash: the same for the server's life (dashboards keep their
+ * series), another server's key gives another, and the name is nowhere in
+ * the text; "off" lists no tenant at all. */
+static const char *const secret_tenant = "acme-merger-target";
+
+static void put_as_secret_tenant(const char *url, tport_client **c)
+{
+  *c = svc_connect(url, secret_tenant);
+  uint8_t v[1000] = {1};
+  int64_t sz[] = {1000};
+  tport_err err;
+  cr_assert_eq(tport_put(*c, TPORT_UINT8, 1, sz, NULL, v, sizeof v, NULL, NULL, &err), 0, "%s",
+               err.msg);
+}
+
+/* The one tport_tenant_bytes sample's tenant label (copied to out). */
+static void only_tenant_label(int port, char *out, size_t len)
+{
+  http_reply r = http_do(port, "GET", "/metrics");
+  cr_assert_eq(r.status, 200);
+  cr_assert_null(strstr(r.body, secret_tenant), "the tenant's name is in /metrics");
+  free(r.body);
+  expo e;
+  scrape(port, &e);
+  int n = 0;
+  for (size_t i = 0; i < e.n; i++)
+    if (!strcmp(e.s[i].name, "tport_tenant_bytes")) {
+      cr_assert_eq(e.s[i].nlabels, 1);
+      cr_assert_geq(e.s[i].value, 1000);
+      snprintf(out, len, "%s", label(&e.s[i], "tenant"));
+      n++;
+    }
+  cr_assert_eq(n, 1, "%d tport_tenant_bytes samples", n);
+  expo_free(&e);
+}
+
+Test(metrics, tenant_names_are_hashed_by_default_or_off)
+{
+  char labels[2][64];
+  for (int k = 0; k < 2; k++) {
+    char url[128];
+    server_config cfg;
+    svc_config(&cfg); /* config_defaults': the default */
+    cfg.http_listen = strdup("127.0.0.1:0");
+    server *s = svc_start_with(&cfg, url, sizeof url);
+    int port = http_port(s->http);
+    tport_client *c;
+    put_as_secret_tenant(url, &c);
+    only_tenant_label(port, labels[k], sizeof labels[k]);
+    cr_assert(match("^[0-9a-f]{16}$", labels[k]), "label '%s'", labels[k]);
+    char again[64];
+    only_tenant_label(port, again, sizeof again);
+    cr_assert_str_eq(again, labels[k], "the label stays for the server's life");
+    /* a second connection of the same tenant: the same series */
+    tport_client *c2;
+    put_as_secret_tenant(url, &c2);
+    only_tenant_label(port, again, sizeof again);
+    cr_assert_str_eq(again, labels[k]);
+    tport_close(c2);
+    tport_close(c);
+    server_stop(s, 1000);
+  }
+  cr_assert_str_neq(labels[0], labels[1],
+                    "another server, another key: a name cannot be guessed and checked");
+
+  char url[128];
+  server *s = start_http_tenants("127.0.0.1:0", url, sizeof url, METRICS_TENANTS_OFF);
+  int port = http_port(s->http);
+  tport_client *c;
+  put_as_secret_tenant(url, &c);
+  http_reply r = http_do(port, "GET", "/metrics");
+  cr_assert_eq(r.status, 200);
+  cr_assert_null(strstr(r.body, secret_tenant));
+  cr_assert_null(strstr(r.body, "tport_tenant_bytes"), "off: no per-tenant family");
+  free(r.body);
+  expo e;
+  scrape(port, &e);
+  cr_assert_eq(value_of(&e, "tport_tenants", NULL), 1, "the count of tenants stays");
+  expo_free(&e);
+  tport_close(c);
+  server_stop(s, 1000);
+}
+
+Test(metrics, metrics_tenants_flag_and_variable)
+{
+  server_config c;
+  tport_err err;
+  char *argv0[] = {"tportd", NULL};
+  unsetenv("TPORT_METRICS_TENANTS");
+  config_defaults(&c);
+  cr_assert_eq(config_parse(&c, 1, argv0, &err), 0, "%s", err.msg);
+  cr_assert_eq(c.metrics_tenants, METRICS_TENANTS_HASH, "the default");
+  config_free(&c);
+  static const struct {
+    const char *v;
+    int want;
+  } ok[] = {
+      {"name", METRICS_TENANTS_NAME}, {"hash", METRICS_TENANTS_HASH}, {"off", METRICS_TENANTS_OFF}};
+  for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+    char *argv[] = {"tportd", "--metrics-tenants", (char *)ok[i].v, NULL};
+    config_defaults(&c);
+    cr_assert_eq(config_parse(&c, 3, argv, &err), 0, "%s", err.msg);
+    cr_assert_eq(c.metrics_tenants, ok[i].want, "%s", ok[i].v);
+    config_free(&c);
+  }
+  setenv("TPORT_METRICS_TENANTS", "off", 1);
+  config_defaults(&c);
+  cr_assert_eq(config_parse(&c, 1, argv0, &err), 0, "%s", err.msg);
+  cr_assert_eq(c.metrics_tenants, METRICS_TENANTS_OFF, "the variable");
+  config_free(&c);
+  unsetenv("TPORT_METRICS_TENANTS");
+  static const char *const bad[] = {"NAME", "names", "", "hash,name"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    char *argv[] = {"tportd", "--metrics-tenants", (char *)bad[i], NULL};
+    config_defaults(&c);
+    cr_assert_neq(config_parse(&c, 3, argv, &err), 0, "'%s' is refused", bad[i]);
+    cr_assert(strstr(err.msg, "--metrics-tenants") && strstr(err.msg, "name, hash or off"), "%s",
+              err.msg);
+    config_free(&c);
+  }
 }
 
 /* The label escaping itself, on the strings a tenant cannot send (newline). */

@@ -1091,6 +1091,105 @@ Test(shm, all_tenants_together_stay_under_shm_max)
   stop(s);
 }
 
+/* Issue 20, finding 8: a region registered and never handed over ends
+ * with its token -- it counted against the quota and --shm-max for ever,
+ * so one tenant could refuse everyone's ShmRegister.  The first half holds
+ * the token's life to the default (10 s), the second shortens it. */
+static int raw_release(tport_client *c, uint64_t id, tport_err *err)
+{
+  Tport__ShmReleaseRequest q = TPORT__SHM_RELEASE_REQUEST__INIT;
+  q.region = id;
+  ProtobufCMessage *rep = NULL;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_SHM_RELEASE, &q.base, NULL, 0,
+                      &tport__shm_release_reply__descriptor, &rep, NULL, err);
+  if (rep)
+    protobuf_c_message_free_unpacked(rep, NULL);
+  return rc;
+}
+
+Test(shm, a_region_never_handed_over_expires_with_its_token)
+{
+  for (int shortened = 0; shortened < 2; shortened++) {
+    snprintf(sock_dir, sizeof sock_dir, "/tmp/tport-shm-%d", (int)getpid());
+    char path[128], url[96];
+    snprintf(path, sizeof path, "%s/shm.sock", sock_dir);
+    server_config cfg;
+    svc_config(&cfg);
+    cfg.shm_socket = strdup(path);
+    cfg.shm_socket_set = true;
+    cfg.shm_quota = (size_t)1 << 20;
+    cfg.shm_max = (size_t)3 << 19; /* one tenant's quota and half of it */
+    if (shortened)
+      cfg.shm_token_ms = 200;
+    server *s = svc_start_with(&cfg, url, sizeof url);
+    tport_client *a = connect_as(url, "alice", true), *b = connect_as(url, "bob", true);
+    uint64_t id, id2;
+    uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], token2[TRANSPORT_SHM_TOKEN_BYTES];
+    char spath[108];
+    tport_err err;
+    cr_assert_eq(raw_register(a, 1 << 20, &id, token, spath, &err), 0, "%s", err.msg);
+    if (!shortened) {
+      /* while its token is good, a pending region counts */
+      cr_assert_eq(raw_register(a, 4096, &id2, token2, spath, &err), TPORT_RESOURCE_EXHAUSTED);
+      cr_assert(strstr(err.msg, "shm quota"), "%s", err.msg);
+      cr_assert_eq(raw_register(b, 1 << 20, &id2, token2, spath, &err), TPORT_RESOURCE_EXHAUSTED);
+      cr_assert(strstr(err.msg, "--shm-max"), "%s", err.msg);
+      cr_assert_eq(counter(url, "shm_regions"), 1);
+    } else {
+      /* past its expiry (a deadline on the monotonic clock: sleeping past
+       * it is certain to reach it) it is gone, the counters say so, and
+       * its bytes count no more for the tenant or for all */
+      usleep(400 * 1000);
+      cr_assert_eq(counter(url, "shm_regions"), 0);
+      cr_assert_eq(counter(url, "shm_region_bytes"), 0);
+      cr_assert_eq(raw_register(b, 1 << 20, &id2, token2, spath, &err), 0,
+                   "bob is refused for alice's expired region: %s", err.msg);
+      cr_assert_eq(raw_release(b, id2, &err), 0, "%s", err.msg);
+      cr_assert_eq(raw_register(a, 1 << 20, &id2, token2, spath, &err), 0,
+                   "alice is refused for her own expired region: %s", err.msg);
+      /* the expired one is no more: its token names nothing, its id is not found */
+      int fd = memfd_with(1 << 20, F_SEAL_SHRINK | F_SEAL_SEAL);
+      cr_assert_eq(transport_shm_send(spath, token, fd, 5000, &err), TPORT_PERMISSION_DENIED,
+                   "%s", err.msg);
+      close(fd);
+      cr_assert_eq(raw_release(a, id, &err), TPORT_NOT_FOUND, "%s", err.msg);
+      cr_assert_eq(raw_release(a, id2, &err), 0, "%s", err.msg);
+    }
+    tport_close(a);
+    tport_close(b);
+    stop(s);
+  }
+}
+
+/* The default --shm-quota is at most half of --shm-max: one tenant's
+ * regions never fill what all tenants share (it was 16 GiB, over the
+ * default --shm-max of hosts under 32 GiB). */
+Test(shm, the_default_quota_is_half_the_limit_at_most)
+{
+  char url[96];
+  server *s = start_max(url, sizeof url, 0, (size_t)3 << 20);
+  tport_client *a = connect_as(url, "alice", true), *b = connect_as(url, "bob", true);
+  uint64_t id;
+  uint8_t token[TRANSPORT_SHM_TOKEN_BYTES];
+  char spath[108];
+  tport_err err;
+  cr_assert_eq(raw_register(a, (3 << 19) + 1, &id, token, spath, &err), TPORT_RESOURCE_EXHAUSTED);
+  cr_assert(strstr(err.msg, "shm quota"), "%s", err.msg);
+  cr_assert_eq(raw_register(a, 3 << 19, &id, token, spath, &err), 0, "%s", err.msg);
+  cr_assert_eq(raw_register(b, 3 << 19, &id, token, spath, &err), 0, "%s", err.msg);
+  tport_close(a);
+  tport_close(b);
+  stop(s);
+
+  /* a quota over the limit, both given, is a mistake said at startup */
+  server_config c;
+  config_defaults(&c);
+  char *argv[] = {"tportd", "--shm-quota", "2G", "--shm-max", "1G", NULL};
+  cr_assert_neq(config_parse(&c, 5, argv, &err), 0);
+  cr_assert(strstr(err.msg, "--shm-quota") && strstr(err.msg, "--shm-max"), "%s", err.msg);
+  config_free(&c);
+}
+
 /* A region the server refuses (over the tenant's quota): the automatic
  * path takes the socket, and does not ask again for every put. */
 Test(shm, a_refused_automatic_region_falls_back_to_the_socket)
