@@ -340,15 +340,32 @@ Test(engine, complex_to_bool_looks_at_both_parts)
   }
 }
 
+/* A device past the count its backend reports does not exist, on a machine
+ * with GPUs or without (where the count is 0 and the reason is given). */
 Test(engine, to_errors)
 {
   tport_tensor *t = arange_f32(1, (int64_t[]){3});
   tport_tensor *r;
   bool a;
   tport_err err;
-  to_options o = {.has_device = true, .device = {TPORT_DEV_CUDA, 0}};
+  const backend_ops *cuda = backend_get(TPORT_DEV_CUDA);
+  const int ncuda = cuda->device_count();
+  to_options o = {.has_device = true, .device = {TPORT_DEV_CUDA, ncuda}};
   cr_assert_eq(tensor_to(t, &o, &r, &a, &err), TPORT_INVALID_ARGUMENT);
-  cr_assert(strstr(err.msg, "cuda:0 does not exist"), "%s", err.msg);
+  char want[96];
+  snprintf(want, sizeof want, "cuda:%d does not exist (%d present)", ncuda, ncuda);
+  cr_assert(strstr(err.msg, want), "%s (want \"%s\")", err.msg, want);
+  if (ncuda == 0) {
+    /* why, after the count: the reason as far as the message holds it */
+    const char *why = strstr(err.msg, "(0 present): ");
+    cr_assert(why, "%s", err.msg);
+    why += strlen("(0 present): ");
+    cr_assert(*why && strncmp(why, cuda->unavailable_reason(), strlen(why)) == 0,
+              "%s (the reason: %s)", err.msg, cuda->unavailable_reason());
+  }
+  o.device = (tport_device){TPORT_DEV_SIM, backend_get(TPORT_DEV_SIM)->device_count()};
+  cr_assert_eq(tensor_to(t, &o, &r, &a, &err), TPORT_INVALID_ARGUMENT);
+  cr_assert(strstr(err.msg, "does not exist"), "%s", err.msg);
   o = (to_options){.has_format = true, .format = TPORT_MF_CHANNELS_LAST};
   cr_assert_eq(tensor_to(t, &o, &r, &a, &err), TPORT_INVALID_ARGUMENT);
   cr_assert_str_eq(err.msg, "required rank 4 tensor to use channels_last format");
