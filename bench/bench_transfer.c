@@ -497,7 +497,7 @@ static void grpc_info(double *t, int k)
 /* ---------------------------------------------------------------- benches */
 
 static int reps = 5;
-static const char *put_device; /* --device: where puts land (default cpu) */
+static const char *put_device; /* --device: where puts land (default cpu; sim:0, sim:1, cuda:K) */
 
 /* One JSON line: medians of t (ours) and b (the baseline named by baseline,
  * or the plain raw-nng one when NULL), with their spread.  Sorts both. */
@@ -913,7 +913,11 @@ int main(int argc, char **argv)
     cfg.tls_cert = strdup(tls_cert);
     cfg.tls_key = tls_key ? strdup(tls_key) : NULL;
   }
-  cfg.devices = strdup(put_device ? "cpu,cuda" : "cpu");
+  /* the server serves the device the puts land on: sim:K needs sim devices
+   * configured (two: sim:0 and sim:1), cuda:K is served where present */
+  cfg.devices = strdup(!put_device                           ? "cpu"
+                       : strncmp(put_device, "sim:", 4) == 0 ? "cpu,sim:2"
+                                                             : "cpu,cuda");
   cfg.chunk_bytes = chunk;
   cfg.window = WINDOW;
   cfg.log_level = 0;
