@@ -503,7 +503,7 @@ static void grpc_info(double *t, int k)
 /* ---------------------------------------------------------------- benches */
 
 static int reps = 5;
-static const char *put_device; /* --device: where puts land (default cpu) */
+static const char *put_device; /* --device: where puts land (default cpu; sim:0, sim:1, cuda:K) */
 static const char *row_device; /* a "device" field for the rows printed now */
 
 /* One JSON line: medians of t (ours) and b (the baseline named by baseline,
@@ -1013,9 +1013,10 @@ int main(int argc, char **argv)
     cfg.tls_cert = strdup(tls_cert);
     cfg.tls_key = tls_key ? strdup(tls_key) : NULL;
   }
-  /* sim:1 and every GPU for the device rows (the staging pools take their
+  /* two sim devices and every GPU: the device rows run on sim:0 and cuda:0,
+   * --device may name sim:0, sim:1 or cuda:K (the staging pools take their
    * pinned memory from the first accelerator: the cpu rows never stage) */
-  cfg.devices = strdup("cpu,sim:1,cuda");
+  cfg.devices = strdup("cpu,sim:2,cuda");
   cfg.chunk_bytes = chunk;
   cfg.window = WINDOW;
   cfg.log_level = 0;

@@ -2,8 +2,10 @@
  * convert.c: element conversion for all 144 dtype pairs (SEMANTICS.md §3),
  * as c10::static_cast_with_inter_type does it:
  *
- *   - complex -> real keeps the real part (complex -> bool too: real != 0);
- *   - -> bool is x != 0 (NaN is true);
+ *   - complex -> real keeps the real part;
+ *   - -> bool is x != 0 (NaN is true); a complex value is true when either
+ *     part is (real != 0 || imag != 0, so 0+1j is true), as in NumPy and
+ *     PyTorch 2.x (PyTorch 1.13 read the real part alone);
  *   - -> float16/bfloat16 rounds to nearest even through float32 (as c10's
  *     constructors take a float: double and int64 round twice, like PyTorch);
  *   - real -> complex is (x, 0); integer narrowing wraps.
@@ -78,7 +80,14 @@ DEF_LD(c128, c128_t)
 #define TO_I64ISH(x)                                                                               \
   _Generic((x), int64_t : (x), float : f_to_i64ish((double)(x)), double : f_to_i64ish((double)(x)))
 
-#define ST_BOOL(p, x) (*(uint8_t *)(p) = (uint8_t)(REAL(x) != 0))
+/* Nonzero-ness, for -> bool: a complex value by both parts. */
+#define NONZERO(x)                                                                                 \
+  _Generic((x), c64_t                                                                              \
+           : (crealf((c64_t)(x)) != 0 || cimagf((c64_t)(x)) != 0), c128_t                          \
+           : (creal((c128_t)(x)) != 0 || cimag((c128_t)(x)) != 0), default                         \
+           : ((x) != 0))
+
+#define ST_BOOL(p, x) (*(uint8_t *)(p) = (uint8_t)NONZERO(x))
 #define ST_UINT8(p, x) (*(uint8_t *)(p) = (uint8_t)(uint64_t)TO_I64ISH(REAL(x)))
 #define ST_INT8(p, x) (*(int8_t *)(p) = (int8_t)TO_I32ISH(REAL(x)))
 #define ST_INT16(p, x) (*(int16_t *)(p) = (int16_t)TO_I32ISH(REAL(x)))

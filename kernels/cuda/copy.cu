@@ -155,12 +155,13 @@ __device__ inline double to_f64(float v) { return f32_to_f64(v); }
 __device__ inline double to_f64(double v) { return v; }
 __device__ inline double to_f64(c64 v) { return f32_to_f64(v.re); }
 __device__ inline double to_f64(c128 v) { return v.re; }
-// complex -> bool looks at the real part (as PyTorch's cast does)
+// -> bool is x != 0 (NaN is true); a complex value is true when either part
+// is (PyTorch 2.x and NumPy: 0+1j is true; PyTorch 1.13 read the real part alone)
 __device__ inline bool nonzero(i64 v) { return v != 0; }
 __device__ inline bool nonzero(float v) { return v != 0; }
 __device__ inline bool nonzero(double v) { return v != 0; }
-__device__ inline bool nonzero(c64 v) { return v.re != 0; }
-__device__ inline bool nonzero(c128 v) { return v.re != 0; }
+__device__ inline bool nonzero(c64 v) { return v.re != 0 || v.im != 0; }
+__device__ inline bool nonzero(c128 v) { return v.re != 0 || v.im != 0; }
 __device__ inline c64 to_c64(i64 v) { return c64{(float)v, 0.0f}; }
 __device__ inline c64 to_c64(float v) { return c64{v, 0.0f}; }
 __device__ inline c64 to_c64(double v) { return c64{f64_to_f32(v), 0.0f}; }

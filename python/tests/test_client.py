@@ -127,11 +127,25 @@ def test_devices_and_stats(client):
     devs = client.devices()
     assert isinstance(devs, tp.DeviceList)
     names = [d.device for d in devs]
-    assert names == ["cpu", "sim:0", "sim:1"]
-    sim0 = devs[1]
+    # cpu, then every CUDA device the machine has (tportd serves them whatever
+    # --devices says; none here without a GPU), then the two sim devices
+    cuda = names[1:-2]
+    assert names == ["cpu"] + cuda + ["sim:0", "sim:1"]
+    assert cuda == ["cuda:%d" % i for i in range(len(cuda))]
+    # why there is none, exactly when there is none
+    assert isinstance(devs.cuda_unavailable_reason, str)
+    assert bool(devs.cuda_unavailable_reason) == (not cuda), devs.cuda_unavailable_reason
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():  # the same machine, another runtime
+        assert len(cuda) == torch.cuda.device_count()
+    sim0 = devs[names.index("sim:0")]
     assert isinstance(sim0, tp.DeviceInfo) and sim0.total_bytes > 0
     assert sim0.peers == ("sim:1",) and sim0.managed_memory
-    assert isinstance(devs.cuda_unavailable_reason, str)
+    for d in devs[1:1 + len(cuda)]:
+        assert d.total_bytes > 0 and d.managed_memory and d.name and d.compute_capability
     client.put(np.ones(5))
     st = client.stats()
     assert isinstance(st, dict) and st["tensors"] >= 1

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Differential test: tensorport's engine against PyTorch (1.13, Debian's).
+"""Differential test: tensorport's engine against PyTorch (1.13, Debian's, or 2.x).
 
 Generates random views of random storages and random to / copy_ /
 contiguous calls, runs them through tport-diff-driver (the engine, on cpu and
@@ -12,6 +12,12 @@ usage: diff_torch.py DRIVER [--cases N] [--seed S] [--gpu cuda]
 
 With --gpu cuda the cases' devices are CUDA devices ("sim:k" becomes
 "cuda:k mod count"); without a CUDA device the test exits 77 (skipped).
+
+complex -> bool is `real != 0 or imag != 0` (NaN is true), as in PyTorch 2.x
+and NumPy; PyTorch 1.13 looked at the real part alone.  Current PyTorch is the
+reference, so under torch < 2 this script computes complex -> bool itself
+(complex_nonzero) instead of asking torch; torch >= 2 is asked, and must agree
+with complex_nonzero (checked at start).
 """
 import argparse
 import os
@@ -31,6 +37,9 @@ except ImportError:
 warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
 
+# torch < 2 gets complex -> bool wrong (the real part alone): see complex_nonzero
+TORCH_OLD_COMPLEX_BOOL = int(torch.__version__.split(".")[0]) < 2
+
 DTYPES = {
     "bool": torch.bool, "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16,
     "int32": torch.int32, "int64": torch.int64, "float16": torch.float16,
@@ -46,7 +55,7 @@ SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, 2.5, -2.5, 127.9, 200.7, -129.5, 255.0, 25
            65520.0, 1e10, 3e9, -3e9, 1e20, float("nan"), float("inf"), float("-inf"), 1e-8, 0.1]
 
 
-def random_values(rng, dtype, n):
+def random_values(rng, dtype, n, zr):
     if dtype == torch.bool:
         return torch.tensor([rng.random() < 0.5 for _ in range(n)], dtype=torch.bool)
     if not dtype.is_floating_point and not dtype.is_complex:
@@ -62,8 +71,15 @@ def random_values(rng, dtype, n):
         return rng.gauss(0, 1) * 10 ** rng.randint(-3, 6)
 
     if dtype.is_complex:
-        return torch.complex(torch.tensor([one() for _ in range(n)], dtype=torch.float64),
-                             torch.tensor([one() for _ in range(n)], dtype=torch.float64)).to(dtype)
+        re = torch.tensor([one() for _ in range(n)], dtype=torch.float64)
+        im = torch.tensor([one() for _ in range(n)], dtype=torch.float64)
+        # about one element in eight purely imaginary (+-0 real part), so that
+        # complex -> bool meets 0+yj often; drawn from a generator of its own
+        # (zr) so that the cases of a seed stay those they were before
+        for i in range(n):
+            if zr.random() < 0.125:
+                re[i] = -0.0 if zr.random() < 0.5 else 0.0
+        return torch.complex(re, im).to(dtype)
     return torch.tensor([one() for _ in range(n)], dtype=torch.float64).to(dtype)
 
 
@@ -118,13 +134,13 @@ def fmt_dims(v):
     return ",".join(str(x) for x in v) if v else "-"
 
 
-def make_cases(rng, count):
+def make_cases(rng, count, zr):
     cases, blobs, at = [], [], 0
     names = list(DTYPES)
     for k in range(count):
         sdt = rng.choice(names)
         sizes, strides, off, n = random_view(rng)
-        vals = random_values(rng, DTYPES[sdt], n)
+        vals = random_values(rng, DTYPES[sdt], n, zr)
         raw = vals.view(torch.uint8).numpy().tobytes() if n else b""
         c = {"id": k, "sdt": sdt, "n": n, "doff": at, "sizes": sizes, "strides": strides,
              "off": off, "conj": int(DTYPES[sdt].is_complex and rng.random() < 0.3),
@@ -173,6 +189,27 @@ def case_line(c):
     return " ".join(parts)
 
 
+def complex_nonzero(v):
+    """x != 0 for a complex tensor (a conj view included): either part nonzero,
+    NaN true.  The parts are compared as reals, which every torch does alike."""
+    parts = torch.view_as_real(v.resolve_conj())
+    return (parts != 0).any(-1)
+
+
+def check_complex_rule():
+    """complex_nonzero on the brief's example; torch >= 2 must agree with it."""
+    z = torch.tensor([1j, 0, 1, -0.0, -2j, complex(float("nan"), 0), complex(0, float("nan"))],
+                     dtype=torch.complex64)
+    want = [True, False, True, False, True, True, True]
+    got = complex_nonzero(z).tolist()
+    if got != want or complex_nonzero(z.conj()).tolist() != want:
+        return "complex_nonzero gives %s, not %s" % (got, want)
+    if not TORCH_OLD_COMPLEX_BOOL and z.to(torch.bool).tolist() != want:
+        return "torch %s gives %s for complex -> bool, not %s" % (
+            torch.__version__, z.to(torch.bool).tolist(), want)
+    return None
+
+
 def torch_result(c, blob):
     """(ok, alias, tensor-or-error) for case c in torch on the CPU, where
     "sim:0" and "sim:1" stand for two GPUs."""
@@ -193,6 +230,8 @@ def torch_result(c, blob):
             if c["fmt"] != "-":
                 kw["memory_format"] = FORMATS[c["fmt"]]
             r = v.to(**kw)
+            if TORCH_OLD_COMPLEX_BOOL and v.is_complex() and r.dtype == torch.bool:
+                r.copy_(complex_nonzero(v))  # torch's strides, the values of 2.x
             return True, r is v, r
         if c["op"] == "contiguous":
             r = v.contiguous(memory_format=FORMATS[c["fmt"]])
@@ -201,6 +240,8 @@ def torch_result(c, blob):
         dbase = torch.zeros(c["dn"], dtype=ddt)
         d = dbase.as_strided(c["dsizes"], c["dstrides"], c["doffs"])
         d.copy_(v, non_blocking=bool(c["nb"]))
+        if TORCH_OLD_COMPLEX_BOOL and v.is_complex() and ddt == torch.bool:
+            d.copy_(complex_nonzero(v))  # torch's checks passed above; 2.x's values
         return True, False, dbase
     except RuntimeError as e:
         return False, False, str(e).split("\n")[0]
@@ -238,8 +279,12 @@ def main():
     ap.add_argument("--seed", type=int, default=20261121)
     ap.add_argument("--gpu", choices=["cuda"], default=None)
     a = ap.parse_args()
+    bad_rule = check_complex_rule()
+    if bad_rule:
+        print("diff_torch: %s" % bad_rule)
+        return 1
     rng = random.Random(a.seed)
-    cases, blob = make_cases(rng, a.cases)
+    cases, blob = make_cases(rng, a.cases, random.Random("imaginary %d" % a.seed))
     if a.gpu:
         p = subprocess.run([a.driver, "--count-devices", a.gpu], capture_output=True, text=True)
         if p.returncode == 77:

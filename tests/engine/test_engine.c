@@ -2,6 +2,8 @@
  * examples of SEMANTICS.md (verified on PyTorch 1.13) and PyTorch's errors. */
 #include <complex.h>
 #include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -281,15 +283,89 @@ Test(engine, conj_and_neg_views_materialize)
   tensor_release(z);
 }
 
+/* complex -> bool is true when either part is nonzero, NaN included (PyTorch
+ * 2.x and NumPy; 1.13 read the real part alone): by to() and by copy_(), and
+ * through conj and neg views, which change no part's zero-ness. */
+static const float complex CB_IN[] = {CMPLXF(0, 1),       CMPLXF(0, 0),    CMPLXF(1, 0),
+                                      CMPLXF(-0.0f, 0),   CMPLXF(0, -2),   CMPLXF(NAN, 0),
+                                      CMPLXF(-0.0f, NAN), CMPLXF(0, -0.0f)};
+static const uint8_t CB_WANT[] = {1, 0, 1, 0, 1, 1, 1, 0};
+#define CB_N ((int64_t)(sizeof CB_WANT))
+
+static void assert_bools(tport_tensor *t, const char *what)
+{
+  uint8_t got[CB_N];
+  tport_err e;
+  cr_assert_eq(t->dtype, TPORT_BOOL, "%s: dtype %d", what, (int)t->dtype);
+  cr_assert_eq(tensor_read(t, got, sizeof got, &e), 0, "%s: %s", what, e.msg);
+  for (int64_t i = 0; i < CB_N; i++)
+    cr_assert_eq(got[i], CB_WANT[i], "%s: element %lld (%g, %g): %u, want %u", what, (long long)i,
+                 crealf(CB_IN[i]), cimagf(CB_IN[i]), got[i], CB_WANT[i]);
+}
+
+Test(engine, complex_to_bool_looks_at_both_parts)
+{
+  for (int wide = 0; wide < 2; wide++) {
+    tport_dtype dt = wide ? TPORT_COMPLEX128 : TPORT_COMPLEX64;
+    tport_tensor *z, *c, *n, *b;
+    cr_assert_eq(tensor_empty(CPU, dt, 1, (int64_t[]){CB_N}, TPORT_MF_CONTIGUOUS, 0, &z, NULL), 0);
+    for (int64_t i = 0; i < CB_N; i++)
+      if (wide)
+        ((double complex *)z->storage->ptr)[i] = CMPLX(crealf(CB_IN[i]), cimagf(CB_IN[i]));
+      else
+        ((float complex *)z->storage->ptr)[i] = CB_IN[i];
+    cr_assert_eq(tensor_conj_view(z, &c, NULL), 0);
+    cr_assert_eq(tensor_neg_view(c, &n, NULL), 0);
+    tport_tensor *srcs[] = {z, c, n};
+    const char *names[] = {"plain", "conj view", "neg of conj view"};
+    for (int k = 0; k < 3; k++) {
+      bool a;
+      char what[64];
+      snprintf(what, sizeof what, "%s %s to(bool)", wide ? "complex128" : "complex64", names[k]);
+      tport_tensor *r = to(srcs[k], (to_options){.has_dtype = true, .dtype = TPORT_BOOL}, &a);
+      assert_bools(r, what);
+      tensor_release(r);
+      snprintf(what, sizeof what, "%s %s copy_ to bool", wide ? "complex128" : "complex64",
+               names[k]);
+      cr_assert_eq(
+          tensor_empty(CPU, TPORT_BOOL, 1, (int64_t[]){CB_N}, TPORT_MF_CONTIGUOUS, 0, &b, NULL), 0);
+      tport_err e;
+      cr_assert_eq(tensor_copy_(b, srcs[k], false, &e), 0, "%s: %s", what, e.msg);
+      assert_bools(b, what);
+      tensor_release(b);
+    }
+    tensor_release(n);
+    tensor_release(c);
+    tensor_release(z);
+  }
+}
+
+/* A device past the count its backend reports does not exist, on a machine
+ * with GPUs or without (where the count is 0 and the reason is given). */
 Test(engine, to_errors)
 {
   tport_tensor *t = arange_f32(1, (int64_t[]){3});
   tport_tensor *r;
   bool a;
   tport_err err;
-  to_options o = {.has_device = true, .device = {TPORT_DEV_CUDA, 0}};
+  const backend_ops *cuda = backend_get(TPORT_DEV_CUDA);
+  const int ncuda = cuda->device_count();
+  to_options o = {.has_device = true, .device = {TPORT_DEV_CUDA, ncuda}};
   cr_assert_eq(tensor_to(t, &o, &r, &a, &err), TPORT_INVALID_ARGUMENT);
-  cr_assert(strstr(err.msg, "cuda:0 does not exist"), "%s", err.msg);
+  char want[96];
+  snprintf(want, sizeof want, "cuda:%d does not exist (%d present)", ncuda, ncuda);
+  cr_assert(strstr(err.msg, want), "%s (want \"%s\")", err.msg, want);
+  if (ncuda == 0) {
+    /* why, after the count: the reason as far as the message holds it */
+    const char *why = strstr(err.msg, "(0 present): ");
+    cr_assert(why, "%s", err.msg);
+    why += strlen("(0 present): ");
+    cr_assert(*why && strncmp(why, cuda->unavailable_reason(), strlen(why)) == 0,
+              "%s (the reason: %s)", err.msg, cuda->unavailable_reason());
+  }
+  o.device = (tport_device){TPORT_DEV_SIM, backend_get(TPORT_DEV_SIM)->device_count()};
+  cr_assert_eq(tensor_to(t, &o, &r, &a, &err), TPORT_INVALID_ARGUMENT);
+  cr_assert(strstr(err.msg, "does not exist"), "%s", err.msg);
   o = (to_options){.has_format = true, .format = TPORT_MF_CHANNELS_LAST};
   cr_assert_eq(tensor_to(t, &o, &r, &a, &err), TPORT_INVALID_ARGUMENT);
   cr_assert_str_eq(err.msg, "required rank 4 tensor to use channels_last format");

@@ -1,7 +1,9 @@
 /* test_sim.c: the device backend table's contract, run against every backend
  * with devices here (cpu, sim, and cuda where present), and the engine's
  * transfers, D2D paths and managed moves on sim devices. */
+#include <complex.h>
 #include <criterion/criterion.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -148,6 +150,52 @@ Test(sim, round_trips_through_every_path)
     tensor_release(a);
     tensor_release(h);
   }
+}
+
+/* complex -> bool is true when either part is nonzero, NaN included (PyTorch
+ * 2.x; 1.13 read the real part alone), wherever the conversion runs: on the
+ * device (a kernel of the sim stream), or on either side of a transfer
+ * (non_blocking picks which), through a conj view too. */
+Test(sim, complex_to_bool_looks_at_both_parts)
+{
+  static const float complex in[] = {CMPLXF(0, 1),     CMPLXF(0, 0),        CMPLXF(1, 0),
+                                     CMPLXF(-0.0f, 0), CMPLXF(0, -2),       CMPLXF(NAN, 0),
+                                     CMPLXF(0, NAN),   CMPLXF(-0.0f, -0.0f)};
+  static const uint8_t want[] = {1, 0, 1, 0, 1, 1, 1, 0};
+  enum { N = sizeof want };
+  const tport_device s0 = {TPORT_DEV_SIM, 0}, cpu = {TPORT_DEV_CPU, 0};
+  tport_tensor *h, *hc;
+  cr_assert_eq(
+      tensor_empty(cpu, TPORT_COMPLEX64, 1, (int64_t[]){N}, TPORT_MF_CONTIGUOUS, 0, &h, NULL), 0);
+  memcpy(h->storage->ptr, in, sizeof in);
+  cr_assert_eq(tensor_conj_view(h, &hc, NULL), 0);
+  for (int nb = 0; nb < 2; nb++)
+    for (int conj = 0; conj < 2; conj++) {
+      tport_tensor *src = conj ? hc : h;
+      const to_options to_bool = {.has_dtype = true, .dtype = TPORT_BOOL, .non_blocking = nb};
+      to_options up = to_bool, down = to_bool;
+      up.has_device = down.has_device = true;
+      up.device = s0;
+      down.device = cpu;
+      tport_tensor *d = to_dev(src, s0, nb), *r[3] = {NULL, NULL, NULL};
+      bool a;
+      tport_err e;
+      cr_assert_eq(tensor_to(src, &up, &r[0], &a, &e), 0, "%s", e.msg);    /* host -> sim:0 */
+      cr_assert_eq(tensor_to(d, &to_bool, &r[1], &a, &e), 0, "%s", e.msg); /* on sim:0 */
+      cr_assert_eq(tensor_to(d, &down, &r[2], &a, &e), 0, "%s", e.msg);    /* sim:0 -> host */
+      static const char *const how[] = {"host -> sim:0", "on sim:0", "sim:0 -> host"};
+      for (int k = 0; k < 3; k++) {
+        uint8_t got[N];
+        cr_assert_eq(tensor_read(r[k], got, sizeof got, &e), 0, "%s", e.msg);
+        for (int i = 0; i < N; i++)
+          cr_assert_eq(got[i], want[i], "%s, nb %d, conj %d: element %d (%g, %g): %u, want %u",
+                       how[k], nb, conj, i, crealf(in[i]), cimagf(in[i]), got[i], want[i]);
+        tensor_release(r[k]);
+      }
+      tensor_release(d);
+    }
+  tensor_release(hc);
+  tensor_release(h);
 }
 
 Test(sim, non_contiguous_transfers_use_temporaries)

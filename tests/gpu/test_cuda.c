@@ -256,6 +256,51 @@ Test(cuda, transfers_and_kernels)
   tensor_release(h);
 }
 
+/* complex -> bool is true when either part is nonzero, NaN included (PyTorch
+ * 2.x; 1.13 read the real part alone), by the device kernel and on either
+ * side of a transfer (non_blocking picks which), through a conj view too. */
+Test(cuda, complex_to_bool_looks_at_both_parts)
+{
+  need_gpu(1);
+  static const float in[][2] = {{0, 1},  {0, 0},   {1, 0},   {-0.0f, 0},
+                                {0, -2}, {NAN, 0}, {0, NAN}, {-0.0f, -0.0f}};
+  static const uint8_t want[] = {1, 0, 1, 0, 1, 1, 1, 0};
+  enum { N = sizeof want };
+  tport_tensor *h = host_empty(TPORT_COMPLEX64, 1, (int64_t[]){N}), *hc;
+  memcpy(h->storage->ptr, in, sizeof in);
+  cr_assert_eq(tensor_conj_view(h, &hc, NULL), 0);
+  for (int nb = 0; nb < 2; nb++)
+    for (int conj = 0; conj < 2; conj++) {
+      tport_tensor *src = conj ? hc : h;
+      tport_tensor *d = to(src, (to_options){.has_device = true, .device = G0, .non_blocking = nb});
+      tport_tensor *r[3] = {
+          to(src, (to_options){.has_device = true,
+                               .device = G0,
+                               .has_dtype = true,
+                               .dtype = TPORT_BOOL,
+                               .non_blocking = nb}),                   /* host -> cuda:0 */
+          to(d, (to_options){.has_dtype = true, .dtype = TPORT_BOOL}), /* on cuda:0 */
+          to(d, (to_options){.has_device = true,
+                             .device = CPU,
+                             .has_dtype = true,
+                             .dtype = TPORT_BOOL,
+                             .non_blocking = nb}), /* cuda:0 -> host */
+      };
+      static const char *const how[] = {"host -> cuda:0", "on cuda:0", "cuda:0 -> host"};
+      for (int k = 0; k < 3; k++) {
+        uint8_t *got = read_all(r[k]);
+        for (int i = 0; i < N; i++)
+          cr_assert_eq(got[i], want[i], "%s, nb %d, conj %d: element %d (%g, %g): %u, want %u",
+                       how[k], nb, conj, i, in[i][0], in[i][1], got[i], want[i]);
+        free(got);
+        tensor_release(r[k]);
+      }
+      tensor_release(d);
+    }
+  tensor_release(hc);
+  tensor_release(h);
+}
+
 Test(cuda, device_to_device)
 {
   need_gpu(2);

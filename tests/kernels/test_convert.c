@@ -1,6 +1,7 @@
 /* test_convert.c: element conversion for all 144 pairs against an
- * independent reference, float16/bfloat16 exhaustively, and the values PyTorch
- * 1.13 gives on x86-64 for NaN and out-of-range float -> integer. */
+ * independent reference, float16/bfloat16 exhaustively, the values PyTorch
+ * 1.13 gives on x86-64 for NaN and out-of-range float -> integer, and
+ * complex -> bool as PyTorch 2.x gives it. */
 #include <complex.h>
 #include <criterion/criterion.h>
 #include <math.h>
@@ -134,15 +135,40 @@ Test(convert, float_to_integer_edges_match_pytorch)
   }
 }
 
+/* complex -> bool: true when either part is nonzero, NaN included (PyTorch
+ * 2.x and NumPy; PyTorch 1.13 read the real part alone, so 0+1j was false). */
+Test(convert, complex_to_bool_looks_at_both_parts)
+{
+  const float complex c[] = {
+      CMPLXF(0, 1),         CMPLXF(0, 0),   CMPLXF(1, 0),   CMPLXF(-0.0f, 0),  CMPLXF(0, -2),
+      CMPLXF(-0.0f, -0.0f), CMPLXF(NAN, 0), CMPLXF(0, NAN), CMPLXF(0, 1e-45f), CMPLXF(0, INFINITY)};
+  const uint8_t want[] = {1, 0, 1, 0, 1, 0, 1, 1, 1, 1};
+  const size_t n = sizeof c / sizeof c[0];
+  for (size_t i = 0; i < n; i++) {
+    uint8_t b = 7;
+    cast1(TPORT_BOOL, TPORT_COMPLEX64, &b, &c[i]);
+    cr_assert_eq(b, want[i], "complex64 (%g, %g) -> bool: %u, want %u", crealf(c[i]), cimagf(c[i]),
+                 b, want[i]);
+    const double complex z = CMPLX(crealf(c[i]), cimagf(c[i]));
+    cast1(TPORT_BOOL, TPORT_COMPLEX128, &b, &z);
+    cr_assert_eq(b, want[i], "complex128 (%g, %g) -> bool: %u, want %u", creal(z), cimag(z), b,
+                 want[i]);
+  }
+  /* the dense loop (and whatever vectorizes it) and the strided one */
+  uint8_t got[10];
+  memset(got, 7, sizeof got);
+  cpu_cast_loop(TPORT_BOOL, TPORT_COMPLEX64)((char *)got, (const char *)c, (int64_t)n, 1,
+                                             sizeof c[0]);
+  cr_assert(memcmp(got, want, n) == 0, "dense complex64 -> bool");
+  memset(got, 7, sizeof got);
+  cpu_cast_loop(TPORT_BOOL, TPORT_COMPLEX64)((char *)got, (const char *)c, (int64_t)n / 2, 2,
+                                             2 * sizeof c[0]);
+  for (size_t i = 0; i < n / 2; i++)
+    cr_assert_eq(got[2 * i], want[2 * i], "strided complex64 -> bool, element %zu", 2 * i);
+}
+
 Test(convert, complex_and_bool_and_half_edges_match_pytorch)
 {
-  const float complex c[] = {CMPLXF(0, 1), CMPLXF(1, 0), CMPLXF(0, 0)};
-  const uint8_t want[] = {0, 1, 0}; /* complex -> bool looks at the real part */
-  for (int i = 0; i < 3; i++) {
-    uint8_t b;
-    cast1(TPORT_BOOL, TPORT_COMPLEX64, &b, &c[i]);
-    cr_assert_eq(b, want[i]);
-  }
   const float f[] = {1e30f, 65520.0f, 65519.0f, 1.0000001f};
   const uint16_t want_h[] = {0x7C00, 0x7C00, 0x7BFF, 0x3C00};
   for (int i = 0; i < 4; i++) {
@@ -233,7 +259,7 @@ static void store_ref(tport_dtype t, void *p, refval v)
   /* floats: PyTorch converts int64 and double to float in one rounding */
   float f32 = (float)v.re;
   switch (t) {
-  case TPORT_BOOL: *(uint8_t *)p = v.re != 0; break;
+  case TPORT_BOOL: *(uint8_t *)p = v.re != 0 || v.im != 0; break;
   case TPORT_UINT8: *(uint8_t *)p = (uint8_t)(uint64_t)ref_int(v, false); break;
   case TPORT_INT8: *(int8_t *)p = (int8_t)ref_int(v, true); break;
   case TPORT_INT16: *(int16_t *)p = (int16_t)ref_int(v, true); break;

@@ -6,7 +6,10 @@
  * small enough that the grid-stride loops go round. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "emu_check.h"
 
@@ -151,4 +154,70 @@ Test(emu_copy, grid_stride_loops_match_the_cpu, .timeout = 300)
   cr_expect(st.grid[0] <= 2 && st.grid[1] <= 2 && st.grid[2] <= 2, "grid (%u,%u,%u)", st.grid[0],
             st.grid[1], st.grid[2]);
   cr_assert_eq(failures, 0, "%d copies differ (the first above)", failures);
+}
+
+static const char *kernel_name_of(int k)
+{
+  return k == V ? "tport_cast_vec" : k == T ? "tport_transpose" : "tport_copy";
+}
+
+/* complex -> bool against the values PyTorch 2.x gives (not against the CPU
+ * kernels, which could share a mistake): true when either part is nonzero,
+ * NaN included; conj and neg flags change nothing.  PyTorch 1.13 read the
+ * real part alone, and so did copy.cu: 0+1j was false.  Each kernel. */
+Test(emu_copy, complex_to_bool_looks_at_both_parts, .timeout = 300)
+{
+  static const double in[][2] = {{0, 1},  {0, 0},   {1, 0},   {-0.0, 0},
+                                 {0, -2}, {NAN, 0}, {0, NAN}, {-0.0, -0.0}};
+  static const uint8_t want[] = {1, 0, 1, 0, 1, 1, 1, 0};
+  enum { K = sizeof want };
+  static const emu_layout bool_layouts[] = {
+      {"contiguous, vector tail of 3", 1, {1003}, {1}, {1}, 0, 0, V},
+      {"3 elements (under one vector)", 1, {3}, {1}, {1}, 0, 0, C},
+      {"strided src", 1, {777}, {1}, {3}, 0, 0, C},
+      {"transposed src, edge tiles", 2, {45, 37}, {37, 1}, {1, 45}, 0, 0, T},
+  };
+  for (int wide = 0; wide < 2; wide++) {
+    const tport_dtype st = wide ? TPORT_COMPLEX128 : TPORT_COMPLEX64;
+    const size_t ss = tport_dtype_size(st);
+    for (size_t li = 0; li < sizeof bool_layouts / sizeof bool_layouts[0]; li++) {
+      const emu_layout *l = &bool_layouts[li];
+      const int64_t n0 = l->shape[0], n1 = l->ndim > 1 ? l->shape[1] : 1;
+      const int64_t sst0 = l->src_stride[0], sst1 = l->ndim > 1 ? l->src_stride[1] : 0;
+      const int64_t dst0 = l->dst_stride[0], dst1 = l->ndim > 1 ? l->dst_stride[1] : 0;
+      const int64_t sn = (n0 - 1) * sst0 + (n1 - 1) * sst1 + 1, dn = n0 * n1;
+      char *src = NULL, *dst = NULL;
+      cr_assert_eq(posix_memalign((void **)&src, 64, (size_t)sn * ss), 0);
+      cr_assert_eq(posix_memalign((void **)&dst, 64, (size_t)dn), 0);
+      for (int64_t j = 0; j < sn; j++) /* source element j holds in[j % K] */
+        if (wide)
+          memcpy(src + j * 16, in[j % K], 16);
+        else {
+          const float f[2] = {(float)in[j % K][0], (float)in[j % K][1]};
+          memcpy(src + j * 8, f, 8);
+        }
+      int64_t dstr[2] = {dst0, dst1}, sstr[2] = {sst0 * (int64_t)ss, sst1 * (int64_t)ss};
+      plan p;
+      plan_build(&p, l->ndim, l->shape, 2, (const int64_t *const[]){dstr, sstr});
+      for (unsigned flags = 0; flags <= (CPU_COPY_CONJ | CPU_COPY_NEG); flags++) {
+        memset(dst, 0x55, (size_t)dn);
+        tport_err err = {0};
+        cr_assert_eq(cuda_jit_copy(0, NULL, &p, dst, TPORT_BOOL, src, st, flags, &err), 0,
+                     "%s: %s (%s)", l->name, err.msg, emu_cudart_last_message());
+        cr_assert_str_eq(emu_last_kernel(), kernel_name_of(l->expect), "%s", l->name);
+        for (int64_t i = 0; i < n0; i++)
+          for (int64_t k = 0; k < n1; k++) {
+            const int64_t j = i * sst0 + k * sst1;
+            const uint8_t got = (uint8_t)dst[i * dst0 + k * dst1];
+            cr_assert_eq(got, want[j % K],
+                         "%s, bool <- %s, flags %u: (%lld, %lld) from (%g, %g): "
+                         "%u, want %u",
+                         l->name, emu_dtype_name[st], flags, (long long)i, (long long)k,
+                         in[j % K][0], in[j % K][1], got, want[j % K]);
+          }
+      }
+      free(src);
+      free(dst);
+    }
+  }
 }
