@@ -27,3 +27,12 @@ const backend_ops *backend_get(tport_device_type t)
   assert(backend_complete(table[t]));
   return table[t];
 }
+
+const backend_ops *backend_pinned_host(void)
+{
+  if (backend_cuda.device_count() > 0)
+    return &backend_cuda;
+  if (backend_sim.device_count() > 0)
+    return &backend_sim;
+  return &backend_cpu;
+}

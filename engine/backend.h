@@ -111,6 +111,10 @@ typedef struct backend_ops {
 /* The table of a device type; every entry is non-NULL (unsupported ops point
  * to a function that says so). */
 const backend_ops *backend_get(tport_device_type t);
+/* Where pinned host memory comes from: the first accelerator backend with a
+ * device (CUDA's cudaHostAlloc where present, then the sim's), else plain
+ * host memory (the cpu backend). */
+const backend_ops *backend_pinned_host(void);
 /* Checks that no required op of `ops` is NULL (called once per backend). */
 bool backend_complete(const backend_ops *ops);
 

@@ -1,5 +1,8 @@
-/* host_cache.c: the caching allocator of large host blocks (host_cache.h). */
+/* host_cache.c: the caching allocators of large host blocks and of pinned
+ * host blocks (host_cache.h). */
 #include "host_cache.h"
+
+#include "backend.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -32,40 +35,63 @@
 
 typedef struct block {
   void *ptr;
-  size_t size;                /* mapped bytes (a multiple of HUGE) */
+  size_t size;                /* mapped bytes (a multiple of the cache's granule) */
+  const void *owner;          /* what mapped it (the pinned cache: a backend) */
   bool cached;                /* on the cached list, else handed out */
   struct block *older, *newer; /* the cached list, oldest first */
   UT_hash_handle hh;          /* by ptr: every block, handed out or cached */
 } block;
 
-static struct {
+/* One cache: the large host blocks (mmap, huge pages) or the pinned ones
+ * (the accelerator's host_alloc).  What differs is how a block is mapped
+ * and unmapped, how sizes round, and from what size on blocks are kept. */
+typedef struct cache {
   pthread_mutex_t mu;
   block *all;
   block *oldest, *newest;
   size_t cached, in_use, limit;
   bool limit_set;
   uint64_t hits, misses;
-} hc = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  size_t min_bytes;                      /* smaller: aligned_alloc, not kept */
+  size_t (*round)(size_t bytes);         /* the size mapped for bytes (0: too large) */
+  void *(*map)(size_t size, const void **owner);
+  void (*unmap)(void *p, size_t size, const void *owner);
+  size_t ram_divisor, max_limit;         /* the default limit: RAM / divisor, at most max */
+  const char *limit_env;                 /* a variable that sets the default limit */
+} cache;
 
-static size_t default_limit(void)
+static size_t default_limit(const cache *c)
 {
+  const char *env = c->limit_env ? getenv(c->limit_env) : NULL;
+  if (env && *env) {
+    char *end;
+    unsigned long long v = strtoull(env, &end, 10);
+    if (*end == '\0' && env[0] != '-')
+      return (size_t)v;
+  }
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   size_t ram = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : (size_t)8 << 30;
-  size_t lim = ram / 8;
-  return lim < ((size_t)8 << 30) ? lim : (size_t)8 << 30;
+  size_t lim = ram / c->ram_divisor;
+  return lim < c->max_limit ? lim : c->max_limit;
 }
 
-static size_t limit_locked(void)
+static size_t limit_locked(cache *c)
 {
-  if (!hc.limit_set) {
-    hc.limit = default_limit();
-    hc.limit_set = true;
+  if (!c->limit_set) {
+    c->limit = default_limit(c);
+    c->limit_set = true;
   }
-  return hc.limit;
+  return c->limit;
 }
 
-static void *map_block(size_t size)
+static size_t round_huge(size_t bytes)
 {
+  return bytes > SIZE_MAX - HUGE ? 0 : (bytes + HUGE - 1) & ~(HUGE - 1);
+}
+
+static void *map_block(size_t size, const void **owner)
+{
+  *owner = NULL;
 #ifdef HOST_CACHE_ASAN
   return aligned_alloc(HUGE, size);
 #else
@@ -86,8 +112,9 @@ static void *map_block(size_t size)
 #endif
 }
 
-static void unmap_block(void *p, size_t size)
+static void unmap_block(void *p, size_t size, const void *owner)
 {
+  (void)owner;
 #ifdef HOST_CACHE_ASAN
   UNPOISON(p, size);
   free(p);
@@ -96,78 +123,80 @@ static void unmap_block(void *p, size_t size)
 #endif
 }
 
-static void unlink_cached(block *b)
+static void unlink_cached(cache *c, block *b)
 {
   if (b->older)
     b->older->newer = b->newer;
   else
-    hc.oldest = b->newer;
+    c->oldest = b->newer;
   if (b->newer)
     b->newer->older = b->older;
   else
-    hc.newest = b->older;
+    c->newest = b->older;
   b->older = b->newer = NULL;
   b->cached = false;
-  hc.cached -= b->size;
+  c->cached -= b->size;
 }
 
 /* Unmaps the oldest cached blocks until at most keep bytes are cached; the
  * blocks to unmap are handed back in *out (unmapped outside the lock). */
-static block *trim_locked(size_t keep)
+static block *trim_locked(cache *c, size_t keep)
 {
   block *out = NULL;
-  while (hc.cached > keep && hc.oldest) {
-    block *b = hc.oldest;
-    unlink_cached(b);
-    HASH_DEL(hc.all, b);
+  while (c->cached > keep && c->oldest) {
+    block *b = c->oldest;
+    unlink_cached(c, b);
+    HASH_DEL(c->all, b);
     b->newer = out;
     out = b;
   }
   return out;
 }
 
-static void unmap_list(block *b)
+static void unmap_list(cache *c, block *b)
 {
   while (b) {
     block *next = b->newer;
-    unmap_block(b->ptr, b->size);
+    c->unmap(b->ptr, b->size, b->owner);
     free(b);
     b = next;
   }
 }
 
-void *host_cache_alloc(size_t bytes)
+static void cache_empty(cache *c);
+
+static void *cache_alloc(cache *c, size_t bytes)
 {
-  if (bytes < HOST_CACHE_MIN_BYTES) {
+  if (bytes < c->min_bytes) {
     void *p = aligned_alloc(256, (bytes + 255) & ~(size_t)255);
     return p;
   }
-  if (bytes > SIZE_MAX - HUGE)
+  size_t size = c->round(bytes);
+  if (!size)
     return NULL;
-  size_t size = (bytes + HUGE - 1) & ~(HUGE - 1);
-  pthread_mutex_lock(&hc.mu);
+  pthread_mutex_lock(&c->mu);
   /* the smallest cached block that fits without wasting more than a quarter */
   block *best = NULL;
-  for (block *b = hc.newest; b; b = b->older)
+  for (block *b = c->newest; b; b = b->older)
     if (b->size >= size && b->size - size <= size / 4 && (!best || b->size < best->size))
       best = b;
   if (best) {
-    unlink_cached(best);
-    hc.in_use += best->size;
-    hc.hits++;
-    pthread_mutex_unlock(&hc.mu);
+    unlink_cached(c, best);
+    c->in_use += best->size;
+    c->hits++;
+    pthread_mutex_unlock(&c->mu);
     UNPOISON(best->ptr, bytes);
     POISON((char *)best->ptr + bytes, best->size - bytes);
     return best->ptr;
   }
-  hc.misses++;
-  pthread_mutex_unlock(&hc.mu);
+  c->misses++;
+  pthread_mutex_unlock(&c->mu);
   block *nb = calloc(1, sizeof *nb);
-  void *p = nb ? map_block(size) : NULL;
+  void *p = nb ? c->map(size, &nb->owner) : NULL;
   if (nb && !p) {
     /* out of memory: what the cache holds may be what is missing */
-    host_cache_empty();
-    p = map_block(size);
+    cache_empty(c);
+    p = c->map(size, &nb->owner);
   }
   if (!p) {
     free(nb);
@@ -176,73 +205,172 @@ void *host_cache_alloc(size_t bytes)
   nb->ptr = p;
   nb->size = size;
   POISON((char *)p + bytes, size - bytes);
-  pthread_mutex_lock(&hc.mu);
-  HASH_ADD_PTR(hc.all, ptr, nb);
-  hc.in_use += size;
-  pthread_mutex_unlock(&hc.mu);
+  pthread_mutex_lock(&c->mu);
+  HASH_ADD_PTR(c->all, ptr, nb);
+  c->in_use += size;
+  pthread_mutex_unlock(&c->mu);
   return p;
+}
+
+/* False when p is not one of c's blocks. */
+static bool cache_free(cache *c, void *p)
+{
+  pthread_mutex_lock(&c->mu);
+  block *b;
+  HASH_FIND_PTR(c->all, &p, b);
+  if (!b) {
+    pthread_mutex_unlock(&c->mu);
+    return false;
+  }
+  c->in_use -= b->size;
+  block *drop = NULL;
+  if (b->size > limit_locked(c)) {
+    HASH_DEL(c->all, b);
+    b->newer = NULL;
+    drop = b;
+  } else {
+    drop = trim_locked(c, c->limit - b->size);
+    b->cached = true;
+    b->older = c->newest;
+    b->newer = NULL;
+    if (c->newest)
+      c->newest->newer = b;
+    else
+      c->oldest = b;
+    c->newest = b;
+    c->cached += b->size;
+    POISON(b->ptr, b->size);
+  }
+  pthread_mutex_unlock(&c->mu);
+  unmap_list(c, drop);
+  return true;
+}
+
+static void cache_set_limit(cache *c, size_t bytes)
+{
+  pthread_mutex_lock(&c->mu);
+  c->limit = bytes;
+  c->limit_set = true;
+  block *drop = trim_locked(c, bytes);
+  pthread_mutex_unlock(&c->mu);
+  unmap_list(c, drop);
+}
+
+static void cache_empty(cache *c)
+{
+  pthread_mutex_lock(&c->mu);
+  block *drop = trim_locked(c, 0);
+  pthread_mutex_unlock(&c->mu);
+  unmap_list(c, drop);
+}
+
+static void cache_get_stats(cache *c, host_cache_stats *out)
+{
+  pthread_mutex_lock(&c->mu);
+  *out = (host_cache_stats){.hits = c->hits,
+                            .misses = c->misses,
+                            .cached_bytes = c->cached,
+                            .in_use_bytes = c->in_use,
+                            .limit_bytes = limit_locked(c)};
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* ---------------------------------------------------------------- large host blocks */
+
+static cache hc = {.mu = PTHREAD_MUTEX_INITIALIZER,
+                   .min_bytes = HOST_CACHE_MIN_BYTES,
+                   .round = round_huge,
+                   .map = map_block,
+                   .unmap = unmap_block,
+                   .ram_divisor = 8,
+                   .max_limit = (size_t)8 << 30};
+
+void *host_cache_alloc(size_t bytes)
+{
+  return cache_alloc(&hc, bytes);
 }
 
 void host_cache_free(void *p)
 {
-  if (!p)
-    return;
-  pthread_mutex_lock(&hc.mu);
-  block *b;
-  HASH_FIND_PTR(hc.all, &p, b);
-  if (!b) {
-    pthread_mutex_unlock(&hc.mu);
+  if (p && !cache_free(&hc, p))
     free(p); /* a small block, from aligned_alloc */
-    return;
-  }
-  hc.in_use -= b->size;
-  block *drop = NULL;
-  if (b->size > limit_locked()) {
-    HASH_DEL(hc.all, b);
-    b->newer = NULL;
-    drop = b;
-  } else {
-    drop = trim_locked(hc.limit - b->size);
-    b->cached = true;
-    b->older = hc.newest;
-    b->newer = NULL;
-    if (hc.newest)
-      hc.newest->newer = b;
-    else
-      hc.oldest = b;
-    hc.newest = b;
-    hc.cached += b->size;
-    POISON(b->ptr, b->size);
-  }
-  pthread_mutex_unlock(&hc.mu);
-  unmap_list(drop);
 }
 
 void host_cache_set_limit(size_t bytes)
 {
-  pthread_mutex_lock(&hc.mu);
-  hc.limit = bytes;
-  hc.limit_set = true;
-  block *drop = trim_locked(bytes);
-  pthread_mutex_unlock(&hc.mu);
-  unmap_list(drop);
+  cache_set_limit(&hc, bytes);
 }
 
 void host_cache_empty(void)
 {
-  pthread_mutex_lock(&hc.mu);
-  block *drop = trim_locked(0);
-  pthread_mutex_unlock(&hc.mu);
-  unmap_list(drop);
+  cache_empty(&hc);
 }
 
 void host_cache_get_stats(host_cache_stats *out)
 {
-  pthread_mutex_lock(&hc.mu);
-  *out = (host_cache_stats){.hits = hc.hits,
-                            .misses = hc.misses,
-                            .cached_bytes = hc.cached,
-                            .in_use_bytes = hc.in_use,
-                            .limit_bytes = limit_locked()};
-  pthread_mutex_unlock(&hc.mu);
+  cache_get_stats(&hc, out);
+}
+
+/* ---------------------------------------------------------------- pinned blocks */
+
+/* Pinned sizes: 64 KiB steps below 2 MiB, 2 MiB steps above (a fresh
+ * cudaHostAlloc costs about 0.4 ms per MiB: every size is worth keeping). */
+static size_t round_pinned(size_t bytes)
+{
+  const size_t small = (size_t)64 << 10;
+  if (bytes < HUGE)
+    return bytes ? (bytes + small - 1) & ~(small - 1) : small;
+  return round_huge(bytes);
+}
+
+static void *map_pinned(size_t size, const void **owner)
+{
+  const backend_ops *be = backend_pinned_host();
+  void *p = NULL;
+  if (be->host_alloc(size, &p, NULL) != TPORT_OK)
+    return NULL;
+  *owner = be;
+  return p;
+}
+
+static void unmap_pinned(void *p, size_t size, const void *owner)
+{
+  (void)size;
+  UNPOISON(p, size);
+  ((const backend_ops *)owner)->host_free(p);
+}
+
+static cache pc = {.mu = PTHREAD_MUTEX_INITIALIZER,
+                   .min_bytes = 0,
+                   .round = round_pinned,
+                   .map = map_pinned,
+                   .unmap = unmap_pinned,
+                   .ram_divisor = 16,
+                   .max_limit = (size_t)4 << 30,
+                   .limit_env = "TPORT_PINNED_CACHE_BYTES"};
+
+void *pinned_cache_alloc(size_t bytes)
+{
+  return cache_alloc(&pc, bytes);
+}
+
+void pinned_cache_free(void *p)
+{
+  if (p && !cache_free(&pc, p))
+    abort(); /* not a pinned block: an engine bug */
+}
+
+void pinned_cache_set_limit(size_t bytes)
+{
+  cache_set_limit(&pc, bytes);
+}
+
+void pinned_cache_empty(void)
+{
+  cache_empty(&pc);
+}
+
+void pinned_cache_get_stats(host_cache_stats *out)
+{
+  cache_get_stats(&pc, out);
 }

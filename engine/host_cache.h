@@ -46,4 +46,23 @@ typedef struct host_cache_stats {
 } host_cache_stats;
 void host_cache_get_stats(host_cache_stats *out);
 
+/*
+ * The same for pinned host memory: the cpu storages made with
+ * STORAGE_PINNED (a non_blocking copy from a device pins its result, as
+ * PyTorch does).  A fresh cudaHostAlloc maps, zeroes and locks every page
+ * (101-117 ms for 256 MiB on an H200) and cudaFreeHost is as slow and
+ * synchronizing, so freed blocks are kept for the next allocation that fits,
+ * as PyTorch's CachingHostAllocator keeps them.  Every size is kept (64 KiB
+ * steps below 2 MiB).  Blocks come from the first accelerator backend with a
+ * device (backend_pinned_host) and go back to the one that made them.  The
+ * limit defaults to a sixteenth of physical memory, at most 4 GiB, or
+ * TPORT_PINNED_CACHE_BYTES.  Blocks are only ever freed by the engine, after
+ * the work pending on their storage completed (storage_reap).
+ */
+void *pinned_cache_alloc(size_t bytes);
+void pinned_cache_free(void *p);
+void pinned_cache_set_limit(size_t bytes);
+void pinned_cache_empty(void);
+void pinned_cache_get_stats(host_cache_stats *out);
+
 #endif

@@ -287,11 +287,7 @@ static staging_pool *lazy_pool_get(lazy_pool *lp)
 {
   pthread_mutex_lock(&lp->mu);
   if (!lp->pool) {
-    const backend_ops *be = &backend_cpu;
-    if (backend_cuda.device_count() > 0)
-      be = &backend_cuda;
-    else if (backend_sim.device_count() > 0)
-      be = &backend_sim;
+    const backend_ops *be = backend_pinned_host();
     const char *env = getenv(lp->env);
     size_t budget = env && atoll(env) > 0 ? (size_t)atoll(env) : lp->default_budget;
     staging_create(be, budget, &lp->pool, NULL);

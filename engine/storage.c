@@ -3,23 +3,14 @@
 
 #include <stdlib.h>
 
+#include "host_cache.h"
+
 /* Storages released while their work was pending. */
 static struct {
   pthread_mutex_t mu;
   tport_storage **items;
   int n, cap;
 } graveyard = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static const backend_ops *host_memory_backend(void)
-{
-  /* Pinned host memory comes from the first accelerator backend that has a
-   * device (CUDA's cudaHostAlloc where present), else plain host memory. */
-  if (backend_cuda.device_count() > 0)
-    return &backend_cuda;
-  if (backend_sim.device_count() > 0)
-    return &backend_sim;
-  return &backend_cpu;
-}
 
 int storage_new(tport_device device, size_t nbytes, unsigned flags, tport_storage **out,
                 tport_err *err)
@@ -49,9 +40,14 @@ int storage_new(tport_device device, size_t nbytes, unsigned flags, tport_storag
     if (flags & STORAGE_MANAGED) {
       rc = be->alloc_managed(device.index, nbytes, &s->ptr, err);
     } else if ((flags & STORAGE_PINNED) && device.type == TPORT_DEV_CPU) {
-      s->mem_be = host_memory_backend();
+      /* from the caching pinned allocator: a fresh block per storage costs
+       * twenty times the copy into it */
+      s->mem_be = backend_pinned_host();
       s->mem_dev = -1;
-      rc = s->mem_be->host_alloc(nbytes, &s->ptr, err);
+      s->ptr = pinned_cache_alloc(nbytes);
+      if (!s->ptr)
+        rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                           "out of pinned host memory: %zu bytes asked", nbytes);
     } else {
       rc = be->alloc(device.index, nbytes, &s->ptr, err);
     }
@@ -107,7 +103,7 @@ static void storage_destroy(tport_storage *s)
     s->give_back(s->give_back_ctx);
   else if (s->ptr && !s->external) {
     if (s->mem_dev < 0)
-      s->mem_be->host_free(s->ptr);
+      pinned_cache_free(s->ptr);
     else
       s->mem_be->free(s->mem_dev, s->ptr);
   }

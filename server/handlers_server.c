@@ -304,6 +304,11 @@ int h_stats(call *c)
   COUNTER("host_cache_bytes_cached", hc.cached_bytes);
   COUNTER("host_cache_bytes_in_use", hc.in_use_bytes);
   COUNTER("host_cache_bytes_limit", hc.limit_bytes);
+  pinned_cache_get_stats(&hc);
+  COUNTER("pinned_cache_hits", hc.hits);
+  COUNTER("pinned_cache_misses", hc.misses);
+  COUNTER("pinned_cache_bytes_cached", hc.cached_bytes);
+  COUNTER("pinned_cache_bytes_in_use", hc.in_use_bytes);
   for (int type = 0; type < TPORT_NUM_DEVICE_TYPES; type++) {
     be_stat bs[16];
     size_t nb = backend_get((tport_device_type)type)->stats(bs, 16);

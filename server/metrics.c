@@ -541,6 +541,19 @@ static void host_gauges(metrics_text *t, server *s)
   gauge_u64(t, "tport_host_cache_in_use_bytes", "Large host blocks handed out.", hc.in_use_bytes);
   gauge_u64(t, "tport_host_cache_limit_bytes", "The most host bytes kept cached (--host-cache).",
             hc.limit_bytes);
+  host_cache_stats pc;
+  pinned_cache_get_stats(&pc);
+  counter_u64(t, "tport_pinned_cache_hits_total",
+              "Pinned host storages (non_blocking copies to the cpu) served from the cache.",
+              pc.hits);
+  counter_u64(t, "tport_pinned_cache_misses_total", "Pinned host storages allocated fresh.",
+              pc.misses);
+  gauge_u64(t, "tport_pinned_cache_cached_bytes", "Pinned host bytes kept for reuse.",
+            pc.cached_bytes);
+  gauge_u64(t, "tport_pinned_cache_in_use_bytes", "Pinned host storages' bytes handed out.",
+            pc.in_use_bytes);
+  gauge_u64(t, "tport_pinned_cache_limit_bytes",
+            "The most pinned host bytes kept cached (TPORT_PINNED_CACHE_BYTES).", pc.limit_bytes);
 }
 
 char *metrics_render(server *s, size_t *len)

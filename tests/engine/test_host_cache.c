@@ -104,3 +104,86 @@ Test(host_cache, cpu_storages_are_cached)
   cr_assert_eq(s1.misses - s0.misses, 1, "one 12 MiB block mapped");
   cr_assert_eq(s1.hits - s0.hits, 2, "and reused twice");
 }
+
+/* ---- the pinned cache (the cpu storages made with STORAGE_PINNED) */
+
+static int64_t sim_host_allocs(void)
+{
+  be_stat st[32];
+  size_t n = backend_sim.stats(st, 32);
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(st[i].name, "sim_host_allocs"))
+      return st[i].value;
+  return -1;
+}
+
+static void with_sim(void)
+{
+  sim_config cfg = {.ndevices = 1, .mem_bytes = 256 << 20, .seed = 1};
+  cr_assert_eq(sim_configure(&cfg, NULL), 0);
+  pinned_cache_set_limit(64 * MIB);
+  pinned_cache_empty();
+}
+
+/* A non_blocking copy from a device pins its result (as PyTorch does); a
+ * fresh pinned block per copy cost 100+ ms per 256 MiB on an H200.  The
+ * second and later copies of the same size reuse the first one's block. */
+Test(host_cache, pinned_results_of_non_blocking_copies_reuse_their_blocks, .init = with_sim)
+{
+  int64_t n = 3 * MIB / 4 + 5, sizes[1] = {n};
+  tport_tensor *d;
+  tport_err e;
+  cr_assert_eq(tensor_empty((tport_device){TPORT_DEV_SIM, 0}, TPORT_FLOAT32, 1, sizes,
+                            TPORT_MF_CONTIGUOUS, 0, &d, &e),
+               0);
+  float *v = malloc((size_t)n * 4);
+  for (int64_t i = 0; i < n; i++)
+    v[i] = (float)i;
+  cr_assert_eq(tensor_write(d, v, (size_t)n * 4, &e), 0);
+  to_options o = {.has_device = true, .device = {TPORT_DEV_CPU, 0}, .non_blocking = true};
+  int64_t allocs = 0;
+  for (int k = 0; k < 5; k++) {
+    if (k == 1)
+      allocs = sim_host_allocs();
+    tport_tensor *h;
+    bool aliased;
+    cr_assert_eq(tensor_to(d, &o, &h, &aliased, &e), 0, "%s", e.msg);
+    cr_assert(h->storage->flags & STORAGE_PINNED);
+    cr_assert_eq(tensor_sync(h, &e), 0);
+    cr_assert_eq(memcmp(h->storage->ptr, v, (size_t)n * 4), 0);
+    tensor_release(h);
+  }
+  cr_assert_eq(sim_host_allocs(), allocs, "pinned memory allocated for 4 warm copies");
+  host_cache_stats st;
+  pinned_cache_get_stats(&st);
+  cr_assert_geq(st.hits, 4);
+  cr_assert_eq(st.in_use_bytes, 0);
+  cr_assert_eq(st.cached_bytes, 4 * MIB, "3 MiB + 20 bytes, rounded to 2 MiB steps");
+  free(v);
+  tensor_release(d);
+}
+
+Test(host_cache, the_pinned_cache_keeps_at_most_its_limit, .init = with_sim)
+{
+  pinned_cache_set_limit(2 * MIB);
+  void *a = pinned_cache_alloc(MIB), *b = pinned_cache_alloc(MIB + 1), *c = pinned_cache_alloc(100);
+  cr_assert(a && b && c);
+  memset(a, 1, MIB);
+  memset(b, 2, MIB + 1);
+  memset(c, 3, 100);
+  int64_t allocs = sim_host_allocs();
+  pinned_cache_free(a);
+  pinned_cache_free(b); /* 1 MiB + 64 KiB: a is dropped to keep 2 MiB */
+  pinned_cache_free(c); /* 64 KiB */
+  host_cache_stats st;
+  pinned_cache_get_stats(&st);
+  cr_assert_leq(st.cached_bytes, 2 * MIB);
+  cr_assert_eq(st.cached_bytes, MIB + 128 * 1024);
+  void *again = pinned_cache_alloc(MIB + 100);
+  cr_assert_eq(again, b, "the block that fits is reused");
+  cr_assert_eq(sim_host_allocs(), allocs);
+  pinned_cache_free(again);
+  pinned_cache_empty();
+  pinned_cache_get_stats(&st);
+  cr_assert_eq(st.cached_bytes, 0);
+}
