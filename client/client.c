@@ -16,6 +16,7 @@
 #include <openssl/crypto.h>
 
 #include "client_internal.h"
+#include "cuda_stage.h"
 #include "hello_mac.h"
 #include "lent_bytes.h"
 #include "tls_openssl.h"
@@ -164,6 +165,7 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
   pthread_mutex_init(&c->shm_mu, NULL);
   atomic_init(&c->shm_auto, false);
   pthread_mutex_init(&c->regions_mu, NULL);
+  pthread_mutex_init(&c->stage_mu, NULL);
   c->credits = 1; /* the Hello */
   int rv = nng_req0_open(&c->sock);
   if (rv) {
@@ -242,6 +244,8 @@ void tport_close(tport_client *c)
   pthread_cond_destroy(&c->cv);
   pthread_mutex_destroy(&c->shm_mu);
   pthread_mutex_destroy(&c->regions_mu);
+  stage_destroy(c->stage);
+  pthread_mutex_destroy(&c->stage_mu);
   free(c);
 }
 

@@ -43,6 +43,10 @@ struct tport_client {
   /* the application's regions, unmapped by tport_close */
   pthread_mutex_t regions_mu;
   struct tport_shm *regions;
+  /* device memory over the network (cuda_stage.c): the ring of pinned
+   * chunks, made on first use and held by one transfer at a time */
+  pthread_mutex_t stage_mu;
+  struct client_stage *stage;
 };
 
 /* A request in flight on its own context. */
@@ -136,6 +140,27 @@ int client_shm_get_begin(tport_client *c, const tport_ref *ref, struct tport_shm
  * reply (and its CRC32C with verify). */
 int client_shm_check_get(tport_client *c, const Tport__GetBeginReply *b, const struct tport_shm *r,
                          size_t offset, size_t cap, tport_err *err);
+/* Device memory a put reads or a get writes (cuda_stage.h). */
+struct client_devmem;
+/* tport_put of nbytes at data, or (dev not NULL) of the device memory at
+ * dev, staged through the client's pinned ring (never through a region). */
+int client_put_mem(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
+                   const int64_t *strides, const void *data, const struct client_devmem *dev,
+                   size_t nbytes, const tport_put_options *opts, tport_tensor_info *out,
+                   tport_err *err);
+/* What a get into a caller's tensor expects: the tensor's dtype and sizes
+ * (its bytes then fill the cap bytes exactly). */
+typedef struct client_get_want {
+  tport_dtype dtype;
+  int ndim;
+  const int64_t *sizes;
+} client_get_want;
+/* tport_get into buf (host) or, dev not NULL, the device memory at dev, of
+ * exactly the tensor want describes (cap its bytes): checked before a byte
+ * is written. */
+int client_get_exact(tport_client *c, const tport_ref *ref, void *buf,
+                     const struct client_devmem *dev, size_t cap, const client_get_want *want,
+                     tport_tensor_info *info, tport_err *err);
 /* dlpack.c: DLPack's dtype of ours. */
 int client_dl_dtype(tport_dtype d, DLDataType *out, tport_err *err);
 bool client_url_is_local(const char *url);

@@ -4,13 +4,21 @@
  * dtype mapping: kDLInt 8/16/32/64 -> int8..int64, kDLUInt 8 -> uint8 (and
  * uint8 with bits 8 stands for bool only when the caller says so: DLPack 0.6
  * has no bool code, so a put never produces bool), kDLFloat 16/32/64,
- * kDLBfloat 16, kDLComplex 64/128.  lanes must be 1; the device kDLCPU.
+ * kDLBfloat 16, kDLComplex 64/128.  lanes must be 1.
+ *
+ * Devices: kDLCPU and kDLCUDAHost (pinned host memory) are read and written
+ * in place; kDLCUDA and kDLCUDAManaged are staged through the client's
+ * pinned ring (cuda_stage.h), the CUDA runtime loaded on first use
+ * (cuda_rt.h).  Device memory must be dense: packing a strided tensor is
+ * work for the device that owns it (.contiguous() there), never a copy of
+ * the whole tensor to the host here.
  */
 #include <dlpack/dlpack.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "client_internal.h"
+#include "cuda_stage.h"
 
 static int dtype_from_dl(DLDataType t, tport_dtype *out, tport_err *err)
 {
@@ -132,21 +140,52 @@ static void pack_into(void *dst, size_t n, void *arg)
   pack(dst, a->src, a->ndim, a->sizes, a->strides, a->es, a->numel);
 }
 
-int tport_put_dlpack(tport_client *c, const DLTensor *t, const tport_put_options *opts,
-                     tport_tensor_info *out, tport_err *err)
+/* Where a DLTensor's bytes are: *dev true for memory only the device
+ * reaches (then mem says which), false for host-addressable memory. */
+static int dl_where(const DLTensor *t, const uint8_t *base, size_t nbytes, bool *dev,
+                    client_devmem *mem, tport_err *err)
 {
-  if (t->device.device_type != kDLCPU)
+  switch (t->device.device_type) {
+  case kDLCPU:
+  case kDLCUDAHost: *dev = false; return TPORT_OK;
+  case kDLCUDA:
+  case kDLCUDAManaged: break;
+  default:
     return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                         "DLPack device type %d: only host (kDLCPU) tensors can be put",
+                         "DLPack device type %d: only kDLCPU, kDLCUDA, kDLCUDAHost and "
+                         "kDLCUDAManaged tensors are supported",
                          (int)t->device.device_type);
+  }
+  bool managed = t->device.device_type == kDLCUDAManaged;
+  if (t->device.device_id < 0)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "DLPack device_id is %d",
+                         t->device.device_id);
+  int rc = TPORT_OK;
+  if (nbytes) /* an empty tensor's data may be anything */
+    rc = stage_check_pointer(base, t->device.device_id, managed, err);
+  else {
+    const cuda_rt *rt;
+    rc = cuda_rt_load(&rt, err); /* the same answer, empty or not */
+  }
+  if (rc)
+    return rc;
+  *dev = true;
+  mem->base = (uint8_t *)base;
+  mem->device = t->device.device_id;
+  return TPORT_OK;
+}
+
+/* numel and nbytes of a DLTensor's shape and dtype, overflow-checked. */
+static int dl_size(const DLTensor *t, tport_dtype *dt, int64_t *numel_out, size_t *nbytes,
+                   tport_err *err)
+{
   if (t->ndim < 0 || t->ndim > TPORT_MAX_DIMS)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "DLPack ndim is %d: the limit is %d", t->ndim,
                          TPORT_MAX_DIMS);
-  tport_dtype dt = TPORT_UINT8;
-  int rc = dtype_from_dl(t->dtype, &dt, err);
+  int rc = dtype_from_dl(t->dtype, dt, err);
   if (rc)
     return rc;
-  size_t es = tport_dtype_size(dt);
+  size_t es = tport_dtype_size(*dt);
   int64_t numel = 1;
   for (int d = 0; d < t->ndim; d++) {
     if (t->shape[d] < 0)
@@ -155,19 +194,45 @@ int tport_put_dlpack(tport_client *c, const DLTensor *t, const tport_put_options
       return tport_err_set(err, TPORT_INVALID_ARGUMENT,
                            "DLPack shape: the number of elements overflows at shape[%d]", d);
   }
-  int64_t nbytes_checked;
-  if (__builtin_mul_overflow(numel, (int64_t)es, &nbytes_checked))
+  int64_t nb;
+  if (__builtin_mul_overflow(numel, (int64_t)es, &nb) || (uint64_t)nb > SIZE_MAX)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "DLPack shape: the byte count overflows");
+  *numel_out = numel;
+  *nbytes = (size_t)nb;
+  return TPORT_OK;
+}
+
+int tport_put_dlpack(tport_client *c, const DLTensor *t, const tport_put_options *opts,
+                     tport_tensor_info *out, tport_err *err)
+{
+  tport_dtype dt = TPORT_UINT8;
+  int64_t numel;
+  size_t nbytes;
+  int rc = dl_size(t, &dt, &numel, &nbytes, err);
+  if (rc)
+    return rc;
+  size_t es = tport_dtype_size(dt);
   const uint8_t *base = (const uint8_t *)t->data + t->byte_offset;
-  if (!t->strides)
-    return tport_put(c, dt, t->ndim, t->shape, NULL, base, (size_t)numel * es, opts, out, err);
-  for (int d = 0; d < t->ndim; d++)
-    if (t->strides[d] < 0)
+  if (t->strides)
+    for (int d = 0; d < t->ndim; d++)
+      if (t->strides[d] < 0)
+        return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                             "DLPack strides[%d] is negative: not supported", d);
+  bool on_dev = false;
+  client_devmem mem;
+  if ((rc = dl_where(t, base, nbytes, &on_dev, &mem, err)) != TPORT_OK)
+    return rc;
+  if (on_dev) {
+    if (t->strides && !dense(t->ndim, t->shape, t->strides))
       return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                           "DLPack strides[%d] is negative: not supported", d);
+                           "DLPack strides: a device tensor with gaps or overlaps cannot be put "
+                           "(make it contiguous on its device first)");
+    return client_put_mem(c, dt, t->ndim, t->shape, t->strides, NULL, &mem, nbytes, opts, out, err);
+  }
+  if (!t->strides)
+    return tport_put(c, dt, t->ndim, t->shape, NULL, base, nbytes, opts, out, err);
   if (dense(t->ndim, t->shape, t->strides))
-    return tport_put(c, dt, t->ndim, t->shape, t->strides, base, (size_t)numel * es, opts, out,
-                     err);
+    return tport_put(c, dt, t->ndim, t->shape, t->strides, base, nbytes, opts, out, err);
   /* gaps or overlaps: send the values in logical C order -- packed straight
    * into the client's region on the same host (one copy), else into a
    * buffer for the socket */
@@ -221,4 +286,35 @@ int tport_get_dlpack(tport_client *c, const tport_ref *ref, DLManagedTensor **ou
   h->m.deleter = dl_delete;
   *out = &h->m;
   return TPORT_OK;
+}
+
+int tport_get_into_dlpack(tport_client *c, const tport_ref *ref, const DLTensor *dst,
+                          tport_tensor_info *info, tport_err *err)
+{
+  tport_dtype dt = TPORT_UINT8;
+  int64_t numel;
+  size_t nbytes;
+  int rc = dl_size(dst, &dt, &numel, &nbytes, err);
+  if (rc)
+    return rc;
+  if (dst->strides) {
+    /* compact row-major only: the values come in logical C order */
+    int64_t want = 1;
+    for (int d = dst->ndim - 1; d >= 0; d--) {
+      if (dst->shape[d] != 1 && dst->strides[d] != want)
+        return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                             "DLPack strides[%d] is %lld: a get writes a contiguous (row-major) "
+                             "tensor, where it would be %lld",
+                             d, (long long)dst->strides[d], (long long)want);
+      want *= dst->shape[d]; /* no overflow: numel did not */
+    }
+  }
+  uint8_t *base = (uint8_t *)dst->data + dst->byte_offset;
+  bool on_dev = false;
+  client_devmem mem;
+  if ((rc = dl_where(dst, base, nbytes, &on_dev, &mem, err)) != TPORT_OK)
+    return rc;
+  client_get_want want = {dt, dst->ndim, dst->shape};
+  return client_get_exact(c, ref, on_dev ? NULL : base, on_dev ? &mem : NULL, nbytes, &want, info,
+                          err);
 }

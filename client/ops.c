@@ -9,6 +9,7 @@
 
 #include "client_internal.h"
 #include "crc32c.h"
+#include "cuda_stage.h"
 
 void tport_put_options_init(tport_put_options *o)
 {
@@ -148,6 +149,7 @@ typedef struct put_ctx {
   bool verify;
   struct tport_shm *region; /* same host: each chunk goes through it */
   lent_chunks *lent;        /* NULL: chunks copied into their requests */
+  client_stage *stage;      /* device memory: each chunk staged through the ring */
 } put_ctx;
 
 static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err *err)
@@ -158,7 +160,12 @@ static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
   q.offset = off;
   Tport__ShmSlice slice;
   const uint8_t *bytes = p->data + off;
-  if (p->region) {
+  if (p->stage) {
+    /* the slot is reused two chunks on: copied into the request, never lent */
+    int rc = stage_put_chunk(p->stage, off, len, &bytes, err);
+    if (rc)
+      return rc;
+  } else if (p->region) {
     /* into the region; the server copies it out while the next is copied in */
     memcpy(p->region->data + off, bytes, len);
     bytes = p->region->data + off;
@@ -170,7 +177,7 @@ static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
     q.crc32c = transport_crc32c(0, bytes, len);
   }
 #ifdef TPORT_NNG_LENT_TAIL
-  if (p->lent && !p->region)
+  if (p->lent && !p->region && !p->stage)
     return pack_lent(p->lent, TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, bytes, len, out, err);
 #endif
   return client_pack(TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, p->region ? NULL : bytes,
@@ -219,6 +226,14 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
               const int64_t *strides, const void *data, size_t nbytes,
               const tport_put_options *opts, tport_tensor_info *out, tport_err *err)
 {
+  return client_put_mem(c, dtype, ndim, sizes, strides, data, NULL, nbytes, opts, out, err);
+}
+
+int client_put_mem(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
+                   const int64_t *strides, const void *data, const client_devmem *dev,
+                   size_t nbytes, const tport_put_options *opts, tport_tensor_info *out,
+                   tport_err *err)
+{
   tport_put_options defaults;
   if (!opts) {
     tport_put_options_init(&defaults);
@@ -235,22 +250,33 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
   int rc = TPORT_OK;
   struct tport_shm *region = NULL;
   bool converts = opts->has_dtype || opts->memory_format != TPORT_MF_PRESERVE;
-  if (!converts && nbytes > 2 * c->chunk_bytes && nbytes <= CLIENT_SHM_MAX_BYTES)
+  if (!dev && !converts && nbytes > 2 * c->chunk_bytes && nbytes <= CLIENT_SHM_MAX_BYTES)
     region = client_shm_auto_take(c, nbytes);
   if (region && tport_shm_size(region) < nbytes) {
     client_shm_auto_done(c, 0);
     region = NULL;
   }
-  if (!region)
+  if (!region && !dev)
     rc = client_shm_put_auto(c, dtype, ndim, sizes, strides, fill_copy, (void *)data, nbytes,
                              opts, out, &used, err);
   if (used)
+    return rc;
+  /* device memory: through the client's pinned ring (the same-host path,
+   * an IPC handle the server opens, is not there yet) */
+  client_stage *stage = NULL;
+  if (dev && (rc = stage_begin(c, dev, nbytes, c->chunk_bytes, &stage, err)) != TPORT_OK)
     return rc;
   Tport__TensorDesc desc;
   Tport__PutBeginRequest q;
   client_put_request(c, dtype, ndim, sizes, strides, opts, &desc, &q);
   /* a tensor that fits in one chunk goes in one round trip */
   q.commit = nbytes <= c->chunk_bytes && !region;
+  if (q.commit && stage && nbytes) {
+    const uint8_t *staged;
+    if ((rc = stage_put_chunk(stage, 0, nbytes, &staged, err)) != TPORT_OK)
+      return stage_end(stage, rc, err);
+    data = staged;
+  }
   if (q.commit && c->verify) {
     q.crc32c_set = true;
     q.crc32c = transport_crc32c(0, data, nbytes);
@@ -262,9 +288,11 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
   if (rc) {
     if (region)
       client_shm_auto_done(c, 0);
-    return rc;
+    return stage ? stage_end(stage, rc, err) : rc;
   }
   if (q.commit) {
+    if (stage)
+      stage_end(stage, TPORT_OK, NULL); /* its one copy was waited for */
     if (opts->progress)
       opts->progress(opts->progress_arg, nbytes, nbytes);
     if (out)
@@ -281,10 +309,14 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
   size_t chunk = b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes;
   protobuf_c_message_free_unpacked(&b->base, NULL);
   lent_chunks lent = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
-  put_ctx pc = {&ref, data, c->verify, region, c->lend_chunks && !region ? &lent : NULL};
-  rc = run_window(c, nbytes, chunk, put_make, put_take, &pc, opts->progress, opts->progress_arg,
-                  err);
+  put_ctx pc = {&ref, data, c->verify, region, c->lend_chunks && !region ? &lent : NULL, stage};
+  /* a server's chunks may differ from its Hello's: the ring follows them */
+  if (!stage || (rc = stage_set_chunk(stage, chunk, err)) == TPORT_OK)
+    rc = run_window(c, nbytes, chunk, put_make, put_take, &pc, opts->progress, opts->progress_arg,
+                    err);
   lent_chunks_wait(c, &lent); /* the caller's bytes are theirs again */
+  if (stage)
+    rc = stage_end(stage, rc, err); /* no copy reads the device any more */
   pthread_cond_destroy(&lent.cv);
   pthread_mutex_destroy(&lent.mu);
   if (!rc) {
@@ -320,6 +352,7 @@ typedef struct get_ctx {
   ProtobufCBinaryData transfer;
   uint8_t *buf;
   bool verify;
+  client_stage *stage; /* into device memory: each chunk through the ring */
 } get_ctx;
 
 /* With verify: the bytes that came must have the CRC32C the server sent. */
@@ -368,7 +401,9 @@ static int get_take(void *vctx, client_slot *s, tport_err *err)
                        s->offset, p.len, s->len);
   else
     rc = check_crc32c(g->verify, gr->crc32c_set, gr->crc32c, p.data, p.len, s->offset, err);
-  if (!rc)
+  if (!rc && g->stage)
+    rc = stage_get_chunk(g->stage, s->offset, p.data, p.len, err);
+  else if (!rc)
     memcpy(g->buf + s->offset, p.data, p.len);
   protobuf_c_message_free_unpacked(r, NULL);
   return rc;
@@ -387,15 +422,39 @@ static int get_begin(tport_client *c, const tport_ref *ref, Tport__GetBeginReply
                     &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload, err);
 }
 
-static int get_into(tport_client *c, const tport_ref *ref, void **bufp, size_t cap, bool alloc,
-                    size_t *nbytes, tport_tensor_info *info, tport_progress_fn progress, void *arg,
-                    tport_err *err)
+/* A tensor the caller's does not match (want). */
+static int want_mismatch(const client_get_want *w, const Tport__TensorInfo *wire, tport_err *err)
+{
+  if (!wire)
+    return tport_err_set(err, TPORT_DATA_LOSS, "the get's reply describes no tensor");
+  tport_tensor_info ti;
+  client_info_from_wire(wire, &ti);
+  /* DLPack 0.6 has no bool: a bool tensor goes into uint8 */
+  bool bool_as_u8 = w->dtype == TPORT_UINT8 && ti.dtype == TPORT_BOOL;
+  if (ti.dtype != w->dtype && !bool_as_u8)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "the tensor's dtype is %d: the destination's is %d (tport_dtype)",
+                         (int)ti.dtype, (int)w->dtype);
+  if (ti.ndim != w->ndim)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "the tensor has %d dimensions: the destination has %d", ti.ndim, w->ndim);
+  for (int d = 0; d < w->ndim; d++)
+    if (ti.sizes[d] != w->sizes[d])
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                           "the tensor's sizes[%d] is %lld: the destination's is %lld", d,
+                           (long long)ti.sizes[d], (long long)w->sizes[d]);
+  return TPORT_OK;
+}
+
+static int get_into(tport_client *c, const tport_ref *ref, void **bufp, const client_devmem *dev,
+                    size_t cap, bool alloc, const client_get_want *want, size_t *nbytes,
+                    tport_tensor_info *info, tport_progress_fn progress, void *arg, tport_err *err)
 {
   Tport__GetBeginReply *b;
   client_payload inl = {0};
   /* same host: offer the client's region (the server writes the tensor
-   * there when it is large and fits) */
-  struct tport_shm *region = client_shm_auto_take(c, alloc ? 0 : cap);
+   * there when it is large and fits); device memory is staged instead */
+  struct tport_shm *region = dev ? NULL : client_shm_auto_take(c, alloc ? 0 : cap);
   int rc = region ? client_shm_get_begin(c, ref, region, &b, &inl, err)
                   : get_begin(c, ref, &b, &inl, err);
   if (rc) {
@@ -407,13 +466,22 @@ static int get_into(tport_client *c, const tport_ref *ref, void **bufp, size_t c
   if (info)
     client_info_from_wire(b->info, info);
   uint8_t *buf = *bufp;
+  client_stage *stage = NULL;
+  size_t chunk = b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes;
   if (alloc) {
     buf = malloc(n ? n : 1);
     if (!buf)
       rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "cannot allocate %zu bytes", n);
+  } else if (want && (rc = want_mismatch(want, b->info, err)) != TPORT_OK) {
+    /* the caller's tensor is not this one: nothing written */
   } else if (n > cap) {
     rc = tport_err_set(err, TPORT_OUT_OF_RANGE, "the tensor is %zu bytes: the buffer holds %zu", n,
                        cap);
+  } else if (want && n != cap) {
+    rc = tport_err_set(err, TPORT_DATA_LOSS, "the tensor is %zu bytes: its sizes and dtype say %zu",
+                       n, cap);
+  } else if (dev && n) {
+    rc = stage_begin(c, dev, n, chunk < c->chunk_bytes ? c->chunk_bytes : chunk, &stage, err);
   }
   if (!rc && b->shm) {
     rc = client_shm_check_get(c, b, region, 0, tport_shm_size(region), err);
@@ -427,15 +495,18 @@ static int get_into(tport_client *c, const tport_ref *ref, void **bufp, size_t c
       rc = tport_err_set(err, TPORT_DATA_LOSS, "%zu inline bytes came, %zu expected", inl.len, n);
     else
       rc = check_crc32c(c->verify, b->crc32c_set, b->crc32c, inl.data, n, 0, err);
-    if (!rc)
+    if (!rc && stage)
+      rc = stage_get_chunk(stage, 0, inl.data, n, err);
+    else if (!rc)
       memcpy(buf, inl.data, n);
     if (!rc && progress)
       progress(arg, n, n);
   } else if (!rc && n) {
-    get_ctx gc = {b->transfer, buf, c->verify};
-    rc = run_window(c, n, b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes, get_make, get_take, &gc,
-                    progress, arg, err);
+    get_ctx gc = {b->transfer, buf, c->verify, stage};
+    rc = run_window(c, n, chunk, get_make, get_take, &gc, progress, arg, err);
   }
+  if (stage)
+    rc = stage_end(stage, rc, err); /* the bytes are on the device */
   if (region)
     client_shm_auto_done(c, b->shm ? 0 : n);
   if (inl.msg)
@@ -455,13 +526,20 @@ static int get_into(tport_client *c, const tport_ref *ref, void **bufp, size_t c
 int tport_get(tport_client *c, const tport_ref *ref, void *buf, size_t cap, tport_tensor_info *info,
               tport_progress_fn progress, void *progress_arg, tport_err *err)
 {
-  return get_into(c, ref, &buf, cap, false, NULL, info, progress, progress_arg, err);
+  return get_into(c, ref, &buf, NULL, cap, false, NULL, NULL, info, progress, progress_arg, err);
+}
+
+int client_get_exact(tport_client *c, const tport_ref *ref, void *buf, const client_devmem *dev,
+                     size_t cap, const client_get_want *want, tport_tensor_info *info,
+                     tport_err *err)
+{
+  return get_into(c, ref, &buf, dev, cap, false, want, NULL, info, NULL, NULL, err);
 }
 
 int tport_get_alloc(tport_client *c, const tport_ref *ref, void **buf, size_t *nbytes,
                     tport_tensor_info *info, tport_err *err)
 {
-  return get_into(c, ref, buf, 0, true, nbytes, info, NULL, NULL, err);
+  return get_into(c, ref, buf, NULL, 0, true, NULL, nbytes, info, NULL, NULL, err);
 }
 
 /* ---------------------------------------------------------------- one-request RPCs */

@@ -191,11 +191,40 @@ int tport_devices(tport_client *c, tport_device_info **out, size_t *n, char *cud
                   size_t reason_len, tport_err *err);
 int tport_stats(tport_client *c, tport_counter **out, size_t *n, tport_err *err);
 
-/* DLPack (dlpack.h): put a host (kDLCPU) DLTensor with any strides, and get
- * into a DLManagedTensor (host memory, contiguous). */
+/* DLPack (dlpack.h): put a DLTensor, and get into a DLManagedTensor (host
+ * memory, contiguous) or into a DLTensor of the caller's.
+ *
+ * Host tensors (kDLCPU, kDLCUDAHost) may have any strides.  GPU memory
+ * (kDLCUDA; kDLCUDAManaged) is moved through the client's own pinned
+ * chunks: the device-to-host copy of one chunk runs while the one before is
+ * on the wire (a get: the mirror), never through a host copy of the whole
+ * tensor.  It must be dense (any order of dimensions; a tensor with gaps or
+ * overlaps is refused: make it contiguous on its device first), and
+ * device_id must be the device the memory is on.  The CUDA runtime is
+ * loaded (dlopen) the first time device memory is handed over:
+ * $TPORT_CUDART_LIBRARY, else libcudart.so.13, else libcudart.so.12; a
+ * client without one gets TPORT_FAILED_PRECONDITION naming what it looked
+ * for.  The copies run on a stream of libtport's on the tensor's device,
+ * ordered after the legacy default stream: work on other streams that
+ * writes (a put) or reads (a get) the tensor must be complete before the
+ * call.  Each client has one ring of pinned chunks (two of the server's
+ * chunk size, allocated once and kept until tport_close): transfers of
+ * device memory on one client take turns on it; use several clients to run
+ * them side by side.  The calling thread's current device is the tensor's
+ * during the call and restored before it returns.  Same host: device
+ * memory goes over the socket too (CUDA IPC handles are not passed yet). */
 int tport_put_dlpack(tport_client *c, const DLTensor *t, const tport_put_options *opts,
                      tport_tensor_info *out, tport_err *err);
 int tport_get_dlpack(tport_client *c, const tport_ref *ref, DLManagedTensor **out, tport_err *err);
+/* Gets a tensor's values into dst, which the caller owns and which must
+ * have the tensor's dtype (uint8 for a bool tensor) and sizes, and be
+ * contiguous (strides NULL or row-major): kDLCPU, kDLCUDAHost, kDLCUDA or
+ * kDLCUDAManaged memory (see above).  A mismatch is refused before a byte is
+ * written; on another error dst may hold part of the values.  info, when
+ * not NULL, receives the tensor's description.  When it returns TPORT_OK
+ * the values are in dst (device copies complete). */
+int tport_get_into_dlpack(tport_client *c, const tport_ref *ref, const DLTensor *dst,
+                          tport_tensor_info *info, tport_err *err);
 
 /* ---- Same-host shared memory
  *

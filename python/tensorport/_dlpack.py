@@ -3,7 +3,13 @@
 In (a put): a PyTorch tensor goes through torch.utils.dlpack.to_dlpack, a
 NumPy array through its own __dlpack__, anything else with __dlpack__
 through that; libtport's tport_put_dlpack reads the DLTensor (any strides:
-dense layouts travel as they are, others are packed in C order).  What the
+dense layouts travel as they are, others are packed in C order).  GPU
+memory (kDLCUDA, kDLCUDAManaged) goes to libtport as it is, which stages it
+through the client's pinned chunks: a torch cuda tensor that is not dense
+is made contiguous on its device first, and its stream is synchronized (the
+copies run on libtport's stream, ordered after the legacy default stream
+only); other CUDA objects are asked for __dlpack__(stream=1), DLPack's
+legacy default stream.  What the
 exporters refuse is described to libtport by a DLTensor built here over the
 same memory: read-only NumPy arrays (broadcast_to, memory maps), bfloat16
 arrays (ml_dtypes, or uint16 bit patterns).  DLPack 0.6 has no bool: bool
@@ -26,7 +32,10 @@ from . import _lib, _names
 from .errors import InvalidArgument
 
 kDLCPU = 1
+kDLCUDA = 2
 kDLCUDAHost = 3
+kDLCUDAManaged = 13
+_DEVICE_TYPES = (kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged)
 kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex = 0, 1, 2, 4, 5
 
 _CODES = {
@@ -143,9 +152,9 @@ class Exported:
         self.nbytes = nbytes
 
 
-def _dltensor(data, shape, strides, dtype):
-    """A DLTensor over host memory (strides in elements; dtype a name or a DLDataType);
-    returns (struct, keepalive)."""
+def _dltensor(data, shape, strides, dtype, device=None):
+    """A DLTensor over memory of device (a DLDevice; None: host; strides in elements;
+    dtype a name or a DLDataType); returns (struct, keepalive)."""
     n = max(len(shape), 1)
     sh = (ctypes.c_int64 * n)(*shape)
     st = (ctypes.c_int64 * n)(*strides)
@@ -153,7 +162,7 @@ def _dltensor(data, shape, strides, dtype):
         dtype = _lib.DLDataType(*_CODES[dtype], 1)
     t = _lib.DLTensor(
         data=data,
-        device=_lib.DLDevice(kDLCPU, 0),
+        device=device if device is not None else _lib.DLDevice(kDLCPU, 0),
         ndim=len(shape),
         dtype=dtype,
         shape=ctypes.cast(sh, ctypes.POINTER(ctypes.c_int64)),
@@ -170,14 +179,27 @@ def _nbytes(shape, itemsize):
     return n
 
 
+def _dense(shape, strides):
+    """Every element used once (libtport's test of a layout it sends as it is)."""
+    want = 1
+    for s, st in sorted(zip(shape, strides), key=lambda p: p[1]):
+        if s == 1:
+            continue
+        if s == 0:
+            return True
+        if st != want:
+            return False
+        want *= s
+    return True
+
+
 def _from_torch(t):
     import torch
     import torch.utils.dlpack
 
     t = t.detach()
-    if t.device.type != "cpu":
-        raise InvalidArgument("the tensor is on %s: put takes host tensors (call .cpu() first)"
-                              % t.device)
+    if t.device.type not in ("cpu", "cuda"):
+        raise InvalidArgument("the tensor is on %s: put takes host and cuda tensors" % t.device)
     if t.layout != torch.strided:
         raise InvalidArgument("the tensor's layout is %s: only strided tensors can be put"
                               % t.layout)
@@ -190,6 +212,11 @@ def _from_torch(t):
     is_bool = name == "bool"
     if is_bool:
         t = t.view(torch.uint8)
+    if t.device.type == "cuda":
+        if not _dense(t.shape, t.stride()):
+            t = t.contiguous()  # packed on its device, never through the host
+        # libtport's copies wait for the legacy default stream only
+        torch.cuda.current_stream(t.device).synchronize()
     cap = torch.utils.dlpack.to_dlpack(t)
     ptr = capsule_pointer(cap)
     nbytes = t.numel() * t.element_size()
@@ -200,7 +227,8 @@ def _from_torch(t):
     # PyTorch 1.13 exports the stride of every size-1 dim as 1, and PyTorch's
     # own rules (suggest_memory_format, so to()'s aliasing) read those
     # strides: the same memory is described with the tensor's true strides.
-    own, keep = _dltensor((dl.data or 0) + dl.byte_offset, tuple(t.shape), st, dl.dtype)
+    dev = _lib.DLDevice(dl.device.device_type, dl.device.device_id)
+    own, keep = _dltensor((dl.data or 0) + dl.byte_offset, tuple(t.shape), st, dl.dtype, dev)
     return Exported(ctypes.addressof(own), (t, cap, own, keep), is_bool, nbytes)
 
 
@@ -242,13 +270,16 @@ def export(obj):
     if np is not None and isinstance(obj, np.ndarray):
         return _from_numpy(obj)
     if hasattr(obj, "__dlpack__"):
+        on_gpu = False
         if hasattr(obj, "__dlpack_device__"):
             dev = tuple(obj.__dlpack_device__())
-            if int(dev[0]) not in (kDLCPU, kDLCUDAHost):
+            if int(dev[0]) not in _DEVICE_TYPES:
                 raise InvalidArgument(
-                    "the object is on DLPack device %s: put takes host memory" % (dev,)
+                    "the object is on DLPack device %s: put takes host and CUDA memory" % (dev,)
                 )
-        cap = obj.__dlpack__()
+            on_gpu = int(dev[0]) in (kDLCUDA, kDLCUDAManaged)
+        # stream=1: the producer orders its work before the legacy default stream
+        cap = obj.__dlpack__(stream=1) if on_gpu else obj.__dlpack__()
         ptr = capsule_pointer(cap)
         t = _lib.DLTensor.from_address(ptr)
         nb = _nbytes([t.shape[i] for i in range(t.ndim)], max(t.dtype.bits // 8, 1))

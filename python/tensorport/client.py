@@ -354,9 +354,12 @@ class Client:
             keep=False, non_blocking=False, managed=False, progress=None):
         """Uploads a host tensor; returns the :class:`Tensor` the server made.
 
-        ``obj``: a NumPy array, a CPU torch.Tensor (any strides, storage
-        offset, conj/neg bits, bfloat16, complex), anything with
-        ``__dlpack__`` in host memory, or anything ``numpy.asarray`` takes.
+        ``obj``: a NumPy array, a CPU or CUDA torch.Tensor (any strides,
+        storage offset, conj/neg bits, bfloat16, complex), anything with
+        ``__dlpack__`` in host or CUDA memory, or anything ``numpy.asarray``
+        takes.  GPU memory is staged through the client's pinned chunks
+        (tport_put_dlpack; the CUDA runtime is loaded on first use, from
+        ``$TPORT_CUDART_LIBRARY`` or libcudart.so.13/.12).
         A dense layout travels as it is and is kept (``memory_format``
         "preserve"); other layouts arrive in C order.  NumPy uint16 arrays are
         bfloat16 bit patterns (tensorport has no uint16).

@@ -231,7 +231,7 @@ def test_put_rejects_what_tensorport_has_no_dtype_for(client):
     with pytest.raises(tp.InvalidArgument):
         client.put(object())
     torch = torch_or_skip()
-    with pytest.raises(tp.InvalidArgument, match="put takes host tensors"):
+    with pytest.raises(tp.InvalidArgument, match="put takes host and cuda tensors"):
         client.put(torch.empty(3, device="meta"))
     with pytest.raises(tp.InvalidArgument, match="layout"):
         client.put(torch.eye(3).to_sparse())
