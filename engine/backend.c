@@ -2,6 +2,7 @@
 #include "backend.h"
 
 #include <assert.h>
+#include <string.h>
 
 bool backend_complete(const backend_ops *o)
 {
@@ -35,4 +36,14 @@ const backend_ops *backend_pinned_host(void)
   if (backend_sim.device_count() > 0)
     return &backend_sim;
   return &backend_cpu;
+}
+
+int64_t backend_stat(const backend_ops *be, const char *name)
+{
+  be_stat st[64];
+  size_t n = be->stats(st, 64);
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(st[i].name, name) == 0)
+      return st[i].value;
+  return -1;
 }

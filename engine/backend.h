@@ -115,6 +115,8 @@ const backend_ops *backend_get(tport_device_type t);
  * device (CUDA's cudaHostAlloc where present, then the sim's), else plain
  * host memory (the cpu backend). */
 const backend_ops *backend_pinned_host(void);
+/* One of be->stats by name; -1 when be does not report it. */
+int64_t backend_stat(const backend_ops *be, const char *name);
 /* Checks that no required op of `ops` is NULL (called once per backend). */
 bool backend_complete(const backend_ops *ops);
 

@@ -281,34 +281,47 @@ int h_stats(call *c)
   COUNTER("bytes_lent", atomic_load(&s->bytes_lent));
   COUNTER("errors", atomic_load(&s->errors));
   COUNTER("uptime_ms", reg_now_ms() - s->started_ms);
-  staging_stats st;
-  staging_get_stats(staging_default(), &st);
-  COUNTER("staging_hits", st.hits);
-  COUNTER("staging_misses", st.misses);
-  COUNTER("staging_waits", st.waits);
-  COUNTER("staging_bytes_in_use", st.bytes_in_use);
-  COUNTER("staging_bytes_cached", st.bytes_cached);
-  COUNTER("staging_bytes_allocated", st.bytes_allocated);
-  staging_get_stats(staging_readback(), &st);
-  COUNTER("readback_hits", st.hits);
-  COUNTER("readback_misses", st.misses);
-  COUNTER("readback_waits", st.waits);
-  COUNTER("readback_bytes_in_use", st.bytes_in_use);
-  COUNTER("readback_bytes_cached", st.bytes_cached);
-  COUNTER("readback_bytes_allocated", st.bytes_allocated);
+  /* the pinned pools and the caches, each under its own prefix */
+  staging_pool *const pools[] = {staging_default(), staging_readback()};
+  const char *const pool_names[] = {"staging", "readback"};
+  for (int k = 0; k < 2; k++) {
+    staging_stats st;
+    staging_get_stats(pools[k], &st);
+    const struct {
+      const char *what;
+      uint64_t v;
+    } f[] = {{"hits", st.hits},
+             {"misses", st.misses},
+             {"waits", st.waits},
+             {"bytes_in_use", st.bytes_in_use},
+             {"bytes_cached", st.bytes_cached},
+             {"bytes_allocated", st.bytes_allocated}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+      char label[48];
+      snprintf(label, sizeof label, "%s_%s", pool_names[k], f[i].what);
+      COUNTER(label, f[i].v);
+    }
+  }
   COUNTER("deferred_frees", storage_deferred_count());
-  host_cache_stats hc;
-  host_cache_get_stats(&hc);
-  COUNTER("host_cache_hits", hc.hits);
-  COUNTER("host_cache_misses", hc.misses);
-  COUNTER("host_cache_bytes_cached", hc.cached_bytes);
-  COUNTER("host_cache_bytes_in_use", hc.in_use_bytes);
-  COUNTER("host_cache_bytes_limit", hc.limit_bytes);
-  pinned_cache_get_stats(&hc);
-  COUNTER("pinned_cache_hits", hc.hits);
-  COUNTER("pinned_cache_misses", hc.misses);
-  COUNTER("pinned_cache_bytes_cached", hc.cached_bytes);
-  COUNTER("pinned_cache_bytes_in_use", hc.in_use_bytes);
+  void (*const caches[])(host_cache_stats *) = {host_cache_get_stats, pinned_cache_get_stats};
+  const char *const cache_names[] = {"host_cache", "pinned_cache"};
+  for (int k = 0; k < 2; k++) {
+    host_cache_stats hc;
+    caches[k](&hc);
+    const struct {
+      const char *what;
+      uint64_t v;
+    } f[] = {{"hits", hc.hits},
+             {"misses", hc.misses},
+             {"bytes_cached", hc.cached_bytes},
+             {"bytes_in_use", hc.in_use_bytes},
+             {"bytes_limit", hc.limit_bytes}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+      char label[48];
+      snprintf(label, sizeof label, "%s_%s", cache_names[k], f[i].what);
+      COUNTER(label, f[i].v);
+    }
+  }
   for (int type = 0; type < TPORT_NUM_DEVICE_TYPES; type++) {
     be_stat bs[16];
     size_t nb = backend_get((tport_device_type)type)->stats(bs, 16);

@@ -489,71 +489,104 @@ backends:;
                          alloc[i].v > 0 ? (uint64_t)alloc[i].v : 0, "device", alloc[i].dev, NULL);
 }
 
+/* The families of one pinned pool (staging.h) or one cache of blocks
+ * (host_cache.h), named tport_<prefix>_..., with what each counts. */
+typedef struct pool_help {
+  const char *hits, *misses, *waits, *in_use, *cached, *allocated;
+} pool_help;
+
+static void pool_families(metrics_text *t, const char *prefix, const pool_help *h,
+                          const staging_stats *st)
+{
+  char name[96];
+  const struct {
+    const char *suffix, *help;
+    uint64_t v;
+    bool counter;
+  } f[] = {{"hits_total", h->hits, st->hits, true},
+           {"misses_total", h->misses, st->misses, true},
+           {"waits_total", h->waits, st->waits, true},
+           {"in_use_bytes", h->in_use, st->bytes_in_use, false},
+           {"cached_bytes", h->cached, st->bytes_cached, false},
+           {"allocated_bytes", h->allocated, st->bytes_allocated, false}};
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+    snprintf(name, sizeof name, "tport_%s_%s", prefix, f[i].suffix);
+    (f[i].counter ? counter_u64 : gauge_u64)(t, name, f[i].help, f[i].v);
+  }
+}
+
+typedef struct cache_help {
+  const char *hits, *misses, *cached, *in_use, *limit;
+} cache_help;
+
+static void cache_families(metrics_text *t, const char *prefix, const cache_help *h,
+                           const host_cache_stats *st)
+{
+  char name[96];
+  const struct {
+    const char *suffix, *help;
+    uint64_t v;
+    bool counter;
+  } f[] = {{"hits_total", h->hits, st->hits, true},
+           {"misses_total", h->misses, st->misses, true},
+           {"cached_bytes", h->cached, st->cached_bytes, false},
+           {"in_use_bytes", h->in_use, st->in_use_bytes, false},
+           {"limit_bytes", h->limit, st->limit_bytes, false}};
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+    snprintf(name, sizeof name, "tport_%s_%s", prefix, f[i].suffix);
+    (f[i].counter ? counter_u64 : gauge_u64)(t, name, f[i].help, f[i].v);
+  }
+}
+
 static void host_gauges(metrics_text *t, server *s)
 {
   /* the staging pool takes its backend from the devices on its first use:
    * not before they are configured */
-  staging_stats st = {0};
-  staging_pool *pool = atomic_load(&s->devices_up) ? staging_default() : NULL;
-  if (pool)
-    staging_get_stats(pool, &st);
-  counter_u64(t, "tport_staging_hits_total", "Pinned staging blocks served from the pool.",
-              st.hits);
-  counter_u64(t, "tport_staging_misses_total", "Pinned staging blocks that were allocated.",
-              st.misses);
-  counter_u64(t, "tport_staging_waits_total",
-              "Staging acquisitions that waited for a block (the pool's budget was reached).",
-              st.waits);
-  gauge_u64(t, "tport_staging_in_use_bytes", "Pinned staging bytes held or pending on copies.",
-            st.bytes_in_use);
-  gauge_u64(t, "tport_staging_cached_bytes", "Pinned staging bytes free in the pool.",
-            st.bytes_cached);
-  gauge_u64(t, "tport_staging_allocated_bytes", "Pinned staging bytes the pool owns.",
-            st.bytes_allocated);
-  staging_stats rb = {0};
-  staging_pool *rpool = atomic_load(&s->devices_up) ? staging_readback() : NULL;
-  if (rpool)
-    staging_get_stats(rpool, &rb);
-  counter_u64(t, "tport_readback_hits_total",
-              "Pinned blocks a get from a device read back into, served from the read-back pool.",
-              rb.hits);
-  counter_u64(t, "tport_readback_misses_total", "Pinned read-back blocks that were allocated.",
-              rb.misses);
-  counter_u64(t, "tport_readback_waits_total",
-              "Read-backs that waited for a block (the pool's budget, TPORT_READBACK_BYTES, was "
-              "reached).",
-              rb.waits);
-  gauge_u64(t, "tport_readback_in_use_bytes",
-            "Pinned read-back bytes being copied into or lent to replies not yet sent.",
-            rb.bytes_in_use);
-  gauge_u64(t, "tport_readback_cached_bytes", "Pinned read-back bytes free in the pool.",
-            rb.bytes_cached);
-  gauge_u64(t, "tport_readback_allocated_bytes", "Pinned read-back bytes the pool owns.",
-            rb.bytes_allocated);
+  staging_stats st = {0}, rb = {0};
+  if (atomic_load(&s->devices_up)) {
+    staging_get_stats(staging_default(), &st);
+    staging_get_stats(staging_readback(), &rb);
+  }
+  pool_families(t, "staging",
+                &(pool_help){"Pinned staging blocks served from the pool.",
+                             "Pinned staging blocks that were allocated.",
+                             "Staging acquisitions that waited for a block (the pool's budget was "
+                             "reached).",
+                             "Pinned staging bytes held or pending on copies.",
+                             "Pinned staging bytes free in the pool.",
+                             "Pinned staging bytes the pool owns."},
+                &st);
+  pool_families(t, "readback",
+                &(pool_help){"Pinned blocks a get from a device read back into, served from the "
+                             "read-back pool.",
+                             "Pinned read-back blocks that were allocated.",
+                             "Read-backs that waited for a block (the pool's budget, "
+                             "TPORT_READBACK_BYTES, was reached).",
+                             "Pinned read-back bytes being copied into or lent to replies not yet "
+                             "sent.",
+                             "Pinned read-back bytes free in the pool.",
+                             "Pinned read-back bytes the pool owns."},
+                &rb);
   gauge_u64(t, "tport_deferred_frees", "Storages freed while copies were pending on them.",
             (uint64_t)storage_deferred_count());
-  host_cache_stats hc;
+  host_cache_stats hc, pc;
   host_cache_get_stats(&hc);
-  counter_u64(t, "tport_host_cache_hits_total", "Large host blocks reused from the cache.",
-              hc.hits);
-  counter_u64(t, "tport_host_cache_misses_total", "Large host blocks mapped fresh.", hc.misses);
-  gauge_u64(t, "tport_host_cache_cached_bytes", "Host bytes kept for reuse.", hc.cached_bytes);
-  gauge_u64(t, "tport_host_cache_in_use_bytes", "Large host blocks handed out.", hc.in_use_bytes);
-  gauge_u64(t, "tport_host_cache_limit_bytes", "The most host bytes kept cached (--host-cache).",
-            hc.limit_bytes);
-  host_cache_stats pc;
   pinned_cache_get_stats(&pc);
-  counter_u64(t, "tport_pinned_cache_hits_total",
-              "Pinned host storages (non_blocking copies to the cpu) served from the cache.",
-              pc.hits);
-  counter_u64(t, "tport_pinned_cache_misses_total", "Pinned host storages allocated fresh.",
-              pc.misses);
-  gauge_u64(t, "tport_pinned_cache_cached_bytes", "Pinned host bytes kept for reuse.",
-            pc.cached_bytes);
-  gauge_u64(t, "tport_pinned_cache_in_use_bytes", "Pinned host storages' bytes handed out.",
-            pc.in_use_bytes);
-  gauge_u64(t, "tport_pinned_cache_limit_bytes",
-            "The most pinned host bytes kept cached (TPORT_PINNED_CACHE_BYTES).", pc.limit_bytes);
+  cache_families(t, "host_cache",
+                 &(cache_help){"Large host blocks reused from the cache.",
+                               "Large host blocks mapped fresh.", "Host bytes kept for reuse.",
+                               "Large host blocks handed out.",
+                               "The most host bytes kept cached (--host-cache)."},
+                 &hc);
+  cache_families(t, "pinned_cache",
+                 &(cache_help){"Pinned host storages (non_blocking copies to the cpu) served "
+                               "from the cache.",
+                               "Pinned host storages allocated fresh.",
+                               "Pinned host bytes kept for reuse.",
+                               "Pinned host storages' bytes handed out.",
+                               "The most pinned host bytes kept cached "
+                               "(TPORT_PINNED_CACHE_BYTES)."},
+                 &pc);
 }
 
 char *metrics_render(server *s, size_t *len)

@@ -109,12 +109,7 @@ Test(host_cache, cpu_storages_are_cached)
 
 static int64_t sim_host_allocs(void)
 {
-  be_stat st[32];
-  size_t n = backend_sim.stats(st, 32);
-  for (size_t i = 0; i < n; i++)
-    if (!strcmp(st[i].name, "sim_host_allocs"))
-      return st[i].value;
-  return -1;
+  return backend_stat(&backend_sim, "sim_host_allocs");
 }
 
 static void with_sim(void)
