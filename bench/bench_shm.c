@@ -12,17 +12,25 @@
  *    same memcpy;
  *  - put_auto_shm_NMiB_vs_ipc / get_auto_shm_NMiB_vs_ipc: tport_put /
  *    tport_get of a user buffer on a client with the automatic region (one
- *    copy on each side) vs the same on a client with no_shm (the socket).
+ *    copy on each side) vs the same on a client with no_shm (the socket);
+ *  - put_auto_shm_NMiB_vs_put_shm / get_auto_shm_NMiB_vs_get_shm: the same
+ *    tport_put / tport_get vs tport_put_shm / tport_get_shm of a region the
+ *    application fills in place (what the client's copy costs);
+ *  - copy_pool_NMiB_vs_memcpy / copy_pool_NMiB_vs_threads: the client's
+ *    copy alone (client/copy_pool.c, "threads" in the row) vs one memcpy,
+ *    and vs memcpy split evenly across as many fresh threads.
  * Each put's tensor is freed after it, as a loader's batches are.
  *
  *   tport-bench-shm [--reps R] [--mib N,...]
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "bench_util.h"
+#include "copy_pool.h"
 #include "server.h"
 #include "tport.h"
 
@@ -38,10 +46,43 @@ static void emit(const char *name, size_t bytes, double *v, double *b, int reps,
   double gv = (double)bytes / sv / 1e9, gb = (double)bytes / sb / 1e9;
   printf("{\"bench\": \"%s\", \"value\": %.4f, \"unit\": \"GB/s\", \"baseline\": %.4f, "
          "\"ratio\": %.4f, \"baseline_name\": \"%s\", \"reps\": %d, "
-         "\"value_range\": [%.3f, %.3f], \"baseline_range\": [%.3f, %.3f]}\n",
+         "\"value_range\": [%.3f, %.3f], \"baseline_range\": [%.3f, %.3f], \"threads\": %d}\n",
          name, gv, gb, gv / gb, base, reps, (double)bytes / v[reps - 1] / 1e9,
-         (double)bytes / v[0] / 1e9, (double)bytes / b[reps - 1] / 1e9, (double)bytes / b[0] / 1e9);
+         (double)bytes / v[0] / 1e9, (double)bytes / b[reps - 1] / 1e9, (double)bytes / b[0] / 1e9,
+         copy_pool_threads());
   fflush(stdout);
+}
+
+/* The baseline of the copy pool: memcpy split evenly across k threads
+ * started for this copy (the caller's one of them). */
+typedef struct slice {
+  uint8_t *dst;
+  const uint8_t *src;
+  size_t n;
+} slice;
+
+static void *copy_slice(void *arg)
+{
+  slice *s = arg;
+  memcpy(s->dst, s->src, s->n);
+  return NULL;
+}
+
+static void split_memcpy(uint8_t *dst, const uint8_t *src, size_t n, int k)
+{
+  pthread_t t[COPY_POOL_MAX_THREADS];
+  slice sl[COPY_POOL_MAX_THREADS];
+  size_t per = n / (size_t)k;
+  for (int i = 0; i < k; i++) {
+    size_t off = per * (size_t)i;
+    sl[i] = (slice){dst + off, src + off, i == k - 1 ? n - off : per};
+    if (i > 0 && pthread_create(&t[i], NULL, copy_slice, &sl[i]) != 0)
+      copy_slice(&sl[i]), t[i] = 0;
+  }
+  copy_slice(&sl[0]);
+  for (int i = 1; i < k; i++)
+    if (t[i])
+      pthread_join(t[i], NULL);
 }
 
 int main(int argc, char **argv)
@@ -167,6 +208,48 @@ int main(int argc, char **argv)
     emit(name, n, v, b, reps, "ipc");
     snprintf(name, sizeof name, "get_auto_shm_%zuMiB_vs_ipc", mib);
     emit(name, n, v2, b2, reps, "ipc");
+    /* automatic region vs an explicit one filled in place, the order
+     * swapped every rep */
+    for (int r = 0; r < reps; r++) {
+      for (int k = 0; k < 2; k++) {
+        bool automatic = (k == 0) == (r % 2 == 0);
+        double t0 = bench_now();
+        if (automatic ? tport_put(c, TPORT_UINT8, 1, &sz, NULL, user, n, NULL, &info, &err)
+                      : tport_put_shm(c, in, 0, TPORT_UINT8, 1, &sz, NULL, NULL, &info, &err))
+          die("put", &err);
+        (automatic ? v : b)[r] = bench_now() - t0;
+        tport_free(c, &info.ref, NULL);
+        t0 = bench_now();
+        if (automatic ? tport_get(c, &kept.ref, back, n, NULL, NULL, NULL, &err)
+                      : tport_get_shm(c, &kept.ref, out, 0, n, NULL, NULL, &err))
+          die("get", &err);
+        (automatic ? v2 : b2)[r] = bench_now() - t0;
+      }
+    }
+    snprintf(name, sizeof name, "put_auto_shm_%zuMiB_vs_put_shm", mib);
+    emit(name, n, v, b, reps, "put_shm");
+    snprintf(name, sizeof name, "get_auto_shm_%zuMiB_vs_get_shm", mib);
+    emit(name, n, v2, b2, reps, "get_shm");
+    /* the copy alone: the pool vs one memcpy (v, b) and vs as many fresh
+     * threads (v2 reused for the pool's second timing, b2) */
+    int k = copy_pool_threads();
+    for (int r = 0; r < reps; r++) {
+      for (int o = 0; o < 3; o++) {
+        double t0 = bench_now();
+        switch ((o + r) % 3) {
+        case 0: copy_pool_copy(dst, user, n), v[r] = bench_now() - t0; break;
+        case 1: memcpy(dst, user, n), b[r] = bench_now() - t0; break;
+        default: split_memcpy(dst, user, n, k), b2[r] = bench_now() - t0; break;
+        }
+      }
+      v2[r] = v[r];
+    }
+    if (memcmp(dst, user, n))
+      die("the copy came out wrong", NULL);
+    snprintf(name, sizeof name, "copy_pool_%zuMiB_vs_memcpy", mib);
+    emit(name, n, v, b, reps, "memcpy");
+    snprintf(name, sizeof name, "copy_pool_%zuMiB_vs_threads", mib);
+    emit(name, n, v2, b2, reps, "memcpy_split_fresh_threads");
     tport_free(c, &kept.ref, NULL);
     tport_shm_release(in, NULL);
     tport_shm_release(out, NULL);

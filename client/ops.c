@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "client_internal.h"
+#include "copy_pool.h"
 #include "crc32c.h"
 #include "cuda_stage.h"
 
@@ -143,11 +144,19 @@ static void lent_chunks_wait(tport_client *c, lent_chunks *l)
 
 /* ---------------------------------------------------------------- put */
 
+/* Through the region, the caller's bytes are copied in this far ahead of
+ * the chunk being sent: one copy by the pool's threads (copy_pool.c) for
+ * several chunks, large enough to be worth waking them, while the server
+ * copies the chunks before out. */
+#define PUT_COPY_AHEAD ((size_t)16 << 20)
+
 typedef struct put_ctx {
   const Tport__Ref *ref;
   const uint8_t *data;
+  size_t nbytes;
   bool verify;
   struct tport_shm *region; /* same host: each chunk goes through it */
+  size_t copied;            /* ... and bytes [0, copied) are in it */
   lent_chunks *lent;        /* NULL: chunks copied into their requests */
   client_stage *stage;      /* device memory: each chunk staged through the ring */
 } put_ctx;
@@ -166,8 +175,16 @@ static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
     if (rc)
       return rc;
   } else if (p->region) {
-    /* into the region; the server copies it out while the next is copied in */
-    memcpy(p->region->data + off, bytes, len);
+    /* into the region, a batch at a time (off + len <= nbytes); the server
+     * copies this chunk out while the next batch is copied in */
+    if (off + len > p->copied) {
+      size_t need = off + len - p->copied, step = p->nbytes - p->copied;
+      size_t ahead = need > PUT_COPY_AHEAD ? need : PUT_COPY_AHEAD;
+      if (step > ahead)
+        step = ahead;
+      copy_pool_copy(p->region->data + p->copied, p->data + p->copied, step);
+      p->copied += step;
+    }
     bytes = p->region->data + off;
     slice = client_slice(p->region, off, len);
     q.shm = &slice;
@@ -219,7 +236,7 @@ void client_put_request(tport_client *c, tport_dtype dtype, int ndim, const int6
 
 static void fill_copy(void *dst, size_t n, void *src)
 {
-  memcpy(dst, src, n);
+  copy_pool_copy(dst, src, n);
 }
 
 int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
@@ -309,7 +326,8 @@ int client_put_mem(tport_client *c, tport_dtype dtype, int ndim, const int64_t *
   size_t chunk = b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes;
   protobuf_c_message_free_unpacked(&b->base, NULL);
   lent_chunks lent = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
-  put_ctx pc = {&ref, data, c->verify, region, c->lend_chunks && !region ? &lent : NULL, stage};
+  put_ctx pc = {&ref, data, nbytes, c->verify, region, 0, c->lend_chunks && !region ? &lent : NULL,
+                stage};
   /* a server's chunks may differ from its Hello's: the ring follows them */
   if (!stage || (rc = stage_set_chunk(stage, chunk, err)) == TPORT_OK)
     rc = run_window(c, nbytes, chunk, put_make, put_take, &pc, opts->progress, opts->progress_arg,
@@ -486,7 +504,7 @@ static int get_into(tport_client *c, const tport_ref *ref, void **bufp, const cl
   if (!rc && b->shm) {
     rc = client_shm_check_get(c, b, region, 0, tport_shm_size(region), err);
     if (!rc)
-      memcpy(buf, tport_shm_data(region), n);
+      copy_pool_copy(buf, tport_shm_data(region), n);
     if (!rc && progress)
       progress(arg, n, n);
   } else if (!rc && n && b->transfer.len == 0) {

@@ -6,7 +6,7 @@
  * from it, or gets into it.  The automatic region is the client's own: a
  * large tport_put copies the caller's bytes into it and puts from it, a
  * large get lands in it and is copied out -- one copy on each side instead
- * of a trip through two sockets.  It grows to the largest tensor seen (up
+ * of a trip through two sockets (a large one by a few threads: copy_pool.c).  It grows to the largest tensor seen (up
  * to CLIENT_SHM_MAX_BYTES) and is used by one call at a time; a call that
  * finds it busy, or a region that cannot be made, takes the socket.
  */

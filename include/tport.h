@@ -91,7 +91,10 @@ typedef struct tport_connect_options {
    * tensors through a shared-memory region (see tport_shm_create) when the
    * URL is local (ipc://, inproc://, tcp:// on loopback) and the server
    * offers one; no_shm (or TPORT_SHM=0 in the environment) keeps them on
-   * the socket. */
+   * the socket.  The client's copies into and out of the region of 4 MiB or
+   * more are split across a few threads of libtport's own, started on the
+   * first such copy (TPORT_COPY_THREADS=N: that many, 1: none; by default
+   * the CPU count, at most 8). */
   bool no_shm;
 } tport_connect_options;
 

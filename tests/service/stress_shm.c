@@ -7,7 +7,10 @@
  * get through them and release them -- or close their connection with the
  * regions still registered while another thread of theirs is copying
  * through one (a disconnect must unmap a region only after the last copy).
- * Exit status 0 when every byte came back right.
+ * Two more put and get tensors large enough for libtport's copy pool
+ * (client/copy_pool.c), one on the shared client and one on its own: their
+ * copies into and out of the regions run at once, one on the pool, the
+ * other inline.  Exit status 0 when every byte came back right.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -54,6 +57,42 @@ static void *auto_worker(void *arg)
   }
   free(v);
   free(back);
+  return NULL;
+}
+
+/* Tensors past the copy pool's threshold (4 MiB), by the shared client
+ * (arg 0) or one of its own (1). */
+static void *pool_worker(void *arg)
+{
+  int own = (int)(intptr_t)arg;
+  tport_client *c = shared;
+  tport_err err;
+  if (own && tport_connect(url, NULL, &c, &err)) {
+    fail("connect", &err);
+    return NULL;
+  }
+  size_t n = ((size_t)6 << 20) + (size_t)own * 4097;
+  uint8_t *v = malloc(n), *back = malloc(n);
+  for (int r = 0; r < 8; r++) {
+    for (size_t i = 0; i < n; i++)
+      v[i] = (uint8_t)(i * 7 + (i >> 12) + (size_t)own + (size_t)r);
+    int64_t sz = (int64_t)n;
+    tport_tensor_info info;
+    if (tport_put(c, TPORT_UINT8, 1, &sz, NULL, v, n, NULL, &info, &err)) {
+      fail("pool put", &err);
+      continue;
+    }
+    memset(back, 0, n);
+    if (tport_get(c, &info.ref, back, n, NULL, NULL, NULL, &err))
+      fail("pool get", &err);
+    else if (memcmp(v, back, n))
+      fail("pool: bytes differ", NULL);
+    tport_free(c, &info.ref, NULL);
+  }
+  free(v);
+  free(back);
+  if (own)
+    tport_close(c);
   return NULL;
 }
 
@@ -161,12 +200,14 @@ int main(void)
     fprintf(stderr, "%s\n", err.msg);
     return 1;
   }
-  pthread_t t[10];
+  pthread_t t[12];
   for (int i = 0; i < 6; i++)
     pthread_create(&t[i], NULL, auto_worker, (void *)(intptr_t)i);
   for (int i = 6; i < 10; i++)
     pthread_create(&t[i], NULL, region_worker, (void *)(intptr_t)i);
-  for (int i = 0; i < 10; i++)
+  for (int i = 10; i < 12; i++)
+    pthread_create(&t[i], NULL, pool_worker, (void *)(intptr_t)(i - 10));
+  for (int i = 0; i < 12; i++)
     pthread_join(t[i], NULL);
   tport_close(shared);
   server_stop(s, 2000);
@@ -175,6 +216,6 @@ int main(void)
   snprintf(dir, sizeof dir, "/tmp/tport-stress-shm-%d", (int)getpid());
   rmdir(dir);
   int f = atomic_load(&failures);
-  printf("stress_shm: 10 threads, %d failures\n", f);
+  printf("stress_shm: 12 threads, %d failures\n", f);
   return f ? 1 : 0;
 }

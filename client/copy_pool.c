@@ -1,0 +1,291 @@
+/*
+ * copy_pool.c: libtport's threads for copying large buffers.
+ *
+ * On the same host a tport_put copies the caller's bytes into the client's
+ * automatic region and a tport_get copies them out of it (shm.c, ops.c);
+ * tportd's side of the transfer is already a threaded copy, so one memcpy
+ * on the client's side was the bottleneck (a few GB/s against tens).  This
+ * pool splits such a copy across a few threads of libtport's own: pthreads
+ * only (libtport stays dependency-light, and the CPU kernels' pool is the
+ * server's: client/ may not use kernels/).
+ *
+ * - Lazy: no thread exists until the first copy of COPY_POOL_MIN_BYTES or
+ *   more; a program that never makes one never starts one.
+ * - Bounded: copy_pool_threads() threads in all, the caller included.
+ * - One job at a time: the caller publishes its job, the workers and the
+ *   caller take pieces from an atomic counter, and the caller waits until
+ *   every piece is done.  A second copy that finds the pool busy (another
+ *   client thread, another client) is one memcpy in its own thread instead
+ *   of waiting: no deadlock, no queue, and the two copies still run side by
+ *   side.
+ * - Exit and dlclose: a destructor stops and joins the workers (a worker
+ *   must not outlive the code it runs, and nothing is left for valgrind).
+ *   A copy that starts after that is one memcpy.
+ * - fork: the child has none of the workers.  The prepare handler waits
+ *   for a running copy to finish (it holds the pool while the process is
+ *   copied), so the child inherits an idle pool with no job; the child
+ *   handler forgets the parent's workers, and the child's first large copy
+ *   starts its own.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "copy_pool.h"
+
+#define PAGE ((size_t)4096)
+
+/* ---------------------------------------------------------------- the split */
+
+void copy_split_make(copy_split *s, uintptr_t dst, size_t n, size_t want_pieces)
+{
+  if (want_pieces < 1)
+    want_pieces = 1;
+  s->n = n;
+  s->head = (PAGE - (size_t)(dst % PAGE)) % PAGE;
+  size_t piece = n / want_pieces + (n % want_pieces != 0);
+  /* whole pages; a piece too large to round is the whole copy anyway */
+  if (piece > SIZE_MAX - (PAGE - 1))
+    piece = SIZE_MAX - (PAGE - 1);
+  piece = (piece + PAGE - 1) & ~(PAGE - 1);
+  if (piece == 0)
+    piece = PAGE;
+  s->piece = piece;
+  /* piece 0 is [0, head + piece); then pieces of piece bytes; the last
+   * takes what is left.  head + piece is computed only once it is < n. */
+  if (n <= s->head || n - s->head <= piece) {
+    s->npieces = 1;
+    return;
+  }
+  size_t rest = n - s->head - piece; /* > 0 */
+  s->npieces = 1 + rest / piece + (rest % piece != 0);
+}
+
+void copy_split_piece(const copy_split *s, size_t k, size_t *off, size_t *len)
+{
+  if (s->npieces == 1) {
+    *off = 0;
+    *len = s->n;
+    return;
+  }
+  if (k == 0) {
+    *off = 0;
+    *len = s->head + s->piece;
+    return;
+  }
+  /* k < npieces: (k - 1) * piece < n - head - piece, so nothing overflows */
+  size_t o = s->head + s->piece + (k - 1) * s->piece;
+  *off = o;
+  *len = s->n - o < s->piece ? s->n - o : s->piece;
+}
+
+/* ---------------------------------------------------------------- the pool */
+
+typedef struct copy_job {
+  uint8_t *dst;
+  const uint8_t *src;
+  copy_split split;
+  atomic_size_t next; /* the next piece to take */
+  atomic_size_t done; /* pieces copied */
+} copy_job;
+
+static struct {
+  pthread_once_t once;
+  pthread_mutex_t busy; /* held by the caller whose job runs (and across fork) */
+  pthread_mutex_t mu;   /* everything below */
+  pthread_cond_t work, finished;
+  copy_job *job;       /* the job running, on its caller's stack; NULL: none */
+  uint64_t generation; /* bumped for every job published */
+  int active;          /* workers holding a pointer to job */
+  int nworkers;        /* workers started (and not yet joined) */
+  int nthreads;        /* threads a copy uses, the caller included */
+  bool stopping;       /* the destructor ran: no more workers, no more jobs */
+  pthread_t workers[COPY_POOL_MAX_THREADS];
+} pool = {.once = PTHREAD_ONCE_INIT,
+          .busy = PTHREAD_MUTEX_INITIALIZER,
+          .mu = PTHREAD_MUTEX_INITIALIZER,
+          .work = PTHREAD_COND_INITIALIZER,
+          .finished = PTHREAD_COND_INITIALIZER};
+
+static void run_pieces(copy_job *j)
+{
+  for (;;) {
+    size_t k = atomic_fetch_add(&j->next, 1);
+    if (k >= j->split.npieces)
+      return;
+    size_t off, len;
+    copy_split_piece(&j->split, k, &off, &len);
+    memcpy(j->dst + off, j->src + off, len);
+    if (atomic_fetch_add(&j->done, 1) + 1 == j->split.npieces) {
+      pthread_mutex_lock(&pool.mu);
+      pthread_cond_broadcast(&pool.finished);
+      pthread_mutex_unlock(&pool.mu);
+    }
+  }
+}
+
+/* arg: the generation before the job its creator is about to publish (the
+ * worker must not take that job for one it has seen). */
+static void *worker_main(void *arg)
+{
+  uint64_t seen = (uint64_t)(uintptr_t)arg;
+  pthread_mutex_lock(&pool.mu);
+  for (;;) {
+    while (pool.generation == seen && !pool.stopping)
+      pthread_cond_wait(&pool.work, &pool.mu);
+    if (pool.stopping)
+      break; /* a job running now is finished by its caller */
+    seen = pool.generation;
+    copy_job *j = pool.job;
+    if (!j)
+      continue; /* woke after that job was done */
+    pool.active++;
+    pthread_mutex_unlock(&pool.mu);
+    run_pieces(j);
+    pthread_mutex_lock(&pool.mu);
+    if (--pool.active == 0)
+      pthread_cond_broadcast(&pool.finished);
+  }
+  pthread_mutex_unlock(&pool.mu);
+  return NULL;
+}
+
+static void atfork_prepare(void)
+{
+  /* busy first, as a copy takes them: fork waits for a running copy */
+  pthread_mutex_lock(&pool.busy);
+  pthread_mutex_lock(&pool.mu);
+}
+
+static void atfork_parent(void)
+{
+  pthread_mutex_unlock(&pool.mu);
+  pthread_mutex_unlock(&pool.busy);
+}
+
+static void atfork_child(void)
+{
+  /* the parent's workers do not exist here (their waits on work are
+   * forgotten with fresh condition variables); no job was running */
+  pool.nworkers = 0;
+  pool.active = 0;
+  pool.job = NULL;
+  pthread_cond_init(&pool.work, NULL);
+  pthread_cond_init(&pool.finished, NULL);
+  pthread_mutex_unlock(&pool.mu);
+  pthread_mutex_unlock(&pool.busy);
+}
+
+/* The CPUs this process may run on (its affinity mask: taskset, a
+ * container's cpuset), else the CPUs online. */
+static int cpu_count(void)
+{
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+    return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (n > COPY_POOL_MAX_THREADS ? COPY_POOL_MAX_THREADS : (int)n) : 1;
+}
+
+static void pool_init(void)
+{
+  int n = cpu_count();
+  if (n > COPY_POOL_DEFAULT_MAX)
+    n = COPY_POOL_DEFAULT_MAX;
+  const char *env = getenv("TPORT_COPY_THREADS");
+  if (env && *env) {
+    char *end;
+    errno = 0;
+    long v = strtol(env, &end, 10);
+    /* anything but a whole number >= 1 keeps the default */
+    if (errno == 0 && *end == '\0' && v >= 1)
+      n = v > COPY_POOL_MAX_THREADS ? COPY_POOL_MAX_THREADS : (int)v;
+  }
+  pool.nthreads = n;
+  pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+int copy_pool_threads(void)
+{
+  pthread_once(&pool.once, pool_init);
+  return pool.nthreads;
+}
+
+/* Starts workers up to want (mu held).  A worker blocks every signal: the
+ * application's signals go to its own threads, as it arranged them. */
+static void pool_grow(int want)
+{
+  if (pool.nworkers >= want)
+    return;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  while (pool.nworkers < want) {
+    if (pthread_create(&pool.workers[pool.nworkers], NULL, worker_main,
+                       (void *)(uintptr_t)pool.generation) != 0)
+      break; /* fewer workers: the caller takes the pieces they would have */
+    pool.nworkers++;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+void copy_pool_copy(void *dst, const void *src, size_t n)
+{
+  if (n < COPY_POOL_MIN_BYTES || copy_pool_threads() <= 1 ||
+      pthread_mutex_trylock(&pool.busy) != 0) {
+    memcpy(dst, src, n);
+    return;
+  }
+  int threads = pool.nthreads;
+  /* a few pieces per thread (a thread the scheduler holds back costs one
+   * piece, not its share), none below COPY_POOL_MIN_PIECE */
+  size_t want = (size_t)threads * 4, most = n / COPY_POOL_MIN_PIECE;
+  copy_job j = {.dst = dst, .src = src};
+  copy_split_make(&j.split, (uintptr_t)dst, n, want < most ? want : most);
+  atomic_init(&j.next, 0);
+  atomic_init(&j.done, 0);
+  pthread_mutex_lock(&pool.mu);
+  if (!pool.stopping)
+    pool_grow(threads - 1);
+  if (pool.stopping || pool.nworkers == 0 || j.split.npieces < 2) {
+    pthread_mutex_unlock(&pool.mu);
+    pthread_mutex_unlock(&pool.busy);
+    memcpy(dst, src, n);
+    return;
+  }
+  pool.job = &j;
+  pool.generation++;
+  pthread_cond_broadcast(&pool.work);
+  pthread_mutex_unlock(&pool.mu);
+  run_pieces(&j);
+  pthread_mutex_lock(&pool.mu);
+  /* j lives on this stack: wait for the last piece and the last worker */
+  while (atomic_load(&j.done) < j.split.npieces || pool.active > 0)
+    pthread_cond_wait(&pool.finished, &pool.mu);
+  pool.job = NULL; /* a worker waking late finds no job */
+  pthread_mutex_unlock(&pool.mu);
+  pthread_mutex_unlock(&pool.busy);
+}
+
+/* At exit (and dlclose): the workers stop and are joined.  A job running
+ * in another thread is finished by its caller. */
+__attribute__((destructor)) static void copy_pool_stop(void)
+{
+  pthread_t ids[COPY_POOL_MAX_THREADS];
+  pthread_mutex_lock(&pool.mu);
+  pool.stopping = true;
+  int n = pool.nworkers;
+  memcpy(ids, pool.workers, (size_t)n * sizeof *ids);
+  pool.nworkers = 0;
+  pthread_cond_broadcast(&pool.work);
+  pthread_mutex_unlock(&pool.mu);
+  for (int i = 0; i < n; i++)
+    pthread_join(ids[i], NULL);
+}

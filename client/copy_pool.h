@@ -1,0 +1,44 @@
+/* copy_pool.h: libtport's threaded copy of large buffers (copy_pool.c). */
+#ifndef TPORT_CLIENT_COPY_POOL_H
+#define TPORT_CLIENT_COPY_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Copies of fewer bytes are one memcpy: below this, waking threads costs
+ * more than it saves. */
+#define COPY_POOL_MIN_BYTES ((size_t)4 << 20)
+/* Threads by default: the CPUs this process may run on, at most this many
+ * (a copy saturates memory with a few; more only take the server's and the
+ * application's cores). */
+#define COPY_POOL_DEFAULT_MAX 8
+/* TPORT_COPY_THREADS is clamped to this. */
+#define COPY_POOL_MAX_THREADS 64
+/* No piece is smaller than this (except the last): a thread's piece must
+ * outweigh waking it. */
+#define COPY_POOL_MIN_PIECE ((size_t)1 << 20)
+
+/* Copies n bytes from src to dst (not overlapping), split across the copy
+ * pool when n is at least COPY_POOL_MIN_BYTES and the pool is free, else
+ * one memcpy in the calling thread.  Safe from any number of threads. */
+void copy_pool_copy(void *dst, const void *src, size_t n);
+
+/* The threads a large copy uses, the caller's included (1: the pool is
+ * off).  Read once, on first use, from TPORT_COPY_THREADS (1 or more),
+ * else the CPU count capped at COPY_POOL_DEFAULT_MAX. */
+int copy_pool_threads(void);
+
+/* How a copy of n bytes to dst is cut: pieces of piece bytes, the first
+ * ending on a 4 KiB boundary of dst (threads then never write the same
+ * page) and the last whatever is left.  Pure; exposed for the tests. */
+typedef struct copy_split {
+  size_t n;       /* bytes in all */
+  size_t head;    /* bytes of dst before its first 4 KiB boundary (< 4096) */
+  size_t piece;   /* a piece's bytes (a multiple of 4096) */
+  size_t npieces; /* >= 1 */
+} copy_split;
+void copy_split_make(copy_split *s, uintptr_t dst, size_t n, size_t want_pieces);
+/* Piece k (< npieces): bytes [*off, *off + *len). */
+void copy_split_piece(const copy_split *s, size_t k, size_t *off, size_t *len);
+
+#endif
