@@ -1,6 +1,7 @@
 /* readback.c: device tensors read back through the read-back pool (readback.h). */
 #include "readback.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 
 /* What a reader and the blocks it lent share: the count of blocks out.
@@ -12,12 +13,23 @@ typedef struct reader_gate {
   atomic_int out;
 } reader_gate;
 
+/* A block read ahead: bytes [off, off + n) are being copied into st. */
+typedef struct ahead_slot {
+  size_t off, n;
+  tport_storage *st;
+} ahead_slot;
+
 struct tensor_reader {
   tport_tensor *src; /* contiguous, on its device */
   size_t nbytes;
   int max_held;
   staging_pool *pool;
   reader_gate *gate;
+  pthread_mutex_t mu; /* guards the read-ahead */
+  size_t ahead_n;     /* the length of the reads ahead: the first read's */
+  size_t ahead_next;  /* where the next read ahead starts */
+  int nahead;
+  ahead_slot ahead[READER_AHEAD];
 };
 
 typedef struct given_block {
@@ -71,7 +83,8 @@ int reader_open(tport_tensor *t, int max_held, tensor_reader **out, tport_err *e
     return rc;
   }
   r->nbytes = tensor_nbytes(r->src);
-  r->max_held = max_held > 0 ? max_held : 1;
+  r->max_held = (max_held > 0 ? max_held : 1) + READER_AHEAD;
+  pthread_mutex_init(&r->mu, NULL);
   r->pool = staging_readback();
   r->gate = g;
   if (!r->pool) {
@@ -92,8 +105,9 @@ int reader_blocks_out(const tensor_reader *r)
   return atomic_load(&r->gate->out);
 }
 
-/* A storage over a fresh block of n bytes from the pool, counted out. */
-static int lend_block(tensor_reader *r, size_t n, tport_storage **out, tport_err *err)
+/* A storage over a fresh block of n bytes from the pool, counted out
+ * (without wait: UNAVAILABLE rather than waiting for the pool). */
+static int lend_block(tensor_reader *r, size_t n, bool wait, tport_storage **out, tport_err *err)
 {
   if (atomic_fetch_add(&r->gate->out, 1) >= r->max_held) {
     atomic_fetch_sub(&r->gate->out, 1);
@@ -102,8 +116,9 @@ static int lend_block(tensor_reader *r, size_t n, tport_storage **out, tport_err
                          r->max_held);
   }
   given_block *gv = calloc(1, sizeof *gv);
-  int rc = gv ? staging_acquire(r->pool, n, &gv->b, err)
-              : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of host memory");
+  int rc = !gv  ? tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of host memory")
+           : wait ? staging_acquire(r->pool, n, &gv->b, err)
+                  : staging_try_acquire(r->pool, n, &gv->b, err);
   if (rc) {
     free(gv);
     atomic_fetch_sub(&r->gate->out, 1);
@@ -116,6 +131,78 @@ static int lend_block(tensor_reader *r, size_t n, tport_storage **out, tport_err
   if (rc)
     give_back(gv);
   return rc;
+}
+
+/* Starts copying bytes [off, off + n) of the values into a block: *out is
+ * its storage, the copy pending on it (storage_sync waits for it). */
+static int start_read(tensor_reader *r, size_t off, size_t n, bool wait, tport_storage **out,
+                      tport_err *err)
+{
+  tport_storage *st;
+  int rc = lend_block(r, n, wait, &st, err);
+  if (rc)
+    return rc;
+  tport_storage *src = r->src->storage;
+  tport_device dev = src->device;
+  const backend_ops *be = backend_get(dev.type);
+  be_stream *s = be->stream_default(dev.index);
+  const char *sp = (const char *)src->ptr +
+                   r->src->layout.offset * (int64_t)tport_dtype_size(r->src->dtype) + off;
+  /* after whatever is pending on the tensor (making it contiguous, a put
+   * still landing); the block's own event marks this copy's end */
+  rc = storage_wait(src, be, s, err);
+  bool enqueued = false;
+  if (!rc)
+    rc = be->memcpy_async(dev.index, s, st->ptr, sp, n, BE_D2H, err);
+  if (!rc) {
+    enqueued = true;
+    tport_storage *sts[2] = {st, src};
+    rc = storage_mark(sts, 2, be, dev.index, s, err);
+  }
+  if (rc) {
+    /* the copy may still write the block: done before it goes back */
+    if (enqueued)
+      be->stream_synchronize(s, NULL);
+    storage_release(st);
+    return rc;
+  }
+  *out = st;
+  return TPORT_OK;
+}
+
+/* Takes the block read ahead for exactly [off, off + n), if there is one,
+ * and reads ahead the chunks after it: a series of reads of one length
+ * (a get's chunks) finds each block copying or copied before it asks.
+ * Reading ahead never waits for the pool; it is skipped when the pool is
+ * full.  Called with mu held. */
+static tport_storage *take_and_read_ahead(tensor_reader *r, size_t off, size_t n)
+{
+  tport_storage *st = NULL;
+  for (int i = 0; i < r->nahead; i++)
+    if (r->ahead[i].off == off && r->ahead[i].n == n) {
+      st = r->ahead[i].st;
+      r->ahead[i] = r->ahead[--r->nahead];
+      break;
+    }
+  if (!r->ahead_n)
+    r->ahead_n = n;
+  if (n != r->ahead_n)
+    return st;
+  if (r->ahead_next < off + n)
+    r->ahead_next = off + n;
+  /* off + n + READER_AHEAD * n, without overflow: off + n <= nbytes */
+  size_t until = r->nbytes - (off + n) > READER_AHEAD * n ? off + n + READER_AHEAD * n : r->nbytes;
+  while (r->nahead < READER_AHEAD && r->ahead_next < until) {
+    size_t len = r->nbytes - r->ahead_next < n ? r->nbytes - r->ahead_next : n;
+    ahead_slot *sl = &r->ahead[r->nahead];
+    if (start_read(r, r->ahead_next, len, false, &sl->st, NULL))
+      break;
+    sl->off = r->ahead_next;
+    sl->n = len;
+    r->nahead++;
+    r->ahead_next += len;
+  }
+  return st;
 }
 
 int reader_read(tensor_reader *r, size_t off, size_t n, tport_storage **held,
@@ -133,36 +220,14 @@ int reader_read(tensor_reader *r, size_t off, size_t n, tport_storage **held,
     *bytes = NULL;
     return TPORT_OK;
   }
-  tport_storage *st;
-  int rc = lend_block(r, n, &st, err);
+  pthread_mutex_lock(&r->mu);
+  tport_storage *st = take_and_read_ahead(r, off, n);
+  pthread_mutex_unlock(&r->mu);
+  int rc = st ? TPORT_OK : start_read(r, off, n, true, &st, err);
+  if (!rc && (rc = storage_sync(st, err)) != TPORT_OK)
+    storage_release(st); /* its copy failed: back once the event is done */
   if (rc)
     return rc;
-  tport_storage *src = r->src->storage;
-  tport_device dev = src->device;
-  const backend_ops *be = backend_get(dev.type);
-  be_stream *s = be->stream_default(dev.index);
-  const char *sp = (const char *)src->ptr +
-                   r->src->layout.offset * (int64_t)tport_dtype_size(r->src->dtype) + off;
-  /* after whatever is pending on the tensor (making it contiguous, a put
-   * still landing), then only this block's own copy is waited for */
-  rc = storage_wait(src, be, s, err);
-  bool enqueued = false;
-  if (!rc)
-    rc = be->memcpy_async(dev.index, s, st->ptr, sp, n, BE_D2H, err);
-  if (!rc) {
-    enqueued = true;
-    tport_storage *sts[2] = {st, src};
-    rc = storage_mark(sts, 2, be, dev.index, s, err);
-  }
-  if (!rc)
-    rc = storage_sync(st, err);
-  if (rc) {
-    /* the copy may still write the block: done before it goes back */
-    if (enqueued)
-      be->stream_synchronize(s, NULL);
-    storage_release(st);
-    return rc;
-  }
   *held = st;
   *bytes = st->ptr;
   return TPORT_OK;
@@ -172,6 +237,10 @@ void reader_close(tensor_reader *r)
 {
   if (!r)
     return;
+  /* blocks read ahead and never asked for: back once their copies end */
+  for (int i = 0; i < r->nahead; i++)
+    storage_release(r->ahead[i].st);
+  pthread_mutex_destroy(&r->mu);
   tensor_release(r->src);
   gate_unref(r->gate);
   free(r);

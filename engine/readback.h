@@ -13,15 +13,19 @@
  *
  * Each chunk waits for its own copy only (an event on the block), so chunks
  * asked for at once by several threads copy back to back on the device's
- * stream while earlier ones are on the wire.  A reader lends at most
- * max_held blocks at once: a client asking for the same chunk over and over
- * cannot take the pool from everyone else.
+ * stream while earlier ones are on the wire; and a read of a get's chunk
+ * starts the copies of the READER_AHEAD chunks after it (of the same
+ * length), so that they are ready when asked for.  A reader lends at most
+ * max_held blocks at once, plus those read ahead: a client asking for the
+ * same chunk over and over cannot take the pool from everyone else.
  */
 #ifndef TPORT_READBACK_H
 #define TPORT_READBACK_H
 
 #include "engine.h"
 #include "staging.h"
+
+#define READER_AHEAD 2
 
 typedef struct tensor_reader tensor_reader;
 

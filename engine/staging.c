@@ -114,7 +114,8 @@ static bool shrink_for(staging_pool *p, size_t need, staging_block **dead)
   return p->st.bytes_allocated + need <= p->budget;
 }
 
-int staging_acquire(staging_pool *p, size_t n, staging_block **out, tport_err *err)
+/* staging_acquire, or with wait false staging_try_acquire. */
+static int acquire(staging_pool *p, size_t n, bool wait, staging_block **out, tport_err *err)
 {
   if (n == 0 || n > STAGING_MAX_BLOCK)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT,
@@ -170,6 +171,11 @@ int staging_acquire(staging_pool *p, size_t n, staging_block **out, tport_err *e
       pthread_mutex_lock(&p->mu);
       continue;
     }
+    if (!wait) {
+      pthread_mutex_unlock(&p->mu);
+      return tport_err_set(err, TPORT_UNAVAILABLE, "the staging pool's %zu bytes are in use",
+                           p->budget);
+    }
     if (!waited) {
       p->st.waits++;
       waited = true;
@@ -190,6 +196,16 @@ int staging_acquire(staging_pool *p, size_t n, staging_block **out, tport_err *e
       pthread_cond_wait(&p->released, &p->mu);
     }
   }
+}
+
+int staging_acquire(staging_pool *p, size_t n, staging_block **out, tport_err *err)
+{
+  return acquire(p, n, true, out, err);
+}
+
+int staging_try_acquire(staging_pool *p, size_t n, staging_block **out, tport_err *err)
+{
+  return acquire(p, n, false, out, err);
 }
 
 int staging_add_event(staging_block *b, const backend_ops *be, be_event *ev, tport_err *err)

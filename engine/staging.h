@@ -46,6 +46,9 @@ int staging_create(const backend_ops *be, size_t budget, staging_pool **out, tpo
 void staging_destroy(staging_pool *p);
 /* A block of at least n bytes (n <= STAGING_MAX_BLOCK).  May wait. */
 int staging_acquire(staging_pool *p, size_t n, staging_block **out, tport_err *err);
+/* The same, but never waits: UNAVAILABLE when the budget is reached and no
+ * block is free (for work that may be skipped, such as reading ahead). */
+int staging_try_acquire(staging_pool *p, size_t n, staging_block **out, tport_err *err);
 /* Records that async work using b completes at event ev (the pool takes ev
  * and destroys it once complete).  At most STAGING_MAX_EVENTS per hold. */
 int staging_add_event(staging_block *b, const backend_ops *be, be_event *ev, tport_err *err);

@@ -126,13 +126,15 @@ Test(readback, blocks_are_recycled_not_allocated_per_read)
   tport_tensor *t = iota_on_sim(1024, 4096); /* 16 MiB */
   tport_err e;
   staging_stats st0, st1;
-  /* warm: one read of each size */
+  /* warm: one round of the chunks (the blocks read ahead included) */
   tensor_reader *r;
   cr_assert_eq(reader_open(t, 4, &r, &e), 0);
   tport_storage *held;
   const uint8_t *p;
-  cr_assert_eq(reader_read(r, 0, 4 << 20, &held, &p, &e), 0);
-  storage_release(held);
+  for (size_t off = 0; off < (16u << 20); off += 4u << 20) {
+    cr_assert_eq(reader_read(r, off, 4 << 20, &held, &p, &e), 0);
+    storage_release(held);
+  }
   staging_get_stats(staging_readback(), &st0);
   int64_t allocs0 = sim_stat("sim_host_allocs");
   for (int round = 0; round < 8; round++)
@@ -144,7 +146,7 @@ Test(readback, blocks_are_recycled_not_allocated_per_read)
   staging_get_stats(staging_readback(), &st1);
   cr_assert_eq(st1.misses, st0.misses, "32 reads allocated %llu blocks",
                (unsigned long long)(st1.misses - st0.misses));
-  cr_assert_eq(st1.hits - st0.hits, 32);
+  cr_assert_geq(st1.hits - st0.hits, 8, "the blocks come from the pool's free lists");
   cr_assert_eq(sim_stat("sim_host_allocs"), allocs0, "no pinned memory allocated per read");
   reader_close(r);
   tensor_release(t);
@@ -155,20 +157,62 @@ Test(readback, at_most_max_held_blocks_out)
   tport_tensor *t = iota_on_sim(64, 1024);
   tport_err e;
   tensor_reader *r;
+  /* 2 asked for + READER_AHEAD read ahead */
   cr_assert_eq(reader_open(t, 2, &r, &e), 0);
   tport_storage *a, *b, *c;
   const uint8_t *p;
   cr_assert_eq(reader_read(r, 0, 4096, &a, &p, &e), 0);
+  cr_assert_eq(reader_blocks_out(r), 1 + READER_AHEAD, "the next chunks are read ahead");
   cr_assert_eq(reader_read(r, 0, 4096, &b, &p, &e), 0, "the same bytes again: still counted");
-  cr_assert_eq(reader_blocks_out(r), 2);
-  cr_assert_eq(reader_read(r, 4096, 4096, &c, &p, &e), TPORT_RESOURCE_EXHAUSTED);
-  cr_assert(strstr(e.msg, "2 chunks"), "%s", e.msg);
+  cr_assert_eq(reader_blocks_out(r), 2 + READER_AHEAD);
+  cr_assert_eq(reader_read(r, 0, 4096, &c, &p, &e), TPORT_RESOURCE_EXHAUSTED);
+  cr_assert(strstr(e.msg, "chunks of this get"), "%s", e.msg);
   storage_release(a);
-  cr_assert_eq(reader_blocks_out(r), 1, "a block released is back at once");
+  cr_assert_eq(reader_blocks_out(r), 1 + READER_AHEAD, "a block released is back at once");
+  /* the chunk read ahead: no new block, its values */
   cr_assert_eq(reader_read(r, 4096, 4096, &c, &p, &e), 0, "%s", e.msg);
   cr_assert_eq(((const float *)p)[0], 1024.0f);
+  cr_assert_eq(((const float *)p)[1023], 2047.0f);
   storage_release(b);
   storage_release(c);
+  reader_close(r);
+  tensor_release(t);
+  /* what was read ahead and never asked for is back in the pool */
+  engine_synchronize_all();
+  storage_reap(true);
+  staging_stats st;
+  staging_get_stats(staging_readback(), &st);
+  cr_assert_eq(st.bytes_in_use, 0);
+}
+
+Test(readback, a_series_of_chunks_is_read_ahead_and_served_in_any_order)
+{
+  tport_tensor *t = iota_on_sim(1000, 1000); /* 4,000,000 bytes */
+  tport_err e;
+  tensor_reader *r;
+  cr_assert_eq(reader_open(t, 8, &r, &e), 0);
+  const size_t chunk = 300000, n = 4000000;
+  /* in order, then a window's worth out of order, the short last one too */
+  size_t order[14];
+  int k = 0;
+  for (size_t off = 0; off < n; off += chunk)
+    order[k++] = off;
+  size_t tmp = order[5];
+  order[5] = order[7];
+  order[7] = tmp;
+  tmp = order[12];
+  order[12] = order[13];
+  order[13] = tmp;
+  for (int i = 0; i < k; i++) {
+    size_t len = n - order[i] < chunk ? n - order[i] : chunk;
+    tport_storage *held;
+    const uint8_t *p;
+    cr_assert_eq(reader_read(r, order[i], len, &held, &p, &e), 0, "%s", e.msg);
+    const float *f = (const float *)p;
+    cr_assert_eq(f[0], (float)(order[i] / 4), "chunk at %zu", order[i]);
+    cr_assert_eq(f[len / 4 - 1], (float)((order[i] + len) / 4 - 1), "chunk at %zu", order[i]);
+    storage_release(held);
+  }
   reader_close(r);
   tensor_release(t);
 }
