@@ -535,9 +535,9 @@ int h_put_abort(call *c)
 /* The blocks one get may have lent at once: its window of chunk requests
  * (or fewer chunks), and a few whose replies nng has sent but not yet
  * given back.  More is a client asking for the same bytes over and over. */
-static int reader_max_held(const server *s, size_t nbytes)
+static int reader_max_held(const server *s, size_t nbytes, size_t chunk)
 {
-  size_t chunks = (nbytes + s->cfg.chunk_bytes - 1) / s->cfg.chunk_bytes;
+  size_t chunks = nbytes / chunk + (nbytes % chunk != 0);
   size_t w = (size_t)s->cfg.window;
   return (int)((chunks < w ? chunks : w) + 2);
 }
@@ -553,7 +553,7 @@ static int stage_for_get(call *c, tport_tensor *t, get_transfer *g)
   int64_t t0 = metrics_now_ns();
   int rc;
   if (tensor_device(t).type != TPORT_DEV_CPU) {
-    rc = reader_open(t, reader_max_held(c->srv, tensor_nbytes(t)), &g->reader, &c->err);
+    rc = reader_open(t, reader_max_held(c->srv, tensor_nbytes(t), g->chunk), &g->reader, &c->err);
     if (!rc) {
       g->nbytes = reader_nbytes(g->reader);
       metrics_stage_since(m, STAGE_CONVERT, t0); /* made contiguous (enqueued), if it was not */

@@ -414,3 +414,39 @@ Test(rpcs, gets_from_a_device_allocate_no_pinned_memory_per_request)
   tport_close(c);
   stop();
 }
+
+/* A get from a device reads back into pinned pool blocks of at most
+ * STAGING_MAX_BLOCK (64 MiB): with a larger --chunk, GetBegin tells the
+ * client to ask for 64 MiB at a time, and a full window of such chunks
+ * stays within what one get may have out. */
+Test(rpcs, a_get_from_a_device_with_chunks_over_64_MiB)
+{
+  server_config cfg;
+  svc_config(&cfg);
+  cfg.chunk_bytes = (size_t)72 << 20;
+  cfg.max_message_bytes = (size_t)80 << 20;
+  cfg.window = 8;
+  srv = svc_start_with(&cfg, url, sizeof url);
+  tport_client *c = svc_connect(url, NULL);
+  size_t n = ((size_t)200 << 20) + 12345;
+  uint8_t *v = calloc(n, 1), *back = malloc(n);
+  for (size_t i = 0; i < n; i += 4096)
+    v[i] = (uint8_t)(i >> 12);
+  v[n - 1] = 0x5a;
+  tport_put_options po;
+  tport_put_options_init(&po);
+  po.device = "sim:0";
+  tport_tensor_info t;
+  tport_err err;
+  cr_assert_eq(tport_put(c, TPORT_UINT8, 1, (int64_t[]){(int64_t)n}, NULL, v, n, &po, &t, &err),
+               0, "%s", err.msg);
+  memset(back, 0, n);
+  cr_assert_eq(tport_get(c, &t.ref, back, n, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+  for (size_t i = 0; i < n; i += 4096)
+    cr_assert_eq(back[i], v[i], "byte %zu", i);
+  cr_assert_eq(back[n - 1], 0x5a);
+  free(v);
+  free(back);
+  tport_close(c);
+  stop();
+}
