@@ -141,5 +141,10 @@ void sim_set_delay(unsigned max_delay_us);
 void sim_set_delay_range(unsigned min_us, unsigned max_us);
 /* Bytes of device memory in use on dev (for leak tests). */
 size_t sim_bytes_in_use(int dev);
+/* The most device memory dev has had in use since the last sim_reset_peak
+ * (which sets it to what is in use now): what a request made the server
+ * allocate at its worst, for the quota tests. */
+size_t sim_bytes_peak(int dev);
+void sim_reset_peak(int dev);
 
 #endif

@@ -113,6 +113,7 @@ static struct {
   int ndevices;
   size_t mem_bytes;
   size_t used[SIM_MAX_DEVICES];
+  size_t peak[SIM_MAX_DEVICES]; /* the most used has been since sim_reset_peak */
   bool peer_possible[SIM_MAX_DEVICES][SIM_MAX_DEVICES];
   bool peer_enabled[SIM_MAX_DEVICES][SIM_MAX_DEVICES];
   be_stream *streams[SIM_MAX_DEVICES];
@@ -437,6 +438,22 @@ size_t sim_bytes_in_use(int dev)
   return n;
 }
 
+size_t sim_bytes_peak(int dev)
+{
+  pthread_mutex_lock(&sim.mu);
+  size_t n = dev >= 0 && dev < SIM_MAX_DEVICES ? sim.peak[dev] : 0;
+  pthread_mutex_unlock(&sim.mu);
+  return n;
+}
+
+void sim_reset_peak(int dev)
+{
+  pthread_mutex_lock(&sim.mu);
+  if (dev >= 0 && dev < SIM_MAX_DEVICES)
+    sim.peak[dev] = sim.used[dev];
+  pthread_mutex_unlock(&sim.mu);
+}
+
 /* ---------------------------------------------------------------- ops */
 
 static int sim_count(void)
@@ -489,6 +506,8 @@ static int alloc_common(int dev, size_t bytes, bool managed, void **out, tport_e
                          freeb, sim.mem_bytes);
   }
   sim.used[dev] += rounded;
+  if (sim.used[dev] > sim.peak[dev])
+    sim.peak[dev] = sim.used[dev];
   pthread_mutex_unlock(&sim.mu);
   /* from the host cache, as the cuda backend's memory comes from its
    * caching allocator (cuda_alloc.c): a fresh block of hundreds of MiB
@@ -894,6 +913,10 @@ static size_t sim_stats(be_stat *out, size_t max)
   for (int d = 0; d < sim_count() && n < max; d++, n++) {
     snprintf(out[n].name, sizeof out[n].name, "sim%d_bytes_in_use", d);
     out[n].value = (int64_t)sim_bytes_in_use(d);
+  }
+  for (int d = 0; d < sim_count() && n < max; d++, n++) {
+    snprintf(out[n].name, sizeof out[n].name, "sim%d_bytes_peak", d);
+    out[n].value = (int64_t)sim_bytes_peak(d);
   }
   if (sim_count() > 0 && n + 2 <= max) {
     snprintf(out[n].name, sizeof out[n].name, "sim_host_allocs");
