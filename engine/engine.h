@@ -126,6 +126,25 @@ unsigned engine_test_faults(void);
 void engine_set_deadline(int64_t mono_ms);
 int64_t engine_deadline(void);
 
+/* An allocation guard for the calling thread (NULL: none): while it is set,
+ * every storage the engine allocates on this thread -- a result, a
+ * temporary of a copy, a landing tensor -- is first offered to
+ * fn(ctx, nbytes, err), and when fn fails nothing is allocated and the
+ * operation fails with fn's error.  tportd charges a tenant's quota through
+ * it, before the bytes exist.  Memory the engine takes from its pools
+ * (staging blocks) is not asked about: it is bounded by the pools. */
+typedef int (*engine_alloc_guard)(void *ctx, size_t nbytes, tport_err *err);
+void engine_set_alloc_guard(engine_alloc_guard fn, void *ctx);
+
+/* What to() and contiguous() would allocate, without doing it: *nbytes is
+ * the storage bytes of the fresh result, 0 when they would alias t (a
+ * managed move included).  Any error the operation itself would report for
+ * these arguments is reported here too.  Temporaries the copy into the
+ * result may need are not included (the guard sees them). */
+int tensor_to_nbytes(const tport_tensor *t, const to_options *o, size_t *nbytes, tport_err *err);
+int tensor_contiguous_nbytes(const tport_tensor *t, tport_memory_format fmt, size_t *nbytes,
+                             tport_err *err);
+
 /* Caller host memory (a same-host region) page-locked with the GPU driver,
  * so that copies between it and a device need no staging: *registered is
  * false, and nothing done, when no backend wants it (no GPU).  Unregister

@@ -1,6 +1,8 @@
 /* storage.c: refcounted memory, pending events and deferred frees. */
 #include "storage.h"
 
+#include "engine.h"
+
 #include <stdlib.h>
 
 #include "host_cache.h"
@@ -11,6 +13,18 @@ static struct {
   tport_storage **items;
   int n, cap;
 } graveyard = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* The calling thread's allocation guard (engine.h). */
+static _Thread_local struct {
+  engine_alloc_guard fn;
+  void *ctx;
+} guard;
+
+void engine_set_alloc_guard(engine_alloc_guard fn, void *ctx)
+{
+  guard.fn = fn;
+  guard.ctx = ctx;
+}
 
 int storage_new(tport_device device, size_t nbytes, unsigned flags, tport_storage **out,
                 tport_err *err)
@@ -25,6 +39,10 @@ int storage_new(tport_device device, size_t nbytes, unsigned flags, tport_storag
                          "device %s:%d does not exist (this server has %d %s device%s)%s%s",
                          be->name, device.index, n, be->name, n == 1 ? "" : "s", n == 0 ? ": " : "",
                          n == 0 ? be->unavailable_reason() : "");
+  /* paid for before it exists: a refusal allocates nothing */
+  int grc = nbytes > 0 && guard.fn ? guard.fn(guard.ctx, nbytes, err) : TPORT_OK;
+  if (grc)
+    return grc;
   tport_storage *s = calloc(1, sizeof *s);
   if (!s)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of host memory for a storage");

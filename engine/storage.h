@@ -43,7 +43,8 @@ typedef struct tport_storage {
 } tport_storage;
 
 /* New storage of nbytes on device (flags: STORAGE_MANAGED, STORAGE_PINNED for
- * cpu).  The memory is uninitialized. */
+ * cpu).  The memory is uninitialized.  The calling thread's allocation guard
+ * (engine_set_alloc_guard), if any, is asked first. */
 int storage_new(tport_device device, size_t nbytes, unsigned flags, tport_storage **out,
                 tport_err *err);
 /* Wraps caller-owned host memory (never freed; the caller keeps it alive). */
