@@ -57,10 +57,18 @@ int h_to(call *c)
                           tport_dtype_size(o.has_dtype ? o.dtype : t->dtype));
   tport_tensor *res = NULL;
   bool aliased = false;
+  /* the result is charged before it is made */
+  size_t need = 0;
+  reg_reservation paid = REG_RESERVATION_INIT(&c->srv->reg, c->pipe);
   if (!rc)
+    rc = tensor_to_nbytes(t, &o, &need, &c->err);
+  if (!rc && (rc = wire_charge_begin(c, &paid, need, "To's result")) == TPORT_OK) {
     rc = tensor_to(t, &o, &res, &aliased, &c->err);
+    wire_charge_end(&paid);
+  }
   if (!rc)
-    rc = wire_register_result(c, e, res, aliased, q->name, q->keep, q->ttl_ms, &out);
+    rc = wire_register_result(c, e, res, aliased, q->name, q->keep, q->ttl_ms, &paid, &out);
+  reg_reservation_release(&paid);
   if (!rc) {
     wire_info wi;
     wire_fill_info(&wi, out, out->tensor);
@@ -89,10 +97,17 @@ int h_contiguous(call *c)
   rc = wire_format(q->memory_format, "memory_format", &fmt, &c->err);
   if (!rc)
     rc = wire_check_bytes(c, "the result", tensor_numel(t), tport_dtype_size(t->dtype));
+  size_t need = 0;
+  reg_reservation paid = REG_RESERVATION_INIT(&c->srv->reg, c->pipe);
   if (!rc)
+    rc = tensor_contiguous_nbytes(t, fmt, &need, &c->err);
+  if (!rc && (rc = wire_charge_begin(c, &paid, need, "Contiguous's result")) == TPORT_OK) {
     rc = tensor_contiguous(t, fmt, &res, &aliased, &c->err);
+    wire_charge_end(&paid);
+  }
   if (!rc)
-    rc = wire_register_result(c, e, res, aliased, q->name, q->keep, q->ttl_ms, &out);
+    rc = wire_register_result(c, e, res, aliased, q->name, q->keep, q->ttl_ms, &paid, &out);
+  reg_reservation_release(&paid);
   if (!rc) {
     wire_info wi;
     wire_fill_info(&wi, out, out->tensor);
@@ -128,7 +143,7 @@ int h_view(call *c)
   if (!rc)
     rc = wire_check_bytes(c, "the view", tensor_numel(v), tport_dtype_size(v->dtype));
   if (!rc)
-    rc = wire_register_result(c, e, v, false, q->name, q->keep, q->ttl_ms, &out);
+    rc = wire_register_result(c, e, v, false, q->name, q->keep, q->ttl_ms, NULL, &out);
   else
     tensor_release(v);
   if (!rc) {
@@ -161,8 +176,14 @@ int h_copy(call *c)
                      ? tport_dtype_size(d->dtype)
                      : tport_dtype_size(s->dtype);
   rc = wire_check_bytes(c, "the copy", tensor_numel(d), esize);
-  if (!rc)
+  /* the temporaries a copy between layouts, dtypes and devices needs are
+   * charged as the engine makes them, and given back when it is done */
+  reg_reservation scratch;
+  if (!rc && (rc = wire_charge_begin(c, &scratch, 0, "Copy")) == TPORT_OK) {
     rc = tensor_copy_(d, s, q->non_blocking, &c->err);
+    wire_charge_end(&scratch);
+    reg_reservation_release(&scratch);
+  }
   if (!rc) {
     Tport__CopyReply r = TPORT__COPY_REPLY__INIT;
     r.status = wire_ok();

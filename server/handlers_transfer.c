@@ -190,6 +190,7 @@ static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_
   size_t len = (size_t)q->shm->length;
   rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, 0, p, len);
   tport_tensor *src = NULL, *final = NULL;
+  reg_reservation paid = REG_RESERVATION_INIT(&s->reg, c->pipe);
   if (!rc)
     rc = wrap_host(p, len, pinned, from, l->ndim, l->sizes, l->strides, &src, &c->err);
   int64_t t0 = metrics_now_ns();
@@ -200,7 +201,13 @@ static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_
     o.copy = true; /* never an alias of the client's memory */
     o.non_blocking = false;
     bool aliased = false;
-    rc = tensor_to(src, &o, &final, &aliased, &c->err);
+    /* the stored tensor is charged before it is made */
+    size_t need = 0;
+    rc = tensor_to_nbytes(src, &o, &need, &c->err);
+    if (!rc && (rc = wire_charge_begin(c, &paid, need, "the put's tensor")) == TPORT_OK) {
+      rc = tensor_to(src, &o, &final, &aliased, &c->err);
+      wire_charge_end(&paid);
+    }
     if (!rc && (aliased || final->storage == src->storage))
       rc = tport_err_set(&c->err, TPORT_INTERNAL, "a put from a region aliased the region");
     if (!rc)
@@ -215,12 +222,13 @@ static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_
   shm_unhold(s->shm, held);
   if (rc) {
     tensor_release(final);
+    reg_reservation_release(&paid);
     return rc;
   }
   atomic_fetch_add(&s->bytes_in, len);
   shm_count_transfer(s->shm);
   reg_entry *e;
-  rc = reg_add(&s->reg, c->pipe, final, NULL, q->name, q->keep, q->ttl_ms, 0, &e, &c->err);
+  rc = reg_add(&s->reg, c->pipe, final, NULL, q->name, q->keep, q->ttl_ms, 0, &paid, &e, &c->err);
   if (rc)
     return rc; /* final freed with the entry that could not be */
   return put_begin_reply(c, e, final);
@@ -297,7 +305,7 @@ int h_put_begin(call *c)
     if (!rc && meta_fresh_strides(l.ndim, l.sizes, convert.format, strides, &why))
       rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "memory_format: %s", why.msg);
   }
-  size_t reserve = 0;
+  size_t reserve = 0; /* the converted tensor a conversion at the commit makes */
   bool needs_convert = convert.has_dtype || convert.has_format, on_arrival = false;
   tport_dtype from = (tport_dtype)d->dtype, to = convert.has_dtype ? convert.dtype : from;
   if (!rc && needs_convert) {
@@ -322,32 +330,53 @@ int h_put_begin(call *c)
   unsigned flags = q->managed || (s->cfg.uvm && dev.type != TPORT_DEV_CPU) ? STORAGE_MANAGED : 0;
   if (q->shm && !flags)
     return put_from_region(c, q, &l, from, dev, &convert);
+  /* The landing tensor (converting on arrival, the final one) and what a
+   * conversion at the commit will make are charged before either exists:
+   * a put the tenant cannot hold is refused here, having allocated nothing.
+   * Both sizes are within --max-tensor (checked above). */
+  if (on_arrival)
+    reserve = 0;
+  size_t landing_bytes = on_arrival ? (size_t)vr.numel * tport_dtype_size(to) : (size_t)vr.nbytes,
+         upfront;
+  if (__builtin_add_overflow(landing_bytes, reserve, &upfront))
+    return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED,
+                         "the put would hold %zu + %zu bytes: more than this server can count",
+                         landing_bytes, reserve);
+  reg_reservation paid;
+  rc = wire_charge_begin(c, &paid, upfront,
+                         reserve ? "the put's landing and converted tensors" : "the put's tensor");
+  if (rc)
+    return rc;
   reg_upload *up = calloc(1, sizeof *up);
-  if (!up)
-    return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
-  up->convert = convert;
-  up->needs_convert = needs_convert && !on_arrival;
-  up->convert_on_arrival = on_arrival;
-  up->source_dtype = from;
-  up->nbytes = (size_t)vr.nbytes;
-  up->chunk_bytes = s->cfg.chunk_bytes;
-  up->nchunks = (up->nbytes + up->chunk_bytes - 1) / up->chunk_bytes;
-  size_t bitmap = (size_t)(up->nchunks + 7) / 8 + 1;
-  up->claimed = calloc(bitmap, 1);
-  up->received = calloc(bitmap, 1);
-  if (!up->claimed || !up->received)
+  if (!up) {
     rc = tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  } else {
+    up->convert = convert;
+    up->needs_convert = needs_convert && !on_arrival;
+    up->convert_on_arrival = on_arrival;
+    up->source_dtype = from;
+    up->nbytes = (size_t)vr.nbytes;
+    up->chunk_bytes = s->cfg.chunk_bytes;
+    up->nchunks = (up->nbytes + up->chunk_bytes - 1) / up->chunk_bytes;
+    size_t bitmap = (size_t)(up->nchunks + 7) / 8 + 1;
+    up->claimed = calloc(bitmap, 1);
+    up->received = calloc(bitmap, 1);
+    if (!up->claimed || !up->received)
+      rc = tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  }
   /* converting on arrival, the landing tensor is the final one */
   if (!rc)
     rc = tensor_empty_strided(dev, on_arrival ? to : from, l.ndim, l.sizes, l.strides, flags,
                               &up->landing, &c->err);
+  wire_charge_end(&paid);
   if (rc) {
     reg_upload_free(up);
+    reg_reservation_release(&paid);
     return rc;
   }
   reg_entry *e;
-  rc = reg_add(&s->reg, c->pipe, NULL, up, q->name, q->keep, q->ttl_ms, on_arrival ? 0 : reserve,
-               &e, &c->err);
+  rc =
+      reg_add(&s->reg, c->pipe, NULL, up, q->name, q->keep, q->ttl_ms, reserve, &paid, &e, &c->err);
   if (rc)
     return rc;
   tport_tensor *final = NULL;

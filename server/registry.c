@@ -1,6 +1,8 @@
 /* registry.c: tensors, sessions and tenants of the server (see registry.h). */
 #include <openssl/rand.h>
 #include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -42,6 +44,7 @@ typedef struct reg_session {
   bool dropped; /* the server is closing it */
   int64_t opened_ms;
   int inflight_chunks, outstanding, transfers;
+  int reservations; /* reg_reservations holding bytes of its tenant */
   reg_entry *owned; /* list (sprev/snext) */
   UT_hash_handle hh;
 } reg_session;
@@ -285,7 +288,7 @@ int reg_session_set_tenant(registry *r, uint32_t pipe, const char *tenant, tport
     rc = tport_err_set(err, TPORT_PERMISSION_DENIED,
                        "this connection is tenant '%s': a connection's tenant is set once",
                        s->tn->name);
-  } else if (s->owned || s->transfers) {
+  } else if (s->owned || s->transfers || s->reservations) {
     rc = tport_err_set(err, TPORT_PERMISSION_DENIED,
                        "this connection already holds tensors of tenant '%s'", s->tn->name);
   } else {
@@ -471,6 +474,75 @@ void reg_transfer_leave(registry *r, uint32_t pipe, reg_tenant *tn, size_t bytes
   pthread_mutex_unlock(&r->mu);
 }
 
+/* ---------------------------------------------------------------- reservations */
+
+/* Gives res's bytes back to its tenant.  mu held. */
+static void reservation_drop(registry *r, reg_reservation *res)
+{
+  if (!res || !res->tn)
+    return;
+  res->tn->bytes -= res->bytes;
+  reg_session *s = session_find(r, res->pipe);
+  if (s && s->reservations > 0)
+    s->reservations--;
+  tenant_unref(r, res->tn);
+  res->tn = NULL;
+  res->bytes = res->used = 0;
+}
+
+int reg_reserve(reg_reservation *res, size_t bytes, const char *what, tport_err *err)
+{
+  registry *r = res->reg;
+  int rc = TPORT_OK;
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, res->pipe);
+  reg_tenant *tn = res->tn ? res->tn : s ? s->tn : NULL;
+  size_t quota = r->limits.tenant_quota_bytes;
+  size_t left = tn && tn->bytes < quota ? quota - tn->bytes : 0;
+  if (!s)
+    rc = tport_err_set(err, TPORT_ABORTED, "the connection is closing");
+  else if (bytes > left || res->bytes > SIZE_MAX - bytes)
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                       "%s needs %zu bytes: tenant '%s' has %zu left of its quota of %zu "
+                       "(%zu held or reserved)",
+                       what, bytes, tn->name, left, quota, tn->bytes);
+  if (!rc && bytes) {
+    if (!res->tn) {
+      res->tn = tn;
+      tn->refs++;
+      s->reservations++;
+    }
+    tn->bytes += bytes;
+    res->bytes += bytes;
+  }
+  pthread_mutex_unlock(&r->mu);
+  return rc;
+}
+
+void reg_reservation_release(reg_reservation *res)
+{
+  if (!res || !res->tn)
+    return;
+  pthread_mutex_lock(&res->reg->mu);
+  reservation_drop(res->reg, res);
+  pthread_mutex_unlock(&res->reg->mu);
+}
+
+int reg_reservation_guard(void *ctx, size_t nbytes, tport_err *err)
+{
+  reg_reservation *res = ctx;
+  size_t unused = res->bytes - res->used;
+  if (nbytes > unused) {
+    char what[96];
+    snprintf(what, sizeof what, "an allocation of %zu bytes for this request", nbytes);
+    int rc = reg_reserve(res, nbytes - unused, what, err);
+    if (rc)
+      return rc;
+  }
+  res->used += nbytes;
+  return TPORT_OK;
+}
+
 /* ---------------------------------------------------------------- add, find */
 
 static reg_entry *find_name(reg_tenant *t, const char *name)
@@ -487,7 +559,8 @@ static void set_expiry(registry *r, reg_entry *e, uint64_t ttl_ms)
 }
 
 int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
-            bool keep, uint64_t ttl_ms, size_t reserve, reg_entry **out, tport_err *err)
+            bool keep, uint64_t ttl_ms, size_t reserve, reg_reservation *paid, reg_entry **out,
+            tport_err *err)
 {
   int rc = TPORT_OK;
   bool named = name && *name;
@@ -504,6 +577,7 @@ int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const c
     free(e);
     tensor_release(t);
     reg_upload_free(up);
+    reg_reservation_release(paid);
     return rc;
   }
   e->tensor = t;
@@ -518,6 +592,9 @@ int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const c
   }
   const tport_storage *st = up ? up->landing->storage : t->storage;
   pthread_mutex_lock(&r->mu);
+  /* what was reserved for it becomes its charge: given back and charged in
+   * one step under the lock, so the check below counts it once */
+  reservation_drop(r, paid);
   reg_session *s = session_find(r, pipe);
   reg_tenant *tn = s ? s->tn : NULL;
   size_t add = tn ? charge_cost(tn, st) : 0;

@@ -16,7 +16,12 @@
  * What a tenant pays for is storage: each distinct storage its entries
  * reference is counted once, however many views and aliases reference it,
  * for as long as any of them lives; plus what is reserved (the converted
- * result of an upload in progress, the host copies of gets in progress).
+ * result of an upload in progress, the host copies of gets in progress, and
+ * what requests at work are about to allocate: reg_reservation).  Every
+ * byte is charged before it is allocated: a request reserves what it will
+ * make, under the lock (two requests never both pass a check that only one
+ * fits), and its result's charge is paid from the reservation when the
+ * result is registered.
  * One mutex guards it all; every operation under it is O(1) but reg_expire
  * and the dropping of a session (O(what that session owns)).
  */
@@ -154,16 +159,46 @@ int reg_transfer_enter(registry *r, uint32_t pipe, size_t bytes, struct reg_tena
                        tport_err *err);
 void reg_transfer_leave(registry *r, uint32_t pipe, struct reg_tenant *tn, size_t bytes);
 
+/* What one request has reserved against its tenant's quota for the memory it
+ * is about to allocate (reg_reserve), released when the request ends
+ * (reg_reservation_release) or paid into the charge of the tensor it
+ * registers (reg_add).  While a connection holds one its tenant cannot
+ * change.  Zero it with REG_RESERVATION_INIT. */
+typedef struct reg_reservation {
+  registry *reg;
+  uint32_t pipe;
+  struct reg_tenant *tn; /* NULL: nothing reserved yet */
+  size_t bytes;          /* reserved */
+  size_t used;           /* of those, taken by allocations (reg_reservation_guard) */
+} reg_reservation;
+#define REG_RESERVATION_INIT(r, p) ((reg_reservation){.reg = (r), .pipe = (p)})
+
+/* Reserves bytes more for the request (what: what they are for, named in
+ * the refusal): RESOURCE_EXHAUSTED, naming the bytes asked and the bytes
+ * left, when the tenant's charges and reservations would pass its quota;
+ * ABORTED when the connection is gone.  Nothing changes on failure. */
+int reg_reserve(reg_reservation *res, size_t bytes, const char *what, tport_err *err);
+/* Gives back what is still reserved (nothing when reg_add took it). */
+void reg_reservation_release(reg_reservation *res);
+/* An engine allocation guard (engine_set_alloc_guard) with ctx a
+ * reg_reservation: each allocation is taken from what is reserved and not
+ * yet used, reserving the rest first when that is not enough. */
+int reg_reservation_guard(void *res, size_t nbytes, tport_err *err);
+
 /* Registers a ready tensor t, or an upload up (exactly one of the two; the
  * entry takes ownership of it, and frees it on failure) for the pipe's
  * session.  name may be NULL or ""; a named ready tensor, or one with keep,
  * is kept for the tenant with a time to live (ttl_ms 0: the default; over
  * the maximum: INVALID_ARGUMENT), any other lives with the connection (an
  * upload always does until its commit).  The tenant pays for the tensor's
- * storage unless it already does, plus reserve bytes.  Returns the entry
- * with a reference for the caller (reg_put it). */
+ * storage unless it already does, plus reserve bytes.  paid (may be NULL)
+ * is what the request reserved for them: it is given back in the same step
+ * that charges the entry (success or not), so the bytes are never counted
+ * twice nor left uncounted.  Returns the entry with a reference for the
+ * caller (reg_put it). */
 int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
-            bool keep, uint64_t ttl_ms, size_t reserve, reg_entry **out, tport_err *err);
+            bool keep, uint64_t ttl_ms, size_t reserve, reg_reservation *paid, reg_entry **out,
+            tport_err *err);
 /* Finds a tensor by handle bytes or name, for the pipe's tenant; NOT_FOUND
  * otherwise (another tenant's handle included).  *state (when not NULL) is
  * the entry's state read under the lock: the only way a caller may look at

@@ -88,10 +88,11 @@ int wire_format(int v, const char *field, tport_memory_format *out, tport_err *e
 }
 
 int wire_register_result(call *c, reg_entry *in, tport_tensor *res, bool aliased, const char *name,
-                         bool keep, uint64_t ttl_ms, reg_entry **out)
+                         bool keep, uint64_t ttl_ms, reg_reservation *paid, reg_entry **out)
 {
   registry *r = &c->srv->reg;
   if (aliased && (!name || !*name) && (!keep || !reg_connection_scoped(r, in))) {
+    reg_reservation_release(paid);
     tensor_release(res);
     pthread_mutex_lock(&r->mu);
     in->refs++;
@@ -99,7 +100,22 @@ int wire_register_result(call *c, reg_entry *in, tport_tensor *res, bool aliased
     *out = in;
     return TPORT_OK;
   }
-  return reg_add(r, c->pipe, res, NULL, name, keep, ttl_ms, 0, out, &c->err);
+  return reg_add(r, c->pipe, res, NULL, name, keep, ttl_ms, 0, paid, out, &c->err);
+}
+
+int wire_charge_begin(call *c, reg_reservation *res, size_t upfront, const char *what)
+{
+  *res = REG_RESERVATION_INIT(&c->srv->reg, c->pipe);
+  int rc = reg_reserve(res, upfront, what, &c->err);
+  if (!rc)
+    engine_set_alloc_guard(reg_reservation_guard, res);
+  return rc;
+}
+
+void wire_charge_end(reg_reservation *res)
+{
+  (void)res;
+  engine_set_alloc_guard(NULL, NULL);
 }
 
 int wire_check_bytes(call *c, const char *what, int64_t numel, size_t esize)

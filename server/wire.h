@@ -29,10 +29,22 @@ int wire_format(int v, const char *field, tport_memory_format *out, tport_err *e
 Tport__Status *wire_ok(void);
 /* Registers a result of to/contiguous/view: aliased results with no name
  * reuse the input's entry (unless keep asks to keep a connection-scoped
- * input).  The tenant pays for the result's storage unless it already does.
- * On success *out holds a reference. */
+ * input).  The tenant pays for the result's storage unless it already does,
+ * from paid (may be NULL: what the request reserved for it, given back in
+ * any case).  On success *out holds a reference. */
 int wire_register_result(call *c, reg_entry *in, tport_tensor *res, bool aliased, const char *name,
-                         bool keep, uint64_t ttl_ms, reg_entry **out);
+                         bool keep, uint64_t ttl_ms, reg_reservation *paid, reg_entry **out);
+/* Every byte the engine allocates for a request is charged to the request's
+ * tenant before it is allocated.  wire_charge_begin initializes res,
+ * reserves `upfront` bytes (what the request is known to make: its result),
+ * refused RESOURCE_EXHAUSTED naming `what`, the bytes asked and the bytes
+ * left before any work is done, and then makes each engine allocation of
+ * this thread draw from res -- reserving more for what was not known up
+ * front (a copy's temporaries) -- until wire_charge_end (call it whatever
+ * happened).  What is left in res goes with reg_add (wire_register_result)
+ * or reg_reservation_release. */
+int wire_charge_begin(call *c, reg_reservation *res, size_t upfront, const char *what);
+void wire_charge_end(reg_reservation *res);
 /* The work of a request is bounded by what it makes and what it iterates:
  * numel elements of esize bytes (overflow-checked) must fit in --max-tensor,
  * else RESOURCE_EXHAUSTED naming `what`. */

@@ -562,3 +562,228 @@ Test(hostile, d9_sessions_and_tenants_go_with_their_connections)
   tport_close(op);
   server_stop(s, 1000);
 }
+
+/* ================================================================ 20.3: charged before made */
+
+/* Issue 20, finding 3: the quota was checked after the work -- To,
+ * Contiguous, a Copy's temporaries and PutBegin's landing tensor were
+ * allocated (and filled) in full and only then refused.  Every byte is now
+ * reserved against the tenant's quota before it is allocated.  "Allocated"
+ * is read from the server's own figure: sim:0's peak device memory in use
+ * (the Stats counter sim0_bytes_peak), never from how long anything took. */
+
+#define Q20_QUOTA (1 << 20)
+#define Q20_TENANT "q20"
+
+static server *q20_start(char *url, size_t len)
+{
+  server_config cfg;
+  config(&cfg);
+  cfg.tenant_quota_bytes = Q20_QUOTA;
+  return start(&cfg, url, len);
+}
+
+/* Puts n bytes of dtype (element size es) named name on device; OK or the test fails. */
+static void q20_put(tport_client *c, tport_dtype dt, size_t es, size_t n, const char *device,
+                    const char *name, tport_tensor_info *out)
+{
+  uint8_t *v = calloc(n, 1);
+  fill(v, n, 20);
+  if (dt == TPORT_FLOAT32)
+    memset(v, 0, n); /* finite values */
+  tport_put_options po;
+  tport_put_options_init(&po);
+  po.name = name;
+  po.device = device;
+  tport_err err;
+  int64_t numel = (int64_t)(n / es);
+  int rc = tport_put(c, dt, 1, &numel, NULL, v, n, &po, out, &err);
+  cr_assert_eq(rc, 0, "put %zu bytes as '%s' on %s: %s (%s)", n, name, device, tport_strerror(rc),
+               err.msg);
+  free(v);
+}
+
+/* The tenant's charged bytes: exactly what its tensors hold. */
+static void q20_expect_bytes(tport_client *c, int64_t want, const char *when)
+{
+  int64_t bytes = svc_counter(c, "tensor_bytes");
+  cr_assert_eq(bytes, want, "%s: the tenant is charged %lld bytes; its tensors hold %lld", when,
+               (long long)bytes, (long long)want);
+}
+
+/* A refusal for the quota, before the work, that names the bytes asked
+ * and the bytes left. */
+static void q20_expect_refusal(int code, const char *msg, const char *asked, const char *left,
+                               const char *what)
+{
+  cr_assert_eq(code, TPORT_RESOURCE_EXHAUSTED, "%s: %s (%s), want RESOURCE_EXHAUSTED", what,
+               tport_strerror(code), msg);
+  cr_assert(strstr(msg, "quota") && strstr(msg, asked) && strstr(msg, left),
+            "%s: the refusal '%s' does not name the quota, the %s bytes asked and the %s left",
+            what, msg, asked, left);
+}
+
+Test(hostile, d20c_results_past_the_quota_are_refused_before_they_are_made)
+{
+  char url[128];
+  server *s = q20_start(url, sizeof url);
+  tport_client *c = svc_connect(url, Q20_TENANT);
+  const size_t n = 256 << 10;
+  tport_tensor_info base, wide;
+  q20_put(c, TPORT_UINT8, 1, n, "sim:0", "base", &base);
+  /* a free broadcast view whose materialization is 1 MiB: more than the
+   * 768 KiB the tenant has left */
+  tport_err err;
+  int rc = tport_view(c, &base.ref, 2, (int64_t[]){4, (int64_t)n}, (int64_t[]){0, 1}, 0, "wide",
+                      &wide, &err);
+  cr_assert_eq(rc, 0, "View [4, 256Ki] strides [0, 1]: %s (%s)", tport_strerror(rc), err.msg);
+  q20_expect_bytes(c, (int64_t)n, "after the put and the view");
+  size_t before = sim_bytes_in_use(0);
+  sim_reset_peak(0);
+
+  /* 4 Contiguous of the view and 4 to(float32) of the tensor (1 MiB each),
+   * all at once on one connection of the tenant */
+  rawc r;
+  raw_open(&r, url);
+  char msg[256];
+  cr_assert_eq(raw_hello(&r, Q20_TENANT, msg), 0, "Hello: %s", msg);
+  Tport__Ref wref = mkref(NULL, 0, "wide"), bref = mkref(NULL, 0, "base");
+  Tport__ContiguousRequest cq = TPORT__CONTIGUOUS_REQUEST__INIT;
+  cq.ref = &wref;
+  cq.memory_format = TPORT__MEMORY_FORMAT__MF_CONTIGUOUS;
+  Tport__ToRequest tq = TPORT__TO_REQUEST__INIT;
+  tq.ref = &bref;
+  tq.dtype_set = true;
+  tq.dtype = TPORT__DTYPE__DTYPE_FLOAT32;
+  for (int i = 0; i < RAW_CTXS; i++)
+    if (i % 2)
+      raw_send(&r, i, TPORT__METHOD__METHOD_TO, &tq.base, NULL, 0);
+    else
+      raw_send(&r, i, TPORT__METHOD__METHOD_CONTIGUOUS, &cq.base, NULL, 0);
+  int codes[RAW_CTXS];
+  char msgs[RAW_CTXS][256];
+  for (int i = 0; i < RAW_CTXS; i++)
+    codes[i] =
+        raw_wait(&r, i, i % 2 ? &tport__to_reply__descriptor : &tport__contiguous_reply__descriptor,
+                 msgs[i], NULL, NULL);
+  int64_t peak = op_counter(url, "sim0_bytes_peak");
+  cr_assert_eq(peak, (int64_t)before,
+               "sim:0 had %lld bytes in use at its peak during 8 requests past the quota; %zu "
+               "before: their results were allocated",
+               (long long)peak, before);
+  for (int i = 0; i < RAW_CTXS; i++)
+    q20_expect_refusal(codes[i], msgs[i], "1048576", "786432",
+                       i % 2 ? "to(float32) of 256 KiB of uint8 with 768 KiB of 1 MiB left"
+                             : "Contiguous of a 1 MiB view with 768 KiB of 1 MiB left");
+  q20_expect_bytes(c, (int64_t)n, "after 8 refusals");
+
+  /* what fits is still made, and charged exactly */
+  tport_tensor_info half;
+  bool alias = true;
+  rc = tport_view(c, &base.ref, 2, (int64_t[]){2, (int64_t)n}, (int64_t[]){0, 1}, 0, "half", NULL,
+                  &err);
+  cr_assert_eq(rc, 0, "View [2, 256Ki]: %s (%s)", tport_strerror(rc), err.msg);
+  rc = tport_contiguous(c, &(tport_ref){.name = "half"}, TPORT_MF_CONTIGUOUS, "made", &half, &alias,
+                        &err);
+  cr_assert_eq(rc, 0, "Contiguous of a 512 KiB view with 768 KiB left: %s (%s)", tport_strerror(rc),
+               err.msg);
+  cr_assert(!alias, "a broadcast view's Contiguous is a fresh tensor");
+  q20_expect_bytes(c, (int64_t)(3 * n), "after a 512 KiB Contiguous");
+  cr_assert_eq(tport_free(c, &half.ref, &err), 0, "free: %s", err.msg);
+  q20_expect_bytes(c, (int64_t)n, "after freeing it");
+  raw_close(&r);
+  tport_close(c);
+  server_stop(s, 1000);
+}
+
+Test(hostile, d20c_a_put_past_the_quota_is_refused_at_put_begin)
+{
+  char url[128];
+  server *s = q20_start(url, sizeof url);
+  rawc r;
+  raw_open(&r, url);
+  char msg[256];
+  cr_assert_eq(raw_hello(&r, Q20_TENANT, msg), 0, "Hello: %s", msg);
+  tport_client *c = svc_connect(url, Q20_TENANT);
+  size_t before = sim_bytes_in_use(0);
+  sim_reset_peak(0);
+  uint8_t h[16];
+  /* a landing tensor of 2 MiB */
+  int code = raw_put_begin(&r, 2 << 20, "sim:0", NULL, h, msg);
+  q20_expect_refusal(code, msg, "2097152", "1048576", "PutBegin of 2 MiB with a 1 MiB quota");
+  /* 512 KiB of uint8 stored as float32: a 2 MiB final tensor */
+  code = raw_put_begin_as(&r, 512 << 10, "sim:0", NULL, TPORT__DTYPE__DTYPE_FLOAT32, h, msg);
+  q20_expect_refusal(code, msg, "2097152", "1048576",
+                     "PutBegin of 512 KiB of uint8 as float32 with a 1 MiB quota");
+  /* a named one: refused the same, and no name is taken */
+  code = raw_put_begin(&r, 1536 << 10, "sim:0", "big", h, msg);
+  q20_expect_refusal(code, msg, "1572864", "1048576", "PutBegin of 1.5 MiB named 'big'");
+  int64_t peak = op_counter(url, "sim0_bytes_peak");
+  cr_assert_eq(peak, (int64_t)before,
+               "sim:0 had %lld bytes in use at its peak during 3 refused PutBegins; %zu before: "
+               "a landing tensor was allocated",
+               (long long)peak, before);
+  q20_expect_bytes(c, 0, "after 3 refused puts");
+  cr_assert_eq(svc_counter(c, "uploads_in_progress"), 0, "a refused put left an upload");
+  /* what fits goes in, and is charged exactly (384 KiB: its get's host copy fits too) */
+  uint8_t *data = malloc(384 << 10);
+  fill(data, 384 << 10, 21);
+  raw_put(&r, data, 384 << 10, "sim:0", "big", h);
+  q20_expect_bytes(c, 384 << 10, "after a 384 KiB put");
+  raw_expect_bytes(&r, h, data, 384 << 10, "the 384 KiB put");
+  q20_expect_bytes(c, 384 << 10, "after its get");
+  free(data);
+  raw_close(&r);
+  tport_close(c);
+  server_stop(s, 1000);
+}
+
+Test(hostile, d20c_a_copys_temporaries_are_charged)
+{
+  char url[128];
+  server *s = q20_start(url, sizeof url);
+  tport_client *c = svc_connect(url, Q20_TENANT);
+  /* cpu uint8 into sim:0 float32: the engine converts on the host first,
+   * into a float32 temporary as large as the destination (640 KiB) */
+  const size_t numel = 160 << 10;
+  tport_tensor_info dst, src;
+  q20_put(c, TPORT_FLOAT32, 4, 4 * numel, "sim:0", "dst", &dst);
+  q20_put(c, TPORT_UINT8, 1, numel, "cpu", "src", &src);
+  const int64_t held = 5 * (int64_t)numel; /* 800 KiB of 1 MiB */
+  tport_err err;
+  int rc = tport_copy(c, &dst.ref, &src.ref, false, &err);
+  q20_expect_refusal(rc, err.msg, "655360", "229376",
+                     "Copy of 160 Ki uint8 on the cpu into float32 on sim:0 (a 640 KiB "
+                     "temporary) with 224 KiB of 1 MiB left");
+  q20_expect_bytes(c, held, "after the refused Copy");
+  /* the destination is untouched (no kernel ran): its first 64 values,
+   * read through a view (a get of all of it would need a 640 KiB host copy) */
+  float back[64];
+  tport_tensor_info head;
+  rc = tport_view(c, &dst.ref, 1, (int64_t[]){64}, (int64_t[]){1}, 0, "head", &head, &err);
+  cr_assert_eq(rc, 0, "View of dst's head: %s", err.msg);
+  rc = tport_get(c, &head.ref, back, sizeof back, NULL, NULL, NULL, &err);
+  cr_assert_eq(rc, 0, "get dst's head: %s (%s)", tport_strerror(rc), err.msg);
+  for (size_t i = 0; i < 64; i++)
+    cr_assert_eq(back[i], 0.0f, "dst[%zu] is %g after a refused Copy", i, (double)back[i]);
+  q20_expect_bytes(c, held, "after the get");
+  /* with room for the temporary, the Copy runs, and only the tensors stay charged */
+  cr_assert_eq(tport_free(c, &(tport_ref){.name = "src"}, &err), 0, "free src: %s", err.msg);
+  uint8_t *small = malloc(numel / 4);
+  fill(small, numel / 4, 22);
+  tport_tensor_info part;
+  q20_put(c, TPORT_UINT8, 1, numel / 4, "cpu", "small", &part);
+  tport_tensor_info dview;
+  rc = tport_view(c, &dst.ref, 1, (int64_t[]){(int64_t)numel / 4}, (int64_t[]){1}, 0, "dview",
+                  &dview, &err);
+  cr_assert_eq(rc, 0, "View: %s", err.msg);
+  rc = tport_copy(c, &dview.ref, &part.ref, false, &err);
+  cr_assert_eq(rc, 0,
+               "Copy of 40 Ki uint8 into float32 (a 160 KiB temporary, 344 KiB left): %s "
+               "(%s)",
+               tport_strerror(rc), err.msg);
+  q20_expect_bytes(c, 4 * (int64_t)numel + (int64_t)numel / 4, "after a Copy that fit");
+  free(small);
+  tport_close(c);
+  server_stop(s, 1000);
+}
