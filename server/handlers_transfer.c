@@ -753,8 +753,18 @@ int h_get_begin(call *c)
   /* small tensors come back in this reply; an empty one has nothing to wait for */
   bool inline_data = want <= q->inline_max && want <= g->chunk;
   bool keep = want > 0 && !inline_data;
-  if (keep)
+  /* the copy a get makes (contiguous on its device, or on the host) is
+   * charged before it is made: for the transfer's life, or an inline one's
+   * while the request makes it (its reply may hold it a while longer,
+   * uncharged: issue 20, finding 2) */
+  reg_reservation res;
+  bool charging = false;
+  if (keep) {
     rc = transfers_reserve(&s->xfers, g, get_copies(t) ? want : 0, &c->err);
+  } else if (want > 0 && get_copies(t)) {
+    rc = wire_charge_begin(c, &res, want, "the get's copy");
+    charging = rc == TPORT_OK;
+  }
   if (!rc)
     rc = stage_for_get(c, t, g);
   if (!rc && RAND_bytes(g->id, TRANSFER_ID_BYTES) != 1)
@@ -763,6 +773,8 @@ int h_get_begin(call *c)
   tport_storage *lend = NULL, *held = NULL;
   if (!rc && inline_data && g->nbytes)
     rc = get_bytes(c, g, 0, g->nbytes, &lend, &held, &payload);
+  if (charging)
+    wire_charge_end(&res);
   uint8_t id[TRANSFER_ID_BYTES];
   memcpy(id, g->id, sizeof id);
   size_t nbytes = g->nbytes, chunk = g->chunk;
@@ -790,6 +802,8 @@ int h_get_begin(call *c)
   }
   storage_release(held); /* a lent reply holds its own reference */
   transfers_free(&s->xfers, g); /* an inline one, or one that failed */
+  if (charging)
+    reg_reservation_release(&res);
   reg_put(&s->reg, e);
   return rc;
 }

@@ -787,3 +787,48 @@ Test(hostile, d20c_a_copys_temporaries_are_charged)
   tport_close(c);
   server_stop(s, 1000);
 }
+
+/* A get that comes back in its first reply makes a copy too (here a
+ * broadcast view on sim:0 made contiguous on the device before it is read
+ * back): the copy is charged before it is made, as To's result is.  Before,
+ * a tenant with 768 KiB left got a 1 MiB copy made for it. */
+Test(hostile, d20c_an_inline_gets_copy_is_charged_before_it_is_made)
+{
+  char url[128];
+  server_config cfg;
+  config(&cfg);
+  cfg.tenant_quota_bytes = Q20_QUOTA;
+  cfg.chunk_bytes = 2 << 20; /* the 1 MiB copy comes back inline */
+  server *s = start(&cfg, url, sizeof url);
+  tport_client *c = svc_connect(url, Q20_TENANT);
+  const size_t n = 256 << 10;
+  tport_tensor_info base;
+  q20_put(c, TPORT_UINT8, 1, n, "sim:0", "base", &base);
+  tport_err err;
+  int rc = tport_view(c, &base.ref, 2, (int64_t[]){4, (int64_t)n}, (int64_t[]){0, 1}, 0, "wide",
+                      NULL, &err);
+  cr_assert_eq(rc, 0, "View [4, 256Ki] strides [0, 1]: %s (%s)", tport_strerror(rc), err.msg);
+  size_t before = sim_bytes_in_use(0);
+  sim_reset_peak(0);
+  uint8_t *back = malloc(4 * n);
+  rc = tport_get(c, &(tport_ref){.name = "wide"}, back, 4 * n, NULL, NULL, NULL, &err);
+  int64_t peak = op_counter(url, "sim0_bytes_peak");
+  cr_assert_eq(peak, (int64_t)before,
+               "sim:0 peaked at %lld bytes, %zu before: the get's 1 MiB copy was made", (long long)peak,
+               before);
+  q20_expect_refusal(rc, err.msg, "1048576", "786432",
+                     "a get of a 1 MiB view (copied inline) with 768 KiB of 1 MiB left");
+  q20_expect_bytes(c, (int64_t)n, "after the refused get");
+  /* a copy that fits is made, and its charge goes with the request */
+  rc = tport_view(c, &base.ref, 2, (int64_t[]){2, (int64_t)n}, (int64_t[]){0, 1}, 0, "half", NULL,
+                  &err);
+  cr_assert_eq(rc, 0, "%s", err.msg);
+  rc = tport_get(c, &(tport_ref){.name = "half"}, back, 2 * n, NULL, NULL, NULL, &err);
+  cr_assert_eq(rc, 0, "a get of a 512 KiB view with 768 KiB left: %s (%s)", tport_strerror(rc),
+               err.msg);
+  cr_assert_eq(memcmp(back, back + n, n), 0, "both rows are the tensor");
+  q20_expect_bytes(c, (int64_t)n, "after the get");
+  free(back);
+  tport_close(c);
+  server_stop(s, 1000);
+}
