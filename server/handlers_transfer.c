@@ -644,12 +644,14 @@ static int get_bytes(call *c, get_transfer *g, size_t off, size_t n, tport_stora
   return TPORT_OK;
 }
 
-/* True when a get of t needs a host copy of its own (else it serves t's
- * memory: a contiguous tensor on the host). */
+/* True when a get of t makes a copy of it (made contiguous, or its lazy
+ * conj/neg bits applied: on its device, or on the host) -- else it serves
+ * t's own memory: a host tensor's directly, a device tensor's read back
+ * through the read-back pool's blocks (bounded by the pool, not charged). */
 static bool get_copies(const tport_tensor *t)
 {
-  return tensor_device(t).type != TPORT_DEV_CPU || !meta_is_contiguous(&t->layout) || t->conj ||
-         t->neg;
+  return !meta_is_contiguous(&t->layout) || t->conj || t->neg ||
+         (tensor_device(t).type == TPORT_DEV_CPU && tensor_is_managed(t));
 }
 
 /* A get into a region: t's values in logical C order straight into the
@@ -757,7 +759,7 @@ int h_get_begin(call *c)
    * charged before it is made: for the transfer's life, or an inline one's
    * while the request makes it (its reply may hold it a while longer,
    * uncharged: issue 20, finding 2) */
-  reg_reservation res;
+  reg_reservation res = REG_RESERVATION_INIT(&s->reg, c->pipe);
   bool charging = false;
   if (keep) {
     rc = transfers_reserve(&s->xfers, g, get_copies(t) ? want : 0, &c->err);
