@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include <openssl/crypto.h>
@@ -30,7 +31,7 @@ const char *tport_strerror(int code)
 /* The reason a dial failed, with what TLS knows of it. */
 static void tport_tls_failure(const char *url, int rv, tport_err *err)
 {
-  if (strncmp(url, "tls+", 4) == 0) {
+  if (strncasecmp(url, "tls+", 4) == 0) {
     transport_tls_stats st;
     transport_tls_stats_get(&st);
     if (st.last_client_failure[0]) {
@@ -46,7 +47,7 @@ static void tport_tls_failure(const char *url, int rv, tport_err *err)
 static int dial(tport_client *c, const char *url, const tport_connect_options *opts, tport_err *err)
 {
   nng_tls_config *cfg = NULL;
-  if (strncmp(url, "tls+", 4) == 0) {
+  if (strncasecmp(url, "tls+", 4) == 0) {
     /* first: it registers the OpenSSL engine, which a dialer binds when made */
     transport_tls_client_opts to = {.ca_file = opts ? opts->tls_ca : NULL,
                                     .cert_file = opts ? opts->tls_cert : NULL,

@@ -13,6 +13,7 @@
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,7 +30,7 @@ bool client_url_is_local(const char *url)
       "tcp://[::1]:",     "tcp4://127.",      "tcp6://[::1]:",      "tls+tcp://127.",
       "tls+tcp://localhost:", "tls+tcp://[::1]:"};
   for (size_t i = 0; i < sizeof local / sizeof *local; i++)
-    if (strncmp(url, local[i], strlen(local[i])) == 0)
+    if (strncasecmp(url, local[i], strlen(local[i])) == 0)
       return true;
   return false;
 }

@@ -2,6 +2,7 @@
 #include "lent_bytes.h"
 
 #include <string.h>
+#include <strings.h>
 
 bool transport_url_sends_lent_bytes(const char *url)
 {
@@ -10,7 +11,7 @@ bool transport_url_sends_lent_bytes(const char *url)
   static const char *const lending[] = {"tcp://", "tcp4://", "tcp6://",
                                         "ipc://", "unix://", "abstract://"};
   for (size_t i = 0; url && i < sizeof lending / sizeof lending[0]; i++)
-    if (strncmp(url, lending[i], strlen(lending[i])) == 0)
+    if (strncasecmp(url, lending[i], strlen(lending[i])) == 0)
       return true;
   return false;
 }

@@ -149,6 +149,18 @@ Test(exposed, tls_with_a_secret)
                             &x, &err),
                 0, "plain tcp to a TLS listener");
   served(c); /* the server is unharmed */
+  /* the scheme in capitals is the same scheme (nng lowers it): the client's
+   * CA goes with it (it was dropped, and the handshake failed against the
+   * system's CAs) */
+  char upper[160];
+  snprintf(upper, sizeof upper, "TLS+TCP%s", url + strlen("tls+tcp"));
+  tport_client *u;
+  cr_assert_eq(try_connect(upper, (tport_connect_options){.tenant = "alice", .secret = ALICE,
+                                                          .tls_ca = at("ca.pem")},
+                           &u, &err),
+               0, "%s: %s", upper, err.msg);
+  served(u);
+  tport_close(u);
   tport_close(c);
   cr_assert_eq(svc_terminate(pid), 0);
 }
