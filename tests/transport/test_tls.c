@@ -202,10 +202,8 @@ static void *serve(void *arg)
   for (;;) {
     nng_msg *m;
     int rv = nng_recvmsg(s->sock, &m, 0);
-    if (rv == NNG_ETIMEDOUT)
-      continue;
     if (rv != 0)
-      break;
+      break; /* closed */
     if (nng_msg_len(m) == 6 && memcmp(nng_msg_body(m), "whoami", 6) == 0) {
       transport_tls_peer p;
       tport_err e = {0};
@@ -231,7 +229,11 @@ static void server_start(server *s, const char *scheme, nng_tls_config *cfg)
 {
   char url[80];
   cr_assert_eq(nng_rep0_open(&s->sock), 0);
-  nng_socket_set_ms(s->sock, NNG_OPT_RECVTIMEO, 100);
+  /* no receive time-out: nng_close ends the receive (NNG_ECLOSED), and in
+   * nng 1.5.2 a receive timing out on the aio expire thread while the
+   * socket closes locks the freed socket's mutex (rep0_cancel_recv: a
+   * panic in this suite's teardown, 2 of 6 full ctest runs on a loaded
+   * machine) */
   nng_socket_set_ms(s->sock, NNG_OPT_SENDTIMEO, 30000);
   nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, MSG_MAX);
   snprintf(url, sizeof url, "%s://127.0.0.1:0", scheme);
