@@ -282,46 +282,43 @@ int h_stats(call *c)
   COUNTER("errors", atomic_load(&s->errors));
   COUNTER("uptime_ms", reg_now_ms() - s->started_ms);
   /* the pinned pools and the caches, each under its own prefix */
-  staging_pool *const pools[] = {staging_default(), staging_readback()};
-  const char *const pool_names[] = {"staging", "readback"};
-  for (int k = 0; k < 2; k++) {
-    staging_stats st;
-    staging_get_stats(pools[k], &st);
-    const struct {
-      const char *what;
-      uint64_t v;
-    } f[] = {{"hits", st.hits},
-             {"misses", st.misses},
-             {"waits", st.waits},
-             {"bytes_in_use", st.bytes_in_use},
-             {"bytes_cached", st.bytes_cached},
-             {"bytes_allocated", st.bytes_allocated}};
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-      char label[48];
-      snprintf(label, sizeof label, "%s_%s", pool_names[k], f[i].what);
-      COUNTER(label, f[i].v);
-    }
+  staging_stats st, rb;
+  host_cache_stats hc, pc;
+  staging_get_stats(staging_default(), &st);
+  staging_get_stats(staging_readback(), &rb);
+  host_cache_get_stats(&hc);
+  pinned_cache_get_stats(&pc);
+  const struct {
+    const char *prefix, *what;
+    uint64_t v;
+  } f[] = {{"staging", "hits", st.hits},
+           {"staging", "misses", st.misses},
+           {"staging", "waits", st.waits},
+           {"staging", "bytes_in_use", st.bytes_in_use},
+           {"staging", "bytes_cached", st.bytes_cached},
+           {"staging", "bytes_allocated", st.bytes_allocated},
+           {"readback", "hits", rb.hits},
+           {"readback", "misses", rb.misses},
+           {"readback", "waits", rb.waits},
+           {"readback", "bytes_in_use", rb.bytes_in_use},
+           {"readback", "bytes_cached", rb.bytes_cached},
+           {"readback", "bytes_allocated", rb.bytes_allocated},
+           {"host_cache", "hits", hc.hits},
+           {"host_cache", "misses", hc.misses},
+           {"host_cache", "bytes_cached", hc.cached_bytes},
+           {"host_cache", "bytes_in_use", hc.in_use_bytes},
+           {"host_cache", "bytes_limit", hc.limit_bytes},
+           {"pinned_cache", "hits", pc.hits},
+           {"pinned_cache", "misses", pc.misses},
+           {"pinned_cache", "bytes_cached", pc.cached_bytes},
+           {"pinned_cache", "bytes_in_use", pc.in_use_bytes},
+           {"pinned_cache", "bytes_limit", pc.limit_bytes}};
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+    char label[48];
+    snprintf(label, sizeof label, "%s_%s", f[i].prefix, f[i].what);
+    COUNTER(label, f[i].v);
   }
   COUNTER("deferred_frees", storage_deferred_count());
-  void (*const caches[])(host_cache_stats *) = {host_cache_get_stats, pinned_cache_get_stats};
-  const char *const cache_names[] = {"host_cache", "pinned_cache"};
-  for (int k = 0; k < 2; k++) {
-    host_cache_stats hc;
-    caches[k](&hc);
-    const struct {
-      const char *what;
-      uint64_t v;
-    } f[] = {{"hits", hc.hits},
-             {"misses", hc.misses},
-             {"bytes_cached", hc.cached_bytes},
-             {"bytes_in_use", hc.in_use_bytes},
-             {"bytes_limit", hc.limit_bytes}};
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-      char label[48];
-      snprintf(label, sizeof label, "%s_%s", cache_names[k], f[i].what);
-      COUNTER(label, f[i].v);
-    }
-  }
   for (int type = 0; type < TPORT_NUM_DEVICE_TYPES; type++) {
     be_stat bs[16];
     size_t nb = backend_get((tport_device_type)type)->stats(bs, 16);

@@ -490,7 +490,22 @@ backends:;
 }
 
 /* The families of one pinned pool (staging.h) or one cache of blocks
- * (host_cache.h), named tport_<prefix>_..., with what each counts. */
+ * (host_cache.h): tport_<prefix>_<suffix>, each with what it counts. */
+typedef struct family_row {
+  const char *suffix, *help;
+  uint64_t v;
+  bool counter;
+} family_row;
+
+static void families(metrics_text *t, const char *prefix, const family_row *f, size_t n)
+{
+  char name[96];
+  for (size_t i = 0; i < n; i++) {
+    snprintf(name, sizeof name, "tport_%s_%s", prefix, f[i].suffix);
+    (f[i].counter ? counter_u64 : gauge_u64)(t, name, f[i].help, f[i].v);
+  }
+}
+
 typedef struct pool_help {
   const char *hits, *misses, *waits, *in_use, *cached, *allocated;
 } pool_help;
@@ -498,21 +513,13 @@ typedef struct pool_help {
 static void pool_families(metrics_text *t, const char *prefix, const pool_help *h,
                           const staging_stats *st)
 {
-  char name[96];
-  const struct {
-    const char *suffix, *help;
-    uint64_t v;
-    bool counter;
-  } f[] = {{"hits_total", h->hits, st->hits, true},
-           {"misses_total", h->misses, st->misses, true},
-           {"waits_total", h->waits, st->waits, true},
-           {"in_use_bytes", h->in_use, st->bytes_in_use, false},
-           {"cached_bytes", h->cached, st->bytes_cached, false},
-           {"allocated_bytes", h->allocated, st->bytes_allocated, false}};
-  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-    snprintf(name, sizeof name, "tport_%s_%s", prefix, f[i].suffix);
-    (f[i].counter ? counter_u64 : gauge_u64)(t, name, f[i].help, f[i].v);
-  }
+  const family_row f[] = {{"hits_total", h->hits, st->hits, true},
+                          {"misses_total", h->misses, st->misses, true},
+                          {"waits_total", h->waits, st->waits, true},
+                          {"in_use_bytes", h->in_use, st->bytes_in_use, false},
+                          {"cached_bytes", h->cached, st->bytes_cached, false},
+                          {"allocated_bytes", h->allocated, st->bytes_allocated, false}};
+  families(t, prefix, f, sizeof f / sizeof f[0]);
 }
 
 typedef struct cache_help {
@@ -522,20 +529,12 @@ typedef struct cache_help {
 static void cache_families(metrics_text *t, const char *prefix, const cache_help *h,
                            const host_cache_stats *st)
 {
-  char name[96];
-  const struct {
-    const char *suffix, *help;
-    uint64_t v;
-    bool counter;
-  } f[] = {{"hits_total", h->hits, st->hits, true},
-           {"misses_total", h->misses, st->misses, true},
-           {"cached_bytes", h->cached, st->cached_bytes, false},
-           {"in_use_bytes", h->in_use, st->in_use_bytes, false},
-           {"limit_bytes", h->limit, st->limit_bytes, false}};
-  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-    snprintf(name, sizeof name, "tport_%s_%s", prefix, f[i].suffix);
-    (f[i].counter ? counter_u64 : gauge_u64)(t, name, f[i].help, f[i].v);
-  }
+  const family_row f[] = {{"hits_total", h->hits, st->hits, true},
+                          {"misses_total", h->misses, st->misses, true},
+                          {"cached_bytes", h->cached, st->cached_bytes, false},
+                          {"in_use_bytes", h->in_use, st->in_use_bytes, false},
+                          {"limit_bytes", h->limit, st->limit_bytes, false}};
+  families(t, prefix, f, sizeof f / sizeof f[0]);
 }
 
 static void host_gauges(metrics_text *t, server *s)
