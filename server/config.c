@@ -3,7 +3,10 @@
 
 #include <getopt.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "http.h"
 #include "listen_url.h"
@@ -86,7 +89,10 @@ static const struct {
      "devices to serve: cpu, sim:N (N simulated GPUs), cuda (every CUDA GPU); default cpu plus "
      "every CUDA GPU present"},
     {"workers", "TPORT_WORKERS", "N", "engine worker threads (default 4)"},
-    {"contexts", "TPORT_CONTEXTS", "N", "requests served at once (default 1024)"},
+    {"contexts", "TPORT_CONTEXTS", "N",
+     "receives posted at once: each request taken off a connection is replaced by a new "
+     "receive, so requests being handled and replies waiting for their connection hold none "
+     "(default 1024)"},
     {"max-message", "TPORT_MAX_MESSAGE", "BYTES", "largest request accepted (default 80 MiB)"},
     {"chunk", "TPORT_CHUNK", "BYTES", "put/get chunk size offered to clients (default 4 MiB)"},
     {"window", "TPORT_WINDOW", "N", "chunks a client may keep in flight (default 8)"},
@@ -159,6 +165,17 @@ static const struct {
      "nobody can check a guessed name against it; the log line of an authenticated connection "
      "has it as metrics_tenant); name the name itself, for anyone who reaches --http-listen; off "
      "none"},
+    {"max-connections", "TPORT_MAX_CONNECTIONS", "N",
+     "connections open at once; more are closed as they arrive (default the open-file limit "
+     "less 128, at least 16)"},
+    {"request-memory", "TPORT_REQUEST_MEMORY", "BYTES",
+     "request bodies held at once, all connections together (waiting for a worker or being "
+     "handled); a request past it is answered RESOURCE_EXHAUSTED at once (default an eighth "
+     "of the machine's memory, at least 2 x --max-message)"},
+    {"tenant-workers", "TPORT_TENANT_WORKERS", "N",
+     "workers one tenant's requests may keep busy at once; tenants are served round-robin "
+     "(default --workers less 1, at least 1: a tenant's long copies leave a worker to the "
+     "others)"},
 };
 #define NOPTS (int)(sizeof opts / sizeof opts[0])
 
@@ -295,6 +312,9 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
                            v);
     return rc;
   case 37: return parse_size(v, opts[i].flag, &c->shm_max, err);
+  case 39: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->max_connections = u; break;
+  case 40: return parse_size(v, opts[i].flag, &c->request_memory, err);
+  case 41: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->tenant_workers = (int)u; break;
   case 26:
   case 27:
   case 28: {
@@ -330,6 +350,7 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
     return TPORT_OK;
   }
   if (!rc && (c->workers > 1024 || c->contexts > 4096 || c->window > 1024 ||
+              c->tenant_workers > 1024 ||
               c->max_outstanding > 4096 || c->max_transfers > 4096))
     rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "--%s: '%s' is too large", opts[i].flag, v);
   return rc;
@@ -443,10 +464,41 @@ int config_check(const server_config *c, tport_err *err)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT,
                          "--window %d is over --max-outstanding %d: a client's window must fit",
                          c->window, c->max_outstanding);
-  if (2 * c->max_outstanding > c->contexts)
+  if (c->request_memory && c->request_memory < 2 * (uint64_t)c->max_message_bytes)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                         "--max-outstanding %d is over half --contexts %d: one connection could "
-                         "hold every context",
-                         c->max_outstanding, c->contexts);
+                         "--request-memory %zu is under twice --max-message %zu: two requests "
+                         "of the largest size must fit",
+                         c->request_memory, c->max_message_bytes);
   return TPORT_OK;
+}
+
+uint64_t config_max_connections(const server_config *c)
+{
+  if (c->max_connections)
+    return c->max_connections;
+  /* one descriptor a connection; the rest for listeners, regions' handoffs,
+   * the endpoint, devices and files */
+  struct rlimit rl;
+  uint64_t n = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                   ? (uint64_t)rl.rlim_cur
+                   : 1u << 20;
+  return n > 128 + 16 ? n - 128 : 16;
+}
+
+size_t config_request_memory(const server_config *c)
+{
+  if (c->request_memory)
+    return c->request_memory;
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  uint64_t ram = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : (uint64_t)8 << 30;
+  uint64_t floor = 2 * (uint64_t)c->max_message_bytes, v = ram / 8;
+  v = v > floor ? v : floor;
+  return v > SIZE_MAX ? SIZE_MAX : (size_t)v;
+}
+
+int config_tenant_workers(const server_config *c)
+{
+  if (c->tenant_workers)
+    return c->tenant_workers;
+  return c->workers > 1 ? c->workers - 1 : 1;
 }

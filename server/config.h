@@ -27,7 +27,7 @@ typedef struct server_config {
   int nlisten;
   char *devices;            /* "cpu", "cpu,sim:2", "cpu,cuda" ... (owned); NULL: cpu + every GPU */
   int workers;              /* engine worker threads */
-  int contexts;             /* nng REP contexts (requests served at once) */
+  int contexts;             /* nng REP receives posted at once (each one taken is replaced) */
   size_t max_message_bytes; /* receive limit per listener */
   size_t chunk_bytes;       /* put/get chunk size offered to clients */
   int window;               /* chunks a client may keep in flight */
@@ -58,6 +58,10 @@ typedef struct server_config {
                                    certificate's subject CN is the tenant */
   bool tls12;                   /* --tls-min-version 1.2 */
   unsigned long auth_timeout_ms; /* a connection must prove its tenant within this */
+  uint64_t max_connections;      /* open at once (0: from the fd limit, config_max_connections) */
+  size_t request_memory;         /* request bodies held server-wide (0: from RAM,
+                                    config_request_memory) */
+  int tenant_workers;            /* workers one tenant may keep busy (0: workers - 1, >= 1) */
   bool host_cache_set;           /* --host-cache given (else host_cache.h's default) */
   size_t host_cache_bytes;       /* freed large host blocks kept for reuse */
   /* operations (http.h, log.h) */
@@ -82,6 +86,12 @@ typedef struct server_config {
 
 /* $XDG_RUNTIME_DIR/tportd/shm.sock, else /run/tportd/shm.sock (malloc'd). */
 char *config_shm_default_path(void);
+
+/* What the 0 defaults of max_connections, request_memory and tenant_workers
+ * come to on this machine. */
+uint64_t config_max_connections(const server_config *c);
+size_t config_request_memory(const server_config *c);
+int config_tenant_workers(const server_config *c);
 
 void config_defaults(server_config *c);
 /* Parses argv (and TPORT_* variables).  Returns 0, or 1 when --help was

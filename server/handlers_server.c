@@ -269,6 +269,13 @@ int h_stats(call *c)
   COUNTER("tenants", rs.tenants);
   COUNTER("transfers_in_progress", transfers_count(&s->xfers));
   COUNTER("connections_dropped", atomic_load(&s->dropped));
+  COUNTER("connections_refused", atomic_load(&s->refused_connections));
+  COUNTER("requests_refused", atomic_load(&s->refused_requests));
+  server_queue_stats qs;
+  server_queue_stats_get(s, &qs);
+  COUNTER("contexts", qs.contexts);
+  COUNTER("requests_queued", qs.queued);
+  COUNTER("request_bytes", qs.request_bytes);
   shm_stats ss;
   shm_get_stats(s->shm, &ss);
   COUNTER("shm_regions", ss.regions);

@@ -295,6 +295,15 @@ static void requests(metrics_text *t, server *s)
                  "Connections the server dropped for a limit (requests unanswered, replies not "
                  "read, no proof of tenant in time).");
   metrics_sample_u64(t, "tport_connections_dropped_total", atomic_load(&s->dropped), NULL);
+  metrics_family(t, "tport_connections_refused_total", "counter",
+                 "Connections closed as they arrived: --max-connections were open.");
+  metrics_sample_u64(t, "tport_connections_refused_total",
+                     atomic_load(&s->refused_connections), NULL);
+  metrics_family(t, "tport_requests_refused_total", "counter",
+                 "Requests answered RESOURCE_EXHAUSTED on arrival: the bodies of the requests "
+                 "held had reached --request-memory.");
+  metrics_sample_u64(t, "tport_requests_refused_total", atomic_load(&s->refused_requests),
+                     NULL);
 }
 
 bool metrics_tenant_label(const uint8_t key[METRICS_TENANT_KEY_BYTES], const char *tenant,
@@ -333,6 +342,19 @@ static void registry_gauges(metrics_text *t, server *s)
   reg_stats rs;
   reg_counts(&s->reg, &rs);
   gauge_u64(t, "tport_connections", "Connections open now.", rs.sessions);
+  server_queue_stats qs;
+  server_queue_stats_get(s, &qs);
+  gauge_u64(t, "tport_contexts",
+            "nng contexts opened: --contexts receiving, the others handling a request, "
+            "holding a reply its connection has not taken, or spare.",
+            qs.contexts);
+  gauge_u64(t, "tport_requests_queued", "Requests waiting for a worker, all tenants.",
+            qs.queued);
+  gauge_u64(t, "tport_queue_tenants", "Tenants with requests queued or being handled.",
+            qs.queue_tenants);
+  gauge_u64(t, "tport_request_bytes",
+            "Bytes of request bodies held (waiting or being handled), of --request-memory.",
+            qs.request_bytes);
   gauge_u64(t, "tport_uploads_in_progress", "Puts begun and not yet committed or aborted.",
             rs.uploads);
   gauge_u64(t, "tport_gets_in_progress", "Gets begun whose bytes have not all been read.",

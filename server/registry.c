@@ -42,6 +42,7 @@ typedef struct reg_session {
   bool challenged;    /* a challenge is out, unanswered */
   uint8_t challenge[REG_CHALLENGE_BYTES];
   bool dropped; /* the server is closing it */
+  int64_t dropped_ms; /* when it was last told to close */
   int64_t opened_ms;
   int inflight_chunks, outstanding, transfers;
   int reservations; /* reg_reservations holding bytes of its tenant */
@@ -233,11 +234,17 @@ void reg_destroy(registry *r)
 
 /* ---------------------------------------------------------------- sessions */
 
-void reg_session_open(registry *r, uint32_t pipe)
+bool reg_session_open(registry *r, uint32_t pipe, uint64_t max_sessions)
 {
+  bool ok = false;
   pthread_mutex_lock(&r->mu);
   reg_session *s = session_find(r, pipe);
-  if (!s && (s = calloc(1, sizeof *s)) != NULL) {
+  if (s) {
+    ok = true;
+  } else if (max_sessions && r->nsessions >= max_sessions) {
+    /* counted and refused under one lock: concurrent arrivals cannot both
+     * take the last place */
+  } else if ((s = calloc(1, sizeof *s)) != NULL) {
     s->pipe = pipe;
     s->opened_ms = reg_now_ms();
     s->tn = tenant_ref(r, "default");
@@ -250,9 +257,11 @@ void reg_session_open(registry *r, uint32_t pipe)
       free(s);
     } else {
       r->nsessions++;
+      ok = true;
     }
   }
   pthread_mutex_unlock(&r->mu);
+  return ok;
 }
 
 void reg_session_close(registry *r, uint32_t pipe)
@@ -368,9 +377,12 @@ bool reg_session_tenant(registry *r, uint32_t pipe, char *buf, size_t len)
 size_t reg_unproved_sessions(registry *r, int64_t before_ms, uint32_t *out, size_t max)
 {
   size_t n = 0;
+  int64_t now = reg_now_ms();
   pthread_mutex_lock(&r->mu);
   for (reg_session *s = r->sessions; s && n < max; s = s->hh.next)
-    if (!s->authenticated && s->opened_ms < before_ms) /* dropped ones again: a close may not have taken */
+    /* dropped ones again a second later: a close may not have taken */
+    if (!s->authenticated && s->opened_ms < before_ms &&
+        (!s->dropped || now - s->dropped_ms >= 1000))
       out[n++] = s->pipe;
   pthread_mutex_unlock(&r->mu);
   return n;
@@ -381,24 +393,54 @@ bool reg_session_mark_dropped(registry *r, uint32_t pipe)
   pthread_mutex_lock(&r->mu);
   reg_session *s = session_find(r, pipe);
   bool first = s && !s->dropped;
-  if (s)
+  if (s) {
     s->dropped = true;
+    s->dropped_ms = reg_now_ms();
+  }
   pthread_mutex_unlock(&r->mu);
   return first;
 }
 
-bool reg_request_enter(registry *r, uint32_t pipe)
+reg_admit reg_request_enter(registry *r, uint32_t pipe, size_t bytes, bool proof_required,
+                            char *tenant, size_t len)
 {
+  reg_admit a;
   pthread_mutex_lock(&r->mu);
   reg_session *s = session_find(r, pipe);
+  bool unproved = s && proof_required && !s->authenticated;
   /* Twice the limit a client is told: the count falls when a reply's send
    * completes, which nng reports a little after the reply may already have
-   * reached the client and been answered by a new request. */
-  bool ok = s && !s->dropped && s->outstanding < 2 * r->limits.max_outstanding;
+   * reached the client and been answered by a new request.  A connection
+   * that has not proved its tenant is told nothing yet and needs one Hello
+   * at a time: the same margin over one. */
+  if (!s || s->dropped)
+    a = REG_ADMIT_GONE;
+  else if (unproved && bytes > REG_UNPROVED_REQUEST_MAX)
+    a = REG_ADMIT_UNPROVED_TOO_LARGE;
+  else if (s->outstanding >= (unproved ? 2 : 2 * r->limits.max_outstanding))
+    a = unproved ? REG_ADMIT_UNPROVED_TOO_MANY : REG_ADMIT_TOO_MANY;
+  else
+    a = REG_ADMIT_OK;
   if (s)
     s->outstanding++; /* left by reg_request_leave whatever happens */
+  if (tenant && len)
+    snprintf(tenant, len, "%s", !s || unproved ? "" : s->tn->name);
   pthread_mutex_unlock(&r->mu);
-  return ok;
+  return a;
+}
+
+const char *reg_admit_reason(reg_admit a)
+{
+  switch (a) {
+  case REG_ADMIT_OK: return "admitted";
+  case REG_ADMIT_GONE: return "the connection is closing";
+  case REG_ADMIT_TOO_MANY: return "too many requests unanswered";
+  case REG_ADMIT_UNPROVED_TOO_MANY:
+    return "more than one request at a time before proving its tenant";
+  case REG_ADMIT_UNPROVED_TOO_LARGE:
+    return "a request larger than a Hello before proving its tenant";
+  }
+  return "refused";
 }
 
 void reg_request_leave(registry *r, uint32_t pipe)

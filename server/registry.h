@@ -112,8 +112,10 @@ void reg_init(registry *r, const reg_limits *limits);
 void reg_destroy(registry *r);
 
 /* A connection arrived (the pipe's ADD_PRE event: before its first
- * request): its session, of tenant "default". */
-void reg_session_open(registry *r, uint32_t pipe);
+ * request): its session, of tenant "default".  False when max_sessions
+ * (0: no limit) are open already, or out of memory: the caller closes the
+ * connection (--max-connections). */
+bool reg_session_open(registry *r, uint32_t pipe, uint64_t max_sessions);
 /* The connection went (REM_POST): its connection-scoped tensors and
  * uploads go, then the session itself.  A request of that pipe still in a
  * worker finds no session and registers nothing. */
@@ -137,12 +139,28 @@ bool reg_session_tenant(registry *r, uint32_t pipe, char *buf, size_t len);
 /* Up to max connections opened before before_ms that have not proved a
  * tenant (the reaper drops them when authentication is on). */
 size_t reg_unproved_sessions(registry *r, int64_t before_ms, uint32_t *out, size_t max);
-/* A request of the pipe arrived / its reply was sent.  enter is false when
- * the pipe has twice max_outstanding requests unanswered already (or is
- * gone): the caller drops the connection.  Clients are told max_outstanding
- * (HelloReply) and libtport keeps to it; the margin absorbs the delay with
- * which a send's completion is reported. */
-bool reg_request_enter(registry *r, uint32_t pipe);
+/* A request of the pipe arrived / its reply was sent.  enter says whether
+ * the request may be served; every enter, admitted or not, is matched by a
+ * leave.  Refused (the caller drops the connection): the pipe is gone or
+ * being dropped; it has twice max_outstanding requests unanswered already
+ * (clients are told max_outstanding in HelloReply and libtport keeps to it;
+ * the margin absorbs the delay with which a send's completion is reported);
+ * or, while proof_required and the connection has not proved its tenant,
+ * the request is larger than REG_UNPROVED_REQUEST_MAX or a third one is
+ * unanswered (a Hello and its proof go one at a time).  tenant (len bytes)
+ * receives the tenant to queue the request under: "" before the proof. */
+#define REG_UNPROVED_REQUEST_MAX 4096
+typedef enum {
+  REG_ADMIT_OK,
+  REG_ADMIT_GONE,
+  REG_ADMIT_TOO_MANY,
+  REG_ADMIT_UNPROVED_TOO_MANY,
+  REG_ADMIT_UNPROVED_TOO_LARGE
+} reg_admit;
+reg_admit reg_request_enter(registry *r, uint32_t pipe, size_t bytes, bool proof_required,
+                            char *tenant, size_t len);
+/* Why a request was refused, for the log. */
+const char *reg_admit_reason(reg_admit a);
 /* The server is dropping the pipe's connection: true the first time (its
  * later requests are dropped unanswered too). */
 bool reg_session_mark_dropped(registry *r, uint32_t pipe);

@@ -13,6 +13,7 @@
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <arpa/inet.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -265,13 +266,83 @@ bool server_peer_is_local(uint32_t pipe)
 
 /* ---------------------------------------------------------------- contexts */
 
-/* Waits for the next request (no time limit).  A callback that sees the
- * server stopping never re-arms: server_stop then stops every aio. */
+/* Waits for the next request (no time limit).  qmu held.  A callback that
+ * sees the server stopping never re-arms: server_stop then stops every aio. */
 static void ctx_recv(srv_ctx *x)
 {
   x->state = CTX_RECV;
+  x->srv->receiving++;
   nng_aio_set_timeout(x->aio, NNG_DURATION_INFINITE);
   nng_ctx_recv(x->ctx, x->aio);
+}
+
+static void ctx_cb(void *arg);
+
+/* One more context, idle (qmu held).  NULL when nng or memory refuses. */
+static srv_ctx *ctx_open(server *s)
+{
+  srv_ctx *x = calloc(1, sizeof *x);
+  if (!x)
+    return NULL;
+  x->srv = s;
+  x->state = CTX_IDLE;
+  if (nng_aio_alloc(&x->aio, ctx_cb, x) != 0) {
+    free(x);
+    return NULL;
+  }
+  if (nng_ctx_open(&x->ctx, s->sock) != 0) {
+    nng_aio_free(x->aio);
+    free(x);
+    return NULL;
+  }
+  x->all_next = s->ctxs;
+  s->ctxs = x;
+  s->nctx++;
+  return x;
+}
+
+/* Keeps --contexts receives posted (qmu held): a context that takes a
+ * request is replaced at once, so requests being handled and replies that
+ * wait for a connection which does not read hold no receive (30 such
+ * connections once held all 1024 contexts for the send timeout, and every
+ * other client waited).  What bounds the contexts then is what bounds the
+ * requests: --max-connections, --max-outstanding per connection, one at a
+ * time before the proof, and --request-memory. */
+static void post_receives(server *s)
+{
+  while (!s->stopping && s->receiving < s->cfg.contexts) {
+    srv_ctx *x = s->spare;
+    if (x)
+      s->spare = x->spare_next;
+    else if (!(x = ctx_open(s))) {
+      if (!s->open_failed) {
+        s->open_failed = true;
+        log_msg(LOG_WARN, "cannot open another nng context: %d receives posted of %d",
+                s->receiving, s->cfg.contexts);
+      }
+      return;
+    }
+    x->spare_next = NULL;
+    ctx_recv(x);
+  }
+}
+
+/* x has no request any more (qmu held): it receives again, or waits among
+ * the spares while --contexts receives are posted. */
+static void ctx_idle(server *s, srv_ctx *x)
+{
+  x->pipe = (nng_pipe)NNG_PIPE_INITIALIZER;
+  if (--s->busy == 0)
+    pthread_cond_broadcast(&s->idle);
+  if (s->stopping)
+    return;
+  if (s->receiving < s->cfg.contexts) {
+    ctx_recv(x);
+  } else {
+    x->state = CTX_IDLE;
+    x->spare_next = s->spare;
+    s->spare = x;
+  }
 }
 
 /* A connection over a limit is dropped: that costs only itself. */
@@ -293,10 +364,18 @@ static void drop_pipe(server *s, nng_pipe p, const char *why)
 }
 
 /* The request of x is done: its reply (if any) goes out with a time limit,
- * else x waits for the next request. */
+ * else x goes idle.  Called by a worker (the request was queued) or by the
+ * receive callback (a request refused before queueing). */
 static void ctx_finish(server *s, srv_ctx *x, nng_msg *reply)
 {
   pthread_mutex_lock(&s->qmu);
+  s->request_bytes -= x->held_bytes;
+  x->held_bytes = 0;
+  if (x->fq.owner) {
+    fq_done(s->fq, &x->fq);
+    if (fq_queued(s->fq))
+      pthread_cond_signal(&s->qcv); /* a request its tenant's cap held back */
+  }
   if (reply && !s->stopping) {
     x->state = CTX_SEND;
     atomic_fetch_add(&s->bytes_out, nng_msg_len(reply));
@@ -316,12 +395,85 @@ static void ctx_finish(server *s, srv_ctx *x, nng_msg *reply)
   if (reply)
     nng_msg_free(reply);
   reg_request_leave(&s->reg, nng_pipe_id(x->pipe));
-  x->pipe = (nng_pipe)NNG_PIPE_INITIALIZER;
-  if (--s->busy == 0)
-    pthread_cond_broadcast(&s->idle);
-  if (!s->stopping)
-    ctx_recv(x);
+  ctx_idle(s, x);
   pthread_mutex_unlock(&s->qmu);
+}
+
+/* The method of a request frame, read from its header (0: too short). */
+static uint16_t frame_method_of(nng_msg *m)
+{
+  if (nng_msg_len(m) < FRAME_HEADER_BYTES)
+    return 0;
+  const uint8_t *h = nng_msg_body(m);
+  return (uint16_t)(h[6] << 8 | h[7]);
+}
+
+/* A request arrived on x: admitted and queued for the workers under its
+ * tenant, or answered at once (over --request-memory), or queued to drop
+ * its connection (over a limit of its own). */
+static void ctx_received(server *s, srv_ctx *x)
+{
+  x->msg = nng_aio_get_msg(x->aio);
+  nng_aio_set_msg(x->aio, NULL);
+  x->pipe = nng_msg_get_pipe(x->msg);
+  x->queued_ms = mono_ms();
+  x->arrived_ns = metrics_now_ns();
+  x->method = 0;
+  x->state = CTX_WORK;
+  x->chunk = CHUNK_NONE;
+  x->drop_why = NULL;
+  uint32_t pipe = (uint32_t)nng_pipe_id(x->pipe);
+  size_t len = nng_msg_len(x->msg);
+  uint16_t method = frame_method_of(x->msg);
+  char tenant[REG_TENANT_MAX];
+  /* every request of a connection counts until it is answered: one that
+   * sends more than its share without reading is dropped, and so is one
+   * that has not proved its tenant and sends more than a Hello */
+  reg_admit a = reg_request_enter(&s->reg, pipe, len, s->authn, tenant, sizeof tenant);
+  if (a != REG_ADMIT_OK) {
+    x->drop_why = reg_admit_reason(a);
+    nng_msg_free(x->msg); /* now: it may be the largest message allowed */
+    x->msg = NULL;
+  }
+  /* a PutChunk counts against its connection's chunks in flight from now
+   * until its reply is built (before the queue: a worker may take it at once) */
+  if (x->msg && method == TPORT__METHOD__METHOD_PUT_CHUNK)
+    x->chunk = reg_chunk_enter(&s->reg, pipe, &x->chunk_err) ? CHUNK_REFUSED : CHUNK_COUNTED;
+  pthread_mutex_lock(&s->qmu);
+  s->receiving--;
+  s->busy++;
+  post_receives(s); /* this context's receive is replaced at once */
+  bool refuse = false;
+  if (x->msg) {
+    /* --request-memory: the bodies of the requests held, all connections
+     * together (a context per request no longer bounds them) */
+    if (len > s->request_memory || s->request_bytes > s->request_memory - len) {
+      refuse = true;
+    } else {
+      s->request_bytes += len;
+      x->held_bytes = len;
+    }
+  }
+  if (!refuse)
+    fq_push(s->fq, tenant, &x->fq);
+  pthread_cond_signal(&s->qcv);
+  pthread_mutex_unlock(&s->qmu);
+  if (refuse) {
+    nng_msg_free(x->msg);
+    x->msg = NULL;
+    if (x->chunk == CHUNK_COUNTED)
+      reg_chunk_leave(&s->reg, pipe);
+    x->chunk = CHUNK_NONE;
+    atomic_fetch_add(&s->refused_requests, 1);
+    atomic_fetch_add(&s->errors, 1);
+    tport_err e;
+    tport_err_set(&e, TPORT_RESOURCE_EXHAUSTED,
+                  "the server holds %zu bytes of requests already (--request-memory): try again",
+                  s->request_memory);
+    metrics_request(&s->metrics, method, e.code, metrics_now_ns() - x->arrived_ns);
+    x->method = method;
+    ctx_finish(s, x, error_reply(method, &e));
+  }
 }
 
 static void ctx_cb(void *arg)
@@ -332,40 +484,14 @@ static void ctx_cb(void *arg)
   switch (x->state) {
   case CTX_RECV:
     if (rv != 0) {
-      if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
-        return;
       pthread_mutex_lock(&s->qmu);
-      if (!s->stopping)
+      s->receiving--;
+      if (rv != NNG_ECLOSED && rv != NNG_ECANCELED && !s->stopping)
         ctx_recv(x);
       pthread_mutex_unlock(&s->qmu);
       return;
     }
-    x->msg = nng_aio_get_msg(x->aio);
-    x->pipe = nng_msg_get_pipe(x->msg);
-    x->queued_ms = mono_ms();
-    x->arrived_ns = metrics_now_ns();
-    x->method = 0;
-    x->state = CTX_WORK;
-    x->chunk = CHUNK_NONE;
-    /* every request of a connection counts until it is answered: one that
-     * sends more than its share without reading is dropped */
-    x->drop = !reg_request_enter(&s->reg, nng_pipe_id(x->pipe));
-    if (!x->drop && nng_msg_len(x->msg) >= FRAME_HEADER_BYTES) {
-      const uint8_t *h = nng_msg_body(x->msg);
-      if ((h[6] << 8 | h[7]) == TPORT__METHOD__METHOD_PUT_CHUNK)
-        x->chunk = reg_chunk_enter(&s->reg, nng_pipe_id(x->pipe), &x->chunk_err) ? CHUNK_REFUSED
-                                                                               : CHUNK_COUNTED;
-    }
-    pthread_mutex_lock(&s->qmu);
-    x->next = NULL;
-    if (s->qtail)
-      s->qtail->next = x;
-    else
-      s->qhead = x;
-    s->qtail = x;
-    s->busy++;
-    pthread_cond_signal(&s->qcv);
-    pthread_mutex_unlock(&s->qmu);
+    ctx_received(s, x);
     return;
   case CTX_SEND: {
     nng_pipe p = x->pipe;
@@ -381,15 +507,20 @@ static void ctx_cb(void *arg)
     }
     reg_request_leave(&s->reg, nng_pipe_id(p));
     pthread_mutex_lock(&s->qmu);
-    x->pipe = (nng_pipe)NNG_PIPE_INITIALIZER;
-    if (--s->busy == 0)
-      pthread_cond_broadcast(&s->idle);
-    if (!s->stopping && rv != NNG_ECLOSED && rv != NNG_ECANCELED)
-      ctx_recv(x);
+    if (rv == NNG_ECLOSED || rv == NNG_ECANCELED) {
+      /* stopping: this context is done */
+      x->pipe = (nng_pipe)NNG_PIPE_INITIALIZER;
+      x->state = CTX_IDLE;
+      if (--s->busy == 0)
+        pthread_cond_broadcast(&s->idle);
+    } else {
+      ctx_idle(s, x);
+    }
     pthread_mutex_unlock(&s->qmu);
     return;
   }
-  case CTX_WORK: return;
+  case CTX_WORK:
+  case CTX_IDLE: return;
   }
 }
 
@@ -398,30 +529,41 @@ static void *worker_main(void *arg)
   server *s = arg;
   for (;;) {
     pthread_mutex_lock(&s->qmu);
-    while (!s->qhead && !s->stopping)
+    fq_node *n;
+    /* past the grace period the tenants' caps no longer matter: what is
+     * queued is taken off and not run */
+    while (!(n = fq_pop(s->fq, s->stopping)) && !s->stopping)
       pthread_cond_wait(&s->qcv, &s->qmu);
-    srv_ctx *x = s->qhead;
-    if (!x) {
+    if (!n) {
       pthread_mutex_unlock(&s->qmu);
       OPENSSL_thread_stop(); /* this thread's RAND state */
       return NULL;
     }
-    s->qhead = x->next;
-    if (!s->qhead)
-      s->qtail = NULL;
-    bool stopping = s->stopping; /* past the grace period: what is queued is not run */
+    srv_ctx *x = (srv_ctx *)((char *)n - offsetof(srv_ctx, fq));
+    bool stopping = s->stopping;
     pthread_mutex_unlock(&s->qmu);
     nng_msg *reply = NULL;
-    if (x->drop && !stopping)
-      drop_pipe(s, x->pipe, "too many requests unanswered");
-    else if (!x->drop && !stopping)
+    if (x->drop_why && !stopping)
+      drop_pipe(s, x->pipe, x->drop_why);
+    else if (!x->drop_why && !stopping)
       reply = handle(s, x);
     if (x->chunk == CHUNK_COUNTED)
       reg_chunk_leave(&s->reg, nng_pipe_id(x->pipe));
-    nng_msg_free(x->msg);
+    if (x->msg)
+      nng_msg_free(x->msg);
     x->msg = NULL;
     ctx_finish(s, x, reply);
   }
+}
+
+void server_queue_stats_get(server *s, server_queue_stats *out)
+{
+  pthread_mutex_lock(&s->qmu);
+  out->contexts = (uint64_t)s->nctx;
+  out->queued = fq_queued(s->fq);
+  out->queue_tenants = fq_tenants(s->fq);
+  out->request_bytes = s->request_bytes;
+  pthread_mutex_unlock(&s->qmu);
 }
 
 /* ---------------------------------------------------------------- pipes, reaper */
@@ -441,9 +583,25 @@ static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
     log_event(LOG_DEBUG, "connection refused: the server is stopping", "connection", conn, "peer",
               peer, NULL);
   } else if (ev == NNG_PIPE_EV_ADD_PRE) {
-    /* before the pipe's first request can arrive */
-    reg_session_open(&s->reg, id);
-    log_event(LOG_DEBUG, "connection opened", "connection", conn, "peer", peer, NULL);
+    /* before the pipe's first request can arrive; past --max-connections
+     * it is closed here, before it costs more than its descriptor */
+    if (reg_session_open(&s->reg, id, s->max_connections)) {
+      log_event(LOG_DEBUG, "connection opened", "connection", conn, "peer", peer, NULL);
+      return;
+    }
+    nng_pipe_close(p);
+    atomic_fetch_add(&s->refused_connections, 1);
+    /* a flood must not flood the log too: once a second at most */
+    int64_t now = mono_ms(), last = atomic_load(&s->refused_log_ms);
+    if (now - last >= 1000 && atomic_compare_exchange_strong(&s->refused_log_ms, &last, now)) {
+      char max[24], total[24];
+      snprintf(max, sizeof max, "%llu", (unsigned long long)s->max_connections);
+      snprintf(total, sizeof total, "%llu",
+               (unsigned long long)atomic_load(&s->refused_connections));
+      server_peer_address(id, peer, sizeof peer);
+      log_event(LOG_WARN, "connection refused: --max-connections are open", "peer", peer,
+                "max_connections", max, "refused_so_far", total, NULL);
+    }
   } else if (ev == NNG_PIPE_EV_REM_POST) {
     /* the session first, then its transfers (see transfers_insert) */
     reg_session_close(&s->reg, id);
@@ -475,12 +633,17 @@ static void *reaper_main(void *arg)
               s->cfg.transfer_timeout_ms);
     if (s->authn) {
       /* a connection that does not prove its tenant in time costs only
-       * that time: an unauthenticated flood holds bounded memory */
+       * that time, however many there are: an unauthenticated flood holds
+       * bounded memory (batches of 256 until none is left: once, 256 a
+       * second were all that went) */
       uint32_t ids[256];
-      size_t k = reg_unproved_sessions(&s->reg, reg_now_ms() - (int64_t)s->cfg.auth_timeout_ms,
-                                       ids, 256);
-      for (size_t i = 0; i < k; i++)
-        drop_pipe(s, (nng_pipe){.id = ids[i]}, "it did not prove its tenant in time");
+      size_t k;
+      do {
+        k = reg_unproved_sessions(&s->reg, reg_now_ms() - (int64_t)s->cfg.auth_timeout_ms, ids,
+                                  256);
+        for (size_t i = 0; i < k; i++)
+          drop_pipe(s, (nng_pipe){.id = ids[i]}, "it did not prove its tenant in time");
+      } while (k == 256);
     }
     if (s->lends) {
       /* a lent reply its connection has not taken within the send timeout
@@ -643,21 +806,35 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
     free(s);
     return rc;
   }
+  s->max_connections = config_max_connections(cfg);
+  s->request_memory = config_request_memory(cfg);
   nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_PRE, pipe_cb, s);
   nng_pipe_notify(s->sock, NNG_PIPE_EV_REM_POST, pipe_cb, s);
-  s->nworkers = cfg->workers;
-  s->workers = calloc((size_t)s->nworkers, sizeof *s->workers);
-  for (int i = 0; i < s->nworkers; i++)
-    pthread_create(&s->workers[i], NULL, worker_main, s);
+  if (!(s->fq = fq_new(config_tenant_workers(cfg))))
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  s->nworkers = 0;
+  s->workers = calloc((size_t)cfg->workers, sizeof *s->workers);
+  for (int i = 0; i < cfg->workers && !rc && s->workers; i++)
+    if (pthread_create(&s->workers[i], NULL, worker_main, s) == 0)
+      s->nworkers++;
+  if (!rc && s->nworkers < cfg->workers)
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "cannot start %d worker threads",
+                       cfg->workers);
   pthread_create(&s->reaper, NULL, reaper_main, s);
-  s->nctx = cfg->contexts;
-  s->ctxs = calloc((size_t)s->nctx, sizeof *s->ctxs);
-  for (int i = 0; i < s->nctx && !rc; i++) {
-    srv_ctx *x = &s->ctxs[i];
-    x->srv = s;
-    if ((rv = nng_aio_alloc(&x->aio, ctx_cb, x)) != 0 || (rv = nng_ctx_open(&x->ctx, s->sock)) != 0)
-      rc = tport_err_set(err, TPORT_INTERNAL, "nng context: %s", nng_strerror(rv));
+  /* the first --contexts contexts now, so that nng refusing them is said
+   * at start; their receives are posted once the listeners are up */
+  pthread_mutex_lock(&s->qmu);
+  for (int i = 0; i < cfg->contexts && !rc; i++) {
+    srv_ctx *x = ctx_open(s);
+    if (!x) {
+      rc = tport_err_set(err, TPORT_INTERNAL, "cannot open nng context %d of %d", i + 1,
+                         cfg->contexts);
+      break;
+    }
+    x->spare_next = s->spare;
+    s->spare = x;
   }
+  pthread_mutex_unlock(&s->qmu);
   /* regions before the first connection can arrive (pipe_cb drops theirs) */
   if (!rc && cfg->shm_socket) {
     shm_config sc = {.path = cfg->shm_socket,
@@ -735,8 +912,9 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
     server_stop(s, 0);
     return rc;
   }
-  for (int i = 0; i < s->nctx; i++)
-    ctx_recv(&s->ctxs[i]);
+  pthread_mutex_lock(&s->qmu);
+  post_receives(s);
+  pthread_mutex_unlock(&s->qmu);
   if (server_test_before_ready)
     server_test_before_ready(s);
   atomic_store(&s->ready, true);
@@ -781,21 +959,19 @@ void server_stop(server *s, unsigned long grace_ms)
     nng_listener_close(s->listeners[i]); /* and the connections they accepted */
   http_stop(s->http); /* no longer serving: /healthz goes too */
   s->http = NULL;
-  for (int i = 0; i < s->nctx; i++)
-    if (s->ctxs[i].aio)
-      nng_aio_stop(s->ctxs[i].aio);
+  /* no context is opened from here on (post_receives sees stopping) */
+  for (srv_ctx *x = s->ctxs; x; x = x->all_next)
+    nng_aio_stop(x->aio);
   for (int i = 0; i < s->nworkers; i++)
     pthread_join(s->workers[i], NULL);
-  for (int i = 0; i < s->nctx; i++) {
-    nng_msg *m = s->ctxs[i].aio ? nng_aio_get_msg(s->ctxs[i].aio) : NULL;
-    if (m && s->ctxs[i].state == CTX_SEND)
+  for (srv_ctx *x = s->ctxs; x; x = x->all_next) {
+    nng_msg *m = nng_aio_get_msg(x->aio);
+    if (m && x->state == CTX_SEND)
       nng_msg_free(m); /* a reply whose send was aborted */
-    if (s->ctxs[i].aio)
-      nng_aio_set_msg(s->ctxs[i].aio, NULL);
+    nng_aio_set_msg(x->aio, NULL);
   }
-  for (int i = 0; i < s->nctx; i++)
-    if (s->ctxs[i].aio)
-      nng_ctx_close(s->ctxs[i].ctx);
+  for (srv_ctx *x = s->ctxs; x; x = x->all_next)
+    nng_ctx_close(x->ctx);
   nng_close(s->sock);
 #ifdef TPORT_NNG_REAP_DRAIN
   /* and what hung from it destroyed (pipes, the listeners' TLS
@@ -803,11 +979,13 @@ void server_stop(server *s, unsigned long grace_ms)
    * OpenSSL's exit handlers */
   nng_reap_drain();
 #endif
-  for (int i = 0; i < s->nctx; i++) {
-    if (s->ctxs[i].aio)
-      nng_aio_free(s->ctxs[i].aio);
-    if (s->ctxs[i].msg)
-      nng_msg_free(s->ctxs[i].msg);
+  while (s->ctxs) {
+    srv_ctx *x = s->ctxs;
+    s->ctxs = x->all_next;
+    nng_aio_free(x->aio);
+    if (x->msg)
+      nng_msg_free(x->msg);
+    free(x);
   }
   pthread_mutex_lock(&s->rmu);
   s->reaper_stop = true;
@@ -820,7 +998,7 @@ void server_stop(server *s, unsigned long grace_ms)
   reg_destroy(&s->reg);
   engine_synchronize_all(); /* frees what lends deferred, too */
   shm_stop(s->shm); /* no request left to hold a region */
-  free(s->ctxs);
+  fq_free(s->fq);
   free(s->workers);
   auth_file_release(s->auth);
   auth_limiter_free(s->limiter);

@@ -11,6 +11,7 @@
 
 #include "auth.h"
 #include "config.h"
+#include "fairq.h"
 #include "frame.h"
 #include "http.h"
 #include "lends.h"
@@ -22,7 +23,8 @@
 
 #define SERVER_METHODS 20 /* 1..19 */
 
-typedef enum { CTX_RECV, CTX_WORK, CTX_SEND } ctx_state;
+/* IDLE: opened, neither receiving nor holding a request (a spare). */
+typedef enum { CTX_IDLE, CTX_RECV, CTX_WORK, CTX_SEND } ctx_state;
 
 /* One nng context: a request slot with its own async state machine. */
 typedef struct srv_ctx {
@@ -37,11 +39,14 @@ typedef struct srv_ctx {
   enum { CHUNK_NONE, CHUNK_COUNTED, CHUNK_REFUSED } chunk;
   tport_err chunk_err;
   nng_pipe pipe;  /* of the request held */
-  bool drop;      /* the connection is over its limit: drop it, answer nothing */
+  const char *drop_why; /* the connection is over a limit: drop it, answer nothing */
+  size_t held_bytes;    /* of --request-memory: the request's body, until handled */
   int64_t arrived_ns; /* metrics_now_ns() when the request arrived */
   uint16_t method;    /* of the reply being sent (0: unknown) */
   int64_t send_ns;    /* when a get's reply was handed to nng (0: not timed) */
-  struct srv_ctx *next; /* work queue link */
+  fq_node fq;         /* in the workers' queue, under its tenant */
+  struct srv_ctx *all_next;   /* every context opened (server.ctxs) */
+  struct srv_ctx *spare_next; /* the idle ones (server.spare) */
 } srv_ctx;
 
 
@@ -50,14 +55,20 @@ struct server {
   nng_socket sock;
   nng_listener listeners[CONFIG_MAX_LISTEN];
   int nlisteners;
-  srv_ctx *ctxs;
-  int nctx;
+  /* contexts, under qmu: every one opened (linked by all_next, freed at
+   * stop), the idle ones, and how many receives are posted (--contexts:
+   * each context that takes a request is replaced at once) */
+  srv_ctx *ctxs, *spare;
+  int nctx, receiving;
+  bool open_failed; /* said once in the log */
   pthread_t *workers;
   int nworkers;
   pthread_mutex_t qmu;
   pthread_cond_t qcv, idle;
-  srv_ctx *qhead, *qtail;
-  int busy; /* requests queued or being handled */
+  fair_queue *fq; /* requests waiting for a worker, by tenant */
+  int busy;       /* requests queued, being handled or being answered */
+  size_t request_bytes, request_memory; /* bodies held now / --request-memory */
+  uint64_t max_connections;             /* --max-connections, resolved */
   bool stopping;
   registry reg;
   transfers xfers;
@@ -72,6 +83,9 @@ struct server {
   bool reaper_stop;
   atomic_uint_fast64_t requests[SERVER_METHODS], errors, bytes_in, bytes_out, dropped;
   atomic_uint_fast64_t bytes_lent; /* of bytes_out: sent from a storage, not copied */
+  atomic_uint_fast64_t refused_connections; /* over --max-connections */
+  atomic_uint_fast64_t refused_requests;    /* over --request-memory */
+  atomic_int_fast64_t refused_log_ms;       /* when a refused connection was last logged */
   int64_t started_ms;
   /* operations: the metrics of the hot path (metrics.h) and the HTTP
    * endpoint; ready is what /readyz says (listeners and devices up, not
@@ -101,6 +115,15 @@ typedef struct call {
   tport_err err;
   int64_t arrived_ns; /* metrics_now_ns() when the request arrived in full */
 } call;
+
+/* The contexts and the workers' queue, now (under qmu). */
+typedef struct server_queue_stats {
+  uint64_t contexts;      /* opened: receiving, handling, answering or spare */
+  uint64_t queued;        /* requests waiting for a worker */
+  uint64_t queue_tenants; /* tenants with requests queued or running */
+  uint64_t request_bytes; /* bodies held, of --request-memory */
+} server_queue_stats;
+void server_queue_stats_get(struct server *s, server_queue_stats *out);
 
 /* The auth file in force, with a reference (auth_file_release it); NULL
  * when authentication is off. */
