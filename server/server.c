@@ -277,6 +277,7 @@ static void ctx_recv(srv_ctx *x)
 }
 
 static void ctx_cb(void *arg);
+static uint16_t frame_method_of(nng_msg *m);
 
 /* One more context, idle (qmu held).  NULL when nng or memory refuses. */
 static srv_ctx *ctx_open(server *s)
@@ -345,13 +346,14 @@ static void ctx_idle(server *s, srv_ctx *x)
   }
 }
 
-/* A connection over a limit is dropped: that costs only itself. */
-static void drop_pipe(server *s, nng_pipe p, const char *why)
+/* A connection over a limit is dropped: that costs only itself.  logged:
+ * say so in the log (a flood's drops are summed up by the caller). */
+static void drop_pipe_logged(server *s, nng_pipe p, const char *why, bool logged)
 {
   uint32_t id = (uint32_t)nng_pipe_id(p);
   if (reg_session_mark_dropped(&s->reg, id)) {
     atomic_fetch_add(&s->dropped, 1);
-    if (log_enabled(LOG_WARN)) {
+    if (logged && log_enabled(LOG_WARN)) {
       char conn[16], peer[64], tenant[REG_TENANT_MAX];
       snprintf(conn, sizeof conn, "%u", id);
       server_peer_address(id, peer, sizeof peer);
@@ -361,6 +363,11 @@ static void drop_pipe(server *s, nng_pipe p, const char *why)
     }
   }
   nng_pipe_close(p);
+}
+
+static void drop_pipe(server *s, nng_pipe p, const char *why)
+{
+  drop_pipe_logged(s, p, why, true);
 }
 
 /* The request of x is done: its reply (if any) goes out with a time limit,
@@ -545,8 +552,11 @@ static void *worker_main(void *arg)
     nng_msg *reply = NULL;
     if (x->drop_why && !stopping)
       drop_pipe(s, x->pipe, x->drop_why);
-    else if (!x->drop_why && !stopping)
+    else if (!x->drop_why && !stopping) {
+      if (server_test_before_handle)
+        server_test_before_handle(s, (uint32_t)nng_pipe_id(x->pipe), frame_method_of(x->msg));
       reply = handle(s, x);
+    }
     if (x->chunk == CHUNK_COUNTED)
       reg_chunk_leave(&s->reg, nng_pipe_id(x->pipe));
     if (x->msg)
@@ -637,13 +647,18 @@ static void *reaper_main(void *arg)
        * bounded memory (batches of 256 until none is left: once, 256 a
        * second were all that went) */
       uint32_t ids[256];
-      size_t k;
+      size_t k, total = 0;
       do {
         k = reg_unproved_sessions(&s->reg, reg_now_ms() - (int64_t)s->cfg.auth_timeout_ms, ids,
                                   256);
-        for (size_t i = 0; i < k; i++)
-          drop_pipe(s, (nng_pipe){.id = ids[i]}, "it did not prove its tenant in time");
+        for (size_t i = 0; i < k; i++, total++)
+          drop_pipe_logged(s, (nng_pipe){.id = ids[i]}, "it did not prove its tenant in time",
+                           total < 16);
       } while (k == 256);
+      if (total > 16)
+        log_msg(LOG_WARN, "%zu connections dropped: they did not prove their tenant in time "
+                          "(the first 16 are logged)",
+                total);
     }
     if (s->lends) {
       /* a lent reply its connection has not taken within the send timeout
@@ -691,6 +706,7 @@ static int configure_devices(const char *spec, tport_err *err)
 /* ---------------------------------------------------------------- lifecycle */
 
 void (*server_test_before_ready)(server *s);
+void (*server_test_before_handle)(server *s, uint32_t pipe, uint16_t method);
 
 static char *http_metrics(void *arg, size_t *len)
 {

@@ -102,6 +102,10 @@ struct server {
 /* Testing knob: called by server_start just before the server turns ready
  * (the endpoint then serves, /readyz still 503).  Never set outside tests. */
 extern void (*server_test_before_ready)(struct server *s);
+/* Testing knob: called by a worker just before it handles a request (a test
+ * holds a worker there to fill the queue behind it).  Never set outside
+ * tests. */
+extern void (*server_test_before_handle)(struct server *s, uint32_t pipe, uint16_t method);
 
 /* A request being handled. */
 typedef struct call {
