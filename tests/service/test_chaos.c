@@ -23,6 +23,14 @@
  * by tenant); this process reads server-wide counters as the operator
  * tenant "chaos-admin".
  *
+ * Beside the killers, for the same time: four connections of the tenant
+ * "default" that send gets of a 4 MiB tensor and never read their replies
+ * (dropped at the send timeout), and a prober of a tenant of its own that
+ * asks Info of a small tensor every 20 ms: every probe must be answered, and
+ * its p99 must stay under 5 s (far above what it is, far below the 10 s for
+ * which a non-reading connection once held every context; not a speed
+ * test, the p50 and p99 are logged).
+ *
  * TPORT_CHAOS_SECONDS=N sets how long the killer runs (default 10: the short
  * version that make test and make test-sanitize run); TPORT_CHAOS_SEED=S
  * replays a run's random choices (the kill times depend on the machine).
@@ -38,6 +46,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "hostile_util.h"
 #include "service_util.h"
 
 #define NCLIENTS 32
@@ -56,6 +68,7 @@ typedef struct proc {
 } proc;
 
 static proc procs[MAX_PROCS];
+static char owner_url[128]; /* tportd's tcp:// URL, for the readers that never read */
 static int nprocs;
 
 static double now_s(void)
@@ -289,6 +302,82 @@ static void measurable_memory(void)
   setenv("MALLOC_MMAP_THRESHOLD_", "131072", 1);
 }
 
+/* ---------------------------------------------------------------- beside the chaos */
+
+#define PROBE_MAX 20000
+
+typedef struct prober {
+  const char *url;
+  atomic_bool stop;
+  double ms[PROBE_MAX];
+  int n, failed;
+  char why[320];
+} prober;
+
+static void *probe_main(void *arg)
+{
+  prober *p = arg;
+  tport_client *c;
+  tport_err err;
+  tport_connect_options o = {.tenant = "chaos-probe", .timeout_ms = 30000};
+  if (tport_connect(p->url, &o, &c, &err)) {
+    p->failed++;
+    snprintf(p->why, sizeof p->why, "connect: %s", err.msg);
+    return NULL;
+  }
+  uint8_t v[16] = {0};
+  int64_t n = sizeof v;
+  tport_tensor_info t;
+  if (tport_put(c, TPORT_UINT8, 1, &n, NULL, v, sizeof v, NULL, &t, &err)) {
+    p->failed++;
+    snprintf(p->why, sizeof p->why, "put: %s", err.msg);
+  }
+  while (!p->failed && !atomic_load(&p->stop) && p->n < PROBE_MAX) {
+    tport_tensor_info info;
+    double t0 = now_s();
+    if (tport_info(c, &t.ref, &info, &err)) {
+      p->failed++;
+      snprintf(p->why, sizeof p->why, "info: %s", err.msg);
+      break;
+    }
+    p->ms[p->n++] = (now_s() - t0) * 1e3;
+    usleep(20000);
+  }
+  tport_close(c); /* its tensor goes with the connection */
+  return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Four connections that ask for a 4 MiB tensor 8 times each and never read
+ * (tenant "default": they say no Hello).  The tensor is kept by `owner`. */
+static void slow_readers(tport_client *owner, int fds[4])
+{
+  size_t big = 4 << 20;
+  uint8_t *v = calloc(1, big);
+  tport_put_options po;
+  tport_put_options_init(&po);
+  po.name = "chaos-unread";
+  tport_err err;
+  cr_assert_eq(tport_put(owner, TPORT_UINT8, 1, (int64_t[]){(int64_t)big}, NULL, v, big, &po,
+                         NULL, &err),
+               0, "%s", err.msg);
+  free(v);
+  Tport__Ref ref;
+  Tport__GetBeginRequest q;
+  sp_get_begin(&q, &ref, "chaos-unread");
+  for (int k = 0; k < 4; k++) {
+    fds[k] = sp_connect(owner_url, 4096);
+    for (int i = 0; i < 8; i++)
+      if (!sp_send(fds[k], (uint32_t)i + 1, TPORT__METHOD__METHOD_GET_BEGIN, &q.base))
+        break;
+  }
+}
+
 static pid_t start_server(char *url, size_t len)
 {
   const char *extra[] = {"--admin", ADMIN, NULL};
@@ -332,6 +421,16 @@ Test(chaos, clients_killed_at_random)
   cr_log_info("chaos: after the warm-up, tportd's RSS is %ld KiB (%s)", rss_start,
               memory_counters(admin));
 
+  /* beside the chaos: readers that never read, and another tenant's probe */
+  snprintf(owner_url, sizeof owner_url, "%s", url);
+  tport_client *owner = svc_connect(url, NULL);
+  int unread[4];
+  slow_readers(owner, unread);
+  static prober probe;
+  probe.url = url;
+  pthread_t probe_th;
+  pthread_create(&probe_th, NULL, probe_main, &probe);
+
   /* the chaos: clients end together shortly after the killer stops */
   double t0 = now_s(), kill_end = t0 + kill_seconds, client_end = kill_end + 2;
   for (int i = 0; i < NCLIENTS; i++)
@@ -358,6 +457,27 @@ Test(chaos, clients_killed_at_random)
     spawn_client(url, left > 1 ? left : 1, seed);
   }
   wait_all(client_end + 120);
+  atomic_store(&probe.stop, true);
+  pthread_join(probe_th, NULL);
+  for (int k = 0; k < 4; k++)
+    close(unread[k]);
+  tport_err ferr;
+  tport_ref unread_ref;
+  tport_ref_name(&unread_ref, "chaos-unread");
+  cr_expect_eq(tport_free(owner, &unread_ref, &ferr), 0, "free chaos-unread: %s", ferr.msg);
+  tport_close(owner);
+  cr_expect_eq(probe.failed, 0, "tenant chaos-probe beside the chaos: %s", probe.why);
+  cr_assert_gt(probe.n, 0, "no probe ran");
+  qsort(probe.ms, (size_t)probe.n, sizeof probe.ms[0], cmp_double);
+  double p50 = probe.ms[probe.n / 2], p99 = probe.ms[(probe.n * 99) / 100],
+         pmax = probe.ms[probe.n - 1];
+  cr_log_info("chaos: tenant chaos-probe's Info beside the chaos and 4 readers that never read: "
+              "%d probes, p50 %.1f ms, p99 %.1f ms, max %.1f ms",
+              probe.n, p50, p99, pmax);
+  cr_expect_lt(p99, 5000.0,
+               "tenant chaos-probe's Info p99 was %.0f ms beside the chaos (p50 %.1f ms, max %.0f "
+               "ms): another tenant's work, or the readers that never read, held it up",
+               p99, p50, pmax);
   int survivors = check_survivors(warm);
   cr_log_info("chaos: %d clients, %d killed, %d ran to the end; server RSS %ld KiB after the "
               "warm-up, peak %ld KiB",
