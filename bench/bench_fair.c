@@ -3,9 +3,10 @@
  * copies.
  *
  * tportd runs in this process (cpu device, its default 4 workers) on ipc://.
- * Tenant "hog" has 16 connections, each copying a 64 MiB tensor into
- * another over and over (Copy: a worker busy for tens of milliseconds per
- * request, 16 queued at all times); tenant "small" asks Info of a tiny
+ * Tenant "hog" has 8 connections with 4 threads on each, every thread
+ * copying a 64 MiB tensor of its own into another over and over (Copy: a
+ * worker busy for tens of milliseconds per request, 32 in flight at all
+ * times); tenant "small" asks Info of a tiny
  * tensor, one request after the other.  Rows (JSON lines in bench/run's
  * format):
  *  - fair_info_p99_beside_copies: small's Info p99 (ms) while hog copies,
@@ -15,6 +16,9 @@
  *    --tenant-workers 4 (round-robin, but hog may hold every worker): what
  *    the reserved worker buys.
  *  - fair_info_p50_beside_copies: the median, for the shape.
+ *  - fair_info_p99_one_queue_beside_copies: the Info sent as tenant hog,
+ *    so that it waits in hog's own queue behind its copies: what one queue
+ *    for everyone (the server before the fair queue) gave.
  *
  *   tport-bench-fair [--rounds R] [--samples N]
  */
@@ -31,7 +35,8 @@
 #include "server.h"
 #include "tport.h"
 
-#define HOG_CONNECTIONS 16
+#define HOG_CONNECTIONS 8
+#define HOG_THREADS 4 /* per connection */
 #define HOG_BYTES ((size_t)64 << 20)
 
 static void die(const char *what, const tport_err *err)
@@ -58,7 +63,7 @@ static tport_client *connect_as(const char *url, const char *tenant)
 }
 
 typedef struct hog {
-  const char *url;
+  tport_client *c;
   atomic_bool *stop;
   atomic_long *copies;
 } hog;
@@ -66,21 +71,21 @@ typedef struct hog {
 static void *hog_main(void *arg)
 {
   hog *h = arg;
-  tport_client *c = connect_as(h->url, "hog");
   int64_t n = (int64_t)HOG_BYTES;
   tport_tensor_info a, b;
   tport_err err;
   uint8_t *v = calloc(1, HOG_BYTES);
-  if (tport_put(c, TPORT_UINT8, 1, &n, NULL, v, HOG_BYTES, NULL, &a, &err) ||
-      tport_put(c, TPORT_UINT8, 1, &n, NULL, v, HOG_BYTES, NULL, &b, &err))
+  if (tport_put(h->c, TPORT_UINT8, 1, &n, NULL, v, HOG_BYTES, NULL, &a, &err) ||
+      tport_put(h->c, TPORT_UINT8, 1, &n, NULL, v, HOG_BYTES, NULL, &b, &err))
     die("hog's put", &err);
   free(v);
   while (!atomic_load(h->stop)) {
-    if (tport_copy(c, &b.ref, &a.ref, false, &err))
+    if (tport_copy(h->c, &b.ref, &a.ref, false, &err))
       die("hog's copy", &err);
     atomic_fetch_add(h->copies, 1);
   }
-  tport_close(c);
+  tport_free(h->c, &a.ref, NULL);
+  tport_free(h->c, &b.ref, NULL);
   return NULL;
 }
 
@@ -110,8 +115,8 @@ static void info_latency(tport_client *c, const tport_ref *ref, int n, double *p
 }
 
 /* One server: rounds of (idle, loaded) p99s, interleaved. */
-static void run(int tenant_workers, int rounds, int samples, double *idle99, double *busy99,
-                double *busy50, long *copies_done)
+static void run(int tenant_workers, const char *prober, int rounds, int samples, double *idle99,
+                double *busy99, double *busy50, long *copies_done)
 {
   server_config cfg;
   config_defaults(&cfg);
@@ -119,6 +124,7 @@ static void run(int tenant_workers, int rounds, int samples, double *idle99, dou
   cfg.log_level = 0;
   cfg.tenant_workers = tenant_workers;
   cfg.max_tensor_bytes = (size_t)1 << 30;
+  cfg.deadline_ms = 600000; /* the one-queue run queues hog's copies for long */
   char url[128];
   snprintf(url, sizeof url, "ipc:///tmp/tport-bench-fair-%d-%d.sock", (int)getpid(),
            tenant_workers);
@@ -129,7 +135,7 @@ static void run(int tenant_workers, int rounds, int samples, double *idle99, dou
   if (server_start(&cfg, &s, &err))
     die("server_start", &err);
   config_free(&cfg);
-  tport_client *c = connect_as(url, "small");
+  tport_client *c = connect_as(url, prober);
   int64_t n = 16;
   uint8_t v[16] = {0};
   tport_tensor_info t;
@@ -142,17 +148,25 @@ static void run(int tenant_workers, int rounds, int samples, double *idle99, dou
     double p50;
     info_latency(c, &t.ref, samples, &p50, &i99[r]);
     atomic_bool stop = false;
-    hog h = {.url = url, .stop = &stop, .copies = &copies};
-    pthread_t th[HOG_CONNECTIONS];
+    tport_client *hc[HOG_CONNECTIONS];
+    hog h[HOG_CONNECTIONS * HOG_THREADS];
+    pthread_t th[HOG_CONNECTIONS * HOG_THREADS];
     for (int i = 0; i < HOG_CONNECTIONS; i++)
-      pthread_create(&th[i], NULL, hog_main, &h);
+      hc[i] = connect_as(url, "hog");
+    for (int i = 0; i < HOG_CONNECTIONS * HOG_THREADS; i++) {
+      h[i] = (hog){.c = hc[i % HOG_CONNECTIONS], .stop = &stop, .copies = &copies};
+      pthread_create(&th[i], NULL, hog_main, &h[i]);
+    }
     /* the hog's copies under way before measuring */
-    while (atomic_load(&copies) < (long)(r + 1) * HOG_CONNECTIONS)
+    long before = atomic_load(&copies);
+    while (atomic_load(&copies) < before + HOG_CONNECTIONS * HOG_THREADS)
       usleep(1000);
     info_latency(c, &t.ref, samples, &b50[r], &b99[r]);
     atomic_store(&stop, true);
-    for (int i = 0; i < HOG_CONNECTIONS; i++)
+    for (int i = 0; i < HOG_CONNECTIONS * HOG_THREADS; i++)
       pthread_join(th[i], NULL);
+    for (int i = 0; i < HOG_CONNECTIONS; i++)
+      tport_close(hc[i]);
   }
   *idle99 = bench_median(i99, rounds);
   *busy99 = bench_median(b99, rounds);
@@ -191,10 +205,12 @@ int main(int argc, char **argv)
     return 2;
   double idle, busy, busy50;
   long copies;
-  run(0, rounds, samples, &idle, &busy, &busy50, &copies);
+  run(0, "small", rounds, samples, &idle, &busy, &busy50, &copies);
   emit("fair_info_p99_beside_copies", busy, idle, rounds, samples, copies);
   emit("fair_info_p50_beside_copies", busy50, idle, rounds, samples, copies);
-  run(4, rounds, samples, &idle, &busy, &busy50, &copies);
+  run(4, "small", rounds, samples, &idle, &busy, &busy50, &copies);
   emit("fair_info_p99_beside_copies_no_reserved_worker", busy, idle, rounds, samples, copies);
+  run(0, "hog", rounds, samples, &idle, &busy, &busy50, &copies);
+  emit("fair_info_p99_one_queue_beside_copies", busy, idle, rounds, samples, copies);
   return 0;
 }
