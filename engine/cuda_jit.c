@@ -657,16 +657,23 @@ int cuda_jit_plan_launch(const plan *p, tport_dtype dt, const void *dst, tport_d
     return TPORT_OK;
   }
   const size_t ds = tport_dtype_size(dt), ss = tport_dtype_size(st);
-  const uint64_t tiles0 =
-                     p->ndim >= 2 ? ((uint64_t)p->shape[0] + CUDA_JIT_TILE - 1) / CUDA_JIT_TILE : 0,
-                 tiles1 =
-                     p->ndim >= 2 ? ((uint64_t)p->shape[1] + CUDA_JIT_TILE - 1) / CUDA_JIT_TILE : 0;
+  /* copy.cu's TILE: sources of up to 4 bytes move pairs in 64 x 64 tiles */
+  const uint64_t tile = ss <= 4 ? CUDA_JIT_TILE2 : CUDA_JIT_TILE;
+  const uint64_t tiles0 = p->ndim >= 2 ? ((uint64_t)p->shape[0] + tile - 1) / tile : 0,
+                 tiles1 = p->ndim >= 2 ? ((uint64_t)p->shape[1] + tile - 1) / tile : 0;
+  uint64_t extra = 0; /* what a loop index reaches past numel - 1 + threads */
   if (p->ndim == 1 && p->strides[0][0] == (int64_t)ds && p->strides[1][0] == (int64_t)ss &&
       numel >= CUDA_JIT_VEC && (uintptr_t)dst % (CUDA_JIT_VEC * ds) == 0 &&
       (uintptr_t)src % (CUDA_JIT_VEC * ss) == 0) {
-    /* dense and aligned: VEC elements per thread */
+    /* dense and aligned: UNROLL vectors of VEC elements per thread */
+    const uint64_t nvec = (uint64_t)numel / CUDA_JIT_VEC;
     L.kernel = CUDA_JIT_CAST_VEC;
-    L.grid[0] = blocks_for((uint64_t)numel / CUDA_JIT_VEC, CUDA_JIT_BLOCK, lim->max_grid[0]);
+    L.grid[0] = blocks_for(nvec, CUDA_JIT_BLOCK * CUDA_JIT_UNROLL, lim->max_grid[0]);
+    /* its loop counts vectors in steps of UNROLL x threads: nvec - 1 + that
+     * step, which passes numel - 1 + threads where nvec is small */
+    const uint64_t step = (uint64_t)L.grid[0] * CUDA_JIT_BLOCK * CUDA_JIT_UNROLL,
+                   plain = (uint64_t)numel + (uint64_t)L.grid[0] * CUDA_JIT_BLOCK;
+    extra = nvec + step > plain ? nvec + step - plain : 0;
     L.grid[1] = L.grid[2] = 1;
     L.block[0] = CUDA_JIT_BLOCK;
     L.block[1] = L.block[2] = 1;
@@ -679,7 +686,7 @@ int cuda_jit_plan_launch(const plan *p, tport_dtype dt, const void *dst, tport_d
     L.grid[0] = (unsigned)tiles1;
     L.grid[1] = (unsigned)tiles0;
     L.grid[2] = outer < lim->max_grid[2] ? (unsigned)outer : lim->max_grid[2];
-    L.block[0] = CUDA_JIT_TILE;
+    L.block[0] = CUDA_JIT_TILE; /* 32 threads along x, whatever the tile */
     L.block[1] = CUDA_JIT_ROWS;
     L.block[2] = 1;
   } else {
@@ -692,16 +699,18 @@ int cuda_jit_plan_launch(const plan *p, tport_dtype dt, const void *dst, tport_d
   }
   /* The narrow index holds every value a kernel computes in it: a
    * grid-stride loop's index goes up to numel - 1 + the grid's threads (so
-   * does the transpose's, along each grid dimension), and every offset up to
-   * the last byte of either operand. */
+   * does the transpose's, along each grid dimension: its dim-1 index stays
+   * below n1 + TILE), cast_vec's vector index up to nvec - 1 + its step
+   * (extra), and every offset up to the last byte of either operand. */
   const uint64_t narrow_max = (1ull << lim->narrow_bits) - 1;
   uint64_t threads = 1, reach, dmax, smax;
   bool fits = true;
   for (int i = 0; i < 3; i++)
     fits = fits && !__builtin_mul_overflow(threads, (uint64_t)L.grid[i] * L.block[i], &threads);
   fits = fits && !__builtin_add_overflow((uint64_t)numel - 1, threads, &reach) &&
-         reach <= narrow_max && last_byte(p, 0, ds, &dmax) && dmax <= narrow_max &&
-         last_byte(p, 1, ss, &smax) && smax <= narrow_max;
+         !__builtin_add_overflow(reach, extra, &reach) && reach <= narrow_max &&
+         last_byte(p, 0, ds, &dmax) && dmax <= narrow_max && last_byte(p, 1, ss, &smax) &&
+         smax <= narrow_max;
   L.wide = !fits;
   *out = L;
   return TPORT_OK;

@@ -35,9 +35,14 @@ extern "C" {
 #endif
 
 #define CUDA_JIT_BLOCK 256 /* threads per block of copy and cast_vec */
-#define CUDA_JIT_VEC 4     /* elements per thread of cast_vec (VEC) */
-#define CUDA_JIT_TILE 32   /* transpose tile side (TILE) */
-#define CUDA_JIT_ROWS 8    /* transpose block: TILE x ROWS threads */
+#define CUDA_JIT_VEC 4     /* elements per vector of cast_vec (VEC) */
+#define CUDA_JIT_UNROLL 4  /* vectors per thread and step of cast_vec (UNROLL) */
+/* The transpose: a block of CUDA_JIT_TILE x CUDA_JIT_ROWS threads moves a
+ * tile of CUDA_JIT_TILE2 x CUDA_JIT_TILE2 elements (TILE, pairs per thread)
+ * where the source has at most 4 bytes, else CUDA_JIT_TILE x CUDA_JIT_TILE. */
+#define CUDA_JIT_TILE 32
+#define CUDA_JIT_TILE2 64
+#define CUDA_JIT_ROWS 8
 /* Cap of grid x: more blocks would only add threads that the grid-stride
  * loops do not need. */
 #define CUDA_JIT_MAX_BLOCKS (65535 * 32)

@@ -269,7 +269,15 @@ __device__ inline void convert(char *d, const char *s)
 __device__ inline void convert(char *d, const char *s) { store(d, load(s)); }
 #endif
 
-// The value a load gives, as the tile of the transpose kernel holds it.
+// Element sizes by dtype number (tport_types.h).
+#define TPORT_SIZE(t) ((t) <= 2 ? 1 : (t) == 3 || (t) == 6 || (t) == 7 ? 2 : (t) == 4 || (t) == 8 ? 4 : (t) == 11 ? 16 : 8)
+#define SS TPORT_SIZE(TPORT_SRC)
+#define DS TPORT_SIZE(TPORT_DST)
+
+// The value a load gives, as the tile of the transpose kernel holds it: the
+// bits themselves for the same dtype; else what load() gives, except that an
+// integer source of up to 4 bytes (bool too) is held as i32, exactly (so that
+// every source of up to 4 bytes has a tile of 4-byte elements; see TP).
 #if TPORT_DST == TPORT_SRC
 #if ES == 1
 typedef u8 tile_t;
@@ -287,6 +295,10 @@ typedef u128 tile_t;
 #endif
 __device__ inline tile_t tile_load(const char *s) { return *(const tile_t *)s; }
 __device__ inline void tile_store(char *d, tile_t v) { *(tile_t *)d = v; }
+#elif TPORT_SRC <= 4
+typedef i32 tile_t;
+__device__ inline tile_t tile_load(const char *s) { return (i32)load(s); }
+__device__ inline void tile_store(char *d, tile_t v) { store(d, (i64)v); }
 #else
 typedef decltype(load((const char *)0)) tile_t;
 __device__ inline tile_t tile_load(const char *s) { return load(s); }
@@ -303,87 +315,193 @@ __device__ inline void post_ops(char *dp, unsigned flags)
     negate(dp);
 }
 
+__device__ inline bool aligned(const void *p, unsigned long long a)
+{
+  return ((unsigned long long)p & (a - 1)) == 0;
+}
+
 // The tiled transpose for plans whose dst is dense along plan dim 0 and whose
 // src is dense along plan dim 1 (contiguous <-> channels_last(3d) and their
-// kin): a TILE x TILE block is read with src-coalesced loads into shared
-// memory and written with dst-coalesced stores, the cast fused in between.
+// kin, the batched [N, C, HW] <-> [N, HW, C] among them).  A block of
+// 32 x ROWS threads moves a TILE x TILE tile: it reads it with src-coalesced
+// loads into shared memory (a padded row: TILE + 1, so that neither phase
+// has more than 2-way bank conflicts) and writes it with dst-coalesced
+// stores, the cast fused in between (tile_t holds the loaded value; store()
+// converts, once per element).
+//
+// TP: elements per thread and access along each dim.  Sources of up to 4
+// bytes (tile_t of 4 bytes at most: 64 x 65 x 4 = 16.6 KB of shared memory)
+// move pairs: each thread loads two adjacent src elements with one 2 x SS
+// access and stores two adjacent dst elements with one 2 x DS access (8-byte
+// loads and 4-byte stores for float32 -> float16), 16 elements per thread,
+// 64 x 64 per block: four times the bytes in flight of a 32 x 32 tile, and
+// half the load/store instructions.  A pair that is not aligned to its
+// width (an odd storage offset or stride) or that the tile's edge cuts
+// goes element by element.  Wider sources move 32 x 32 tiles element by
+// element (32 x 33 x 16 = 16.9 KB for complex128).  engine/cuda_jit.c
+// mirrors TILE (cuda_jit_plan_launch).
+//
 // blockIdx.x: tiles along dim 1, blockIdx.y: tiles along dim 0, blockIdx.z:
-// the outer dims (2..ndim-1), grid-strided.  Index arithmetic in idx: 32-bit
-// where the plan allows it, which roughly halves the registers 64-bit
-// arithmetic takes.
-#define TILE 32
+// the outer dims (2..ndim-1), grid-strided; a plan of 3 dims or fewer (the
+// batched 2-D transpose) steps its one outer dim without a division.  Index
+// arithmetic in idx: 32-bit where the plan allows it, which roughly halves
+// the registers 64-bit arithmetic takes.
+#define TP (SS <= 4 ? 2 : 1)
+#define TILE (32 * TP)
 #define ROWS 8
+static_assert(TP == 1 || sizeof(tile_t) <= 4, "a tile of pairs holds 4-byte values at most");
+struct alignas(2 * SS) src_pair {
+  char b[2 * SS];
+};
+struct alignas(2 * DS) dst_pair {
+  char b[2 * DS];
+};
+
 extern "C" __global__ void tport_transpose(Params p)
 {
   __shared__ tile_t tile[TILE][TILE + 1];
   const idx n0 = (idx)p.shape[0], n1 = (idx)p.shape[1];
-  const idx ds0 = (idx)p.dst_stride[0], ds1 = (idx)p.dst_stride[1];
-  const idx ss0 = (idx)p.src_stride[0], ss1 = (idx)p.src_stride[1];
+  const idx ds1 = (idx)p.dst_stride[1], ss0 = (idx)p.src_stride[0];
   idx outer_n = 1;
   for (int d = 2; d < p.ndim; d++)
     outer_n = imul(outer_n, (idx)p.shape[d]);
+  const idx ds2 = p.ndim > 2 ? (idx)p.dst_stride[2] : (idx)0;
+  const idx ss2 = p.ndim > 2 ? (idx)p.src_stride[2] : (idx)0;
   const idx i0b = imul((idx)blockIdx.y, (idx)TILE), i1b = imul((idx)blockIdx.x, (idx)TILE);
+  const int tx = threadIdx.x, ty = threadIdx.y;
   for (idx o = (idx)blockIdx.z; o < outer_n; o = iadd(o, (idx)gridDim.z)) {
-    idx r = o, doff = 0, soff = 0;
-    for (int d = 2; d < p.ndim; d++) {
-      const idx size = (idx)p.shape[d];
-      const idx k = (idx)(r % size);
-      r = (idx)(r / size);
-      doff = iadd(doff, imul(k, (idx)p.dst_stride[d]));
-      soff = iadd(soff, imul(k, (idx)p.src_stride[d]));
+    idx doff, soff;
+    if (p.ndim <= 3) {
+      doff = imul(o, ds2);
+      soff = imul(o, ss2);
+    } else {
+      idx r = o;
+      doff = soff = 0;
+      for (int d = 2; d < p.ndim; d++) {
+        const idx size = (idx)p.shape[d];
+        const idx k = (idx)(r % size);
+        r = (idx)(r / size);
+        doff = iadd(doff, imul(k, (idx)p.dst_stride[d]));
+        soff = iadd(soff, imul(k, (idx)p.src_stride[d]));
+      }
     }
-    // load: consecutive threads read consecutive src elements (along dim 1)
-    for (int y = threadIdx.y; y < TILE; y += ROWS) {
-      const idx i0 = iadd(i0b, (idx)y), i1 = iadd(i1b, (idx)threadIdx.x);
-      if (i0 < n0 && i1 < n1)
-        tile[y][threadIdx.x] = tile_load(p.src + iadd(soff, iadd(imul(i0, ss0), imul(i1, ss1))));
+    // load: consecutive threads read consecutive src elements (along dim 1),
+    // every load of the thread issued before the first shared store
+    tile_t v[TILE / ROWS][TP];
+    const idx i1 = iadd(i1b, (idx)(TP * tx));
+#pragma unroll
+    for (int r = 0; r < TILE / ROWS; r++) {
+      const idx i0 = iadd(i0b, (idx)(ty + r * ROWS));
+#pragma unroll
+      for (int k = 0; k < TP; k++)
+        v[r][k] = tile_t();
+      if (i0 < n0 && i1 < n1) {
+        const char *sp = p.src + iadd(soff, iadd(imul(i0, ss0), imul(i1, (idx)SS)));
+#if TP == 2
+        if (iadd(i1, 1) < n1 && aligned(sp, 2 * SS)) {
+          const src_pair s2 = *(const src_pair *)sp;
+          v[r][0] = tile_load(s2.b);
+          v[r][1] = tile_load(s2.b + SS);
+        } else {
+          v[r][0] = tile_load(sp);
+          if (iadd(i1, 1) < n1)
+            v[r][1] = tile_load(sp + SS);
+        }
+#else
+        v[r][0] = tile_load(sp);
+#endif
+      }
     }
+#pragma unroll
+    for (int r = 0; r < TILE / ROWS; r++)
+#pragma unroll
+      for (int k = 0; k < TP; k++)
+        tile[ty + r * ROWS][TP * tx + k] = v[r][k];
     __syncthreads();
     // store: consecutive threads write consecutive dst elements (along dim 0)
-    for (int y = threadIdx.y; y < TILE; y += ROWS) {
-      const idx i0 = iadd(i0b, (idx)threadIdx.x), i1 = iadd(i1b, (idx)y);
-      if (i0 < n0 && i1 < n1) {
-        char *dp = p.dst + iadd(doff, iadd(imul(i0, ds0), imul(i1, ds1)));
-        tile_store(dp, tile[threadIdx.x][y]);
-        post_ops(dp, p.flags);
+    const idx i0 = iadd(i0b, (idx)(TP * tx));
+#pragma unroll
+    for (int r = 0; r < TILE / ROWS; r++) {
+      const int c = ty + r * ROWS;
+      const idx j1 = iadd(i1b, (idx)c);
+      if (j1 >= n1 || i0 >= n0)
+        continue;
+      char *dp = p.dst + iadd(doff, iadd(imul(i0, (idx)DS), imul(j1, ds1)));
+#if TP == 2
+      if (iadd(i0, 1) < n0 && aligned(dp, 2 * DS)) {
+        dst_pair d2;
+        tile_store(d2.b, tile[TP * tx][c]);
+        tile_store(d2.b + DS, tile[TP * tx + 1][c]);
+        post_ops(d2.b, p.flags);
+        post_ops(d2.b + DS, p.flags);
+        *(dst_pair *)dp = d2;
+        continue;
       }
+#endif
+      tile_store(dp, tile[TP * tx][c]);
+      post_ops(dp, p.flags);
+#if TP == 2
+      if (iadd(i0, 1) < n0) {
+        tile_store(dp + DS, tile[TP * tx + 1][c]);
+        post_ops(dp + DS, p.flags);
+      }
+#endif
     }
     __syncthreads();
   }
 }
 
-// Element sizes by dtype number (tport_types.h).
-#define TPORT_SIZE(t) ((t) <= 2 ? 1 : (t) == 3 || (t) == 6 || (t) == 7 ? 2 : (t) == 4 || (t) == 8 ? 4 : (t) == 11 ? 16 : 8)
+// The dense 1-D case (both operands contiguous, pointers aligned to VEC
+// elements): each thread moves UNROLL vectors of VEC elements per step of its
+// grid-stride loop, every load issued before the first store (16-byte loads
+// for a float32 source, UNROLL of them in flight per thread), each vector
+// converted in registers and stored at once; a block's UNROLL x blockDim
+// vectors are adjacent, and the threads of a warp touch adjacent vectors.
+// The last numel % VEC elements go one by one.  engine/cuda_jit.c mirrors
+// VEC and UNROLL (the grid, and the reach of the narrow index).
 #define VEC 4
-struct alignas(VEC * TPORT_SIZE(TPORT_SRC)) src_vec {
-  char b[VEC * TPORT_SIZE(TPORT_SRC)];
+#define UNROLL 4
+struct alignas(VEC * SS) src_vec {
+  char b[VEC * SS];
 };
-struct alignas(VEC * TPORT_SIZE(TPORT_DST)) dst_vec {
-  char b[VEC * TPORT_SIZE(TPORT_DST)];
+struct alignas(VEC * DS) dst_vec {
+  char b[VEC * DS];
 };
 
-// The dense 1-D case (both operands contiguous, pointers aligned to VEC
-// elements): each thread loads VEC source elements at once, converts them and
-// stores VEC results at once; the last numel % VEC elements go one by one.
 extern "C" __global__ void tport_cast_vec(Params p)
 {
   const idx n = (idx)p.numel, nvec = (idx)(n / VEC);
-  const idx stride = imul((idx)gridDim.x, (idx)blockDim.x);
-  const idx t = iadd(imul((idx)blockIdx.x, (idx)blockDim.x), (idx)threadIdx.x);
-  for (idx i = t; i < nvec; i = iadd(i, stride)) {
-    const src_vec sv = ((const src_vec *)p.src)[i];
-    dst_vec dv;
+  const idx bd = (idx)blockDim.x;
+  const idx step = imul(imul((idx)gridDim.x, bd), (idx)UNROLL);
+  const idx t = iadd(imul((idx)blockIdx.x, bd), (idx)threadIdx.x);
+  const src_vec *src = (const src_vec *)p.src;
+  dst_vec *dst = (dst_vec *)p.dst;
+  for (idx b = imul(imul((idx)blockIdx.x, bd), (idx)UNROLL); b < nvec; b = iadd(b, step)) {
+    src_vec sv[UNROLL];
 #pragma unroll
-    for (int k = 0; k < VEC; k++) {
-      convert(dv.b + k * TPORT_SIZE(TPORT_DST), sv.b + k * TPORT_SIZE(TPORT_SRC));
-      post_ops(dv.b + k * TPORT_SIZE(TPORT_DST), p.flags);
+    for (int u = 0; u < UNROLL; u++) {
+      const idx i = iadd(b, iadd(imul((idx)u, bd), (idx)threadIdx.x));
+      if (i < nvec)
+        sv[u] = src[i];
     }
-    ((dst_vec *)p.dst)[i] = dv;
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+      const idx i = iadd(b, iadd(imul((idx)u, bd), (idx)threadIdx.x));
+      if (i < nvec) {
+        dst_vec dv;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+          convert(dv.b + k * DS, sv[u].b + k * SS);
+          post_ops(dv.b + k * DS, p.flags);
+        }
+        dst[i] = dv;
+      }
+    }
   }
   if (t < (idx)(n % VEC)) {
     const idx e = iadd(imul(nvec, (idx)VEC), t);
-    char *dp = p.dst + imul(e, (idx)TPORT_SIZE(TPORT_DST));
-    convert(dp, p.src + imul(e, (idx)TPORT_SIZE(TPORT_SRC)));
+    char *dp = p.dst + imul(e, (idx)DS);
+    convert(dp, p.src + imul(e, (idx)SS));
     post_ops(dp, p.flags);
   }
 }

@@ -234,17 +234,18 @@ Test(cuda_jit_plan, the_same_edges_at_16_bits)
   p.shape[0] = 65536 - threads_of(&L) + 1;
   L = launch(&p, U8, A, U8, A, &lim16);
   cr_assert(L.wide);
-  /* the transpose: its grid's threads count too (2 x 2 x 4 blocks of 256) */
-  p = mk(3, (int64_t[]){40, 40, 20}, (int64_t[]){1, 40, 1600}, (int64_t[]){40, 1, 1600});
+  /* the transpose: its grid's threads count too (2 x 2 x 4 blocks of 256:
+   * tiles of 64 x 64 for a 1-byte source) */
+  p = mk(3, (int64_t[]){65, 65, 14}, (int64_t[]){1, 65, 4225}, (int64_t[]){65, 1, 4225});
   L = launch(&p, U8, A, U8, A, &lim16);
   cr_assert_eq(L.kernel, CUDA_JIT_TRANSPOSE);
-  cr_assert_eq(L.grid[2], 4, "20 outer slices in 4 z blocks");
+  cr_assert_eq(L.grid[2], 4, "14 outer slices in 4 z blocks");
   cr_assert_eq(threads_of(&L), 2 * 2 * 4 * 256);
-  cr_assert_not(L.wide, "32000 - 1 + 4096 <= 65535");
-  p.shape[2] = 40;
+  cr_assert_not(L.wide, "59150 - 1 + 4096 <= 65535");
+  p.shape[2] = 15;
   L = launch(&p, U8, A, U8, A, &lim16);
   cr_assert_eq(L.kernel, CUDA_JIT_TRANSPOSE);
-  cr_assert(L.wide, "64000 - 1 + 4096 > 65535, though every byte offset fits");
+  cr_assert(L.wide, "63375 - 1 + 4096 > 65535, though every byte offset fits");
 }
 
 /* Every narrow decision, brute-forced: the grid-stride loop of tport_copy in
@@ -274,11 +275,11 @@ Test(cuda_jit_plan, a_narrow_loop_visits_every_element_once)
 
 Test(cuda_jit_plan, kernel_choice)
 {
-  /* dense and aligned: cast_vec, VEC elements per thread */
-  plan p = mk(1, (int64_t[]){4096}, (int64_t[]){2}, (int64_t[]){4});
+  /* dense and aligned: cast_vec, UNROLL vectors of VEC elements per thread */
+  plan p = mk(1, (int64_t[]){16384}, (int64_t[]){2}, (int64_t[]){4});
   cuda_jit_launch L = launch(&p, TPORT_FLOAT16, A, F32, A + 16, &lim32);
   cr_assert_eq(L.kernel, CUDA_JIT_CAST_VEC);
-  cr_assert_eq(L.grid[0], 4096 / 4 / 256);
+  cr_assert_eq(L.grid[0], 16384 / 4 / 4 / 256);
   cr_assert_eq(L.block[0], 256);
   /* misaligned dst (2 elements in) or src: the generic copy */
   cr_assert_eq(launch(&p, TPORT_FLOAT16, A + 4, F32, A, &lim32).kernel, CUDA_JIT_COPY);
@@ -307,6 +308,17 @@ Test(cuda_jit_plan, kernel_choice)
   cr_assert_eq(L.grid[2], 2, "N");
   cr_assert_eq(L.params.ndim, 3);
   cr_assert_not(L.wide);
+  /* tiles of 64 for sources of up to 4 bytes, of 32 for wider ones */
+  p = mk(3, (int64_t[]){100, 200, 3}, (int64_t[]){4, 400, 80000}, (int64_t[]){800, 4, 80000});
+  L = launch(&p, F32, A, F32, A, &lim32);
+  cr_assert_eq(L.kernel, CUDA_JIT_TRANSPOSE);
+  cr_assert(L.grid[0] == 4 && L.grid[1] == 2 && L.grid[2] == 3, "grid (%u,%u,%u)", L.grid[0],
+            L.grid[1], L.grid[2]);
+  p = mk(3, (int64_t[]){100, 200, 3}, (int64_t[]){4, 400, 80000}, (int64_t[]){1600, 8, 160000});
+  L = launch(&p, F32, A, TPORT_FLOAT64, A, &lim32);
+  cr_assert_eq(L.kernel, CUDA_JIT_TRANSPOSE);
+  cr_assert(L.grid[0] == 7 && L.grid[1] == 4, "grid (%u,%u,%u)", L.grid[0], L.grid[1], L.grid[2]);
+  cr_assert(L.block[0] == 32 && L.block[1] == 8);
   /* the reverse (NHWC -> NCHW): dst dense along dim 0 (W, coalesced with H),
    * src dense along dim 1 (C) */
   const int64_t *const back[2] = {src_st, dst_st};
@@ -316,11 +328,11 @@ Test(cuda_jit_plan, kernel_choice)
   p = mk(2, (int64_t[]){3, 100}, (int64_t[]){1, 3}, (int64_t[]){100, 1});
   cr_assert_eq(launch(&p, U8, A, U8, A, &lim32).kernel, CUDA_JIT_COPY);
   /* more tiles than grid y (or x) allows: the generic copy, not a cut grid */
-  p = mk(2, (int64_t[]){200, 100}, (int64_t[]){1, 200}, (int64_t[]){100, 1});
+  p = mk(2, (int64_t[]){300, 100}, (int64_t[]){1, 300}, (int64_t[]){100, 1});
   cr_assert_eq(launch(&p, U8, A, U8, A, &lim32).kernel, CUDA_JIT_TRANSPOSE);
   L = launch(&p, U8, A, U8, A, &lim16);
-  cr_assert_eq(L.kernel, CUDA_JIT_COPY, "7 tiles along dim 0, grid y at most 4");
-  p = mk(2, (int64_t[]){100, 300}, (int64_t[]){1, 100}, (int64_t[]){300, 1});
+  cr_assert_eq(L.kernel, CUDA_JIT_COPY, "5 tiles along dim 0, grid y at most 4");
+  p = mk(2, (int64_t[]){100, 600}, (int64_t[]){1, 100}, (int64_t[]){600, 1});
   cr_assert_eq(launch(&p, U8, A, U8, A, &lim16).kernel, CUDA_JIT_COPY, "10 tiles along x");
   /* a single element (ndim 0) and no element */
   p = mk(0, NULL, NULL, NULL);

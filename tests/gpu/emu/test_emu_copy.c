@@ -1,8 +1,10 @@
 /* test_emu_copy.c: kernels/cuda/copy.cu, launched by engine/cuda_jit.c on the
  * emulated device, against kernels/cpu bit for bit: every dtype pair over
  * every layout (contiguous, vector tails, misaligned pointers, strided,
- * broadcast, storage offsets, NCHW <-> NHWC, 5-D channels-last with edge
- * tiles, high rank, one element, empty), conj and neg, in place, and grids
+ * broadcast, storage offsets, NCHW <-> NHWC with extents that are not tile
+ * multiples, C or HW of 1, pairs left unaligned by offsets and odd pitches,
+ * 5-D channels-last with edge tiles, high rank, one element, empty), conj
+ * and neg, in place, and grids
  * small enough that the grid-stride loops go round. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
@@ -34,6 +36,21 @@ static const emu_layout layouts[] = {
     {"nchw -> nhwc, 3 channels", 4, {2, 3, 9, 11}, {297, 1, 33, 3}, {297, 99, 11, 1}, 0, 0, C},
     {"ncdhw -> ndhwc", 5, {2, 6, 5, 7, 9}, {1890, 1, 378, 54, 6}, {1890, 315, 63, 9, 1}, 0, 0, T},
     {"ndhwc -> ncdhw", 5, {2, 6, 5, 7, 9}, {1890, 315, 63, 9, 1}, {1890, 1, 378, 54, 6}, 0, 0, T},
+    /* the transpose's 64 x 64 tiles of pairs (32 x 32 for sources over 4
+     * bytes): extents of 1, 31, 33, 65 and exact multiples, pairs that the
+     * edge cuts, storage offsets and odd row pitches that leave pairs
+     * unaligned (element by element), a plan of more than 3 dims */
+    {"nchw->nhwc C65 HW33", 4, {2, 65, 3, 11}, {2145, 1, 715, 65}, {2145, 33, 11, 1}, 0, 0, T},
+    {"nhwc->nchw C33 HW65", 4, {2, 33, 5, 13}, {2145, 65, 13, 1}, {2145, 1, 429, 33}, 0, 0, T},
+    {"nchw->nhwc N3 C31 H1 W31", 4, {3, 31, 1, 31}, {961, 1, 961, 31}, {961, 31, 31, 1}, 0, 0, T},
+    {"nchw->nhwc whole tiles", 4, {1, 64, 8, 8}, {4096, 1, 512, 64}, {4096, 64, 8, 1}, 0, 0, T},
+    {"nhwc->nchw C128", 4, {2, 128, 8, 12}, {12288, 96, 12, 1}, {12288, 1, 1536, 128}, 0, 0, T},
+    {"nchw->nhwc C1 (same order)", 4, {2, 1, 5, 7}, {35, 1, 7, 1}, {35, 35, 7, 1}, 0, 0, V},
+    {"nchw->nhwc HW1 (same order)", 4, {4, 37, 1, 1}, {37, 1, 37, 37}, {37, 1, 1, 1}, 0, 0, V},
+    {"nchw->nhwc src off 1", 4, {2, 40, 6, 6}, {1440, 1, 240, 40}, {1440, 36, 6, 1}, 0, 1, T},
+    {"nhwc->nchw dst off 1", 4, {2, 40, 6, 6}, {1440, 36, 6, 1}, {1440, 1, 240, 40}, 1, 0, T},
+    {"padded nchw->nhwc (4-d plan)", 4, {2, 8, 5, 6}, {240, 1, 48, 8}, {280, 35, 7, 1}, 0, 0, T},
+    {"contiguous, several blocks and a tail", 1, {10003}, {1}, {1}, 0, 0, V},
     {"strided src", 1, {777}, {1}, {3}, 0, 0, C},
     {"gaps in both", 2, {19, 23}, {60, 2}, {1, 25}, 0, 0, C},
     {"broadcast row (stride 0)", 2, {31, 40}, {40, 1}, {0, 1}, 0, 0, C},
@@ -85,8 +102,12 @@ ParameterizedTest(int *li, emu_copy, every_pair_matches_the_cpu, .timeout = 300)
  * transpose); conj means something for complex dst only, neg for all but bool. */
 Test(emu_copy, conj_and_neg_match_the_cpu, .timeout = 300)
 {
-  static const char *const names[] = {"contiguous, vector tail of 3", "transposed src, edge tiles",
-                                      "strided src", "broadcast column (stride 0) into a transpose",
+  static const char *const names[] = {"contiguous, vector tail of 3",
+                                      "transposed src, edge tiles",
+                                      "nhwc->nchw dst off 1",
+                                      "nchw->nhwc C65 HW33",
+                                      "strided src",
+                                      "broadcast column (stride 0) into a transpose",
                                       "dst one element off"};
   for (size_t n = 0; n < sizeof names / sizeof names[0]; n++)
     for (int li = 0; li < NUM_LAYOUTS; li++)
@@ -129,6 +150,7 @@ Test(emu_copy, grid_stride_loops_match_the_cpu, .timeout = 300)
   cuda_jit_reset(); /* forget the limits read before */
   static const emu_layout small_grid[] = {
       {"2 blocks, contiguous", 1, {5003}, {1}, {1}, 0, 0, V},
+      {"2 blocks, contiguous, 3 steps of the loop", 1, {20003}, {1}, {1}, 0, 0, V},
       {"2 blocks, misaligned", 1, {5003}, {1}, {1}, 1, 0, C},
       {"2 blocks, strided 3-d", 3, {9, 20, 30}, {600, 30, 1}, {1, 9, 180}, 0, 0, C},
       {"2 x 2 x 2 blocks, batched transpose",
@@ -139,6 +161,16 @@ Test(emu_copy, grid_stride_loops_match_the_cpu, .timeout = 300)
        0,
        0,
        T},
+      /* 2 x 2 tiles of 64 x 64 where the source has at most 4 bytes (else
+       * 4 x 4 of 32 x 32: more than the grid, so the generic copy) */
+      {"2 x 2 x 2 blocks, batched transpose of 64 x 64 tiles",
+       3,
+       {5, 100, 120},
+       {12000, 120, 1},
+       {12000, 1, 100},
+       0,
+       0,
+       -1},
   };
   int failures = 0;
   char msg[512];
