@@ -20,6 +20,7 @@
 #include "cuda_stage.h"
 #include "hello_mac.h"
 #include "lent_bytes.h"
+#include "local_secret.h"
 #include "tls_openssl.h"
 #include "dtype.h"
 
@@ -75,8 +76,38 @@ static int dial(tport_client *c, const char *url, const tport_connect_options *o
   return TPORT_OK;
 }
 
+/* The local secret of the user who runs the server, for a server that asks
+ * for it (local_secret.h): read only for a URL of this host. */
+static int local_secret(const char *url, uint8_t *secret, size_t *len, tport_err *err)
+{
+  if (!transport_local_secret_url_ok(url))
+    return tport_err_set(err, TPORT_UNAUTHENTICATED,
+                         "the server asks for the local secret of the user who runs it, and %s "
+                         "is not a URL of this host (ipc://, inproc://, 127.0.0.1, [::1], "
+                         "localhost): refused",
+                         url);
+  char path[LOCAL_SECRET_PATH_MAX];
+  bool off = false;
+  int rc = transport_local_secret_default(path, sizeof path, &off, err);
+  if (rc)
+    return rc;
+  if (off)
+    return tport_err_set(err, TPORT_UNAUTHENTICATED,
+                         "the server asks for the local secret of the user who runs it, and %s "
+                         "is off",
+                         LOCAL_SECRET_ENV);
+  tport_err why;
+  rc = transport_local_secret_read(path, secret, len, &why);
+  if (rc)
+    return tport_err_set(err, TPORT_UNAUTHENTICATED,
+                         "only the user who runs the server may connect: %s (tportd logs its "
+                         "file: give it in %s)",
+                         why.msg, LOCAL_SECRET_ENV);
+  return TPORT_OK;
+}
+
 /* Fills q->auth_response with the answer to r's challenge (malloc'd). */
-static int answer_challenge(tport_client *c, const tport_connect_options *opts,
+static int answer_challenge(tport_client *c, const char *url, const tport_connect_options *opts,
                             Tport__HelloRequest *q, const Tport__HelloReply *r, tport_err *err)
 {
   if (r->auth_challenge.len == 0)
@@ -87,7 +118,11 @@ static int answer_challenge(tport_client *c, const tport_connect_options *opts,
   uint8_t secret[HELLO_SECRET_MAX_BYTES];
   size_t len = 0;
   int rc;
-  if (opts && opts->secret)
+  /* a server without an auth file knows no tenant's secret: a secret given
+   * (TPORT_SECRET_FILE left set for another server, say) means nothing to it */
+  if (r->local_secret)
+    rc = local_secret(url, secret, &len, err);
+  else if (opts && opts->secret)
     rc = transport_hello_secret_parse(opts->secret, secret, &len, err);
   else if (opts && opts->secret_file)
     rc = transport_hello_secret_file(opts->secret_file, secret, &len, err);
@@ -193,7 +228,7 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
                       &tport__hello_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
   if (rc == TPORT_UNAUTHENTICATED && r) {
     /* the server authenticates: answer its challenge with the secret */
-    rc = answer_challenge(c, opts, &q, r, err);
+    rc = answer_challenge(c, url, opts, &q, r, err);
     protobuf_c_message_free_unpacked(&r->base, NULL);
     r = NULL;
     if (!rc)

@@ -29,6 +29,7 @@ struct auth_file {
   atomic_int refs;
   auth_tenant *tenants;
   size_t count;
+  auth_tenant *any; /* the local secret: every tenant's (tenants is then empty) */
 };
 
 static void file_free(auth_file *a)
@@ -40,7 +41,29 @@ static void file_free(auth_file *a)
     OPENSSL_cleanse(t, sizeof *t);
     free(t);
   }
+  if (a->any) {
+    OPENSSL_cleanse(a->any, sizeof *a->any);
+    free(a->any);
+  }
   free(a);
+}
+
+int auth_file_any_tenant(const uint8_t *secret, size_t len, auth_file **out, tport_err *err)
+{
+  if (len < HELLO_SECRET_MIN_BYTES || len > HELLO_SECRET_MAX_BYTES)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "the secret is %zu bytes", len);
+  auth_file *a = calloc(1, sizeof *a);
+  if (a)
+    a->any = calloc(1, sizeof *a->any);
+  if (!a || !a->any) {
+    free(a);
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  }
+  atomic_init(&a->refs, 1);
+  memcpy(a->any->secret, secret, len);
+  a->any->len = len;
+  *out = a;
+  return TPORT_OK;
 }
 
 int auth_file_load(const char *path, auth_file **out, tport_err *err)
@@ -134,8 +157,9 @@ void auth_file_release(auth_file *a)
 
 bool auth_file_secret(const auth_file *a, const char *tenant, uint8_t *secret, size_t *len)
 {
-  auth_tenant *t;
-  HASH_FIND_STR(a->tenants, tenant, t);
+  auth_tenant *t = a->any;
+  if (!t)
+    HASH_FIND_STR(a->tenants, tenant, t);
   if (!t)
     return false;
   memcpy(secret, t->secret, t->len);

@@ -7,6 +7,9 @@
  * SIGHUP loads a new one and swaps it in, and a Hello being checked keeps
  * the one it started with.  Failed proofs are counted per peer address; an
  * address with too many failures in a while is refused until it passes.
+ *
+ * Without an auth file, tportd's local secret (transport/local_secret.h)
+ * takes its place: one secret, good for every tenant.
  */
 #ifndef TPORT_AUTH_H
 #define TPORT_AUTH_H
@@ -21,6 +24,9 @@ typedef struct auth_file auth_file;
 
 /* Loads and checks an auth file (the error names the line that is wrong). */
 int auth_file_load(const char *path, auth_file **out, tport_err *err);
+/* The local secret's stand-in for an auth file: every tenant has that one
+ * secret (its holder is the server's own user: local_secret.h). */
+int auth_file_any_tenant(const uint8_t *secret, size_t len, auth_file **out, tport_err *err);
 auth_file *auth_file_retain(auth_file *a);
 void auth_file_release(auth_file *a);
 /* The secret of a tenant; false when the file does not list it. */

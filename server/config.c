@@ -10,6 +10,7 @@
 
 #include "http.h"
 #include "listen_url.h"
+#include "local_secret.h"
 #include "log.h"
 
 #define DEFAULT_URL "tcp://127.0.0.1:7450"
@@ -63,6 +64,8 @@ void config_free(server_config *c)
   free(c->admin);
   free(c->auth_file);
   c->auth_file = NULL;
+  free(c->local_secret);
+  c->local_secret = NULL;
   free(c->tls_cert);
   free(c->tls_key);
   free(c->tls_ca);
@@ -121,8 +124,8 @@ static const struct {
     {"max-ttl", "TPORT_MAX_TTL", "SECONDS", "longest time to live a client may ask for (default 7 days)"},
     {"auth-file", "TPORT_AUTH_FILE", "PATH",
      "tenants and their secrets, one 'TENANT SECRET' a line (SECRET: 32+ hex digits; mode 600); "
-     "clients must prove their tenant (reloaded on SIGHUP); without it tenants are claimed and "
-     "tportd listens on loopback only"},
+     "clients must prove their tenant (reloaded on SIGHUP); without it tportd listens on "
+     "loopback only and clients prove the local secret (--local-secret)"},
     {"insecure", "TPORT_INSECURE", "",
      "allow plain tcp:// on an address that is not loopback (bytes and the answers to "
      "challenges travel unencrypted; the variable takes 0 or 1)"},
@@ -176,6 +179,13 @@ static const struct {
      "workers one tenant's requests may keep busy at once; tenants are served round-robin "
      "(default --workers less 1, at least 1: a tenant's long copies leave a worker to the "
      "others)"},
+    {"local-secret", LOCAL_SECRET_ENV, "PATH|off",
+     "without --auth-file and --tls-ca: clients prove they can read PATH, a secret of this user's "
+     "(mode 600) that tportd makes if missing, and may then be any tenant; other users' "
+     "processes are refused.  libtport, tport and Python read it by themselves for local URLs "
+     "with the same variable and default: $XDG_RUNTIME_DIR/tensorport/local-secret, else "
+     "/tmp/tensorport-UID/local-secret.  off: tenants are claimed without proof by anyone who "
+     "reaches the socket, --admin tenants never"},
 };
 #define NOPTS (int)(sizeof opts / sizeof opts[0])
 
@@ -304,6 +314,11 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--metrics-tenants: '%s': name, hash or off",
                          v);
   }
+  case 42:
+    c->local_secret_set = true;
+    free(c->local_secret);
+    c->local_secret = strcmp(v, "off") == 0 ? NULL : strdup(v);
+    return TPORT_OK;
   case 36:
     rc = parse_size(v, opts[i].flag, &c->shm_quota, err);
     if (!rc && c->shm_quota == 0)
@@ -405,6 +420,15 @@ int config_parse(server_config *c, int argc, char **argv, tport_err *err)
     c->http_listen = strdup(HTTP_DEFAULT_ADDRESS);
   if (!c->shm_socket_set)
     c->shm_socket = config_shm_default_path();
+  if (!c->local_secret_set) {
+    /* the same rule as the clients' (TPORT_LOCAL_SECRET read above already) */
+    char path[LOCAL_SECRET_PATH_MAX];
+    bool off;
+    int rc = transport_local_secret_default(path, sizeof path, &off, err);
+    if (rc)
+      return rc;
+    c->local_secret = off ? NULL : strdup(path);
+  }
   return config_check(c, err);
 }
 

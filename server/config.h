@@ -49,7 +49,13 @@ typedef struct server_config {
   size_t max_tensors;           /* tensors (and uploads) per tenant */
   unsigned long max_ttl_s;      /* the longest time to live a client may ask for */
   /* who may connect (see auth.h) */
-  char *auth_file;              /* tenants and their secrets (owned); NULL: tenants are claimed */
+  char *auth_file;              /* tenants and their secrets (owned); NULL: see local_secret */
+  char *local_secret;           /* without auth_file and tls_ca: the file of the local secret of
+                                   this user (owned; transport/local_secret.h) that clients
+                                   prove, any tenant theirs; NULL: tenants are claimed, operators
+                                   (--admin) refused.  config_parse's default is
+                                   transport_local_secret_default(), config_defaults' none */
+  bool local_secret_set;        /* --local-secret given ("off" included) */
   bool insecure;                /* allow plain tcp:// on an address that is not loopback */
   unsigned ipc_mode;            /* permissions of ipc:// socket files */
   /* TLS of tls+tcp:// listeners (transport/tls_openssl.h) */

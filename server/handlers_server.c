@@ -8,11 +8,14 @@
 #include "device.h"
 #include "host_cache.h"
 #include "tls_openssl.h"
+#include "local_secret.h"
 #include "log.h"
 #include "staging.h"
 #include "wire.h"
 
 #define PROTOCOL_VERSION 1
+
+static bool is_operator(const server *s, const char *tenant);
 
 /* The Hello reply, with status code (and a challenge, when one is out). */
 static int hello_reply(call *c, int code, const char *msg, const uint8_t *challenge)
@@ -28,6 +31,7 @@ static int hello_reply(call *c, int code, const char *msg, const uint8_t *challe
   if (challenge) {
     r.auth_challenge.data = (uint8_t *)challenge;
     r.auth_challenge.len = REG_CHALLENGE_BYTES;
+    r.local_secret = c->srv->local;
   }
   r.max_message_bytes = c->srv->cfg.max_message_bytes;
   r.max_chunk_bytes = c->srv->cfg.chunk_bytes;
@@ -66,10 +70,16 @@ static int check_answer(call *c, auth_file *a, const char *tenant, const uint8_t
   if (rc)
     return tport_err_set(&c->err, rc, "%s", e.msg);
   bool ok = len == HELLO_MAC_BYTES && transport_hello_mac_equal(answer, want) && known;
-  return ok ? TPORT_OK
-            : tport_err_set(&c->err, TPORT_UNAUTHENTICATED,
-                            "tenant '%.64s' was not authenticated: unknown tenant or wrong secret",
-                            tenant);
+  if (ok)
+    return TPORT_OK;
+  if (c->srv->local)
+    return tport_err_set(&c->err, TPORT_UNAUTHENTICATED,
+                         "tenant '%.64s' was not authenticated: wrong local secret (only the "
+                         "user who runs tportd holds it; %s names the file a client reads)",
+                         tenant, LOCAL_SECRET_ENV);
+  return tport_err_set(&c->err, TPORT_UNAUTHENTICATED,
+                       "tenant '%.64s' was not authenticated: unknown tenant or wrong secret",
+                       tenant);
 }
 
 int h_hello(call *c)
@@ -119,6 +129,12 @@ int h_hello(call *c)
       return tport_err_set(&c->err, TPORT_UNAUTHENTICATED,
                            "this server requires a client certificate (tls+tcp://) to prove "
                            "the tenant");
+    /* an operator sees every tenant's figures: never on a claim */
+    if (!by_cert && is_operator(s, tenant))
+      return tport_err_set(&c->err, TPORT_PERMISSION_DENIED,
+                           "tenant '%.64s' is an operator (--admin): it must prove itself, and "
+                           "this server takes claims (--local-secret off, no --auth-file)",
+                           tenant);
     rc = reg_session_authenticate(&s->reg, c->pipe, tenant, &c->err);
     return rc ? rc : hello_reply(c, TPORT_OK, NULL, NULL);
   }
@@ -128,7 +144,10 @@ int h_hello(call *c)
   if (reg_session_authenticated(&s->reg, c->pipe)) {
     /* proved already: the same tenant again is fine, another is not */
     rc = reg_session_authenticate(&s->reg, c->pipe, tenant, &c->err);
-  } else if (!auth_limiter_allows(s->limiter, peer, now)) {
+  } else if (s->limiter && !auth_limiter_allows(s->limiter, peer, now)) {
+    /* (no limiter for the local secret: its 256 random bits are not
+     * guessed, and every local client shares one address, which a limiter
+     * would let any local user lock the server's own user out of) */
     rc = tport_err_set(&c->err, TPORT_UNAUTHENTICATED,
                        "too many failed attempts from %s: try again in a minute", peer);
   } else if (q->auth_response.len == 0) {
@@ -138,15 +157,20 @@ int h_hello(call *c)
     auth_file_release(a);
     return rc ? rc
               : hello_reply(c, TPORT_UNAUTHENTICATED,
-                            "authentication required: answer the challenge with HMAC-SHA256 of "
-                            "the tenant's secret",
+                            s->local ? "authentication required: answer the challenge with "
+                                       "HMAC-SHA256 of the local secret of the user who runs "
+                                       "tportd (libtport reads it by itself for a local URL)"
+                                     : "authentication required: answer the challenge with "
+                                       "HMAC-SHA256 of the tenant's secret",
                             challenge);
   } else {
     rc = check_answer(c, a, tenant, q->auth_response.data, q->auth_response.len);
     char conn[16];
     snprintf(conn, sizeof conn, "%u", c->pipe);
     if (rc) {
-      auth_limiter_fail(s->limiter, peer, now);
+      if (s->limiter)
+        auth_limiter_fail(s->limiter, peer, now);
+
       log_event(LOG_WARN, "authentication failed", "tenant", tenant, "peer", peer, "connection",
                 conn, "code", tport_status_name(rc), NULL);
     } else {

@@ -22,6 +22,7 @@
 #include "host_cache.h"
 #include "lent_bytes.h"
 #include "listen_url.h"
+#include "local_secret.h"
 #include "log.h"
 #include "server_internal.h"
 #include "tls_openssl.h"
@@ -751,6 +752,7 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
   pthread_cond_init(&s->rcv, NULL);
   pthread_mutex_init(&s->amu, NULL);
   s->cfg.auth_file = cfg->auth_file ? strdup(cfg->auth_file) : NULL;
+  s->cfg.local_secret = NULL; /* the caller's: read once, here */
   reg_limits lim = {.max_tensor_bytes = cfg->max_tensor_bytes,
                     .tenant_quota_bytes = cfg->tenant_quota_bytes,
                     .max_tensors = cfg->max_tensors,
@@ -800,6 +802,28 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
     if (!rc)
       log_msg(LOG_INFO, "authentication on: %zu tenants in %s", auth_file_count(s->auth),
               cfg->auth_file);
+  }
+  if (!rc && !cfg->auth_file && !cfg->tls_ca && cfg->local_secret) {
+    /* no auth file: the local secret proves the server's own user, and
+     * nobody else is anybody (local_secret.h) */
+    uint8_t secret[HELLO_SECRET_MAX_BYTES];
+    size_t len = 0;
+    tport_err why;
+    rc = transport_local_secret_ensure(cfg->local_secret, secret, &len, &why);
+    if (rc)
+      tport_err_set(err, rc, "--local-secret: %s (or --local-secret off, or --auth-file)",
+                    why.msg);
+    else
+      rc = auth_file_any_tenant(secret, len, &s->auth, err);
+    OPENSSL_cleanse(secret, sizeof secret);
+    if (!rc) {
+      s->authn = s->local = true;
+      log_event(LOG_INFO, "authentication on: clients prove the local secret of this user",
+                "file", cfg->local_secret, NULL);
+    }
+  } else if (!rc && !s->authn) {
+    log_msg(LOG_WARN, "authentication off (--local-secret off): any process that reaches the "
+                      "listeners may claim any tenant but an --admin one");
   }
   if (!rc && cfg->kernel_cache) {
     tport_err e2;

@@ -76,7 +76,8 @@ struct server {
   auth_file *auth;     /* NULL: authentication is off */
   auth_limiter *limiter;
   bool mtls;    /* tls+tcp:// clients prove their tenant with a certificate */
-  bool authn;   /* some proof is required (auth file or mutual TLS): no claims */
+  bool authn;   /* some proof is required (auth file, local secret or mutual TLS): no claims */
+  bool local;   /* auth holds the local secret (any tenant), not an auth file */
   pthread_t reaper;
   pthread_mutex_t rmu; /* guards reaper_stop */
   pthread_cond_t rcv;
