@@ -55,6 +55,7 @@ typedef struct rawc {
   nng_ctx ctx[RAW_CTXS];
   nng_aio *aio[RAW_CTXS];
   uint16_t method[RAW_CTXS];
+  bool hello; /* a Hello went out: the first other request says Hello as "default" first */
 } rawc;
 
 void raw_open(rawc *r, const char *url);
@@ -72,6 +73,8 @@ int raw_call(rawc *r, uint16_t method, const ProtobufCMessage *q, const void *pa
              const ProtobufCMessageDescriptor *d, char *msg, ProtobufCMessage **out,
              nng_msg **keep);
 Tport__Ref mkref(const uint8_t *handle, size_t len, const char *name);
+/* Hello as tenant, answering a challenge for the local secret as libtport
+ * does (the tests' servers have it on, as tportd by default). */
 int raw_hello(rawc *r, const char *tenant, char *msg);
 /* PutBegin of a uint8 tensor of nbytes (no commit), converted to dtype at
  * its commit unless dtype is -1. */

@@ -4,6 +4,8 @@
 #include <sys/socket.h>
 
 #include "service_util.h"
+#include "hello_mac.h"
+#include "local_secret.h"
 
 #include <criterion/criterion.h>
 #include <signal.h>
@@ -26,6 +28,62 @@ void svc_config(server_config *cfg)
   cfg->log_level = 1;
   cfg->workers = 4;
   cfg->admin = strdup(SVC_OPERATOR); /* sees server-wide Stats */
+  /* as tportd by default: clients prove this user's local secret */
+  char path[LOCAL_SECRET_PATH_MAX];
+  bool off = false;
+  cr_assert_eq(transport_local_secret_default(path, sizeof path, &off, NULL), 0);
+  cfg->local_secret = off ? NULL : strdup(path);
+}
+
+void svc_local_answer(const uint8_t *challenge, const char *tenant, uint8_t *answer)
+{
+  char path[LOCAL_SECRET_PATH_MAX];
+  bool off = false;
+  tport_err err;
+  cr_assert_eq(transport_local_secret_default(path, sizeof path, &off, &err), 0, "%s", err.msg);
+  uint8_t secret[HELLO_SECRET_MAX_BYTES];
+  size_t len;
+  cr_assert_eq(transport_local_secret_read(path, secret, &len, &err), 0, "%s", err.msg);
+  cr_assert_eq(transport_hello_mac(secret, len, challenge, tenant, NULL, answer, &err), 0, "%s",
+               err.msg);
+}
+
+/* One Hello on a raw socket: its status, the reply kept in *out. */
+static int hello_once(nng_socket s, const char *tenant, const uint8_t *answer, char *msg,
+                      Tport__HelloReply **out)
+{
+  Tport__HelloRequest q = TPORT__HELLO_REQUEST__INIT;
+  q.protocol_version = 1;
+  q.client = "service_util";
+  q.tenant = (char *)tenant;
+  if (answer) {
+    q.auth_response.data = (uint8_t *)answer;
+    q.auth_response.len = HELLO_MAC_BYTES;
+  }
+  nng_msg *m;
+  cr_assert_eq(nng_msg_alloc(&m, frame_head_size(&q.base)), 0);
+  frame_write_head(nng_msg_body(m), TPORT__METHOD__METHOD_HELLO, 0, &q.base);
+  cr_assert_eq(nng_sendmsg(s, m, 0), 0);
+  cr_assert_eq(nng_recvmsg(s, &m, 0), 0, "the server must answer a Hello");
+  int code = svc_reply_status(m, &tport__hello_reply__descriptor, msg, (ProtobufCMessage **)out);
+  nng_msg_free(m);
+  return code;
+}
+
+int svc_hello(nng_socket s, const char *tenant, char *msg)
+{
+  char tmp[256];
+  Tport__HelloReply *r = NULL;
+  int code = hello_once(s, tenant, NULL, msg ? msg : tmp, &r);
+  if (code == TPORT_UNAUTHENTICATED && r->local_secret &&
+      r->auth_challenge.len == HELLO_CHALLENGE_BYTES) {
+    uint8_t answer[HELLO_MAC_BYTES];
+    svc_local_answer(r->auth_challenge.data, tenant, answer);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    code = hello_once(s, tenant, answer, msg ? msg : tmp, &r);
+  }
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  return code;
 }
 
 server *svc_start_with(server_config *cfg, char *url, size_t len)

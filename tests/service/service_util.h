@@ -14,7 +14,8 @@
 /* The operator tenant of the tests' servers (--admin). */
 #define SVC_OPERATOR "ops"
 
-/* The tests' defaults (cpu,sim:2, 64 KiB chunks, operator SVC_OPERATOR), to adjust before
+/* The tests' defaults (cpu,sim:2, 64 KiB chunks, operator SVC_OPERATOR, the
+ * local secret on as tportd's default has it), to adjust before
  * svc_start_with, which starts it in this process on a fresh inproc:// URL
  * (and frees the config). */
 void svc_config(server_config *cfg);
@@ -39,6 +40,14 @@ tport_client *svc_connect(const char *url, const char *tenant);
  * protobuf_c_message_free_unpacked); m stays the caller's. */
 int svc_reply_status(nng_msg *m, const ProtobufCMessageDescriptor *d, char *msg,
                      ProtobufCMessage **out);
+/* The answer to a Hello challenge for tenant with this user's local secret
+ * (transport/local_secret.h), as libtport gives it on a connection without
+ * TLS. */
+void svc_local_answer(const uint8_t *challenge, const char *tenant, uint8_t *answer);
+/* Hello as tenant on a raw REQ socket (no contexts in use), answering a
+ * challenge for the local secret as libtport does; the final status code,
+ * with its message into msg (256 bytes) when not NULL. */
+int svc_hello(nng_socket s, const char *tenant, char *msg);
 /* A counter from tport_stats (-1 when absent). */
 int64_t svc_counter(tport_client *c, const char *name);
 

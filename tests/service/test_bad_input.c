@@ -24,6 +24,8 @@ static void setup(void)
   nng_socket_set_ms(sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
   nng_socket_set_ms(sock, NNG_OPT_RECVTIMEO, 10000);
   cr_assert_eq(nng_dial(sock, url, NULL, 0), 0);
+  char msg[256];
+  cr_assert_eq(svc_hello(sock, "default", msg), 0, "Hello: %s", msg);
 }
 
 static void teardown(void)

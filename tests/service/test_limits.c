@@ -101,6 +101,8 @@ static void raw_open(rawc *r, const char *url)
   cr_assert_eq(nng_req0_open(&r->sock), 0);
   nng_socket_set_ms(r->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
   cr_assert_eq(nng_dial(r->sock, url, NULL, 0), 0);
+  char msg[256];
+  cr_assert_eq(svc_hello(r->sock, "default", msg), 0, "Hello: %s", msg);
   for (int i = 0; i < 4; i++) {
     nng_ctx_open(&r->ctx[i], r->sock);
     nng_aio_alloc(&r->aio[i], NULL, NULL);
@@ -358,11 +360,13 @@ Test(limits, a_connection_past_max_outstanding_is_dropped)
    * unanswered whatever the machine's speed */
   rawc blocker;
   raw_open(&blocker, url);
-  block_the_worker(&blocker);
   nng_socket raw;
   cr_assert_eq(nng_req0_open(&raw), 0);
   nng_socket_set_ms(raw, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
   cr_assert_eq(nng_dial(raw, url, NULL, 0), 0);
+  char hmsg[256]; /* proved before the worker is kept busy */
+  cr_assert_eq(svc_hello(raw, "default", hmsg), 0, "Hello: %s", hmsg);
+  block_the_worker(&blocker);
   enum { N = 64 };
   nng_ctx ctx[N];
   nng_aio *aio[N];

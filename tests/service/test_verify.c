@@ -326,14 +326,7 @@ Test(verify, a_refused_chunk_can_be_sent_again)
   ProtobufCMessage *r;
   nng_msg *m;
 
-  Tport__HelloRequest hq = TPORT__HELLO_REQUEST__INIT;
-  hq.protocol_version = 1;
-  cr_assert_eq(nng_msg_alloc(&m, frame_head_size(&hq.base)), 0);
-  frame_write_head(nng_msg_body(m), TPORT__METHOD__METHOD_HELLO, 0, &hq.base);
-  cr_assert_eq(nng_sendmsg(s, m, 0), 0);
-  cr_assert_eq(nng_recvmsg(s, &m, 0), 0);
-  cr_assert_eq(svc_reply_status(m, &tport__hello_reply__descriptor, msg, NULL), 0, "%s", msg);
-  nng_msg_free(m);
+  cr_assert_eq(svc_hello(s, "default", msg), 0, "Hello: %s", msg);
 
   /* an upload of two chunks */
   size_t n = 2 * CHUNK;
