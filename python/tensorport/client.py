@@ -168,7 +168,8 @@ class Client:
     ``ipc:///path``, ``tls+tcp://host:port``), ``tenant`` (``$TPORT_TENANT``,
     else "default"), ``secret_file`` (``$TPORT_SECRET_FILE``: the tenant's hex
     secret, mode 600, for a server with ``--auth-file``; or ``secret=`` in
-    hex), ``tls_ca``/``tls_cert``/``tls_key``/``tls_server_name``
+    hex; a server without one asks for its user's local secret, which
+    libtport reads by itself on a local URL: ``$TPORT_LOCAL_SECRET``), ``tls_ca``/``tls_cert``/``tls_key``/``tls_server_name``
     (``$TPORT_TLS_CA``, ...), ``verify`` (``$TPORT_VERIFY=1``: a CRC32C on
     every chunk), ``timeout`` (seconds per request; default 60), ``keep``
     (keep everything this client makes for the tenant, as the ``tport`` tool
