@@ -137,6 +137,10 @@ static int answer_challenge(tport_client *c, const char *url, const tport_connec
   bool bound = false;
   if (!rc)
     rc = transport_tls_pipe_binding(c->reply_pipe, binding, &bound, err);
+  /* the local secret on plain tcp: bound to the address this client reached,
+   * so that whoever took a port it dials cannot pass the answer on */
+  if (!rc && !bound && r->local_secret)
+    rc = transport_local_binding(c->reply_pipe, false, binding, &bound, err);
   uint8_t *answer = rc ? NULL : malloc(HELLO_MAC_BYTES);
   if (!rc && !answer)
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");

@@ -63,6 +63,9 @@ static int check_answer(call *c, auth_file *a, const char *tenant, const uint8_t
   bool bound = false;
   tport_err e;
   int rc = transport_tls_pipe_binding((nng_pipe){.id = c->pipe}, binding, &bound, &e);
+  /* the local secret on plain tcp: bound to the address the client reached */
+  if (!rc && !bound && c->srv->local)
+    rc = transport_local_binding((nng_pipe){.id = c->pipe}, true, binding, &bound, &e);
   if (!rc)
     rc = transport_hello_mac(secret, slen, challenge, tenant, bound ? binding : NULL, want, &e);
   OPENSSL_cleanse(secret, sizeof secret);

@@ -14,8 +14,10 @@
  * RFC 9266's tls-exporter binding), which both ends compute and nobody else
  * can: a server the client trusts for another name, or a relay, that passes
  * the real server's challenge on to the client gets an answer bound to its
- * own TLS connection, which the real server refuses.  Secrets are written as
- * hex (at least 32 digits: 128 bits).
+ * own TLS connection, which the real server refuses.  With the local secret
+ * on plain tcp the binding is a hash of the server's address and port as both
+ * ends see them (local_secret.h), for the same reason.  Secrets are written
+ * as hex (at least 32 digits: 128 bits).
  */
 #ifndef TPORT_TRANSPORT_HELLO_MAC_H
 #define TPORT_TRANSPORT_HELLO_MAC_H

@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <libgen.h>
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -274,4 +275,37 @@ bool transport_local_secret_url_ok(const char *url)
   if (inet_pton(AF_INET6, host, &a6) == 1)
     return IN6_IS_ADDR_LOOPBACK(&a6);
   return strcasecmp(host, "localhost") == 0;
+}
+
+int transport_local_binding(nng_pipe p, bool server_side, uint8_t out[HELLO_BINDING_BYTES],
+                            bool *bound, tport_err *err)
+{
+  static const char DOMAIN[] = "tensorport-local-binding-v1";
+  *bound = false;
+  nng_sockaddr sa;
+  if (nng_pipe_get_addr(p, server_side ? NNG_OPT_LOCADDR : NNG_OPT_REMADDR, &sa) != 0)
+    return TPORT_OK;
+  uint8_t msg[sizeof DOMAIN + 1 + 16 + 2];
+  size_t n = sizeof DOMAIN; /* its terminating zero included */
+  memcpy(msg, DOMAIN, sizeof DOMAIN);
+  if (sa.s_family == NNG_AF_INET) {
+    msg[n++] = 4;
+    memcpy(msg + n, &sa.s_in.sa_addr, 4);
+    n += 4;
+    memcpy(msg + n, &sa.s_in.sa_port, 2);
+    n += 2;
+  } else if (sa.s_family == NNG_AF_INET6) {
+    msg[n++] = 6;
+    memcpy(msg + n, sa.s_in6.sa_addr, 16);
+    n += 16;
+    memcpy(msg + n, &sa.s_in6.sa_port, 2);
+    n += 2;
+  } else {
+    return TPORT_OK;
+  }
+  unsigned int len = 0;
+  if (!EVP_Digest(msg, n, out, &len, EVP_sha256(), NULL) || len != HELLO_BINDING_BYTES)
+    return tport_err_set(err, TPORT_INTERNAL, "SHA-256 failed (the local binding)");
+  *bound = true;
+  return TPORT_OK;
 }

@@ -33,6 +33,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <nng/nng.h>
+
 #include "hello_mac.h"
 
 #define LOCAL_SECRET_ENV "TPORT_LOCAL_SECRET"
@@ -52,6 +54,16 @@ int transport_local_secret_read(const char *path, uint8_t out[HELLO_SECRET_MAX_B
  * the default path, its directory).  Never replaces a file. */
 int transport_local_secret_ensure(const char *path, uint8_t out[HELLO_SECRET_MAX_BYTES],
                                   size_t *len, tport_err *err);
+
+/* The binding of an answer with the local secret on a tcp connection
+ * without TLS: the server's address and port as both ends see them (the
+ * client's remote address, the server's local one).  A process that took a
+ * loopback port the client dials and passes the real server's challenge on
+ * gets an answer bound to its own port, which the real server refuses.
+ * *bound is false on other connections (ipc, inproc: one file or process;
+ * TLS has its exporter: hello_mac.h). */
+int transport_local_binding(nng_pipe p, bool server_side, uint8_t out[HELLO_BINDING_BYTES],
+                            bool *bound, tport_err *err);
 
 /* True when url reaches this host by its spelling alone, so that a client
  * may answer a challenge with the local secret there: ipc://, unix://,

@@ -234,13 +234,16 @@ int raw_hello(rawc *r, const char *tenant, char *msg)
   q.client = "test_hostile";
   q.tenant = (char *)tenant;
   ProtobufCMessage *out = NULL;
+  nng_msg *m = NULL;
   int code = raw_call(r, TPORT__METHOD__METHOD_HELLO, &q.base, NULL, 0,
-                      &tport__hello_reply__descriptor, msg, &out, NULL);
+                      &tport__hello_reply__descriptor, msg, &out, &m);
+  nng_pipe pipe = nng_msg_get_pipe(m);
+  nng_msg_free(m);
   Tport__HelloReply *h = (Tport__HelloReply *)out;
   uint8_t answer[HELLO_MAC_BYTES];
   if (code == TPORT_UNAUTHENTICATED && h->local_secret &&
       h->auth_challenge.len == HELLO_CHALLENGE_BYTES) {
-    svc_local_answer(h->auth_challenge.data, tenant, answer);
+    svc_local_answer(pipe, h->auth_challenge.data, tenant, answer);
     q.auth_response.data = answer;
     q.auth_response.len = HELLO_MAC_BYTES;
     code = raw_call(r, TPORT__METHOD__METHOD_HELLO, &q.base, NULL, 0,

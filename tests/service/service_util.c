@@ -35,7 +35,8 @@ void svc_config(server_config *cfg)
   cfg->local_secret = off ? NULL : strdup(path);
 }
 
-void svc_local_answer(const uint8_t *challenge, const char *tenant, uint8_t *answer)
+void svc_local_answer(nng_pipe pipe, const uint8_t *challenge, const char *tenant,
+                      uint8_t *answer)
 {
   char path[LOCAL_SECRET_PATH_MAX];
   bool off = false;
@@ -44,13 +45,17 @@ void svc_local_answer(const uint8_t *challenge, const char *tenant, uint8_t *ans
   uint8_t secret[HELLO_SECRET_MAX_BYTES];
   size_t len;
   cr_assert_eq(transport_local_secret_read(path, secret, &len, &err), 0, "%s", err.msg);
-  cr_assert_eq(transport_hello_mac(secret, len, challenge, tenant, NULL, answer, &err), 0, "%s",
-               err.msg);
+  uint8_t binding[HELLO_BINDING_BYTES];
+  bool bound = false;
+  cr_assert_eq(transport_local_binding(pipe, false, binding, &bound, &err), 0, "%s", err.msg);
+  cr_assert_eq(transport_hello_mac(secret, len, challenge, tenant, bound ? binding : NULL, answer,
+                                   &err),
+               0, "%s", err.msg);
 }
 
 /* One Hello on a raw socket: its status, the reply kept in *out. */
 static int hello_once(nng_socket s, const char *tenant, const uint8_t *answer, char *msg,
-                      Tport__HelloReply **out)
+                      Tport__HelloReply **out, nng_pipe *pipe)
 {
   Tport__HelloRequest q = TPORT__HELLO_REQUEST__INIT;
   q.protocol_version = 1;
@@ -65,6 +70,7 @@ static int hello_once(nng_socket s, const char *tenant, const uint8_t *answer, c
   frame_write_head(nng_msg_body(m), TPORT__METHOD__METHOD_HELLO, 0, &q.base);
   cr_assert_eq(nng_sendmsg(s, m, 0), 0);
   cr_assert_eq(nng_recvmsg(s, &m, 0), 0, "the server must answer a Hello");
+  *pipe = nng_msg_get_pipe(m);
   int code = svc_reply_status(m, &tport__hello_reply__descriptor, msg, (ProtobufCMessage **)out);
   nng_msg_free(m);
   return code;
@@ -74,13 +80,14 @@ int svc_hello(nng_socket s, const char *tenant, char *msg)
 {
   char tmp[256];
   Tport__HelloReply *r = NULL;
-  int code = hello_once(s, tenant, NULL, msg ? msg : tmp, &r);
+  nng_pipe pipe;
+  int code = hello_once(s, tenant, NULL, msg ? msg : tmp, &r, &pipe);
   if (code == TPORT_UNAUTHENTICATED && r->local_secret &&
       r->auth_challenge.len == HELLO_CHALLENGE_BYTES) {
     uint8_t answer[HELLO_MAC_BYTES];
-    svc_local_answer(r->auth_challenge.data, tenant, answer);
+    svc_local_answer(pipe, r->auth_challenge.data, tenant, answer);
     protobuf_c_message_free_unpacked(&r->base, NULL);
-    code = hello_once(s, tenant, answer, msg ? msg : tmp, &r);
+    code = hello_once(s, tenant, answer, msg ? msg : tmp, &r, &pipe);
   }
   protobuf_c_message_free_unpacked(&r->base, NULL);
   return code;

@@ -42,8 +42,9 @@ int svc_reply_status(nng_msg *m, const ProtobufCMessageDescriptor *d, char *msg,
                      ProtobufCMessage **out);
 /* The answer to a Hello challenge for tenant with this user's local secret
  * (transport/local_secret.h), as libtport gives it on a connection without
- * TLS. */
-void svc_local_answer(const uint8_t *challenge, const char *tenant, uint8_t *answer);
+ * TLS: pipe is the one the challenge came on (bound to its address on tcp). */
+void svc_local_answer(nng_pipe pipe, const uint8_t *challenge, const char *tenant,
+                      uint8_t *answer);
 /* Hello as tenant on a raw REQ socket (no contexts in use), answering a
  * challenge for the local secret as libtport does; the final status code,
  * with its message into msg (256 bytes) when not NULL. */
