@@ -15,7 +15,9 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <pthread.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
@@ -516,5 +518,62 @@ Test(local_secret, another_user_is_nobody)
   tport_err err;
   cr_assert_eq(tport_info(alice, &ref, &info, &err), 0, "%s", err.msg);
   tport_close(alice);
+  cr_assert_eq(svc_terminate(pid), 0);
+}
+
+/* ---------------------------------------------------------------- relay */
+
+typedef struct relay_client {
+  char url[128];
+  int rc;
+  tport_err err;
+} relay_client;
+
+static void *client_main(void *arg)
+{
+  relay_client *rc = arg;
+  tport_client *c = NULL;
+  rc->rc = tport_connect(rc->url, &(tport_connect_options){.tenant = "alice", .timeout_ms = 10000},
+                         &c, &rc->err);
+  tport_close(c);
+  return NULL;
+}
+
+/* Whoever holds a loopback port the user's client dials (tportd was
+ * restarted elsewhere, say) and passes the real server's challenge on gets
+ * an answer bound to its own port: the real server refuses it. */
+Test(local_secret, a_relayed_answer_is_refused)
+{
+  char url[128], secret[LOCAL_SECRET_PATH_MAX];
+  pid_t pid = spawn_default(url, sizeof url, secret, sizeof secret);
+  nng_socket squat, up = raw_dial(url);
+  relay_client cl = {.rc = -1};
+  cr_assert_eq(nng_rep0_open(&squat), 0);
+  nng_socket_set_ms(squat, NNG_OPT_RECVTIMEO, 10000);
+  for (int tries = 0; tries < 20; tries++) {
+    svc_tcp_url(cl.url, sizeof cl.url);
+    if (nng_listen(squat, cl.url, NULL, 0) == 0)
+      break;
+  }
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, client_main, &cl), 0);
+  /* two Hellos through: the client's claim, then its answer */
+  int last = -1;
+  for (int i = 0; i < 2; i++) {
+    nng_msg *m;
+    cr_assert_eq(nng_recvmsg(squat, &m, 0), 0, "the client's Hello %d", i);
+    cr_assert_eq(nng_sendmsg(up, m, 0), 0);
+    cr_assert_eq(nng_recvmsg(up, &m, 0), 0, "the server's reply %d", i);
+    char msg[256];
+    last = svc_reply_status(m, &tport__hello_reply__descriptor, msg, NULL);
+    cr_assert_eq(last, TPORT_UNAUTHENTICATED, "reply %d: %s", i, msg);
+    cr_assert_eq(nng_sendmsg(squat, m, 0), 0);
+  }
+  pthread_join(t, NULL);
+  cr_assert_eq(cl.rc, TPORT_UNAUTHENTICATED, "%s", cl.err.msg);
+  /* and the relay's own connection proved nothing */
+  refused_everything(up, "the relay");
+  nng_close(up);
+  nng_close(squat);
   cr_assert_eq(svc_terminate(pid), 0);
 }
