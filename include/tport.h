@@ -72,7 +72,13 @@ typedef struct tport_connect_options {
                          time to live), named or not: a command-line tool's mode */
   /* The tenant's secret, for a server that authenticates (--auth-file): in
    * hex (secret), or in a file only its owner may read (secret_file).  It
-   * never travels: the client answers the server's challenge with an HMAC. */
+   * never travels: the client answers the server's challenge with an HMAC.
+   * A server without an auth file asks instead for the local secret of the
+   * user who runs it, which libtport reads by itself on a URL of this host
+   * (ipc://, inproc://, 127.0.0.0/8, [::1], localhost), from
+   * $TPORT_LOCAL_SECRET (a path, or off), else
+   * $XDG_RUNTIME_DIR/tensorport/local-secret, else
+   * /tmp/tensorport-UID/local-secret; these two are then unused. */
   const char *secret;
   const char *secret_file;
   /* tls+tcp:// URLs (TLS 1.3 on OpenSSL): the CAs that sign the server's
