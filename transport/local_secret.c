@@ -280,11 +280,19 @@ bool transport_local_secret_url_ok(const char *url)
 int transport_local_binding(nng_pipe p, bool server_side, uint8_t out[HELLO_BINDING_BYTES],
                             bool *bound, tport_err *err)
 {
-  static const char DOMAIN[] = "tensorport-local-binding-v1";
   *bound = false;
   nng_sockaddr sa;
   if (nng_pipe_get_addr(p, server_side ? NNG_OPT_LOCADDR : NNG_OPT_REMADDR, &sa) != 0)
     return TPORT_OK;
+  return transport_local_binding_addr(&sa, out, bound, err);
+}
+
+int transport_local_binding_addr(const nng_sockaddr *psa, uint8_t out[HELLO_BINDING_BYTES],
+                                 bool *bound, tport_err *err)
+{
+  static const char DOMAIN[] = "tensorport-local-binding-v1";
+  const nng_sockaddr sa = *psa;
+  *bound = false;
   uint8_t msg[sizeof DOMAIN + 1 + 16 + 2];
   size_t n = sizeof DOMAIN; /* its terminating zero included */
   memcpy(msg, DOMAIN, sizeof DOMAIN);

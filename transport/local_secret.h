@@ -64,6 +64,9 @@ int transport_local_secret_ensure(const char *path, uint8_t out[HELLO_SECRET_MAX
  * TLS has its exporter: hello_mac.h). */
 int transport_local_binding(nng_pipe p, bool server_side, uint8_t out[HELLO_BINDING_BYTES],
                             bool *bound, tport_err *err);
+/* The same from the server's address itself. */
+int transport_local_binding_addr(const nng_sockaddr *sa, uint8_t out[HELLO_BINDING_BYTES],
+                                 bool *bound, tport_err *err);
 
 /* True when url reaches this host by its spelling alone, so that a client
  * may answer a challenge with the local secret there: ipc://, unix://,

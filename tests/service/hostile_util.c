@@ -433,7 +433,7 @@ int raw_get_chunk(rawc *r, const uint8_t *transfer, size_t tlen, uint64_t offset
 
 /* ---------------------------------------------------------------- SP over TCP by hand */
 
-int sp_connect(const char *tcp_url, int rcvbuf)
+int sp_connect_raw(const char *tcp_url, int rcvbuf)
 {
   int port;
   cr_assert_eq(sscanf(tcp_url, "tcp://127.0.0.1:%d", &port), 1, "not a loopback url: %s", tcp_url);
@@ -459,6 +459,71 @@ int sp_connect(const char *tcp_url, int rcvbuf)
   }
   cr_assert(peer[1] == 'S' && peer[2] == 'P' && peer[5] == 0x31, "not a REP peer's SP header");
   return fd;
+}
+
+int sp_connect(const char *tcp_url, int rcvbuf)
+{
+  int fd = sp_connect_raw(tcp_url, rcvbuf);
+  int port = 0;
+  sscanf(tcp_url, "tcp://127.0.0.1:%d", &port);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  /* Hello as "default", answering a challenge for the local secret (the
+   * tests' servers have it on) bound to the address reached */
+  nng_sockaddr sa = {.s_in = {.sa_family = NNG_AF_INET, .sa_port = a.sin_port,
+                              .sa_addr = a.sin_addr.s_addr}};
+  uint8_t answer[HELLO_MAC_BYTES];
+  Tport__HelloRequest hq = TPORT__HELLO_REQUEST__INIT;
+  hq.protocol_version = 1;
+  hq.client = "sp_connect";
+  hq.tenant = "default";
+  for (uint32_t id = 0x7fff0000u;; id++) {
+    cr_assert(sp_send(fd, id, TPORT__METHOD__METHOD_HELLO, &hq.base), "sending a Hello");
+    nng_msg *m = sp_recv(fd);
+    char msg[256];
+    ProtobufCMessage *out = NULL;
+    int code = svc_reply_status(m, &tport__hello_reply__descriptor, msg, &out);
+    nng_msg_free(m);
+    Tport__HelloReply *h = (Tport__HelloReply *)out;
+    bool challenged = code == TPORT_UNAUTHENTICATED && h->local_secret &&
+                      h->auth_challenge.len == HELLO_CHALLENGE_BYTES && !hq.auth_response.len;
+    if (challenged)
+      svc_local_answer_sa(&sa, h->auth_challenge.data, "default", answer);
+    protobuf_c_message_free_unpacked(out, NULL);
+    if (!challenged) {
+      cr_assert_eq(code, 0, "sp_connect's Hello: %s", msg);
+      break;
+    }
+    hq.auth_response.data = answer;
+    hq.auth_response.len = sizeof answer;
+  }
+  return fd;
+}
+
+nng_msg *sp_recv(int fd)
+{
+  uint8_t len8[8];
+  size_t got = 0;
+  while (got < 8) {
+    ssize_t k = recv(fd, len8 + got, 8 - got, 0);
+    cr_assert_gt(k, 0, "no SP reply: %s", k ? strerror(errno) : "EOF");
+    got += (size_t)k;
+  }
+  uint64_t len = 0;
+  for (int k = 0; k < 8; k++)
+    len = len << 8 | len8[k];
+  cr_assert(len >= 4 && len < (64u << 20), "an SP reply of %llu bytes", (unsigned long long)len);
+  uint8_t *buf = malloc(len);
+  for (got = 0; got < len;) {
+    ssize_t k = recv(fd, buf + got, len - got, 0);
+    cr_assert_gt(k, 0, "a short SP reply: %s", k ? strerror(errno) : "EOF");
+    got += (size_t)k;
+  }
+  nng_msg *m;
+  cr_assert_eq(nng_msg_alloc(&m, len - 4), 0);
+  memcpy(nng_msg_body(m), buf + 4, len - 4); /* after the request id */
+  free(buf);
+  return m;
 }
 
 bool sp_send(int fd, uint32_t id, uint16_t method, const ProtobufCMessage *q)

@@ -109,8 +109,13 @@ int raw_get_chunk(rawc *r, const uint8_t *transfer, size_t tlen, uint64_t offset
 
 /* A TCP connection that speaks nng's SP framing itself: a REQ peer that can
  * stop reading.  rcvbuf: its receive buffer (small: the server's replies
- * back up at once). */
+ * back up at once).  It has said Hello as "default" (answering a challenge
+ * for the local secret, as libtport does) and read the reply. */
 int sp_connect(const char *tcp_url, int rcvbuf);
+/* The same without the Hello: a connection that has proved nothing. */
+int sp_connect_raw(const char *tcp_url, int rcvbuf);
+/* One reply's frame (after its request id), as a message to free. */
+nng_msg *sp_recv(int fd);
 /* One request: u64 length, u32 request id (top bit set), the frame.  False
  * when the connection is gone. */
 bool sp_send(int fd, uint32_t id, uint16_t method, const ProtobufCMessage *q);

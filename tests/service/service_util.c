@@ -38,6 +38,14 @@ void svc_config(server_config *cfg)
 void svc_local_answer(nng_pipe pipe, const uint8_t *challenge, const char *tenant,
                       uint8_t *answer)
 {
+  nng_sockaddr sa;
+  bool known = nng_pipe_get_addr(pipe, NNG_OPT_REMADDR, &sa) == 0;
+  svc_local_answer_sa(known ? &sa : NULL, challenge, tenant, answer);
+}
+
+void svc_local_answer_sa(const nng_sockaddr *sa, const uint8_t *challenge, const char *tenant,
+                         uint8_t *answer)
+{
   char path[LOCAL_SECRET_PATH_MAX];
   bool off = false;
   tport_err err;
@@ -47,7 +55,8 @@ void svc_local_answer(nng_pipe pipe, const uint8_t *challenge, const char *tenan
   cr_assert_eq(transport_local_secret_read(path, secret, &len, &err), 0, "%s", err.msg);
   uint8_t binding[HELLO_BINDING_BYTES];
   bool bound = false;
-  cr_assert_eq(transport_local_binding(pipe, false, binding, &bound, &err), 0, "%s", err.msg);
+  if (sa)
+    cr_assert_eq(transport_local_binding_addr(sa, binding, &bound, &err), 0, "%s", err.msg);
   cr_assert_eq(transport_hello_mac(secret, len, challenge, tenant, bound ? binding : NULL, answer,
                                    &err),
                0, "%s", err.msg);

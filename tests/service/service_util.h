@@ -45,6 +45,9 @@ int svc_reply_status(nng_msg *m, const ProtobufCMessageDescriptor *d, char *msg,
  * TLS: pipe is the one the challenge came on (bound to its address on tcp). */
 void svc_local_answer(nng_pipe pipe, const uint8_t *challenge, const char *tenant,
                       uint8_t *answer);
+/* The same for a connection to the server's address sa (NULL: unbound). */
+void svc_local_answer_sa(const nng_sockaddr *sa, const uint8_t *challenge, const char *tenant,
+                         uint8_t *answer);
 /* Hello as tenant on a raw REQ socket (no contexts in use), answering a
  * challenge for the local secret as libtport does; the final status code,
  * with its message into msg (256 bytes) when not NULL. */

@@ -421,7 +421,7 @@ Test(admission, an_unproved_connection_that_sends_more_than_a_hello_is_dropped)
   cfg.auth_file = strdup(auth_file_path());
   char inproc[128], tcp[128];
   server *s = start_tcp(&cfg, inproc, sizeof inproc, tcp, sizeof tcp);
-  int fd = sp_connect(tcp, 1 << 16);
+  int fd = sp_connect_raw(tcp, 1 << 16);
   char name[8192];
   memset(name, 'x', sizeof name - 1);
   name[sizeof name - 1] = 0;
@@ -442,7 +442,7 @@ Test(admission, an_unproved_connection_that_sends_more_than_a_hello_is_dropped)
             strlen(name), bytes);
   close(fd);
   /* a small unproved request is answered as before */
-  fd = sp_connect(tcp, 1 << 16);
+  fd = sp_connect_raw(tcp, 1 << 16);
   ref.name = "t";
   cr_assert(sp_send(fd, 1, TPORT__METHOD__METHOD_INFO, &q.base));
   uint8_t buf[64];
@@ -521,7 +521,7 @@ Test(admission, every_unproved_connection_is_closed_at_the_auth_timeout)
   server *s = start_tcp(&cfg, inproc, sizeof inproc, tcp, sizeof tcp);
   int *fd = calloc((size_t)n, sizeof *fd);
   for (int i = 0; i < n; i++)
-    fd[i] = sp_connect(tcp, 4096);
+    fd[i] = sp_connect_raw(tcp, 4096);
   int64_t last = now_ms();
   /* all of them opened by `last`: the reaper's next pass after last + 1 s
    * closes them (one pass a second), so by last + 3.5 s every one is
