@@ -10,9 +10,11 @@
  * off, raw requests without a Hello -- and serves the same user's client with
  * no set-up; and operator (--admin) tenants that are never taken on a claim.
  */
+#define _GNU_SOURCE /* nftw */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <grp.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -30,11 +32,32 @@
 #include "local_secret.h"
 #include "service_util.h"
 
+/* The directories a test made, removed after it (the suite's fini). */
+static char made[16][64];
+static int nmade;
+
+static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+  (void)st, (void)flag, (void)ftw;
+  remove(path); /* what is left is left: a test's failure says more */
+  return 0;
+}
+
+static void remove_made(void)
+{
+  for (int i = 0; i < nmade; i++)
+    nftw(made[i], remove_one, 8, FTW_DEPTH | FTW_PHYS);
+}
+
+TestSuite(local_secret, .fini = remove_made);
+
 /* A fresh private directory under /tmp (0700, ours). */
 static void fresh_dir(char *buf, size_t len)
 {
   snprintf(buf, len, "/tmp/tport-ls-XXXXXX");
   cr_assert_not_null(mkdtemp(buf));
+  if (nmade < 16)
+    snprintf(made[nmade++], sizeof made[0], "%s", buf);
 }
 
 static void write_file(const char *path, const char *text, mode_t mode)
