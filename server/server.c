@@ -310,23 +310,34 @@ static srv_ctx *ctx_open(server *s)
  * other client waited).  What bounds the contexts then is what bounds the
  * requests: --max-connections, --max-outstanding per connection, one at a
  * time before the proof, and --request-memory. */
+/* Past --contexts + this many contexts opened (each about 1 KiB with its
+ * aio), no more are opened: receives then fall below --contexts until
+ * replies go out or their connections are dropped at --send-timeout.  Only
+ * thousands of connections that do not read, each with its
+ * --max-outstanding replies, come near it. */
+#define CONTEXTS_BEYOND 65536
+
 static void post_receives(server *s)
 {
   while (!s->stopping && s->receiving < s->cfg.contexts) {
     srv_ctx *x = s->spare;
     if (x)
       s->spare = x->spare_next;
-    else if (!(x = ctx_open(s))) {
+    else if (s->nctx >= s->cfg.contexts + CONTEXTS_BEYOND || !(x = ctx_open(s))) {
       if (!s->open_failed) {
         s->open_failed = true;
-        log_msg(LOG_WARN, "cannot open another nng context: %d receives posted of %d",
-                s->receiving, s->cfg.contexts);
+        log_msg(LOG_WARN,
+                "cannot open another nng context (%d open): %d receives posted of %d until "
+                "replies go out",
+                s->nctx, s->receiving, s->cfg.contexts);
       }
       return;
     }
     x->spare_next = NULL;
     ctx_recv(x);
   }
+  if (s->receiving >= s->cfg.contexts)
+    s->open_failed = false; /* said again if it happens again */
 }
 
 /* x has no request any more (qmu held): it receives again, or waits among

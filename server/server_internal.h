@@ -60,7 +60,7 @@ struct server {
    * each context that takes a request is replaced at once) */
   srv_ctx *ctxs, *spare;
   int nctx, receiving;
-  bool open_failed; /* said once in the log */
+  bool open_failed; /* said in the log, receives not yet back to --contexts */
   pthread_t *workers;
   int nworkers;
   pthread_mutex_t qmu;
