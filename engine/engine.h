@@ -106,12 +106,14 @@ int tensor_write(tport_tensor *t, const void *host, size_t nbytes, tport_err *er
 /* Waits for all pending work on t's storage. */
 int tensor_sync(tport_tensor *t, tport_err *err);
 
-/* Testing knobs: each disables one ordering step, so that the concurrency
- * tests can show that the step is needed.  Never set outside tests. */
+/* Testing knobs: each disables one ordering step (or makes one step fail),
+ * so that the concurrency tests can show that the step (or what is done on
+ * its failure) is needed.  Never set outside tests. */
 enum {
   ENGINE_SKIP_DST_READY = 1u << 0,     /* D2D: copy stream does not wait for dst's stream */
   ENGINE_SKIP_STAGING_EVENT = 1u << 1, /* H2D: staging block released without its event */
   ENGINE_SKIP_RESULT_EVENT = 1u << 2,  /* non_blocking: result storage gets no event */
+  ENGINE_FAIL_MARK = 1u << 3,          /* H2D from pinned memory: fails after the copy is enqueued */
 };
 void engine_set_test_faults(unsigned faults);
 unsigned engine_test_faults(void);
