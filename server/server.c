@@ -601,6 +601,12 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
     rc = configure_devices(cfg->devices, err);
   if (!rc)
     atomic_store(&s->devices_up, true);
+  /* One tenant's replies not yet sent hold at most half of the read-back
+   * pool (and no more than its quota): a tenant that stops reading cannot
+   * make another's gets from a device wait for its send timeout.  Set
+   * before any connection can be. */
+  if (!rc)
+    s->reg.limits.max_readback_bytes = engine_readback_budget() / 2;
   nng_tls_config *tls = NULL;
   bool any_tls = false;
   listen_url lu[CONFIG_MAX_LISTEN];
