@@ -124,7 +124,8 @@ static int lend_block(tensor_reader *r, size_t n, bool wait, tport_storage **out
                          r->max_held);
   }
   engine_charge keep;
-  int rc = storage_guard_ask(ENGINE_ALLOC_READBACK, staging_block_size(n), &keep, err);
+  int rc = storage_guard_ask(wait ? ENGINE_ALLOC_READBACK : ENGINE_ALLOC_READAHEAD,
+                             staging_block_size(n), &keep, err);
   if (rc) {
     atomic_fetch_sub(&r->gate->out, 1);
     return rc;

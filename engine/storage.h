@@ -23,6 +23,7 @@
 typedef enum {
   ENGINE_ALLOC_STORAGE,  /* a storage (storage_new) */
   ENGINE_ALLOC_READBACK, /* a block of the read-back pool (its class size) */
+  ENGINE_ALLOC_READAHEAD, /* the same, read ahead: may be skipped, so never waited for */
 } engine_alloc_kind;
 typedef struct engine_charge {
   void (*release)(void *token, size_t nbytes); /* NULL: none */

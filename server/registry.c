@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* uthash: an allocation failure leaves the table as it was (reported through
  * reg_oom) instead of exiting the process. */
@@ -630,12 +631,31 @@ void reg_reservation_release(reg_reservation *res)
  * the rest checked against the quota -- and a read-back block against the
  * tenant's share of the read-back pool -- all under the lock, and moved to
  * the tenant's account, which *keep gives back when the memory goes. */
+/* How long a read-back block over its tenant's share waits for the
+ * tenant's own blocks to come back (replies being sent) before it is
+ * refused: a client that reads gets its chunks, one that does not is
+ * refused without holding a worker for long. */
+#define REG_READBACK_WAIT_MS 2000
+
 static int reservation_lend(reg_reservation *res, engine_alloc_kind kind, size_t nbytes,
                             engine_charge *keep, tport_err *err)
 {
   registry *r = res->reg;
-  bool readback = kind == ENGINE_ALLOC_READBACK;
+  bool readback = kind != ENGINE_ALLOC_STORAGE;
   int rc = TPORT_OK;
+  for (int waited = 0; kind == ENGINE_ALLOC_READBACK && waited < REG_READBACK_WAIT_MS;
+       waited += 5) {
+    pthread_mutex_lock(&r->mu);
+    reg_session *s = session_find(r, res->pipe);
+    reg_tenant *tn = res->tn ? res->tn : s ? s->tn : NULL;
+    size_t share = r->limits.max_readback_bytes;
+    bool fits = !tn || !share || nbytes > share ||
+                atomic_load(&tn->acct->readback) <= share - nbytes;
+    pthread_mutex_unlock(&r->mu);
+    if (fits)
+      break;
+    usleep(5000);
+  }
   pthread_mutex_lock(&r->mu);
   reg_session *s = session_find(r, res->pipe);
   reg_tenant *tn = res->tn ? res->tn : s ? s->tn : NULL;
@@ -679,7 +699,7 @@ int reg_reservation_guard(void *ctx, engine_alloc_kind kind, size_t nbytes, engi
                           tport_err *err)
 {
   reg_reservation *res = ctx;
-  if (res->for_life || kind == ENGINE_ALLOC_READBACK)
+  if (res->for_life || kind != ENGINE_ALLOC_STORAGE)
     return reservation_lend(res, kind, nbytes, keep, err);
   size_t unused = res->bytes - res->used;
   if (nbytes > unused) {

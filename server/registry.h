@@ -196,7 +196,9 @@ void reg_reservation_release(reg_reservation *res);
  * get's copy, a block lent to a reply: nng may hold them past the
  * request): moved out of the reservation (the part it covers) into the
  * tenant's account, the rest checked against the quota first, a read-back
- * block also against max_readback_bytes; the charge goes back, lock-free,
+ * block also against max_readback_bytes (waiting up to 2 s for the
+ * tenant's own blocks to come back, a block read ahead not at all); the
+ * charge goes back, lock-free,
  * when the memory is freed or returns to its pool (engine.h's keep). */
 int reg_reservation_guard(void *res, engine_alloc_kind kind, size_t nbytes, engine_charge *keep,
                           tport_err *err);
