@@ -272,7 +272,16 @@ static int copy_h2d(tport_tensor *dst, tport_tensor *src, bool non_blocking, tpo
     /* The event on the pinned source keeps it from reuse until the copy ends. */
     tport_storage *sts[2] = {dst->storage, src->storage};
     bool skip = non_blocking && (faults & ENGINE_SKIP_RESULT_EVENT);
-    rc = storage_mark(skip ? sts + 1 : sts, skip ? 1 : 2, be, dd.index, s, err);
+    rc = (faults & ENGINE_FAIL_MARK) ? tport_err_set(err, TPORT_INTERNAL, "test: no event")
+                                     : storage_mark(skip ? sts + 1 : sts, skip ? 1 : 2, be,
+                                                    dd.index, s, err);
+    if (rc) {
+      /* the copy is enqueued and no event says when it ends: it ends before
+       * this returns, or the caller could free (or unregister) the source
+       * under it */
+      be->stream_synchronize(s, NULL);
+      return rc;
+    }
   } else {
     rc = storage_sync(src->storage, err);
     staging_pool *pool = staging_default();
@@ -343,6 +352,10 @@ static int copy_d2h(tport_tensor *dst, tport_tensor *src, bool non_blocking, tpo
     tport_storage *sts[2] = {src->storage, dst->storage};
     bool skip = non_blocking && (engine_test_faults() & ENGINE_SKIP_RESULT_EVENT);
     rc = storage_mark(sts, skip ? 1 : 2, be, sd.index, s, err);
+    if (rc) {
+      be->stream_synchronize(s, NULL); /* as in copy_h2d: it ends before we return */
+      return rc;
+    }
     if (!rc && !non_blocking)
       rc = be->stream_synchronize(s, err);
     return rc;

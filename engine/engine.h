@@ -106,12 +106,14 @@ int tensor_write(tport_tensor *t, const void *host, size_t nbytes, tport_err *er
 /* Waits for all pending work on t's storage. */
 int tensor_sync(tport_tensor *t, tport_err *err);
 
-/* Testing knobs: each disables one ordering step, so that the concurrency
- * tests can show that the step is needed.  Never set outside tests. */
+/* Testing knobs: each disables one ordering step (or makes one step fail),
+ * so that the concurrency tests can show that the step (or what is done on
+ * its failure) is needed.  Never set outside tests. */
 enum {
   ENGINE_SKIP_DST_READY = 1u << 0,     /* D2D: copy stream does not wait for dst's stream */
   ENGINE_SKIP_STAGING_EVENT = 1u << 1, /* H2D: staging block released without its event */
   ENGINE_SKIP_RESULT_EVENT = 1u << 2,  /* non_blocking: result storage gets no event */
+  ENGINE_FAIL_MARK = 1u << 3,          /* H2D from pinned memory: fails after the copy is enqueued */
 };
 void engine_set_test_faults(unsigned faults);
 unsigned engine_test_faults(void);
@@ -128,13 +130,29 @@ int64_t engine_deadline(void);
 
 /* An allocation guard for the calling thread (NULL: none): while it is set,
  * every storage the engine allocates on this thread -- a result, a
- * temporary of a copy, a landing tensor -- is first offered to
- * fn(ctx, nbytes, err), and when fn fails nothing is allocated and the
- * operation fails with fn's error.  tportd charges a tenant's quota through
- * it, before the bytes exist.  Memory the engine takes from its pools
- * (staging blocks) is not asked about: it is bounded by the pools. */
-typedef int (*engine_alloc_guard)(void *ctx, size_t nbytes, tport_err *err);
+ * temporary of a copy, a landing tensor -- and every block it takes from
+ * the read-back pool for a reader (readback.h: a block lent to a reply) is
+ * first offered to fn(ctx, kind, nbytes, keep, err), and when fn fails
+ * nothing is allocated and the operation fails with fn's error.  tportd
+ * charges a tenant's quota through it, before the bytes exist.  Memory the
+ * engine takes from the staging pool (puts' and copies' blocks, held for
+ * the length of one call) is not asked about: it is bounded by the pool.
+ *
+ * A charge may live with the memory rather than with the request: the
+ * guard then fills *keep (zeroed before the call), and keep->release(token,
+ * nbytes) is called exactly once when that memory is freed or handed back
+ * to its pool -- on whatever thread drops the last reference, nng's
+ * included, which may hold nng's own locks: release must be cheap, never
+ * block and take no lock.  Left unset, the charge is the request's. */
+/* engine_alloc_kind and engine_charge: storage.h */
+typedef int (*engine_alloc_guard)(void *ctx, engine_alloc_kind kind, size_t nbytes,
+                                  engine_charge *keep, tport_err *err);
 void engine_set_alloc_guard(engine_alloc_guard fn, void *ctx);
+
+/* The bytes of the read-back pool (gets from a device read through its
+ * blocks: TPORT_READBACK_BYTES, default 256 MiB); creates the pool, so call
+ * it once the devices are configured. */
+size_t engine_readback_budget(void);
 
 /* What to() and contiguous() would allocate, without doing it: *nbytes is
  * the storage bytes of the fresh result, 0 when they would alias t (a

@@ -95,6 +95,12 @@ int reader_open(tport_tensor *t, int max_held, tensor_reader **out, tport_err *e
   return TPORT_OK;
 }
 
+size_t engine_readback_budget(void)
+{
+  staging_pool *p = staging_readback();
+  return p ? staging_budget(p) : 0;
+}
+
 size_t reader_nbytes(const tensor_reader *r)
 {
   return r->nbytes;
@@ -106,7 +112,9 @@ int reader_blocks_out(const tensor_reader *r)
 }
 
 /* A storage over a fresh block of n bytes from the pool, counted out
- * (without wait: UNAVAILABLE rather than waiting for the pool). */
+ * (without wait: UNAVAILABLE rather than waiting for the pool).  The
+ * calling thread's allocation guard is asked for the block before it is
+ * taken; a charge it makes goes back with the block. */
 static int lend_block(tensor_reader *r, size_t n, bool wait, tport_storage **out, tport_err *err)
 {
   if (atomic_fetch_add(&r->gate->out, 1) >= r->max_held) {
@@ -115,12 +123,20 @@ static int lend_block(tensor_reader *r, size_t n, bool wait, tport_storage **out
                          "%d chunks of this get are being read or sent already (the most at once)",
                          r->max_held);
   }
+  engine_charge keep;
+  int rc = storage_guard_ask(wait ? ENGINE_ALLOC_READBACK : ENGINE_ALLOC_READAHEAD,
+                             staging_block_size(n), &keep, err);
+  if (rc) {
+    atomic_fetch_sub(&r->gate->out, 1);
+    return rc;
+  }
   given_block *gv = calloc(1, sizeof *gv);
-  int rc = !gv  ? tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of host memory")
-           : wait ? staging_acquire(r->pool, n, &gv->b, err)
-                  : staging_try_acquire(r->pool, n, &gv->b, err);
+  rc = !gv    ? tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of host memory")
+       : wait ? staging_acquire(r->pool, n, &gv->b, err)
+              : staging_try_acquire(r->pool, n, &gv->b, err);
   if (rc) {
     free(gv);
+    storage_charge_release(&keep);
     atomic_fetch_sub(&r->gate->out, 1);
     return rc;
   }
@@ -128,9 +144,13 @@ static int lend_block(tensor_reader *r, size_t n, bool wait, tport_storage **out
   gv->gate = r->gate;
   atomic_fetch_add(&r->gate->refs, 1);
   rc = storage_wrap_given(gv->b->ptr, n, give_back, gv, out, err);
-  if (rc)
+  if (rc) {
     give_back(gv);
-  return rc;
+    storage_charge_release(&keep);
+    return rc;
+  }
+  storage_attach_charge(*out, &keep);
+  return TPORT_OK;
 }
 
 /* Starts copying bytes [off, off + n) of the values into a block: *out is

@@ -27,6 +27,16 @@ static int size_class(size_t n)
   return c;
 }
 
+size_t staging_budget(const staging_pool *p)
+{
+  return p->budget; /* fixed at creation */
+}
+
+size_t staging_block_size(size_t n)
+{
+  return STAGING_MIN_BLOCK << size_class(n);
+}
+
 int staging_create(const backend_ops *be, size_t budget, staging_pool **out, tport_err *err)
 {
   if (budget < STAGING_MAX_BLOCK)

@@ -49,12 +49,17 @@ int staging_acquire(staging_pool *p, size_t n, staging_block **out, tport_err *e
 /* The same, but never waits: UNAVAILABLE when the budget is reached and no
  * block is free (for work that may be skipped, such as reading ahead). */
 int staging_try_acquire(staging_pool *p, size_t n, staging_block **out, tport_err *err);
+/* The size of the block a request of n bytes gets (its class; n <=
+ * STAGING_MAX_BLOCK): what a holder of it keeps from everyone else. */
+size_t staging_block_size(size_t n);
 /* Records that async work using b completes at event ev (the pool takes ev
  * and destroys it once complete).  At most STAGING_MAX_EVENTS per hold. */
 int staging_add_event(staging_block *b, const backend_ops *be, be_event *ev, tport_err *err);
 /* Hands b back: it is reused once its events have completed. */
 void staging_release(staging_pool *p, staging_block *b);
 void staging_get_stats(staging_pool *p, staging_stats *out);
+/* The pool's budget in bytes. */
+size_t staging_budget(const staging_pool *p);
 /* Frees cached (free) blocks: memory pressure. */
 void staging_empty_cache(staging_pool *p);
 

@@ -26,6 +26,30 @@ void engine_set_alloc_guard(engine_alloc_guard fn, void *ctx)
   guard.ctx = ctx;
 }
 
+int storage_guard_ask(engine_alloc_kind kind, size_t nbytes, engine_charge *keep, tport_err *err)
+{
+  *keep = (engine_charge){0};
+  if (nbytes == 0 || !guard.fn)
+    return TPORT_OK;
+  int rc = guard.fn(guard.ctx, kind, nbytes, keep, err);
+  if (rc)
+    *keep = (engine_charge){0}; /* a refusal holds nothing */
+  return rc;
+}
+
+void storage_charge_release(engine_charge *c)
+{
+  if (c->release)
+    c->release(c->token, c->nbytes);
+  *c = (engine_charge){0};
+}
+
+void storage_attach_charge(tport_storage *s, engine_charge *charge)
+{
+  s->charge = *charge;
+  *charge = (engine_charge){0};
+}
+
 int storage_new(tport_device device, size_t nbytes, unsigned flags, tport_storage **out,
                 tport_err *err)
 {
@@ -40,12 +64,15 @@ int storage_new(tport_device device, size_t nbytes, unsigned flags, tport_storag
                          be->name, device.index, n, be->name, n == 1 ? "" : "s", n == 0 ? ": " : "",
                          n == 0 ? be->unavailable_reason() : "");
   /* paid for before it exists: a refusal allocates nothing */
-  int grc = nbytes > 0 && guard.fn ? guard.fn(guard.ctx, nbytes, err) : TPORT_OK;
+  engine_charge keep;
+  int grc = storage_guard_ask(ENGINE_ALLOC_STORAGE, nbytes, &keep, err);
   if (grc)
     return grc;
   tport_storage *s = calloc(1, sizeof *s);
-  if (!s)
+  if (!s) {
+    storage_charge_release(&keep);
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of host memory for a storage");
+  }
   atomic_init(&s->refs, 1);
   pthread_mutex_init(&s->mu, NULL);
   s->device = device;
@@ -71,10 +98,12 @@ int storage_new(tport_device device, size_t nbytes, unsigned flags, tport_storag
     }
   }
   if (rc != TPORT_OK) {
+    storage_charge_release(&keep);
     pthread_mutex_destroy(&s->mu);
     free(s);
     return rc;
   }
+  storage_attach_charge(s, &keep);
   *out = s;
   return TPORT_OK;
 }
@@ -125,6 +154,8 @@ static void storage_destroy(tport_storage *s)
     else
       s->mem_be->free(s->mem_dev, s->ptr);
   }
+  /* the memory is gone (or back in its pool): so is its charge */
+  storage_charge_release(&s->charge);
   pthread_mutex_destroy(&s->mu);
   free(s);
 }

@@ -18,6 +18,19 @@
 
 #include "backend.h"
 
+/* What an allocation guard is asked about, and a charge that lives with
+ * the memory it paid for (engine.h: engine_set_alloc_guard). */
+typedef enum {
+  ENGINE_ALLOC_STORAGE,  /* a storage (storage_new) */
+  ENGINE_ALLOC_READBACK, /* a block of the read-back pool (its class size) */
+  ENGINE_ALLOC_READAHEAD, /* the same, read ahead: may be skipped, so never waited for */
+} engine_alloc_kind;
+typedef struct engine_charge {
+  void (*release)(void *token, size_t nbytes); /* NULL: none */
+  void *token;
+  size_t nbytes;
+} engine_charge;
+
 enum {
   STORAGE_MANAGED = 1u << 0, /* managed memory (SEMANTICS.md §6) */
   STORAGE_PINNED = 1u << 1,  /* page-locked host memory */
@@ -35,6 +48,9 @@ typedef struct tport_storage {
   /* memory lent by a pool (storage_wrap_given): handed back, not freed */
   void (*give_back)(void *ctx);
   void *give_back_ctx;
+  /* what the memory costs whoever asked for it (engine.h), given back when
+   * the memory is freed or handed back to its pool */
+  engine_charge charge;
   pthread_mutex_t mu; /* guards the pending event */
   const backend_ops *ev_be;
   be_event *ev;
@@ -47,6 +63,13 @@ typedef struct tport_storage {
  * (engine_set_alloc_guard), if any, is asked first. */
 int storage_new(tport_device device, size_t nbytes, unsigned flags, tport_storage **out,
                 tport_err *err);
+/* Asks the calling thread's allocation guard (engine.h) for nbytes of
+ * kind: *keep (zeroed first) is the charge to release when that memory
+ * goes (storage_charge_release), when the guard made one.  OK with no
+ * guard or nbytes 0. */
+int storage_guard_ask(engine_alloc_kind kind, size_t nbytes, engine_charge *keep, tport_err *err);
+/* Releases a charge (once; a zeroed one is nothing). */
+void storage_charge_release(engine_charge *c);
 /* Wraps caller-owned host memory (never freed; the caller keeps it alive). */
 int storage_wrap_host(void *ptr, size_t nbytes, tport_storage **out, tport_err *err);
 /* Wraps pinned host memory that a pool lends (a read-back block): when the
@@ -55,6 +78,9 @@ int storage_wrap_host(void *ptr, size_t nbytes, tport_storage **out, tport_err *
  * threads): give_back must only take short locks, never wait for a device. */
 int storage_wrap_given(void *ptr, size_t nbytes, void (*give_back)(void *ctx), void *ctx,
                        tport_storage **out, tport_err *err);
+/* Makes charge live with s: released once s's memory is freed or given back
+ * (after give_back).  s takes it (*charge is zeroed). */
+void storage_attach_charge(tport_storage *s, engine_charge *charge);
 tport_storage *storage_retain(tport_storage *s);
 void storage_release(tport_storage *s);
 /* Drops a reference but never frees on this thread: the last one puts the

@@ -55,6 +55,18 @@ static int wrap_bytes(const uint8_t *p, size_t n, tport_dtype dt, int64_t count,
   return wrap_host(p, n, pinned, dt, 1, &count, NULL, out, err);
 }
 
+/* A copy from or into a region the GPU driver reads directly (pinned) may
+ * have been enqueued before the call failed: whatever happened, it ends
+ * before the region may go (issue 20, finding 9).  wrap is the tensor over
+ * the region: its pending event is the last copy that touched it. */
+static int settle_region(tport_tensor *wrap, bool pinned, int rc, tport_err *err)
+{
+  if (!pinned || !wrap)
+    return rc;
+  int src = tensor_sync(wrap, rc ? NULL : err);
+  return rc ? rc : src;
+}
+
 /* Converts n payload bytes -- whole elements of the client's dtype st,
  * storage bytes [off, off + n) -- into the landing tensor, which has the
  * client's strides in another dtype: the same elements in the same storage
@@ -72,6 +84,7 @@ static int land_converted(call *c, tport_tensor *landing, tport_dtype st, size_t
    * from a pinned region, read by the device later (the caller syncs) */
   if (!rc)
     rc = tensor_copy_(view, src, true, &c->err);
+  rc = settle_region(src, pinned, rc, &c->err);
   tensor_release(src);
   tensor_release(view);
   return rc;
@@ -90,6 +103,7 @@ static int land_bytes(call *c, tport_tensor *landing, size_t off, const uint8_t 
    * returns (a pinned region's bytes: once the caller synced) */
   if (!rc)
     rc = tensor_copy_(view, src, true, &c->err);
+  rc = settle_region(src, pinned, rc, &c->err);
   tensor_release(src);
   tensor_release(view);
   return rc;
@@ -132,9 +146,12 @@ static int put_bytes(call *c, reg_entry *e, uint64_t off, const uint8_t *p, size
     rc = land_bytes(c, landing, (size_t)off, p, n, pinned);
     metrics_stage_since(&c->srv->metrics, STAGE_STAGE, t0);
   }
-  /* a device reads a pinned region directly: done before the region may go */
-  if (!rc && pinned)
-    rc = tensor_sync(landing, &c->err);
+  /* a device reads a pinned region directly: done before the region may go,
+   * a failed copy's too (its work may have been enqueued) */
+  if (pinned) {
+    int synced = tensor_sync(landing, rc ? NULL : &c->err);
+    rc = rc ? rc : synced;
+  }
   tensor_release(landing);
   reg_chunk_done(&c->srv->reg, e, off, n, rc == TPORT_OK);
   return rc;
@@ -212,6 +229,7 @@ static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_
       rc = tport_err_set(&c->err, TPORT_INTERNAL, "a put from a region aliased the region");
     if (!rc)
       rc = tensor_sync(final, &c->err);
+    rc = settle_region(src, pinned, rc, &c->err);
   }
   metrics_stage_since(&s->metrics,
                       dev.type != TPORT_DEV_CPU ? STAGE_HOST_TO_DEVICE
@@ -647,7 +665,7 @@ static int get_bytes(call *c, get_transfer *g, size_t off, size_t n, tport_stora
 /* True when a get of t makes a copy of it (made contiguous, or its lazy
  * conj/neg bits applied: on its device, or on the host) -- else it serves
  * t's own memory: a host tensor's directly, a device tensor's read back
- * through the read-back pool's blocks (bounded by the pool, not charged). */
+ * through the read-back pool's blocks (each charged while it is out). */
 static bool get_copies(const tport_tensor *t)
 {
   return !meta_is_contiguous(&t->layout) || t->conj || t->neg ||
@@ -692,6 +710,8 @@ static int get_into_region(call *c, const Tport__GetBeginRequest *q, reg_entry *
       rc = tensor_copy_(dst, t, false, &c->err);
     if (!rc)
       rc = tensor_sync(dst, &c->err); /* done before the region may go */
+    else
+      rc = settle_region(dst, pinned, rc, &c->err); /* a failed copy's too */
     tensor_release(dst);
     metrics_stage_since(&s->metrics,
                         tensor_device(t).type == TPORT_DEV_CPU ? STAGE_CONVERT
@@ -755,16 +775,18 @@ int h_get_begin(call *c)
   /* small tensors come back in this reply; an empty one has nothing to wait for */
   bool inline_data = want <= q->inline_max && want <= g->chunk;
   bool keep = want > 0 && !inline_data;
-  /* the copy a get makes (contiguous on its device, or on the host) is
-   * charged before it is made: for the transfer's life, or an inline one's
-   * while the request makes it (its reply may hold it a while longer,
-   * uncharged: issue 20, finding 2) */
-  reg_reservation res = REG_RESERVATION_INIT(&s->reg, c->pipe);
+  /* What a get makes is charged before it is made, for as long as it
+   * lives: its copy (contiguous on its device, or on the host), held by the
+   * transfer and lent to the replies that carry its bytes, and the
+   * read-back blocks of an inline get from a device.  A reply nng has not
+   * sent holds them past this request (issue 20, finding 2): their charge
+   * goes when nng frees it. */
+  reg_reservation res;
   bool charging = false;
-  if (keep) {
-    rc = transfers_reserve(&s->xfers, g, get_copies(t) ? want : 0, &c->err);
-  } else if (want > 0 && get_copies(t)) {
-    rc = wire_charge_begin(c, &res, want, "the get's copy");
+  if (keep)
+    rc = transfers_reserve(&s->xfers, g, 0, &c->err); /* the connection's limit */
+  if (!rc) {
+    rc = wire_charge_lend_begin(c, &res, get_copies(t) ? want : 0, "the get's copy");
     charging = rc == TPORT_OK;
   }
   if (!rc)
@@ -805,7 +827,7 @@ int h_get_begin(call *c)
   storage_release(held); /* a lent reply holds its own reference */
   transfers_free(&s->xfers, g); /* an inline one, or one that failed */
   if (charging)
-    reg_reservation_release(&res);
+    reg_reservation_release(&res); /* what no copy took */
   reg_put(&s->reg, e);
   return rc;
 }
@@ -831,8 +853,16 @@ int h_get_chunk(call *c)
                        (unsigned long long)q->length, g->chunk);
   const uint8_t *bytes = NULL;
   tport_storage *lend = NULL, *held = NULL;
-  if (!rc)
+  /* a read-back block (and those read ahead) is charged to the tenant
+   * until it comes back to the pool, after nng has sent its reply */
+  reg_reservation res = REG_RESERVATION_INIT(&s->reg, c->pipe);
+  if (!rc && g->reader && (rc = wire_charge_lend_begin(c, &res, 0, "a chunk")) == TPORT_OK) {
     rc = get_bytes(c, g, (size_t)q->offset, (size_t)q->length, &lend, &held, &bytes);
+    wire_charge_end(&res);
+  } else if (!rc) {
+    rc = get_bytes(c, g, (size_t)q->offset, (size_t)q->length, &lend, &held, &bytes);
+  }
+  reg_reservation_release(&res); /* nothing: a block's charge is its own */
   if (!rc) {
     Tport__GetChunkReply r = TPORT__GET_CHUNK_REPLY__INIT;
     r.status = wire_ok();

@@ -1,11 +1,13 @@
 /* registry.c: tensors, sessions and tenants of the server (see registry.h). */
 #include <openssl/rand.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* uthash: an allocation failure leaves the table as it was (reported through
  * reg_oom) instead of exiting the process. */
@@ -23,9 +25,24 @@ typedef struct reg_charge {
   UT_hash_handle hh;
 } reg_charge;
 
+/* What a tenant pays for memory that lives longer than any request or
+ * entry: the host copies and read-back blocks a get lends to its replies,
+ * charged when taken (under the registry's lock, against the quota) and
+ * given back when nng frees the reply -- on nng's threads, maybe under
+ * nng's locks, so without the registry's lock (which ctx_cb takes on nng's
+ * poller thread): one atomic subtraction.  Refcounted by its tenant and
+ * each charge, so a charge may outlive the tenant's record (the server
+ * stopping). */
+typedef struct reg_account {
+  atomic_size_t lent;     /* bytes charged for the life of their memory */
+  atomic_size_t readback; /* of those, blocks of the read-back pool */
+  atomic_int refs;
+} reg_account;
+
 typedef struct reg_tenant {
   char name[REG_TENANT_MAX];
-  size_t bytes;     /* distinct storages plus reservations */
+  size_t bytes;     /* distinct storages plus reservations (and acct->lent) */
+  reg_account *acct;
   uint64_t tensors; /* entries, uploads included */
   uint64_t uploads;
   int refs;         /* sessions, entries and transfers that name it */
@@ -74,11 +91,66 @@ void reg_upload_free(reg_upload *up)
   free(up);
 }
 
-static void entry_free(reg_entry *e)
+void (*reg_test_entry_free)(registry *r);
+
+/* Frees an entry and what it holds: never under the registry's lock (a
+ * storage's free may wait for a device, and ctx_cb needs the lock on nng's
+ * poller thread). */
+static void entry_free(registry *r, reg_entry *e)
 {
+  if (reg_test_entry_free)
+    reg_test_entry_free(r);
   tensor_release(e->tensor);
   reg_upload_free(e->up);
   free(e);
+}
+
+/* Frees entries that unlink_entry set aside (linked by next), after the
+ * lock is let go. */
+static void free_dead(registry *r, reg_entry *dead)
+{
+  while (dead) {
+    reg_entry *e = dead;
+    dead = e->next;
+    entry_free(r, e);
+  }
+}
+
+/* ---------------------------------------------------------------- accounts */
+
+static void account_unref(reg_account *a)
+{
+  if (atomic_fetch_sub(&a->refs, 1) == 1)
+    free(a);
+}
+
+/* engine_charge releases: on any thread, no lock */
+static void account_give_back(void *token, size_t n)
+{
+  reg_account *a = token;
+  atomic_fetch_sub(&a->lent, n);
+  account_unref(a);
+}
+
+static void account_give_back_readback(void *token, size_t n)
+{
+  reg_account *a = token;
+  atomic_fetch_sub(&a->readback, n);
+  account_give_back(a, n);
+}
+
+/* What the tenant holds: charges, reservations and lends (saturating). */
+static size_t tenant_held(const reg_tenant *t)
+{
+  size_t lent = atomic_load(&t->acct->lent);
+  return t->bytes > SIZE_MAX - lent ? SIZE_MAX : t->bytes + lent;
+}
+
+/* What is left of its quota.  mu held (lends only fall without it). */
+static size_t tenant_left(const registry *r, const reg_tenant *t)
+{
+  size_t q = r->limits.tenant_quota_bytes, held = tenant_held(t);
+  return held < q ? q - held : 0;
 }
 
 /* ---------------------------------------------------------------- tenants */
@@ -90,12 +162,21 @@ static reg_tenant *tenant_ref(registry *r, const char *name)
   HASH_FIND_STR(r->tenants, name, t);
   if (!t) {
     t = calloc(1, sizeof *t);
-    if (!t)
+    reg_account *a = calloc(1, sizeof *a);
+    if (!t || !a) {
+      free(t);
+      free(a);
       return NULL;
+    }
+    atomic_init(&a->lent, 0);
+    atomic_init(&a->readback, 0);
+    atomic_init(&a->refs, 1);
+    t->acct = a;
     snprintf(t->name, sizeof t->name, "%s", name);
     reg_oom = false;
     HASH_ADD_STR(r->tenants, name, t);
     if (reg_oom) {
+      free(a);
       free(t);
       return NULL;
     }
@@ -105,14 +186,22 @@ static reg_tenant *tenant_ref(registry *r, const char *name)
   return t;
 }
 
-/* A tenant no one names any more is forgotten.  mu held. */
-static void tenant_unref(registry *r, reg_tenant *t)
+static void tenant_forget(registry *r, reg_tenant *t)
 {
-  if (!t || --t->refs > 0)
-    return;
   HASH_DEL(r->tenants, t);
   r->ntenants--;
+  account_unref(t->acct);
   free(t);
+}
+
+/* A tenant no one names any more is forgotten -- once nothing lent is
+ * charged to it either: until then it stays (a new connection of that name
+ * finds its lends still charged), and reg_expire forgets it after.  mu held. */
+static void tenant_unref(registry *r, reg_tenant *t)
+{
+  if (!t || --t->refs > 0 || atomic_load(&t->acct->lent) > 0)
+    return;
+  tenant_forget(r, t);
 }
 
 /* Bytes the tenant would newly pay for storage s.  mu held. */
@@ -182,8 +271,10 @@ static void owner_unlink(reg_entry *e)
   e->sprev = e->snext = NULL;
 }
 
-/* Unlinks e, stops charging its tenant and drops the registry's reference.  mu held. */
-static void unlink_entry(registry *r, reg_entry *e)
+/* Unlinks e, stops charging its tenant and drops the registry's reference;
+ * when that was the last, e goes on *dead (through next) for free_dead to
+ * free once the lock is let go.  mu held. */
+static void unlink_entry(registry *r, reg_entry *e, reg_entry **dead)
 {
   HASH_DELETE(hh, r->by_handle, e);
   if (e->name[0])
@@ -206,15 +297,18 @@ static void unlink_entry(registry *r, reg_entry *e)
   r->count--;
   r->uploads -= e->state == REG_UPLOADING;
   tenant_unref(r, e->tn);
-  if (--e->refs == 0)
-    entry_free(e);
+  if (--e->refs == 0) {
+    e->next = *dead;
+    *dead = e;
+  }
 }
 
 void reg_destroy(registry *r)
 {
+  reg_entry *dead = NULL;
   pthread_mutex_lock(&r->mu);
   while (r->entries)
-    unlink_entry(r, r->entries);
+    unlink_entry(r, r->entries, &dead);
   reg_session *s, *stmp;
   HASH_ITER(hh, r->sessions, s, stmp)
   {
@@ -222,13 +316,15 @@ void reg_destroy(registry *r)
     tenant_unref(r, s->tn);
     free(s);
   }
-  reg_tenant *t, *ttmp; /* only transfers not yet ended could still hold some */
+  /* only transfers not yet ended could still name some, and lends not yet
+   * given back (their accounts outlive the records) */
+  reg_tenant *t, *ttmp;
   HASH_ITER(hh, r->tenants, t, ttmp)
   {
-    HASH_DEL(r->tenants, t);
-    free(t);
+    tenant_forget(r, t);
   }
   pthread_mutex_unlock(&r->mu);
+  free_dead(r, dead);
   pthread_mutex_destroy(&r->mu);
 }
 
@@ -266,17 +362,19 @@ bool reg_session_open(registry *r, uint32_t pipe, uint64_t max_sessions)
 
 void reg_session_close(registry *r, uint32_t pipe)
 {
+  reg_entry *dead = NULL;
   pthread_mutex_lock(&r->mu);
   reg_session *s = session_find(r, pipe);
   if (s) {
     while (s->owned)
-      unlink_entry(r, s->owned);
+      unlink_entry(r, s->owned, &dead);
     HASH_DEL(r->sessions, s);
     r->nsessions--;
     tenant_unref(r, s->tn);
     free(s);
   }
   pthread_mutex_unlock(&r->mu);
+  free_dead(r, dead);
 }
 
 int reg_session_set_tenant(registry *r, uint32_t pipe, const char *tenant, tport_err *err)
@@ -490,11 +588,11 @@ int reg_transfer_enter(registry *r, uint32_t pipe, size_t bytes, reg_tenant **tn
                        "%d gets already in progress on this connection (limit %d): read or "
                        "finish them first",
                        s->transfers, r->limits.max_transfers);
-  else if (bytes > r->limits.tenant_quota_bytes - s->tn->bytes)
+  else if (bytes > tenant_left(r, s->tn))
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
-                       "tenant '%s' would hold %zu bytes with this get's host copy: its quota is "
-                       "%zu",
-                       s->tn->name, s->tn->bytes + bytes, r->limits.tenant_quota_bytes);
+                       "tenant '%s' would hold %zu bytes more than its %zu with this get's host "
+                       "copy: its quota is %zu",
+                       s->tn->name, bytes, tenant_held(s->tn), r->limits.tenant_quota_bytes);
   if (!rc) {
     s->transfers++;
     s->tn->bytes += bytes;
@@ -540,14 +638,14 @@ int reg_reserve(reg_reservation *res, size_t bytes, const char *what, tport_err 
   reg_session *s = session_find(r, res->pipe);
   reg_tenant *tn = res->tn ? res->tn : s ? s->tn : NULL;
   size_t quota = r->limits.tenant_quota_bytes;
-  size_t left = tn && tn->bytes < quota ? quota - tn->bytes : 0;
+  size_t left = tn ? tenant_left(r, tn) : 0;
   if (!s)
     rc = tport_err_set(err, TPORT_ABORTED, "the connection is closing");
   else if (bytes > left || res->bytes > SIZE_MAX - bytes)
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
                        "%s needs %zu bytes: tenant '%s' has %zu left of its quota of %zu "
                        "(%zu held or reserved)",
-                       what, bytes, tn->name, left, quota, tn->bytes);
+                       what, bytes, tn->name, left, quota, tenant_held(tn));
   if (!rc && bytes) {
     if (!res->tn) {
       res->tn = tn;
@@ -570,9 +668,81 @@ void reg_reservation_release(reg_reservation *res)
   pthread_mutex_unlock(&res->reg->mu);
 }
 
-int reg_reservation_guard(void *ctx, size_t nbytes, tport_err *err)
+/* Charges nbytes of kind for the life of the memory (res->for_life, and
+ * read-back blocks always): taken from what res has reserved and not used,
+ * the rest checked against the quota -- and a read-back block against the
+ * tenant's share of the read-back pool -- all under the lock, and moved to
+ * the tenant's account, which *keep gives back when the memory goes. */
+/* How long a read-back block over its tenant's share waits for the
+ * tenant's own blocks to come back (replies being sent) before it is
+ * refused: a client that reads gets its chunks, one that does not is
+ * refused without holding a worker for long. */
+#define REG_READBACK_WAIT_MS 2000
+
+static int reservation_lend(reg_reservation *res, engine_alloc_kind kind, size_t nbytes,
+                            engine_charge *keep, tport_err *err)
+{
+  registry *r = res->reg;
+  bool readback = kind != ENGINE_ALLOC_STORAGE;
+  int rc = TPORT_OK;
+  for (int waited = 0; kind == ENGINE_ALLOC_READBACK && waited < REG_READBACK_WAIT_MS;
+       waited += 5) {
+    pthread_mutex_lock(&r->mu);
+    reg_session *s = session_find(r, res->pipe);
+    reg_tenant *tn = res->tn ? res->tn : s ? s->tn : NULL;
+    size_t share = r->limits.max_readback_bytes;
+    bool fits = !tn || !share || nbytes > share ||
+                atomic_load(&tn->acct->readback) <= share - nbytes;
+    pthread_mutex_unlock(&r->mu);
+    if (fits)
+      break;
+    usleep(5000);
+  }
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, res->pipe);
+  reg_tenant *tn = res->tn ? res->tn : s ? s->tn : NULL;
+  size_t unused = res->tn ? res->bytes - res->used : 0;
+  size_t from_res = nbytes < unused ? nbytes : unused; /* already counted in tn->bytes */
+  size_t more = nbytes - from_res;
+  size_t share = r->limits.max_readback_bytes;
+  size_t rb = tn ? atomic_load(&tn->acct->readback) : 0;
+  if (!s || !tn) {
+    rc = tport_err_set(err, TPORT_ABORTED, "the connection is closing");
+  } else if (more > tenant_left(r, tn)) {
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                       "%s needs %zu bytes: tenant '%s' has %zu left of its quota of %zu "
+                       "(%zu held or reserved, %zu of them by gets' copies and read-back blocks)",
+                       readback ? "a read-back block of this get" : "this get's copy", nbytes,
+                       tn->name, tenant_left(r, tn), r->limits.tenant_quota_bytes,
+                       tenant_held(tn), (size_t)atomic_load(&tn->acct->lent));
+  } else if (readback && share && (nbytes > share || rb > share - nbytes)) {
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                       "a read-back block of %zu bytes: tenant '%s' holds %zu bytes of the "
+                       "read-back pool in replies not yet sent, and may hold %zu (its share): "
+                       "read the replies first",
+                       nbytes, tn->name, rb, share);
+  }
+  if (!rc) {
+    res->bytes -= from_res; /* out of the reservation, into the account: never uncounted */
+    tn->bytes -= from_res;
+    atomic_fetch_add(&tn->acct->lent, nbytes);
+    if (readback)
+      atomic_fetch_add(&tn->acct->readback, nbytes);
+    atomic_fetch_add(&tn->acct->refs, 1);
+    *keep = (engine_charge){.release = readback ? account_give_back_readback : account_give_back,
+                            .token = tn->acct,
+                            .nbytes = nbytes};
+  }
+  pthread_mutex_unlock(&r->mu);
+  return rc;
+}
+
+int reg_reservation_guard(void *ctx, engine_alloc_kind kind, size_t nbytes, engine_charge *keep,
+                          tport_err *err)
 {
   reg_reservation *res = ctx;
+  if (res->for_life || kind != ENGINE_ALLOC_STORAGE)
+    return reservation_lend(res, kind, nbytes, keep, err);
   size_t unused = res->bytes - res->used;
   if (nbytes > unused) {
     char what[96];
@@ -648,11 +818,11 @@ int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const c
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
                        "tenant '%s' holds %llu tensors: its limit is %llu", tn->name,
                        (unsigned long long)tn->tensors, (unsigned long long)r->limits.max_tensors);
-  } else if (add > r->limits.tenant_quota_bytes || reserve > r->limits.tenant_quota_bytes - add ||
-             add + reserve > r->limits.tenant_quota_bytes - tn->bytes) {
+  } else if (add > tenant_left(r, tn) || reserve > tenant_left(r, tn) - add) {
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
                        "tenant '%s' would hold %zu more bytes than its %zu: its quota is %zu",
-                       tn->name, add + reserve, tn->bytes, r->limits.tenant_quota_bytes);
+                       tn->name, add > SIZE_MAX - reserve ? SIZE_MAX : add + reserve,
+                       tenant_held(tn), r->limits.tenant_quota_bytes);
   } else if (!charge(tn, st)) {
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for an entry");
   }
@@ -671,7 +841,7 @@ int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const c
   }
   if (rc) {
     pthread_mutex_unlock(&r->mu);
-    entry_free(e); /* releases t or up */
+    entry_free(r, e); /* releases t or up */
     return rc;
   }
   e->tn = tn;
@@ -744,15 +914,17 @@ void reg_put(registry *r, reg_entry *e)
   bool last = --e->refs == 0;
   pthread_mutex_unlock(&r->mu);
   if (last)
-    entry_free(e);
+    entry_free(r, e);
 }
 
 void reg_remove(registry *r, reg_entry *e)
 {
+  reg_entry *dead = NULL;
   pthread_mutex_lock(&r->mu);
   if (!e->removed)
-    unlink_entry(r, e);
+    unlink_entry(r, e, &dead);
   pthread_mutex_unlock(&r->mu);
+  free_dead(r, dead);
 }
 
 bool reg_connection_scoped(registry *r, const reg_entry *e)
@@ -947,15 +1119,24 @@ void reg_commit_fail(registry *r, reg_entry *e)
 int reg_expire(registry *r, int64_t now_ms)
 {
   int n = 0;
+  reg_entry *dead = NULL;
   pthread_mutex_lock(&r->mu);
   for (reg_entry *e = r->entries, *next; e; e = next) {
     next = e->next;
     if (e->expires_ms && e->expires_ms <= now_ms) {
-      unlink_entry(r, e);
+      unlink_entry(r, e, &dead);
       n++;
     }
   }
+  /* tenants no one names whose lends have all come back (tenant_unref) */
+  reg_tenant *t, *ttmp;
+  HASH_ITER(hh, r->tenants, t, ttmp)
+  {
+    if (t->refs == 0 && atomic_load(&t->acct->lent) == 0)
+      tenant_forget(r, t);
+  }
   pthread_mutex_unlock(&r->mu);
+  free_dead(r, dead);
   return n;
 }
 
@@ -988,7 +1169,7 @@ void reg_counts(registry *r, reg_stats *out)
   out->tensors = r->count;
   out->uploads = r->uploads;
   for (reg_tenant *t = r->tenants; t; t = t->hh.next)
-    out->bytes += t->bytes;
+    out->bytes += tenant_held(t);
   out->sessions = r->nsessions;
   out->tenants = r->ntenants;
   pthread_mutex_unlock(&r->mu);
@@ -1001,7 +1182,7 @@ void reg_tenant_counts(registry *r, uint32_t pipe, reg_stats *out)
   reg_session *s = session_find(r, pipe);
   if (s) {
     out->tensors = s->tn->tensors;
-    out->bytes = s->tn->bytes;
+    out->bytes = tenant_held(s->tn);
     out->uploads = s->tn->uploads;
   }
   pthread_mutex_unlock(&r->mu);
@@ -1014,7 +1195,7 @@ size_t reg_tenants_usage(registry *r, reg_tenant_usage *out, size_t max)
   for (reg_tenant *t = r->tenants; t; t = t->hh.next, n++)
     if (n < max) {
       memcpy(out[n].name, t->name, sizeof out[n].name); /* NUL-terminated within */
-      out[n].bytes = t->bytes;
+      out[n].bytes = tenant_held(t);
       out[n].tensors = t->tensors;
     }
   pthread_mutex_unlock(&r->mu);

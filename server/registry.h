@@ -16,14 +16,18 @@
  * What a tenant pays for is storage: each distinct storage its entries
  * reference is counted once, however many views and aliases reference it,
  * for as long as any of them lives; plus what is reserved (the converted
- * result of an upload in progress, the host copies of gets in progress, and
- * what requests at work are about to allocate: reg_reservation).  Every
+ * result of an upload in progress and what requests at work are about to
+ * allocate: reg_reservation); plus what it lends to replies (a get's copy,
+ * the read-back blocks of a get from a device) for as long as that memory
+ * lives, which may be past the request's end, until nng frees the reply.  Every
  * byte is charged before it is allocated: a request reserves what it will
  * make, under the lock (two requests never both pass a check that only one
  * fits), and its result's charge is paid from the reservation when the
  * result is registered.
  * One mutex guards it all; every operation under it is O(1) but reg_expire
- * and the dropping of a session (O(what that session owns)).
+ * and the dropping of a session (O(what that session owns)).  Nothing is
+ * freed under it (entries removed are freed once it is let go), and what is
+ * lent is given back without it (an atomic count per tenant).
  */
 #ifndef TPORT_REGISTRY_H
 #define TPORT_REGISTRY_H
@@ -95,6 +99,9 @@ typedef struct reg_limits {
   int max_transfers;   /* gets in progress per connection */
   uint64_t default_ttl_ms;
   uint64_t max_ttl_ms;
+  /* bytes of the read-back pool one tenant's replies not yet sent may
+   * hold (0: no bound but the quota) */
+  size_t max_readback_bytes;
 } reg_limits;
 
 typedef struct registry {
@@ -188,6 +195,7 @@ typedef struct reg_reservation {
   struct reg_tenant *tn; /* NULL: nothing reserved yet */
   size_t bytes;          /* reserved */
   size_t used;           /* of those, taken by allocations (reg_reservation_guard) */
+  bool for_life;         /* allocations are charged until freed, not till the request ends */
 } reg_reservation;
 #define REG_RESERVATION_INIT(r, p) ((reg_reservation){.reg = (r), .pipe = (p)})
 
@@ -200,8 +208,21 @@ int reg_reserve(reg_reservation *res, size_t bytes, const char *what, tport_err 
 void reg_reservation_release(reg_reservation *res);
 /* An engine allocation guard (engine_set_alloc_guard) with ctx a
  * reg_reservation: each allocation is taken from what is reserved and not
- * yet used, reserving the rest first when that is not enough. */
-int reg_reservation_guard(void *res, size_t nbytes, tport_err *err);
+ * yet used, reserving the rest first when that is not enough.  With
+ * for_life -- and for every read-back block, whatever the reservation --
+ * the allocation is charged for as long as its memory lives instead (a
+ * get's copy, a block lent to a reply: nng may hold them past the
+ * request): moved out of the reservation (the part it covers) into the
+ * tenant's account, the rest checked against the quota first, a read-back
+ * block also against max_readback_bytes (waiting up to 2 s for the
+ * tenant's own blocks to come back, a block read ahead not at all); the
+ * charge goes back, lock-free,
+ * when the memory is freed or returns to its pool (engine.h's keep). */
+int reg_reservation_guard(void *res, engine_alloc_kind kind, size_t nbytes, engine_charge *keep,
+                          tport_err *err);
+
+/* Testing knob: called as each entry is freed (never set outside tests). */
+extern void (*reg_test_entry_free)(registry *r);
 
 /* Registers a ready tensor t, or an upload up (exactly one of the two; the
  * entry takes ownership of it, and frees it on failure) for the pipe's

@@ -793,6 +793,16 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
     rc = configure_devices(cfg->devices, err);
   if (!rc)
     atomic_store(&s->devices_up, true);
+  /* One tenant's replies not yet sent hold all of the read-back pool but
+   * its largest block (and no more than its quota): a tenant that stops
+   * reading cannot make another's gets from a device wait for its send
+   * timeout, and one get's window of the largest chunks still fits.  Set
+   * before any connection can be. */
+  if (!rc) {
+    size_t budget = engine_readback_budget();
+    s->reg.limits.max_readback_bytes =
+        budget > 2 * STAGING_MAX_BLOCK ? budget - STAGING_MAX_BLOCK : budget / 2;
+  }
   nng_tls_config *tls = NULL;
   bool any_tls = false;
   listen_url lu[CONFIG_MAX_LISTEN];

@@ -5,10 +5,11 @@
  * (GetChunk) after GetBegin: from host memory (the tensor, or a copy made
  * contiguous), or read back from a device a chunk at a time (readback.h).
  * A transfer belongs to the connection that began it: it counts against
- * that connection's limit of gets in progress and its tenant's quota (for
- * the copy it holds or the blocks it reads back into), it ends once every
- * byte was served, when it has not been read from for the idle timeout, or
- * with its connection.  Transfers are found by their 128-bit
+ * that connection's limit of gets in progress; the copy it holds and the
+ * blocks it reads back into are charged to its tenant's quota for as long
+ * as they live (the replies they are lent to may outlive the transfer:
+ * wire_charge_lend_begin).  It ends once every byte was served, when it
+ * has not been read from for the idle timeout, or with its connection.  Transfers are found by their 128-bit
  * random id in a hash table.
  */
 #ifndef TPORT_TRANSFERS_H

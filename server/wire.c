@@ -112,6 +112,16 @@ int wire_charge_begin(call *c, reg_reservation *res, size_t upfront, const char 
   return rc;
 }
 
+int wire_charge_lend_begin(call *c, reg_reservation *res, size_t upfront, const char *what)
+{
+  *res = REG_RESERVATION_INIT(&c->srv->reg, c->pipe);
+  res->for_life = true;
+  int rc = reg_reserve(res, upfront, what, &c->err);
+  if (!rc)
+    engine_set_alloc_guard(reg_reservation_guard, res);
+  return rc;
+}
+
 void wire_charge_end(reg_reservation *res)
 {
   (void)res;

@@ -44,6 +44,11 @@ int wire_register_result(call *c, reg_entry *in, tport_tensor *res, bool aliased
  * happened).  What is left in res goes with reg_add (wire_register_result)
  * or reg_reservation_release. */
 int wire_charge_begin(call *c, reg_reservation *res, size_t upfront, const char *what);
+/* The same for memory that may outlive the request (what a get lends to its
+ * replies: its copy, read-back blocks): each allocation is charged from
+ * res's upfront bytes, or against the quota, for as long as it lives,
+ * released when it is freed -- after nng has sent the reply that held it. */
+int wire_charge_lend_begin(call *c, reg_reservation *res, size_t upfront, const char *what);
 void wire_charge_end(reg_reservation *res);
 /* The work of a request is bounded by what it makes and what it iterates:
  * numel elements of esize bytes (overflow-checked) must fit in --max-tensor,

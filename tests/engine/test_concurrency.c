@@ -185,3 +185,42 @@ Test(concurrency, threads_share_devices_safely)
     cr_assert_eq(w[i].failures, 0, "thread %d", i);
   }
 }
+
+/* A copy from pinned caller memory (a region registered with the GPU
+ * driver, read by the device directly) that fails after its copy was
+ * enqueued must end that copy before it returns: the caller then releases
+ * (and may unregister, unmap or reuse) the region.  Issue 20, finding 9.
+ * ENGINE_FAIL_MARK fails the step after the enqueue. */
+static int failed_pinned_copy_failures(void)
+{
+  int failures = 0;
+  enum { LEN = 16 << 10 };
+  for (int trial = 0; trial < TRIALS; trial++) {
+    int32_t *host = malloc(LEN * 4);
+    for (int i = 0; i < LEN; i++)
+      host[i] = trial * 1000 + i;
+    tport_tensor *dev, *h;
+    cr_assert_eq(
+        tensor_empty(S0, TPORT_INT32, 1, (int64_t[]){LEN}, TPORT_MF_CONTIGUOUS, 0, &dev, NULL), 0);
+    cr_assert_eq(tensor_wrap_host_pinned(host, LEN * 4, TPORT_INT32, 1, (int64_t[]){LEN}, NULL, 0,
+                                         &h, NULL),
+                 0);
+    engine_set_test_faults(ENGINE_FAIL_MARK);
+    cr_assert_neq(tensor_copy_(dev, h, true, NULL), 0, "the injected failure did not happen");
+    engine_set_test_faults(0);
+    tensor_release(h);
+    for (int i = 0; i < LEN; i++) /* the region's next use */
+      host[i] = -1;
+    engine_synchronize_all();
+    failures += !holds(dev, LEN, trial * 1000); /* the copy read the region in time */
+    tensor_release(dev);
+    free(host);
+  }
+  return failures;
+}
+
+Test(concurrency, a_failed_copy_from_pinned_memory_ends_before_it_returns)
+{
+  cr_assert_eq(failed_pinned_copy_failures(), 0,
+               "a failed copy read pinned memory after it returned");
+}

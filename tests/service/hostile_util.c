@@ -574,3 +574,38 @@ void sp_get_begin(Tport__GetBeginRequest *q, Tport__Ref *ref, const char *name)
   *ref = mkref(NULL, 0, name);
   get_begin_req(q, ref, 64 << 20);
 }
+
+/* Reads exactly n bytes (the socket's receive timeout bounds each wait). */
+static void sp_read_all(int fd, void *buf, size_t n)
+{
+  struct timeval tv = {.tv_sec = REPLY_MS / 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  for (size_t got = 0; got < n;) {
+    ssize_t k = recv(fd, (uint8_t *)buf + got, n - got, 0);
+    cr_assert_gt(k, 0, "no reply within %d ms: %s", REPLY_MS, k ? strerror(errno) : "EOF");
+    got += (size_t)k;
+  }
+}
+
+int sp_recv(int fd, uint32_t *id, const ProtobufCMessageDescriptor *d, char *msg,
+            ProtobufCMessage **out)
+{
+  uint8_t head[12];
+  sp_read_all(fd, head, 12);
+  uint64_t len = 0;
+  for (int k = 0; k < 8; k++)
+    len = len << 8 | head[k];
+  cr_assert(len >= 4 && len <= (256u << 20), "an SP message of %llu bytes",
+            (unsigned long long)len);
+  uint32_t rid = 0;
+  for (int k = 0; k < 4; k++)
+    rid = rid << 8 | head[8 + k];
+  *id = rid & 0x7fffffffu;
+  nng_msg *m;
+  cr_assert_eq(nng_msg_alloc(&m, (size_t)len - 4), 0, "nng_msg_alloc");
+  sp_read_all(fd, nng_msg_body(m), (size_t)len - 4);
+  char tmp[256];
+  int code = svc_reply_status(m, d ? d : &tport__error_reply__descriptor, msg ? msg : tmp, out);
+  nng_msg_free(m);
+  return code;
+}

@@ -125,5 +125,10 @@ bool sp_peer_closed(int fd);
  * without a byte while the connection stays open (false). */
 bool sp_drain(int fd, int quiet_ms, size_t *bytes);
 void sp_get_begin(Tport__GetBeginRequest *q, Tport__Ref *ref, const char *name);
+/* Reads one reply: its request id into *id, its status code (msg: 256
+ * bytes), optionally the unpacked reply (descriptor d).  The test fails
+ * when none comes within REPLY_MS. */
+int sp_recv(int fd, uint32_t *id, const ProtobufCMessageDescriptor *d, char *msg,
+            ProtobufCMessage **out);
 
 #endif

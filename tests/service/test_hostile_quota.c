@@ -14,13 +14,18 @@
  * hostile_util.h, which also says how every wait is bounded.
  */
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "backend.h"
+#include "host_cache.h"
 #include "hostile_util.h"
+#include "registry.h"
+#include "staging.h"
 
 /* A server that stalls must fail the test, never hang it. */
 TestSuite(hostile, .timeout = 120);
@@ -637,6 +642,18 @@ static void q20_expect_bytes(tport_client *c, int64_t want, const char *when)
                (long long)bytes, (long long)want);
 }
 
+/* The same, for charges that go when their memory is freed: a device
+ * copy whose last work is still pending when it is released is freed by
+ * the reaper's next round (each second). */
+static void q20_expect_bytes_soon(tport_client *c, int64_t want, const char *when)
+{
+  int64_t bytes = -1;
+  for (int i = 0; i < 50 && (bytes = svc_counter(c, "tensor_bytes")) != want; i++)
+    usleep(100000);
+  cr_assert_eq(bytes, want, "%s: the tenant is charged %lld bytes 5 s on; its tensors hold %lld",
+               when, (long long)bytes, (long long)want);
+}
+
 /* A refusal for the quota, before the work, that names the bytes asked
  * and the bytes left. */
 static void q20_expect_refusal(int code, const char *msg, const char *asked, const char *left,
@@ -845,16 +862,279 @@ Test(hostile, d20c_an_inline_gets_copy_is_charged_before_it_is_made)
   q20_expect_refusal(rc, err.msg, "1048576", "786432",
                      "a get of a 1 MiB view (copied inline) with 768 KiB of 1 MiB left");
   q20_expect_bytes(c, (int64_t)n, "after the refused get");
-  /* a copy that fits is made, and its charge goes with the request */
-  rc = tport_view(c, &base.ref, 2, (int64_t[]){2, (int64_t)n}, (int64_t[]){0, 1}, 0, "half", NULL,
-                  &err);
+  /* a copy that fits is made, and its charge goes with the request: the
+   * copy on the device and the read-back block it comes back through
+   * (256 KiB each: with the tensor, 768 KiB of 1 MiB) */
+  rc = tport_view(c, &base.ref, 2, (int64_t[]){2, (int64_t)n / 2}, (int64_t[]){0, 1}, 0, "half",
+                  NULL, &err);
   cr_assert_eq(rc, 0, "%s", err.msg);
-  rc = tport_get(c, &(tport_ref){.name = "half"}, back, 2 * n, NULL, NULL, NULL, &err);
-  cr_assert_eq(rc, 0, "a get of a 512 KiB view with 768 KiB left: %s (%s)", tport_strerror(rc),
-               err.msg);
-  cr_assert_eq(memcmp(back, back + n, n), 0, "both rows are the tensor");
-  q20_expect_bytes(c, (int64_t)n, "after the get");
+  rc = tport_get(c, &(tport_ref){.name = "half"}, back, n, NULL, NULL, NULL, &err);
+  cr_assert_eq(rc, 0, "a get of a 256 KiB view (its copy and its read-back block: 512 KiB) with "
+               "768 KiB left: %s (%s)",
+               tport_strerror(rc), err.msg);
+  cr_assert_eq(memcmp(back, back + n / 2, n / 2), 0, "both rows are the tensor's first half");
+  q20_expect_bytes_soon(c, (int64_t)n, "after the get");
   free(back);
   tport_close(c);
+  server_stop(s, 1000);
+}
+
+/* ================================================================ 20.2: lent, still charged */
+
+/* Issue 20, finding 2: a get's bytes are lent to its reply (nng writes them
+ * to the socket from there), and a reply its client does not read lives
+ * until the send timeout.  A get's host copy was charged only while the
+ * request made it, and a get from a device's read-back blocks never: a
+ * tenant that stopped reading held as many copies and blocks as it asked
+ * for (6 connections x 50 gets: 1.24 GB held, 9 bytes charged against a
+ * 1 MiB quota) and could take the whole read-back pool from everyone else.
+ * Now each is charged before it is taken, for as long as it lives: a
+ * connection that does not read is refused once its tenant's quota is held,
+ * and the charge goes when the reply is read or the connection goes.
+ * "Held" is the server's own figure: the host cache's bytes in use (the
+ * copies) plus the read-back pool's (the blocks). */
+
+#define L20_QUOTA ((size_t)16 << 20)
+#define L20_TENANT "lender"
+/* each get's copy or block: a whole huge page (the host cache counts blocks
+ * of 1 MiB and up, rounded to 2 MiB) */
+#define L20_N ((size_t)2 << 20)
+#define L20_CONNS 3
+#define L20_GETS 16 /* per connection: 96 MiB asked for in all */
+
+typedef enum { L20_HOST_INLINE, L20_SIM_INLINE, L20_HOST_CHUNKED, L20_SIM_CHUNKED } l20_kind;
+
+/* Bytes the server holds in host copies and read-back blocks. */
+static size_t l20_held(void)
+{
+  host_cache_stats hc;
+  host_cache_get_stats(&hc);
+  staging_stats rb;
+  staging_get_stats(staging_readback(), &rb);
+  return hc.in_use_bytes + (size_t)rb.bytes_in_use;
+}
+
+static void l20_hello(int fd, const char *tenant)
+{
+  Tport__HelloRequest q = TPORT__HELLO_REQUEST__INIT;
+  q.protocol_version = 1;
+  q.client = "test_hostile";
+  q.tenant = (char *)tenant;
+  cr_assert(sp_send(fd, 1, TPORT__METHOD__METHOD_HELLO, &q.base));
+  uint32_t id;
+  char msg[256];
+  int code = sp_recv(fd, &id, &tport__hello_reply__descriptor, msg, NULL);
+  cr_assert_eq(code, 0, "Hello as %s: %s", tenant, msg);
+}
+
+/* Sends the gets of one connection, none of whose payloads it reads (a
+ * chunked get's GetBegin replies, which carry none, excepted): how many
+ * GetBegins were refused for the quota. */
+static int l20_send_gets(int fd, l20_kind kind, const char *name)
+{
+  bool chunked = kind == L20_HOST_CHUNKED || kind == L20_SIM_CHUNKED;
+  Tport__Ref ref = mkref(NULL, 0, name);
+  Tport__GetBeginRequest g;
+  get_begin_req(&g, &ref, chunked ? 0 : 64 << 20);
+  for (uint32_t i = 0; i < L20_GETS; i++)
+    cr_assert(sp_send(fd, 100 + i, TPORT__METHOD__METHOD_GET_BEGIN, &g.base));
+  if (!chunked)
+    return 0;
+  uint8_t ids[L20_GETS][16];
+  int ok = 0;
+  for (int i = 0; i < L20_GETS; i++) {
+    uint32_t id;
+    char msg[256];
+    ProtobufCMessage *out;
+    int code = sp_recv(fd, &id, &tport__get_begin_reply__descriptor, msg, &out);
+    Tport__GetBeginReply *r = (Tport__GetBeginReply *)out;
+    if (code == 0) {
+      cr_assert_eq(r->transfer.len, 16, "a chunked GetBegin without a transfer id");
+      memcpy(ids[ok++], r->transfer.data, 16);
+    } else {
+      cr_assert(code == TPORT_RESOURCE_EXHAUSTED && strstr(msg, "quota"),
+                "GetBegin %u: %s (%s), want OK or RESOURCE_EXHAUSTED for the quota", id,
+                tport_strerror(code), msg);
+    }
+    protobuf_c_message_free_unpacked(out, NULL);
+  }
+  for (int i = 0; i < L20_GETS; i++) {
+    /* a refused GetBegin's place is taken by a chunk of one that was not:
+     * NOT_FOUND once that transfer has served its bytes (or when none was) */
+    static uint8_t none[16]; /* every GetBegin refused: NOT_FOUND */
+    Tport__GetChunkRequest q = TPORT__GET_CHUNK_REQUEST__INIT;
+    q.transfer.data = ok ? ids[i % ok] : none;
+    q.transfer.len = 16;
+    q.offset = 0;
+    q.length = L20_N;
+    cr_assert(sp_send(fd, 200 + (uint32_t)i, TPORT__METHOD__METHOD_GET_CHUNK, &q.base));
+  }
+  return L20_GETS - ok;
+}
+
+/* Reads the L20_GETS replies that carry (or would carry) bytes: how many
+ * were refused for the quota; any other error fails the test. */
+static int l20_read_replies(int fd)
+{
+  int refused = 0;
+  for (int i = 0; i < L20_GETS; i++) {
+    uint32_t id;
+    char msg[256];
+    int code = sp_recv(fd, &id, NULL, msg, NULL);
+    if (code == TPORT_RESOURCE_EXHAUSTED && strstr(msg, "quota"))
+      refused++;
+    else
+      cr_assert(code == 0 || code == TPORT_NOT_FOUND,
+                "request %u: %s (%s), want OK or RESOURCE_EXHAUSTED for the quota", id,
+                tport_strerror(code), msg);
+  }
+  return refused;
+}
+
+static void lent_gets_are_charged(l20_kind kind)
+{
+  static const char *what[] = {"inline gets of a host copy", "inline gets from sim:0",
+                               "chunked gets of a host copy", "chunked gets from sim:0"};
+  server_config cfg;
+  config(&cfg);
+  cfg.tenant_quota_bytes = L20_QUOTA;
+  cfg.chunk_bytes = L20_N;
+  cfg.send_timeout_ms = 60000; /* the replies stay unread for the whole test */
+  cfg.max_transfers = 2 * L20_GETS;
+  char inproc[128], tcp[128];
+  server *s = start_tcp(&cfg, inproc, sizeof inproc, tcp, sizeof tcp);
+  tport_client *c = svc_connect(inproc, L20_TENANT);
+  /* a 1-byte host tensor whose stride-0 view is a fresh 2 MiB copy per get,
+   * and 2 MiB on sim:0 read back through a 2 MiB block per get */
+  tport_tensor_info one;
+  uint8_t v = 7;
+  tport_err err;
+  cr_assert_eq(tport_put(c, TPORT_UINT8, 1, (int64_t[]){1}, NULL, &v, 1, NULL, &one, &err), 0,
+               "%s", err.msg);
+  cr_assert_eq(tport_view(c, &one.ref, 1, (int64_t[]){(int64_t)L20_N}, (int64_t[]){0}, 0, "bc",
+                          NULL, &err),
+               0, "%s", err.msg);
+  tport_tensor_info dev;
+  q20_put(c, TPORT_UINT8, 1, L20_N, "sim:0", "dev", &dev);
+  int64_t base = svc_counter(c, "tensor_bytes");
+  bool host = kind == L20_HOST_INLINE || kind == L20_HOST_CHUNKED;
+  const char *name = host ? "bc" : "dev";
+  size_t held0 = l20_held();
+  int fds[L20_CONNS], refused = 0;
+  for (int k = 0; k < L20_CONNS; k++) {
+    fds[k] = sp_connect(tcp, 4096);
+    l20_hello(fds[k], L20_TENANT);
+    refused += l20_send_gets(fds[k], kind, name);
+  }
+  /* what the unread replies hold, sampled while the server works on them */
+  size_t most = 0;
+  for (int i = 0; i < 30; i++) {
+    size_t now = l20_held();
+    now = now > held0 ? now - held0 : 0;
+    most = now > most ? now : most;
+    usleep(50000);
+  }
+  int64_t charged = svc_counter(c, "tensor_bytes");
+  cr_assert_leq(most, L20_QUOTA,
+                "%s: %d connections of a tenant with a %zu-byte quota that read nothing hold %zu "
+                "bytes of the server's memory (charged %lld)",
+                what[kind], L20_CONNS, L20_QUOTA, most, (long long)charged);
+  cr_assert_leq(charged, (int64_t)L20_QUOTA, "%s: the tenant is charged %lld bytes of %zu",
+                what[kind], (long long)charged, L20_QUOTA);
+  /* the tenant's own reading client is refused too while its quota is held
+   * (chunked gets refused at GetBegin are never sent again: the replies the
+   * sockets' buffers took may have left room) */
+  uint8_t *back = malloc(L20_N);
+  tport_ref nref = {0};
+  snprintf(nref.name, sizeof nref.name, "%s", name);
+  int rc = charged + (int64_t)L20_N > (int64_t)L20_QUOTA
+               ? tport_get(c, &nref, back, L20_N, NULL, NULL, NULL, &err)
+               : (err.msg[0] = 0, TPORT_RESOURCE_EXHAUSTED);
+  cr_assert_eq(rc, TPORT_RESOURCE_EXHAUSTED,
+               "%s: a get of %zu bytes with %lld of %zu charged: %s (%s), want "
+               "RESOURCE_EXHAUSTED",
+               what[kind], L20_N, (long long)charged, L20_QUOTA, tport_strerror(rc), err.msg);
+  /* two connections read their replies, one goes without: nothing stays charged */
+  for (int k = 0; k < L20_CONNS - 1; k++)
+    refused += l20_read_replies(fds[k]);
+  close(fds[L20_CONNS - 1]);
+  cr_assert_gt(refused, 0, "%s: no get was refused for the quota", what[kind]);
+  q20_expect_bytes_soon(c, base, "once the replies were read or their connection went");
+  rc = tport_get(c, &nref, back, L20_N, NULL, NULL, NULL, &err);
+  cr_assert_eq(rc, 0, "%s: a get after the charges went: %s (%s)", what[kind], tport_strerror(rc),
+               err.msg);
+  for (int k = 0; k < L20_CONNS - 1; k++)
+    close(fds[k]);
+  free(back);
+  tport_close(c);
+  server_stop(s, 2000);
+}
+
+Test(hostile, d20b_unread_inline_gets_of_host_copies_hold_only_the_quota)
+{
+  lent_gets_are_charged(L20_HOST_INLINE);
+}
+
+Test(hostile, d20b_unread_inline_gets_from_a_device_hold_only_the_quota)
+{
+  lent_gets_are_charged(L20_SIM_INLINE);
+}
+
+Test(hostile, d20b_unread_chunks_of_host_copies_hold_only_the_quota)
+{
+  lent_gets_are_charged(L20_HOST_CHUNKED);
+}
+
+Test(hostile, d20b_unread_chunks_from_a_device_hold_only_the_quota)
+{
+  lent_gets_are_charged(L20_SIM_CHUNKED);
+}
+
+/* ================================================================ 20.9: frees outside the lock */
+
+/* Issue 20, finding 9: the registry's lock was held while entries -- and
+ * so large storages -- were freed (a Free, a disconnect, an expiry), and
+ * ctx_cb needs that lock on nng's poller thread.  The test's hook runs as
+ * each entry is freed and asks whether the freeing thread holds the lock:
+ * a trylock that fails for 200 ms (no other holder keeps it that long) is
+ * this thread's own. */
+static atomic_int l9_frees, l9_locked;
+
+static void l9_on_entry_free(registry *r)
+{
+  atomic_fetch_add(&l9_frees, 1);
+  for (int i = 0; i < 200; i++) {
+    if (pthread_mutex_trylock(&r->mu) == 0) {
+      pthread_mutex_unlock(&r->mu);
+      return;
+    }
+    usleep(1000);
+  }
+  atomic_fetch_add(&l9_locked, 1);
+}
+
+Test(hostile, d20i_entries_are_freed_outside_the_registry_lock)
+{
+  char url[128];
+  server_config cfg;
+  config(&cfg);
+  cfg.ttl_s = 1; /* the named one expires */
+  server *s = start(&cfg, url, sizeof url);
+  reg_test_entry_free = l9_on_entry_free;
+  tport_client *c = svc_connect(url, "t9");
+  tport_tensor_info a, b, n;
+  q20_put(c, TPORT_UINT8, 1, 4 << 20, "cpu", NULL, &a);   /* freed by Free */
+  q20_put(c, TPORT_UINT8, 1, 4 << 20, "sim:0", NULL, &b); /* by the disconnect */
+  q20_put(c, TPORT_UINT8, 1, 4 << 20, "cpu", "kept", &n); /* by its expiry */
+  tport_err err;
+  cr_assert_eq(tport_free(c, &a.ref, &err), 0, "free: %s", err.msg);
+  tport_close(c);
+  for (int i = 0; i < 50 && atomic_load(&l9_frees) < 3; i++)
+    usleep(100000);
+  cr_assert_geq(atomic_load(&l9_frees), 3, "%d of 3 entries were freed", atomic_load(&l9_frees));
+  cr_assert_eq(atomic_load(&l9_locked), 0,
+               "%d of %d entries were freed with the registry's lock held",
+               atomic_load(&l9_locked), atomic_load(&l9_frees));
+  reg_test_entry_free = NULL;
   server_stop(s, 1000);
 }
