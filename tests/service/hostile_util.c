@@ -463,12 +463,17 @@ int sp_connect_raw(const char *tcp_url, int rcvbuf)
 
 int sp_connect(const char *tcp_url, int rcvbuf)
 {
+  return sp_connect_as(tcp_url, rcvbuf, "default");
+}
+
+int sp_connect_as(const char *tcp_url, int rcvbuf, const char *tenant)
+{
   int fd = sp_connect_raw(tcp_url, rcvbuf);
   int port = 0;
   sscanf(tcp_url, "tcp://127.0.0.1:%d", &port);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  /* Hello as "default", answering a challenge for the local secret (the
+  /* Hello as the tenant, answering a challenge for the local secret (the
    * tests' servers have it on) bound to the address reached */
   nng_sockaddr sa = {.s_in = {.sa_family = NNG_AF_INET, .sa_port = a.sin_port,
                               .sa_addr = a.sin_addr.s_addr}};
@@ -476,7 +481,7 @@ int sp_connect(const char *tcp_url, int rcvbuf)
   Tport__HelloRequest hq = TPORT__HELLO_REQUEST__INIT;
   hq.protocol_version = 1;
   hq.client = "sp_connect";
-  hq.tenant = "default";
+  hq.tenant = (char *)tenant;
   for (uint32_t id = 0x7fff0000u;; id++) {
     cr_assert(sp_send(fd, id, TPORT__METHOD__METHOD_HELLO, &hq.base), "sending a Hello");
     nng_msg *m = sp_recv(fd);
@@ -488,7 +493,7 @@ int sp_connect(const char *tcp_url, int rcvbuf)
     bool challenged = code == TPORT_UNAUTHENTICATED && h->local_secret &&
                       h->auth_challenge.len == HELLO_CHALLENGE_BYTES && !hq.auth_response.len;
     if (challenged)
-      svc_local_answer_sa(&sa, h->auth_challenge.data, "default", answer);
+      svc_local_answer_sa(&sa, h->auth_challenge.data, tenant, answer);
     protobuf_c_message_free_unpacked(out, NULL);
     if (!challenged) {
       cr_assert_eq(code, 0, "sp_connect's Hello: %s", msg);
@@ -587,7 +592,7 @@ static void sp_read_all(int fd, void *buf, size_t n)
   }
 }
 
-int sp_recv(int fd, uint32_t *id, const ProtobufCMessageDescriptor *d, char *msg,
+int sp_recv_reply(int fd, uint32_t *id, const ProtobufCMessageDescriptor *d, char *msg,
             ProtobufCMessage **out)
 {
   uint8_t head[12];

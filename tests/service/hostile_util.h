@@ -112,6 +112,8 @@ int raw_get_chunk(rawc *r, const uint8_t *transfer, size_t tlen, uint64_t offset
  * back up at once).  It has said Hello as "default" (answering a challenge
  * for the local secret, as libtport does) and read the reply. */
 int sp_connect(const char *tcp_url, int rcvbuf);
+/* The same as the tenant named. */
+int sp_connect_as(const char *tcp_url, int rcvbuf, const char *tenant);
 /* The same without the Hello: a connection that has proved nothing. */
 int sp_connect_raw(const char *tcp_url, int rcvbuf);
 /* One reply's frame (after its request id), as a message to free. */
@@ -128,7 +130,7 @@ void sp_get_begin(Tport__GetBeginRequest *q, Tport__Ref *ref, const char *name);
 /* Reads one reply: its request id into *id, its status code (msg: 256
  * bytes), optionally the unpacked reply (descriptor d).  The test fails
  * when none comes within REPLY_MS. */
-int sp_recv(int fd, uint32_t *id, const ProtobufCMessageDescriptor *d, char *msg,
+int sp_recv_reply(int fd, uint32_t *id, const ProtobufCMessageDescriptor *d, char *msg,
             ProtobufCMessage **out);
 
 #endif

@@ -914,19 +914,6 @@ static size_t l20_held(void)
   return hc.in_use_bytes + (size_t)rb.bytes_in_use;
 }
 
-static void l20_hello(int fd, const char *tenant)
-{
-  Tport__HelloRequest q = TPORT__HELLO_REQUEST__INIT;
-  q.protocol_version = 1;
-  q.client = "test_hostile";
-  q.tenant = (char *)tenant;
-  cr_assert(sp_send(fd, 1, TPORT__METHOD__METHOD_HELLO, &q.base));
-  uint32_t id;
-  char msg[256];
-  int code = sp_recv(fd, &id, &tport__hello_reply__descriptor, msg, NULL);
-  cr_assert_eq(code, 0, "Hello as %s: %s", tenant, msg);
-}
-
 /* Sends the gets of one connection, none of whose payloads it reads (a
  * chunked get's GetBegin replies, which carry none, excepted): how many
  * GetBegins were refused for the quota. */
@@ -946,7 +933,7 @@ static int l20_send_gets(int fd, l20_kind kind, const char *name)
     uint32_t id;
     char msg[256];
     ProtobufCMessage *out;
-    int code = sp_recv(fd, &id, &tport__get_begin_reply__descriptor, msg, &out);
+    int code = sp_recv_reply(fd, &id, &tport__get_begin_reply__descriptor, msg, &out);
     Tport__GetBeginReply *r = (Tport__GetBeginReply *)out;
     if (code == 0) {
       cr_assert_eq(r->transfer.len, 16, "a chunked GetBegin without a transfer id");
@@ -980,7 +967,7 @@ static int l20_read_replies(int fd)
   for (int i = 0; i < L20_GETS; i++) {
     uint32_t id;
     char msg[256];
-    int code = sp_recv(fd, &id, NULL, msg, NULL);
+    int code = sp_recv_reply(fd, &id, NULL, msg, NULL);
     if (code == TPORT_RESOURCE_EXHAUSTED && strstr(msg, "quota"))
       refused++;
     else
@@ -1022,8 +1009,7 @@ static void lent_gets_are_charged(l20_kind kind)
   size_t held0 = l20_held();
   int fds[L20_CONNS], refused = 0;
   for (int k = 0; k < L20_CONNS; k++) {
-    fds[k] = sp_connect(tcp, 4096);
-    l20_hello(fds[k], L20_TENANT);
+    fds[k] = sp_connect_as(tcp, 4096, L20_TENANT);
     refused += l20_send_gets(fds[k], kind, name);
   }
   /* what the unread replies hold, sampled while the server works on them */
