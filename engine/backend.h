@@ -106,6 +106,13 @@ typedef struct backend_ops {
    * caller memory for the device's copies (cudaHostRegister), and undoes it. */
   int (*host_register)(void *ptr, size_t bytes, tport_err *err);
   void (*host_unregister)(void *ptr);
+  /* Optional (NULL where the backend has no inter-process memory): opens
+   * another process's allocation by its IPC handle (cudaIpcOpenMemHandle,
+   * len bytes of cudaIpcMemHandle_t): *ptr its base here, *dev the device
+   * it lives on in this process's numbering.  ipc_close undoes it, once no
+   * copy from or to it is pending.  Neither blocks on other work. */
+  int (*ipc_open)(const void *handle, size_t len, int *dev, void **ptr, tport_err *err);
+  void (*ipc_close)(void *ptr);
 } backend_ops;
 
 /* The table of a device type; every entry is non-NULL (unsupported ops point

@@ -368,6 +368,49 @@ static void cu_host_unregister(void *p)
   }
 }
 
+/* Another process's allocation (a same-host client's): opened in a context
+ * that exists already, peer access enabled lazily where it lives on
+ * another device; *dev is the device it lives on here (what copies to and
+ * from it must name). */
+static int cu_ipc_open(const void *handle, size_t len, int *dev, void **out, tport_err *err)
+{
+  if (cu_count() == 0)
+    return tport_err_set(err, TPORT_UNAVAILABLE, "cuda: %s", cu_reason());
+  cudaIpcMemHandle_t h;
+  if (len != sizeof h.reserved)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "a CUDA IPC handle is %zu bytes: %zu came",
+                         sizeof h.reserved, len);
+  memcpy(h.reserved, handle, len);
+  void *p = NULL;
+  GUARDED(context_device(), cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), err);
+  struct cudaPointerAttributes a;
+  cudaError_t e = cudaPointerGetAttributes(&a, p);
+  if (e != cudaSuccess || a.type != cudaMemoryTypeDevice || a.device < 0 ||
+      a.device >= cu_count()) {
+    cudaGetLastError();
+    if (cudaIpcCloseMemHandle(p) != cudaSuccess)
+      cudaGetLastError();
+    return e != cudaSuccess ? cu_fail(e, "cudaPointerGetAttributes", err)
+                            : tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                                            "the opened IPC handle is not device memory of a "
+                                            "visible device (type %d, device %d)",
+                                            (int)a.type, a.device);
+  }
+  *dev = a.device;
+  *out = p;
+  return TPORT_OK;
+}
+
+static void cu_ipc_close(void *p)
+{
+  guard g;
+  if (p && guard_enter(context_device(), &g, NULL) == TPORT_OK) {
+    if (cudaIpcCloseMemHandle(p) != cudaSuccess)
+      cudaGetLastError();
+    guard_exit(&g);
+  }
+}
+
 static void cu_host_free(void *p)
 {
   guard g;
@@ -760,6 +803,8 @@ const backend_ops backend_cuda = {
     .host_free = cu_host_free,
     .host_register = cu_host_register,
     .host_unregister = cu_host_unregister,
+    .ipc_open = cu_ipc_open,
+    .ipc_close = cu_ipc_close,
     .stream_default = cu_stream_default,
     .stream_create = cu_stream_create,
     .stream_destroy = cu_stream_destroy,

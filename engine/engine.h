@@ -170,6 +170,20 @@ int tensor_contiguous_nbytes(const tport_tensor *t, tport_memory_format fmt, siz
 int engine_host_register(void *p, size_t n, bool *registered, tport_err *err);
 void engine_host_unregister(void *p);
 
+/* Same-host GPU memory of another process (engine/ipc.c): opens the
+ * allocation its IPC handle names (len bytes; cudaIpcMemHandle_t) with the
+ * first backend that can, *dev where it lives and *ptr its base here.
+ * FAILED_PRECONDITION, saying why, where no backend can (no GPU).  Close it
+ * only once no copy from or to it is pending. */
+int engine_ipc_open(const void *handle, size_t len, tport_device *dev, void **ptr, tport_err *err);
+void engine_ipc_close(tport_device dev, void *ptr);
+/* A tensor over nbytes of device memory at data that the engine did not
+ * allocate (an opened IPC allocation): borrowed, never freed, validated as
+ * tensor_wrap_host validates. */
+int tensor_wrap_device(tport_device dev, void *data, size_t nbytes, tport_dtype dtype, int ndim,
+                       const int64_t *sizes, const int64_t *strides, int64_t offset,
+                       tport_tensor **out, tport_err *err);
+
 /* Waits for all work of every device and frees deferred storages and the
  * staging pool's cache. */
 void engine_synchronize_all(void);
