@@ -309,6 +309,9 @@ int h_stats(call *c)
   COUNTER("shm_region_bytes", ss.bytes);
   COUNTER("shm_handoffs", ss.handoffs_ok);
   COUNTER("shm_handoffs_refused", ss.handoffs_refused);
+  COUNTER("cuda_ipc_regions", ss.ipc_regions);
+  COUNTER("cuda_ipc_opens", ss.ipc_opens);
+  COUNTER("cuda_ipc_refused", ss.ipc_refused);
   COUNTER("shm_transfers", ss.transfers);
   COUNTER("bytes_in", atomic_load(&s->bytes_in));
   COUNTER("bytes_out", atomic_load(&s->bytes_out));

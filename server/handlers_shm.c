@@ -1,6 +1,7 @@
 /*
  * handlers_shm.c: ShmRegister and ShmRelease, the nng half of same-host
- * regions (the descriptor itself goes over the shm socket: regions.h).
+ * regions (the descriptor itself goes over the shm socket: regions.h), and
+ * of CUDA IPC regions (a client's GPU allocation: regions.h too).
  */
 #include <string.h>
 #include <unistd.h>
@@ -39,8 +40,13 @@ int h_shm_register(call *c)
     return tport_err_set(&c->err, TPORT_ABORTED, "the connection is closing");
   uint64_t id;
   uint8_t token[TRANSPORT_SHM_TOKEN_BYTES];
-  int rc = shm_register(s->shm, c->pipe, tenant, peer_pid(c->pipe), q->nbytes, &id, token,
-                        &c->err);
+  bool ready = false;
+  bool ipc = q->cuda_ipc_handle.len > 0 || q->cuda_ipc_fd;
+  int rc = ipc ? shm_register_ipc(s->shm, c->pipe, tenant, peer_pid(c->pipe), q->nbytes,
+                                  q->cuda_ipc_handle.data, q->cuda_ipc_handle.len, q->cuda_ipc_fd,
+                                  &id, token, &ready, &c->err)
+               : shm_register(s->shm, c->pipe, tenant, peer_pid(c->pipe), q->nbytes, &id, token,
+                              &c->err);
   if (rc)
     return rc;
   /* a connection that closed meanwhile has had its regions dropped already
@@ -54,8 +60,9 @@ int h_shm_register(call *c)
   r.status = wire_ok();
   r.region = id;
   r.token.data = token;
-  r.token.len = sizeof token;
+  r.token.len = ready ? 0 : sizeof token;
   r.socket_path = (char *)shm_socket_path(s->shm);
+  r.ready = ready;
   return call_reply(c, &r.base, NULL, 0);
 }
 

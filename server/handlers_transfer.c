@@ -49,6 +49,23 @@ static int wrap_host(const uint8_t *p, size_t n, bool pinned, tport_dtype dt, in
                 : tensor_wrap_host((void *)p, n, dt, ndim, sizes, strides, 0, out, err);
 }
 
+/* A whole put's or get's slice: host memory, or GPU memory of *dev (a
+ * CUDA IPC region, *on_dev): wrapped on its device, never read here. */
+static int hold_whole(call *c, const Tport__ShmSlice *sl, shm_region **held, uint8_t **p,
+                      bool *pinned, tport_device *dev, bool *on_dev)
+{
+  return shm_hold_any(c->srv->shm, c->pipe, sl->region, sl->offset, sl->length, held, p, pinned,
+                      dev, on_dev, &c->err);
+}
+
+static int wrap_any(uint8_t *p, size_t n, bool pinned, bool on_dev, tport_device dev,
+                    tport_dtype dt, int ndim, const int64_t *sizes, const int64_t *strides,
+                    tport_tensor **out, tport_err *err)
+{
+  return on_dev ? tensor_wrap_device(dev, p, n, dt, ndim, sizes, strides, 0, out, err)
+                : wrap_host(p, n, pinned, dt, ndim, sizes, strides, out, err);
+}
+
 static int wrap_bytes(const uint8_t *p, size_t n, tport_dtype dt, int64_t count, bool pinned,
                       tport_tensor **out, tport_err *err)
 {
@@ -200,16 +217,22 @@ static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_
   server *s = c->srv;
   shm_region *held = NULL;
   uint8_t *p = NULL;
-  bool pinned = false;
-  int rc = hold_slice(c, q->shm, &held, &p, &pinned);
+  bool pinned = false, on_dev = false;
+  tport_device mem_dev;
+  int rc = hold_whole(c, q->shm, &held, &p, &pinned, &mem_dev, &on_dev);
   if (rc)
     return rc;
   size_t len = (size_t)q->shm->length;
-  rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, 0, p, len);
+  if (on_dev && q->crc32c_set)
+    rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                       "crc32c: the bytes of a CUDA IPC region are not read by the host");
+  else
+    rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, 0, p, len);
   tport_tensor *src = NULL, *final = NULL;
   reg_reservation paid = REG_RESERVATION_INIT(&s->reg, c->pipe);
   if (!rc)
-    rc = wrap_host(p, len, pinned, from, l->ndim, l->sizes, l->strides, &src, &c->err);
+    rc = wrap_any(p, len, pinned, on_dev, mem_dev, from, l->ndim, l->sizes, l->strides, &src,
+                  &c->err);
   int64_t t0 = metrics_now_ns();
   if (!rc) {
     to_options o = *convert;
@@ -685,8 +708,9 @@ static int get_into_region(call *c, const Tport__GetBeginRequest *q, reg_entry *
                          (unsigned long long)q->shm->length, want);
   shm_region *held = NULL;
   uint8_t *p = NULL;
-  bool pinned = false;
-  int rc = hold_slice(c, q->shm, &held, &p, &pinned);
+  bool pinned = false, on_dev = false;
+  tport_device mem_dev;
+  int rc = hold_whole(c, q->shm, &held, &p, &pinned, &mem_dev, &on_dev);
   if (rc)
     return rc;
   int64_t t0 = metrics_now_ns();
@@ -704,8 +728,8 @@ static int get_into_region(call *c, const Tport__GetBeginRequest *q, reg_entry *
     rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "memory_format: %s", why.msg);
   if (!rc && want) {
     tport_tensor *dst = NULL;
-    rc = wrap_host(p, want, pinned, t->dtype, t->layout.ndim, t->layout.sizes, strides, &dst,
-                   &c->err);
+    rc = wrap_any(p, want, pinned, on_dev, mem_dev, t->dtype, t->layout.ndim, t->layout.sizes,
+                  strides, &dst, &c->err);
     if (!rc)
       rc = tensor_copy_(dst, t, false, &c->err);
     if (!rc)
@@ -718,7 +742,8 @@ static int get_into_region(call *c, const Tport__GetBeginRequest *q, reg_entry *
                                                                : STAGE_DEVICE_TO_HOST,
                         t0);
   }
-  uint32_t crc = rc || !q->want_crc32c ? 0 : transport_crc32c(0, p, want);
+  bool crc_set = q->want_crc32c && !on_dev; /* a GPU region's bytes are not read here */
+  uint32_t crc = rc || !crc_set ? 0 : transport_crc32c(0, p, want);
   shm_unhold(s->shm, held);
   if (rc)
     return rc;
@@ -729,7 +754,7 @@ static int get_into_region(call *c, const Tport__GetBeginRequest *q, reg_entry *
   r.info = &wi.info;
   r.nbytes = want;
   r.chunk_bytes = s->cfg.chunk_bytes;
-  r.crc32c_set = q->want_crc32c;
+  r.crc32c_set = crc_set;
   r.crc32c = crc;
   r.shm = true;
   atomic_fetch_add(&s->bytes_out, want);

@@ -36,6 +36,9 @@
 #define TENANT_MAX 64
 
 typedef enum { REGION_PENDING, REGION_READY } region_state;
+/* a memfd of the client's; a CUDA allocation as an exported descriptor
+ * (mapped as a memfd is); a CUDA allocation opened by its IPC handle */
+typedef enum { KIND_MEMFD, KIND_IPC_FD, KIND_IPC_CUDA } region_kind;
 
 struct shm_region {
   uint64_t id;
@@ -45,6 +48,9 @@ struct shm_region {
   int64_t token_expires_ms;
   pid_t peer_pid; /* who must hand the descriptor over (0: any allowed peer) */
   region_state state;
+  region_kind kind;
+  uint8_t ipc_handle[SHM_IPC_HANDLE_BYTES]; /* a CUDA IPC region's name */
+  tport_device ipc_dev;                     /* KIND_IPC_CUDA: where base is */
   bool tokened;     /* in by_token: its token has not been used */
   bool handing_off; /* the handoff thread is checking its descriptor */
   bool released;    /* gone from the tables; unmapped by the last holder */
@@ -59,6 +65,7 @@ struct shm_region {
 typedef struct tenant_use {
   char name[TENANT_MAX];
   size_t bytes;
+  size_t ipc; /* CUDA IPC regions */
   UT_hash_handle hh;
 } tenant_use;
 
@@ -95,13 +102,23 @@ static tenant_use *tenant_of(shm_table *t, const char *name, bool create)
   return u;
 }
 
+static bool is_ipc(const shm_region *r)
+{
+  return r->kind != KIND_MEMFD;
+}
+
+/* What a region counts against: its bytes, or, a CUDA IPC one, its place
+ * among the tenant's IPC regions. */
 static void uncharge(shm_table *t, const shm_region *r)
 {
   tenant_use *u = tenant_of(t, r->tenant, false);
   if (!u)
     return;
-  u->bytes -= r->nbytes;
-  if (u->bytes == 0) {
+  if (is_ipc(r))
+    u->ipc--;
+  else
+    u->bytes -= r->nbytes;
+  if (u->bytes == 0 && u->ipc == 0) {
     HASH_DEL(t->tenants, u);
     free(u);
   }
@@ -111,7 +128,9 @@ static void uncharge(shm_table *t, const shm_region *r)
  * and munmap of a large mapping take a while). */
 static void region_free(shm_region *r)
 {
-  if (r->base) {
+  if (r->base && r->kind == KIND_IPC_CUDA) {
+    engine_ipc_close(r->ipc_dev, r->base);
+  } else if (r->base) {
     if (r->pinned)
       engine_host_unregister(r->base);
     munmap(r->base, r->nbytes);
@@ -129,7 +148,10 @@ static bool region_remove(shm_table *t, shm_region *r)
   r->tokened = false;
   uncharge(t, r);
   t->stats.regions--;
-  t->stats.bytes -= r->nbytes;
+  if (is_ipc(r))
+    t->stats.ipc_regions--;
+  else
+    t->stats.bytes -= r->nbytes;
   r->released = true;
   /* the handoff thread owns a region it is checking: it frees it */
   return r->holds == 0 && !r->handing_off;
@@ -213,7 +235,9 @@ static int handoff(shm_table *t, int conn, tport_err *err)
                        strerror(errno));
   close(fd); /* the mapping keeps the memory */
   bool pinned = false;
-  if (!rc) {
+  /* a CUDA allocation's descriptor is the client's device memory: the
+   * driver has it already */
+  if (!rc && r->kind == KIND_MEMFD) {
     tport_err why;
     if (engine_host_register(base, r->nbytes, &pinned, &why) != TPORT_OK)
       log_msg(LOG_WARN, "region %llu stays pageable: %s", (unsigned long long)r->id, why.msg);
@@ -225,6 +249,8 @@ static int handoff(shm_table *t, int conn, tport_err *err)
     r->base = base;
     r->pinned = pinned;
     r->state = REGION_READY;
+    if (is_ipc(r))
+      t->stats.ipc_opens++;
   } else if (!gone) {
     /* a failed handoff ends the region: register again */
     region_remove(t, r);
@@ -341,7 +367,11 @@ int shm_start(const shm_config *cfg, shm_table **out, tport_err *err)
   t->path = strdup(cfg->path);
   t->listen_fd = -1;
   t->wake[0] = t->wake[1] = -1;
-  t->next_id = 1;
+  /* ids start anywhere: a client's id of a server it knew before a
+   * restart names nothing on the new one (by all odds) */
+  if (RAND_bytes((unsigned char *)&t->next_id, sizeof t->next_id) != 1)
+    t->next_id = (uint64_t)now_ms();
+  t->next_id = (t->next_id >> 2) | 1; /* never 0, and far from wrapping */
   if (!t->cfg.total_max) {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     t->cfg.total_max = pages > 0 && page > 0 ? (size_t)pages * (size_t)page / 2 : SIZE_MAX;
@@ -357,6 +387,8 @@ int shm_start(const shm_config *cfg, shm_table **out, tport_err *err)
             t->cfg.quota, t->cfg.total_max);
   if (!t->cfg.token_ms)
     t->cfg.token_ms = TOKEN_TTL_MS;
+  if (!t->cfg.max_ipc)
+    t->cfg.max_ipc = SHM_DEFAULT_MAX_IPC;
   pthread_mutex_init(&t->mu, NULL);
   pthread_cond_init(&t->handoffs_done, NULL);
   int rc = t->path ? TPORT_OK : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
@@ -426,15 +458,48 @@ const char *shm_socket_path(const shm_table *t)
   return t ? t->path : NULL;
 }
 
-int shm_register(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid, uint64_t nbytes,
-                 uint64_t *id, uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], tport_err *err)
+/* Why a CUDA IPC region may not be registered (mu held): its handle is
+ * another tenant's, or this connection's already, or the tenant has its
+ * fill of them. */
+static int ipc_refusal(shm_table *t, uint32_t pipe, const char *tenant, const uint8_t *handle,
+                       const tenant_use *u, tport_err *err)
+{
+  for (shm_region *x = t->by_id; x; x = x->hh.next) {
+    if (!is_ipc(x) || CRYPTO_memcmp(x->ipc_handle, handle, SHM_IPC_HANDLE_BYTES) != 0)
+      continue;
+    if (strcmp(x->tenant, tenant) != 0)
+      return tport_err_set(err, TPORT_PERMISSION_DENIED,
+                           "that CUDA IPC handle is registered by another tenant: a tenant opens "
+                           "only its own allocations");
+    if (x->pipe == pipe)
+      return tport_err_set(err, TPORT_ALREADY_EXISTS,
+                           "this connection has that allocation open already (region %llu): one "
+                           "open per allocation",
+                           (unsigned long long)x->id);
+  }
+  if (u->ipc >= t->cfg.max_ipc)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                         "tenant '%s' has %zu CUDA IPC allocations open: the limit is %zu (release "
+                         "one first)",
+                         tenant, u->ipc, t->cfg.max_ipc);
+  return TPORT_OK;
+}
+
+static int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid,
+                           uint64_t nbytes, region_kind kind, const uint8_t *handle, uint64_t *id,
+                           uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], shm_region **opening,
+                           tport_err *err)
 {
   if (nbytes == 0)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "a region holds at least one byte");
-  if (nbytes > t->cfg.quota)
+  if (kind == KIND_MEMFD && nbytes > t->cfg.quota)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
                          "a region of %llu bytes is over the tenant's shm quota (%zu bytes)",
                          (unsigned long long)nbytes, t->cfg.quota);
+  if (nbytes > (uint64_t)PTRDIFF_MAX)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "an allocation of %llu bytes is more than this host can address",
+                         (unsigned long long)nbytes);
   shm_region *r = calloc(1, sizeof *r);
   if (!r)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
@@ -447,6 +512,9 @@ int shm_register(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid
   r->peer_pid = peer_pid;
   r->nbytes = (size_t)nbytes;
   r->state = REGION_PENDING;
+  r->kind = kind;
+  if (handle)
+    memcpy(r->ipc_handle, handle, SHM_IPC_HANDLE_BYTES);
   pthread_mutex_lock(&t->mu);
   shm_region *dead = NULL;
   expire_pending(t, &dead);
@@ -461,6 +529,8 @@ int shm_register(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid
   else if (mine >= t->cfg.max_regions)
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
                        "this connection holds %zu regions already: release one first", mine);
+  else if (kind != KIND_MEMFD)
+    rc = ipc_refusal(t, pipe, tenant, handle, u, err);
   else if (t->stats.bytes + r->nbytes > t->cfg.total_max)
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
                        "the server holds %llu bytes of regions: %llu more would pass its limit "
@@ -473,7 +543,9 @@ int shm_register(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid
                        "(%zu bytes)",
                        tenant, u->bytes, (unsigned long long)nbytes, t->cfg.quota);
   if (rc) {
-    if (u && u->bytes == 0) {
+    if (kind != KIND_MEMFD)
+      t->stats.ipc_refused++;
+    if (u && u->bytes == 0 && u->ipc == 0) {
       HASH_DEL(t->tenants, u);
       free(u);
     }
@@ -482,17 +554,89 @@ int shm_register(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid
     free_dead(dead);
     return rc;
   }
-  u->bytes += r->nbytes;
+  if (kind == KIND_MEMFD) {
+    u->bytes += r->nbytes;
+  } else {
+    u->ipc++;
+    t->stats.ipc_regions++;
+  }
   r->id = t->next_id++;
   HASH_ADD(hh, t->by_id, id, sizeof r->id, r);
-  HASH_ADD(hh_tok, t->by_token, token, sizeof r->token, r);
-  r->tokened = true;
+  if (kind == KIND_IPC_CUDA) {
+    r->handing_off = true; /* the caller opens it outside mu, and frees it if it goes */
+    *opening = r;
+  } else {
+    HASH_ADD(hh_tok, t->by_token, token, sizeof r->token, r);
+    r->tokened = true;
+  }
   t->stats.regions++;
-  t->stats.bytes += r->nbytes;
+  if (kind == KIND_MEMFD)
+    t->stats.bytes += r->nbytes;
   *id = r->id;
   memcpy(token, r->token, sizeof r->token);
   pthread_mutex_unlock(&t->mu);
   free_dead(dead);
+  return TPORT_OK;
+}
+
+int shm_register(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid, uint64_t nbytes,
+                 uint64_t *id, uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], tport_err *err)
+{
+  return register_region(t, pipe, tenant, peer_pid, nbytes, KIND_MEMFD, NULL, id, token, NULL, err);
+}
+
+/* Opens a KIND_IPC_CUDA region registered a moment ago (its handing_off
+ * keeps it this thread's to free). */
+static int ipc_open_now(shm_table *t, shm_region *r, tport_err *err)
+{
+  tport_device dev = {TPORT_DEV_CUDA, 0};
+  void *p = NULL;
+  int rc = engine_ipc_open(r->ipc_handle, sizeof r->ipc_handle, &dev, &p, err);
+  pthread_mutex_lock(&t->mu);
+  r->handing_off = false;
+  bool gone = r->released;
+  if (!rc && !gone) {
+    r->base = p;
+    r->ipc_dev = dev;
+    r->state = REGION_READY;
+    t->stats.ipc_opens++;
+  } else if (!gone) {
+    region_remove(t, r);
+    t->stats.ipc_refused++;
+    gone = true;
+  }
+  pthread_mutex_unlock(&t->mu);
+  if (gone) {
+    if (!rc) {
+      r->base = p;
+      r->ipc_dev = dev;
+      rc = tport_err_set(err, TPORT_ABORTED, "the region was released during its open");
+    }
+    region_free(r);
+  }
+  return rc;
+}
+
+int shm_register_ipc(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid,
+                     uint64_t nbytes, const uint8_t *handle, size_t handle_len, bool fd,
+                     uint64_t *id, uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], bool *ready,
+                     tport_err *err)
+{
+  if (handle_len != SHM_IPC_HANDLE_BYTES)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "cuda_ipc_handle is %zu bytes: a cudaIpcMemHandle_t is %d", handle_len,
+                         SHM_IPC_HANDLE_BYTES);
+  shm_region *opening = NULL;
+  int rc = register_region(t, pipe, tenant, peer_pid, nbytes, fd ? KIND_IPC_FD : KIND_IPC_CUDA,
+                           handle, id, token, &opening, err);
+  if (rc || fd) {
+    *ready = false;
+    return rc;
+  }
+  if ((rc = ipc_open_now(t, opening, err)) != TPORT_OK)
+    return rc;
+  memset(token, 0, TRANSPORT_SHM_TOKEN_BYTES);
+  *ready = true;
   return TPORT_OK;
 }
 
@@ -540,6 +684,23 @@ void shm_drop_pipe(shm_table *t, uint32_t pipe)
 int shm_hold(shm_table *t, uint32_t pipe, uint64_t id, uint64_t offset, uint64_t length,
              shm_region **out, uint8_t **p, bool *pinned, tport_err *err)
 {
+  tport_device dev;
+  bool on_dev = false;
+  int rc = shm_hold_any(t, pipe, id, offset, length, out, p, pinned, &dev, &on_dev, err);
+  if (!rc && on_dev) {
+    shm_unhold(t, *out);
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "region %llu is GPU memory (CUDA IPC): name it in a whole put "
+                         "(PutBegin with commit) or a get, not a chunk",
+                         (unsigned long long)id);
+  }
+  return rc;
+}
+
+int shm_hold_any(shm_table *t, uint32_t pipe, uint64_t id, uint64_t offset, uint64_t length,
+                 shm_region **out, uint8_t **p, bool *pinned, tport_device *dev, bool *on_dev,
+                 tport_err *err)
+{
   if (!t)
     return tport_err_set(err, TPORT_FAILED_PRECONDITION,
                          "this server offers no shared memory (--shm-socket off)");
@@ -564,6 +725,9 @@ int shm_hold(shm_table *t, uint32_t pipe, uint64_t id, uint64_t offset, uint64_t
     *out = r;
     *p = r->base + offset;
     *pinned = r->pinned;
+    *on_dev = r->kind == KIND_IPC_CUDA;
+    if (*on_dev)
+      *dev = r->ipc_dev;
   }
   pthread_mutex_unlock(&t->mu);
   return rc;

@@ -19,6 +19,24 @@
  * Bytes in a region can change under the server at any time (the client
  * shares them): the server copies them once and never trusts what it read
  * from them for anything but data.  Their size cannot change (sealed).
+ *
+ * CUDA IPC regions (issue 19): a same-host client's GPU allocation, named
+ * by its cudaIpcMemHandle_t, registered as a region of its connection so
+ * that puts and gets name bytes of it as they name a region's (slices are
+ * offsets into the allocation, checked against its size).  Either the
+ * server opens the handle at once (cudaIpcOpenMemHandle, through the
+ * engine: a device pointer, READY without a handoff), or the allocation
+ * comes as an exported descriptor over the shm socket with the token, as a
+ * memfd does (the emulated runtime's device memory is such a memfd: it
+ * maps like a region's).  Each is opened once, when it is registered, and
+ * closed when it is released, when its connection closes, or at
+ * shm_stop.  A handle is one tenant's: while a tenant has it registered,
+ * another tenant's registration of the same handle is PERMISSION_DENIED
+ * (and the same connection's second one ALREADY_EXISTS: one open per
+ * allocation).  CUDA IPC regions count against no byte quota (the memory
+ * is the client's) but against shm_config.max_ipc per tenant.  A CUDA IPC
+ * handle is a capability: whoever holds its bytes can open it; the
+ * descriptor form, whose peer's pid is checked, is the strict one.
  */
 #ifndef TPORT_SERVER_REGIONS_H
 #define TPORT_SERVER_REGIONS_H
@@ -41,7 +59,11 @@ typedef struct shm_config {
                        region is pinned, and pinned pages are the server's to pay for */
   size_t max_regions; /* per connection */
   unsigned long token_ms; /* a token's life, and a PENDING region's (0: 10 s) */
+  size_t max_ipc;         /* CUDA IPC regions open per tenant (0: SHM_DEFAULT_MAX_IPC) */
 } shm_config;
+
+#define SHM_DEFAULT_MAX_IPC 256
+#define SHM_IPC_HANDLE_BYTES 64 /* cudaIpcMemHandle_t */
 
 /* Listens on cfg->path and starts the handoff thread. */
 int shm_start(const shm_config *cfg, shm_table **out, tport_err *err);
@@ -57,6 +79,14 @@ const char *shm_socket_path(const shm_table *t);
  * nothing to them. */
 int shm_register(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid, uint64_t nbytes,
                  uint64_t *id, uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], tport_err *err);
+/* A CUDA IPC region of nbytes (the allocation's size) for the connection:
+ * handle (SHM_IPC_HANDLE_BYTES) names it.  With fd, PENDING as
+ * shm_register's (the descriptor comes with *token); without, opened now
+ * through the engine and READY (*ready true, no token). */
+int shm_register_ipc(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid,
+                     uint64_t nbytes, const uint8_t *handle, size_t handle_len, bool fd,
+                     uint64_t *id, uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], bool *ready,
+                     tport_err *err);
 int shm_release(shm_table *t, uint32_t pipe, uint64_t id, tport_err *err);
 /* The connection closed: its regions go (once their holders are done). */
 void shm_drop_pipe(shm_table *t, uint32_t pipe);
@@ -66,12 +96,20 @@ void shm_drop_pipe(shm_table *t, uint32_t pipe);
  * *pinned: the mapping is registered with the GPU driver. */
 int shm_hold(shm_table *t, uint32_t pipe, uint64_t id, uint64_t offset, uint64_t length,
              shm_region **r, uint8_t **p, bool *pinned, tport_err *err);
+/* The same for a caller that also takes GPU memory: *on_dev true when
+ * *p is device memory of *dev (an opened CUDA IPC handle: wrap it with
+ * tensor_wrap_device, never read it here).  shm_hold refuses those. */
+int shm_hold_any(shm_table *t, uint32_t pipe, uint64_t id, uint64_t offset, uint64_t length,
+                 shm_region **r, uint8_t **p, bool *pinned, tport_device *dev, bool *on_dev,
+                 tport_err *err);
 void shm_unhold(shm_table *t, shm_region *r);
 
 typedef struct shm_stats {
   uint64_t regions, bytes;                /* registered now (pending ones included) */
   uint64_t handoffs_ok, handoffs_refused; /* descriptors taken / refused, ever */
   uint64_t transfers;                     /* puts and gets through a region, ever */
+  uint64_t ipc_regions;                   /* CUDA IPC regions registered now (in regions) */
+  uint64_t ipc_opens, ipc_refused;        /* CUDA IPC allocations opened / refused, ever */
 } shm_stats;
 void shm_get_stats(shm_table *t, shm_stats *out);
 /* The limits in force (the defaults resolved): bytes per tenant, in all. */
