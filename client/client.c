@@ -17,6 +17,7 @@
 #include <openssl/crypto.h>
 
 #include "client_internal.h"
+#include "cuda_ipc.h"
 #include "cuda_stage.h"
 #include "hello_mac.h"
 #include "lent_bytes.h"
@@ -206,6 +207,7 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
   atomic_init(&c->shm_auto, false);
   pthread_mutex_init(&c->regions_mu, NULL);
   pthread_mutex_init(&c->stage_mu, NULL);
+  pthread_mutex_init(&c->ipc_mu, NULL);
   c->credits = 1; /* the Hello */
   int rv = nng_req0_open(&c->sock);
   if (rv) {
@@ -258,6 +260,8 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
     const char *env = getenv("TPORT_SHM");
     snprintf(c->shm_socket, sizeof c->shm_socket, "%s", r->shm_socket);
     atomic_store(&c->shm_auto, !(opts && opts->no_shm) && !(env && strcmp(env, "0") == 0));
+    const char *ipc = getenv("TPORT_CUDA_IPC");
+    c->cuda_ipc = atomic_load(&c->shm_auto) && !(ipc && strcmp(ipc, "0") == 0);
   }
   c->window = r->max_inflight_chunks ? (int)r->max_inflight_chunks : 4;
   if (c->window > CLIENT_MAX_WINDOW)
@@ -286,6 +290,8 @@ void tport_close(tport_client *c)
   pthread_mutex_destroy(&c->regions_mu);
   stage_destroy(c->stage);
   pthread_mutex_destroy(&c->stage_mu);
+  client_ipc_destroy(c->ipc);
+  pthread_mutex_destroy(&c->ipc_mu);
   free(c);
 }
 

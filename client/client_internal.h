@@ -47,6 +47,11 @@ struct tport_client {
    * chunks, made on first use and held by one transfer at a time */
   pthread_mutex_t stage_mu;
   struct client_stage *stage;
+  /* device memory on the same host (cuda_ipc.c): whether it may go by
+   * CUDA IPC, and the allocations this connection registered (ipc_mu) */
+  bool cuda_ipc;
+  pthread_mutex_t ipc_mu;
+  struct client_ipc *ipc;
 };
 
 /* A request in flight on its own context. */
@@ -93,6 +98,7 @@ struct tport_shm {
   int fd; /* until the server has it */
   uint8_t *data;
   size_t nbytes;
+  unsigned pipe;                 /* the connection it was registered on */
   struct tport_shm *prev, *next; /* the client's regions (regions_mu) */
 };
 
@@ -161,6 +167,9 @@ typedef struct client_get_want {
 int client_get_exact(tport_client *c, const tport_ref *ref, void *buf,
                      const struct client_devmem *dev, size_t cap, const client_get_want *want,
                      tport_tensor_info *info, tport_err *err);
+/* A tensor the caller's does not match (want): INVALID_ARGUMENT naming
+ * the difference (ops.c). */
+int client_want_mismatch(const client_get_want *w, const Tport__TensorInfo *wire, tport_err *err);
 /* dlpack.c: DLPack's dtype of ours. */
 int client_dl_dtype(tport_dtype d, DLDataType *out, tport_err *err);
 bool client_url_is_local(const char *url);

@@ -39,6 +39,11 @@ SAME_TYPE(cudaEventDestroy, cudaError_t (*)(cudaEvent_t));
 SAME_TYPE(cudaHostAlloc, cudaError_t (*)(void **, size_t, unsigned int));
 SAME_TYPE(cudaFreeHost, cudaError_t (*)(void *));
 SAME_TYPE(cudaGetErrorString, const char *(*)(cudaError_t));
+SAME_TYPE(cudaIpcGetMemHandle, cudaError_t (*)(cudaIpcMemHandle_t *, void *));
+SAME_TYPE(cudaGetDriverEntryPointByVersion,
+          cudaError_t (*)(const char *, void **, unsigned int, unsigned long long,
+                          enum cudaDriverEntryPointQueryResult *));
+_Static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(cuda_rt_ipc_handle), "cudaIpcMemHandle_t");
 /* the types cuda_rt.h declares in the runtime's stead */
 _Static_assert(sizeof(cudaError_t) == sizeof(cuda_rt_status), "cudaError_t is not int-sized");
 _Static_assert(sizeof(enum cudaMemcpyKind) == sizeof(int), "cudaMemcpyKind is not int-sized");
@@ -92,6 +97,11 @@ static int resolve(void *lib, cuda_rt *t, tport_err *err)
       {"cudaFreeHost", (void **)&t->free_host},
       {"cudaGetErrorString", (void **)&t->get_error_string},
   };
+  /* optional: without them, no same-host IPC */
+  void *opt = dlsym(lib, "cudaIpcGetMemHandle");
+  memcpy(&t->ipc_get_mem_handle, &opt, sizeof opt);
+  opt = dlsym(lib, "cudaGetDriverEntryPointByVersion");
+  memcpy(&t->get_driver_entry_point, &opt, sizeof opt);
   for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
     dlerror();
     void *p = dlsym(lib, calls[i].name);

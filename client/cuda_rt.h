@@ -45,6 +45,12 @@ typedef struct cuda_rt_pointer_attributes {
   long reserved[32];
 } cuda_rt_pointer_attributes;
 
+/* cudaIpcMemHandle_t */
+#define CUDA_RT_IPC_HANDLE_BYTES 64
+typedef struct cuda_rt_ipc_handle {
+  char reserved[CUDA_RT_IPC_HANDLE_BYTES];
+} cuda_rt_ipc_handle;
+
 /* The calls libtport makes, with the runtime's own signatures. */
 typedef struct cuda_rt {
   char path[64]; /* the library loaded (as named to dlopen) */
@@ -63,6 +69,13 @@ typedef struct cuda_rt {
   cuda_rt_status (*host_alloc)(void **ptr, size_t size, unsigned flags);
   cuda_rt_status (*free_host)(void *ptr);
   const char *(*get_error_string)(cuda_rt_status error);
+  /* Optional (NULL where the runtime lacks them: same-host GPU memory is
+   * then staged as for a remote server): cudaIpcGetMemHandle and
+   * cudaGetDriverEntryPointByVersion (the driver's calls of cuda_ipc.c,
+   * without linking libcuda; its last argument is an enum's address). */
+  cuda_rt_status (*ipc_get_mem_handle)(cuda_rt_ipc_handle *handle, void *dev_ptr);
+  cuda_rt_status (*get_driver_entry_point)(const char *symbol, void **fn, unsigned int version,
+                                           unsigned long long flags, void *status);
 } cuda_rt;
 
 /* The runtime, loaded on the first call (once per process, thread-safe):

@@ -35,6 +35,7 @@ typedef struct client_stage client_stage;
 typedef struct client_devmem {
   uint8_t *base;
   int device;
+  bool managed; /* cudaMallocManaged memory (never by IPC) */
 } client_devmem;
 
 /* Checks that ptr is device (or managed) memory of device_id and says which

@@ -172,6 +172,7 @@ static int dl_where(const DLTensor *t, const uint8_t *base, size_t nbytes, bool 
   *dev = true;
   mem->base = (uint8_t *)base;
   mem->device = t->device.device_id;
+  mem->managed = managed;
   return TPORT_OK;
 }
 

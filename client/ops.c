@@ -10,6 +10,7 @@
 #include "client_internal.h"
 #include "copy_pool.h"
 #include "crc32c.h"
+#include "cuda_ipc.h"
 #include "cuda_stage.h"
 
 void tport_put_options_init(tport_put_options *o)
@@ -278,8 +279,14 @@ int client_put_mem(tport_client *c, tport_dtype dtype, int ndim, const int64_t *
                              opts, out, &used, err);
   if (used)
     return rc;
-  /* device memory: through the client's pinned ring (the same-host path,
-   * an IPC handle the server opens, is not there yet) */
+  /* device memory: on the same host, the allocation itself by CUDA IPC
+   * (the server copies device to device); else through the client's
+   * pinned ring */
+  if (dev) {
+    rc = client_ipc_put(c, dtype, ndim, sizes, strides, dev, nbytes, opts, out, &used, err);
+    if (used)
+      return rc;
+  }
   client_stage *stage = NULL;
   if (dev && (rc = stage_begin(c, dev, nbytes, c->chunk_bytes, &stage, err)) != TPORT_OK)
     return rc;
@@ -441,7 +448,7 @@ static int get_begin(tport_client *c, const tport_ref *ref, Tport__GetBeginReply
 }
 
 /* A tensor the caller's does not match (want). */
-static int want_mismatch(const client_get_want *w, const Tport__TensorInfo *wire, tport_err *err)
+int client_want_mismatch(const client_get_want *w, const Tport__TensorInfo *wire, tport_err *err)
 {
   if (!wire)
     return tport_err_set(err, TPORT_DATA_LOSS, "the get's reply describes no tensor");
@@ -490,7 +497,7 @@ static int get_into(tport_client *c, const tport_ref *ref, void **bufp, const cl
     buf = malloc(n ? n : 1);
     if (!buf)
       rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "cannot allocate %zu bytes", n);
-  } else if (want && (rc = want_mismatch(want, b->info, err)) != TPORT_OK) {
+  } else if (want && (rc = client_want_mismatch(want, b->info, err)) != TPORT_OK) {
     /* the caller's tensor is not this one: nothing written */
   } else if (n > cap) {
     rc = tport_err_set(err, TPORT_OUT_OF_RANGE, "the tensor is %zu bytes: the buffer holds %zu", n,
@@ -551,6 +558,12 @@ int client_get_exact(tport_client *c, const tport_ref *ref, void *buf, const cli
                      size_t cap, const client_get_want *want, tport_tensor_info *info,
                      tport_err *err)
 {
+  if (dev) {
+    bool used = false;
+    int rc = client_ipc_get(c, ref, dev, cap, want, info, &used, err);
+    if (used)
+      return rc;
+  }
   return get_into(c, ref, &buf, dev, cap, false, want, NULL, info, NULL, NULL, err);
 }
 

@@ -114,6 +114,7 @@ int tport_shm_create(tport_client *c, size_t nbytes, tport_shm **out, tport_err 
     return rc;
   }
   r->id = a->region;
+  r->pipe = atomic_load(&c->live_pipe);
   if (a->token.len != TRANSPORT_SHM_TOKEN_BYTES)
     rc = tport_err_set(err, TPORT_INTERNAL, "the server sent a %zu-byte token", a->token.len);
   else
@@ -345,6 +346,13 @@ int tport_shm_dlpack(const tport_shm *r, size_t offset, const tport_tensor_info 
 /* Makes the cached region hold at least need bytes (shm_mu held). */
 static bool cache_fit(tport_client *c, size_t need)
 {
+  /* registered on an earlier connection (the server restarted, or the
+   * client redialed): gone there, and its id may name another's */
+  if (c->shm_cache && c->shm_cache->pipe != atomic_load(&c->live_pipe)) {
+    unlink_region(c, c->shm_cache);
+    region_unmap(c->shm_cache);
+    c->shm_cache = NULL;
+  }
   if (c->shm_cache && c->shm_cache->nbytes >= need)
     return true;
   struct timespec now;
@@ -399,7 +407,9 @@ tport_shm *client_shm_auto_take(tport_client *c, size_t cap)
 {
   if (!atomic_load(&c->shm_auto) || pthread_mutex_trylock(&c->shm_mu) != 0)
     return NULL;
-  if (cap >= CLIENT_SHM_MIN_BYTES && cap <= CLIENT_SHM_MAX_BYTES && atomic_load(&c->shm_auto))
+  if (atomic_load(&c->shm_auto) &&
+      ((cap >= CLIENT_SHM_MIN_BYTES && cap <= CLIENT_SHM_MAX_BYTES) ||
+       (c->shm_cache && c->shm_cache->pipe != atomic_load(&c->live_pipe))))
     cache_fit(c, cap);
   if (!c->shm_cache) {
     pthread_mutex_unlock(&c->shm_mu);
