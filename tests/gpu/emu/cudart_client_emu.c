@@ -16,7 +16,19 @@
  * gets wrong bytes.  A refused call is counted (emu_cudart_violations) and
  * described (emu_cudart_last_violation).  Not the kernel emulation of
  * cudart_emu.c: this is a separate, small runtime.
+ *
+ * IPC (issue 19): device memory is a sealed memfd mapped shared (named
+ * "tport-emu-device"), so that it can leave the process as a descriptor.
+ * cudaIpcGetMemHandle gives a 64-byte handle unique to the allocation
+ * (a later cudaMalloc at the same address gets another), and the driver's
+ * calls that libtport asks cudaGetDriverEntryPointByVersion for are here:
+ * cuMemGetAddressRange, and cuMemRetainAllocationHandle +
+ * cuMemExportToShareableHandle (a POSIX descriptor: a dup of the memfd) +
+ * cuMemRelease.  tportd maps such a descriptor as it maps a region, so the
+ * whole same-host protocol runs without a GPU.
  */
+#define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -25,6 +37,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define EMU_API __attribute__((visibility("default")))
 
@@ -47,6 +61,8 @@ typedef struct alloc {
   size_t size;
   int kind; /* MEM_HOST (pinned) or MEM_DEVICE */
   int device;
+  int fd;          /* MEM_DEVICE: the memfd behind the mapping */
+  uint64_t serial; /* unique per allocation: what its IPC handle says */
   struct alloc *next;
 } alloc;
 
@@ -72,6 +88,8 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static alloc *allocs;
 static __thread int current_device;
 static int host_alloc_calls, free_host_calls, violations, live_streams;
+static int ipc_handles, ipc_exports;
+static uint64_t next_serial = 1;
 static char last_violation[256];
 
 static cudaError_t violation(cudaError_t e, const char *fmt, ...)
@@ -103,12 +121,28 @@ static cudaError_t add_alloc(void **out, size_t size, int kind)
   if (!out)
     return violation(ERR_INVALID_VALUE, "allocation: NULL out pointer");
   alloc *x = calloc(1, sizeof *x);
-  uint8_t *p = malloc(size ? size : 1);
+  uint8_t *p = NULL;
+  int fd = -1;
+  if (x && kind == MEM_DEVICE) {
+    /* a sealed memfd, shared: what an exported descriptor maps */
+    size_t len = size ? size : 1;
+    fd = memfd_create("tport-emu-device", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd >= 0 && ftruncate(fd, (off_t)len) == 0 &&
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0) {
+      p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED)
+        p = NULL;
+    }
+    if (!p && fd >= 0)
+      close(fd);
+  } else if (x) {
+    p = malloc(size ? size : 1);
+  }
   if (!x || !p) {
     free(x);
-    free(p);
     return ERR_MEMORY;
   }
+  x->fd = kind == MEM_DEVICE ? fd : -1;
   /* fresh device memory is garbage, not zeros */
   memset(p, 0xA5, size);
   x->base = p;
@@ -116,6 +150,7 @@ static cudaError_t add_alloc(void **out, size_t size, int kind)
   x->kind = kind;
   x->device = current_device;
   pthread_mutex_lock(&mu);
+  x->serial = next_serial++;
   x->next = allocs;
   allocs = x;
   pthread_mutex_unlock(&mu);
@@ -133,7 +168,12 @@ static cudaError_t drop_alloc(void *p, int kind)
     if (x->base == p && x->kind == kind) {
       *pp = x->next;
       pthread_mutex_unlock(&mu);
-      free(x->base);
+      if (x->fd >= 0) {
+        munmap(x->base, x->size ? x->size : 1);
+        close(x->fd);
+      } else {
+        free(x->base);
+      }
       free(x);
       return OK;
     }
@@ -346,6 +386,144 @@ EMU_API cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, int kind)
   if (!e)
     memcpy(dst, src, n);
   return e;
+}
+
+/* ---------------------------------------------------------------- IPC */
+
+typedef struct {
+  char reserved[64];
+} cudaIpcMemHandle_t;
+#define HANDLE_MAGIC "TPEMUIPC"
+
+/* Base pointer of an allocation, as CUDA asks for (mu held). */
+static alloc *find_base(const void *p)
+{
+  for (alloc *x = allocs; x; x = x->next)
+    if (x->base == p && x->kind == MEM_DEVICE)
+      return x;
+  return NULL;
+}
+
+EMU_API cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
+{
+  if (!h)
+    return violation(ERR_INVALID_VALUE, "cudaIpcGetMemHandle: NULL handle");
+  pthread_mutex_lock(&mu);
+  alloc *x = find_base(p);
+  cudaError_t e = OK;
+  if (!x) {
+    e = violation(ERR_INVALID_VALUE, "cudaIpcGetMemHandle(%p): not the base of a cudaMalloc", p);
+  } else {
+    memset(h, 0, sizeof *h);
+    memcpy(h->reserved, HANDLE_MAGIC, 8);
+    uint64_t pid = (uint64_t)getpid(), sz = x->size;
+    memcpy(h->reserved + 8, &pid, 8);
+    memcpy(h->reserved + 16, &x->serial, 8);
+    memcpy(h->reserved + 24, &sz, 8);
+    ipc_handles++;
+  }
+  pthread_mutex_unlock(&mu);
+  return e;
+}
+
+/* The driver's calls libtport asks for (CUresult: 0 success, 1 invalid value). */
+typedef unsigned long long cu_handle;
+static int cu_mem_get_address_range(uintptr_t *base, size_t *size, uintptr_t p)
+{
+  pthread_mutex_lock(&mu);
+  alloc *x = find((const void *)p, 0);
+  int r = 1;
+  if (x && x->kind == MEM_DEVICE) {
+    if (base)
+      *base = (uintptr_t)x->base;
+    if (size)
+      *size = x->size;
+    r = 0;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+static int cu_mem_retain_allocation_handle(cu_handle *h, void *p)
+{
+  pthread_mutex_lock(&mu);
+  alloc *x = find(p, 0);
+  int r = 1;
+  if (x && x->kind == MEM_DEVICE) {
+    *h = x->serial;
+    r = 0;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+static int cu_mem_export_to_shareable_handle(void *out, cu_handle h, int type,
+                                             unsigned long long flags)
+{
+  (void)flags;
+  if (type != 1) /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+    return 1;
+  pthread_mutex_lock(&mu);
+  int r = 1;
+  for (alloc *x = allocs; x; x = x->next)
+    if (x->kind == MEM_DEVICE && x->serial == h) {
+      int fd = fcntl(x->fd, F_DUPFD_CLOEXEC, 0);
+      if (fd >= 0) {
+        *(int *)out = fd;
+        ipc_exports++;
+        r = 0;
+      }
+      break;
+    }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+static int cu_mem_release(cu_handle h)
+{
+  (void)h;
+  return 0;
+}
+
+EMU_API cudaError_t cudaGetDriverEntryPointByVersion(const char *sym, void **fn, unsigned version,
+                                                     unsigned long long flags, int *status)
+{
+  (void)version;
+  (void)flags;
+  static const struct {
+    const char *name;
+    void *fn;
+  } table[] = {
+      {"cuMemGetAddressRange", (void *)cu_mem_get_address_range},
+      {"cuMemRetainAllocationHandle", (void *)cu_mem_retain_allocation_handle},
+      {"cuMemExportToShareableHandle", (void *)cu_mem_export_to_shareable_handle},
+      {"cuMemRelease", (void *)cu_mem_release},
+  };
+  if (!sym || !fn)
+    return ERR_INVALID_VALUE;
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+    if (strcmp(table[i].name, sym) == 0) {
+      *fn = table[i].fn;
+      if (status)
+        *status = 0; /* cudaDriverEntryPointSuccess */
+      return OK;
+    }
+  *fn = NULL;
+  if (status)
+    *status = 1; /* cudaDriverEntryPointSymbolNotFound */
+  return OK;
+}
+
+EMU_API int emu_cudart_ipc_handles(void)
+{
+  pthread_mutex_lock(&mu);
+  int n = ipc_handles;
+  pthread_mutex_unlock(&mu);
+  return n;
+}
+EMU_API int emu_cudart_ipc_exports(void)
+{
+  pthread_mutex_lock(&mu);
+  int n = ipc_exports;
+  pthread_mutex_unlock(&mu);
+  return n;
 }
 
 EMU_API const char *cudaGetErrorString(cudaError_t e)
