@@ -186,6 +186,9 @@ static const struct {
      "with the same variable and default: $XDG_RUNTIME_DIR/tensorport/local-secret, else "
      "/tmp/tensorport-UID/local-secret.  off: tenants are claimed without proof by anyone who "
      "reaches the socket, --admin tenants never"},
+    {"cuda-ipc-max", "TPORT_CUDA_IPC_MAX", "N",
+     "GPU allocations each tenant's same-host clients may have open on this server by CUDA IPC "
+     "(through the shm socket; default 256)"},
 };
 #define NOPTS (int)(sizeof opts / sizeof opts[0])
 
@@ -330,6 +333,7 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
   case 39: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->max_connections = u; break;
   case 40: return parse_size(v, opts[i].flag, &c->request_memory, err);
   case 41: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->tenant_workers = (int)u; break;
+  case 43: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->cuda_ipc_max = u; break;
   case 26:
   case 27:
   case 28: {

@@ -86,6 +86,7 @@ typedef struct server_config {
   size_t shm_quota;     /* bytes of regions per tenant (0: half of shm_max, at most 16 GiB) */
   size_t shm_max;       /* bytes of regions in all (0: half the machine's memory) */
   int shm_max_regions;  /* per connection */
+  size_t cuda_ipc_max;  /* CUDA IPC regions per tenant (0: regions.h's default) */
   unsigned long shm_token_ms; /* a region's token, and a region never handed over, lives this
                                  long (0: 10 s); no flag: tests shorten it */
 } server_config;

@@ -903,6 +903,7 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
                      .quota = cfg->shm_quota,
                      .total_max = cfg->shm_max,
                      .max_regions = (size_t)cfg->shm_max_regions,
+                     .max_ipc = cfg->cuda_ipc_max,
                      .token_ms = cfg->shm_token_ms};
     tport_err why;
     if (shm_start(&sc, &s->shm, &why) == TPORT_OK) {

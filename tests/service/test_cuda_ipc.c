@@ -76,9 +76,8 @@ static server *start_server(size_t max_ipc)
   svc_config(&cfg);
   cfg.shm_socket = strdup(sock_path);
   cfg.shm_socket_set = true;
-  server *s = svc_start_with(&cfg, url, sizeof url);
-  (void)max_ipc;
-  return s;
+  cfg.cuda_ipc_max = max_ipc;
+  return svc_start_with(&cfg, url, sizeof url);
 }
 
 static void start_emu(void)
@@ -519,7 +518,7 @@ Test(cuda_ipc, hostile_sizes_offsets_and_handles_are_refused)
   tport_close(c);
 }
 
-Test(cuda_ipc, opt_outs_and_managed_memory_are_staged)
+Test(cuda_ipc, the_opt_outs_are_staged)
 {
   setenv("TPORT_CUDA_IPC", "0", 1);
   tport_client *c = connect_as(NULL);
@@ -542,7 +541,35 @@ Test(cuda_ipc, opt_outs_and_managed_memory_are_staged)
   free(want);
 }
 
-Test(cuda_ipc, the_tenants_bound_on_open_allocations_falls_back_to_staging)
+Test(cuda_ipc, past_the_tenants_bound_puts_are_staged)
+{
+  server_stop(srv, 1000);
+  srv = start_server(3);
+  tport_client *a = connect_as(NULL), *b = connect_as(NULL), *other = connect_as("other");
+  uint8_t *want = pattern(4096, 2);
+  uint8_t *bufs[5];
+  for (int i = 0; i < 5; i++) {
+    bufs[i] = dev_alloc(4096, want);
+    /* two connections of one tenant share its bound */
+    tport_client *c = i % 2 ? b : a;
+    tport_tensor_info info = put_dev(c, bufs[i], 4096, "cpu");
+    expect_host(c, &info.ref, want, 4096);
+  }
+  cr_assert_eq(counter("cuda_ipc_regions"), 3);
+  cr_assert_eq(counter("cuda_ipc_refused"), 2, "the fourth and fifth allocations were opened");
+  /* another tenant has a bound of its own */
+  tport_tensor_info info = put_dev(other, bufs[4], 4096, "cpu");
+  expect_host(other, &info.ref, want, 4096);
+  cr_assert_eq(counter("cuda_ipc_regions"), 4);
+  tport_close(a);
+  tport_close(b);
+  tport_close(other);
+  for (int i = 0; i < 5; i++)
+    rt.free_(bufs[i]);
+  free(want);
+}
+
+Test(cuda_ipc, the_client_keeps_a_bounded_number_of_allocations)
 {
   tport_client *c = connect_as(NULL);
   /* the connection's region bound (64 by default) is the first limit met */
