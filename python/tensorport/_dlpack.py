@@ -260,6 +260,20 @@ def _from_numpy(a):
     return Exported(ctypes.addressof(t), (a, t, keep), is_bool, nbytes)
 
 
+def export_out(obj):
+    """Describes obj (a torch.Tensor, CPU or CUDA, or anything with __dlpack__) as the
+    DLTensor a get writes into: contiguous, written in place (never a copy of it)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if not obj.is_contiguous() or obj.is_conj() or obj.is_neg():
+            raise InvalidArgument("out must be a contiguous tensor without conj/neg bits: a "
+                                  "get writes its values in logical C order")
+        if obj.requires_grad:
+            raise InvalidArgument("out requires grad: give out.detach() (or a tensor without "
+                                  "requires_grad)")
+    return export(obj)
+
+
 def export(obj):
     """Describes obj (a NumPy array, a CPU torch.Tensor, anything with __dlpack__, or
     anything numpy.asarray takes) as a DLTensor for tport_put_dlpack."""

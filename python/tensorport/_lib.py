@@ -246,6 +246,10 @@ _PROTOTYPES = {
         [_c.c_void_p, _c.c_void_p, _P(PutOptions), _P(TensorInfoC), _P(Err)],
     ),
     "tport_get_dlpack": (_c.c_int, [_c.c_void_p, _P(Ref), _P(_c.c_void_p), _P(Err)]),
+    "tport_get_into_dlpack": (
+        _c.c_int,
+        [_c.c_void_p, _P(Ref), _c.c_void_p, _P(TensorInfoC), _P(Err)],
+    ),
 }
 
 # ---------------------------------------------------------------- loading

@@ -11,6 +11,7 @@ import ctypes
 import dataclasses
 import datetime
 import os
+import sys
 import threading
 import weakref
 from typing import Tuple
@@ -358,7 +359,9 @@ class Client:
         ``obj``: a NumPy array, a CPU or CUDA torch.Tensor (any strides,
         storage offset, conj/neg bits, bfloat16, complex), anything with
         ``__dlpack__`` in host or CUDA memory, or anything ``numpy.asarray``
-        takes.  GPU memory is staged through the client's pinned chunks
+        takes.  GPU memory goes to a server on this host by CUDA IPC (the
+        server copies device to device), to another host staged through the
+        client's pinned chunks
         (tport_put_dlpack; the CUDA runtime is loaded on first use, from
         ``$TPORT_CUDART_LIBRARY`` or libcudart.so.13/.12).
         A dense layout travels as it is and is kept (``memory_format``
@@ -453,12 +456,49 @@ class Client:
         self._get_into(r, a.ctypes.data, a.nbytes, prog)
         return a
 
-    def get_torch(self, ref, *, progress=None):
-        """Downloads a tensor as a CPU torch.Tensor (contiguous, its exact dtype: bfloat16,
-        complex and bool included), through DLPack.  ``progress`` as in ``put``."""
+    def get_into(self, ref, out):
+        """Downloads a tensor into ``out`` and returns it: a torch.Tensor (CPU or CUDA)
+        or an object with ``__dlpack__`` (host or CUDA memory), contiguous, of the
+        tensor's shape and dtype (checked before a byte is written; bool goes into
+        bool or uint8).  CUDA memory on the server's host is written by the server
+        itself, device to device (CUDA IPC); from another host it is staged through
+        libtport's pinned chunks.  The bytes are in ``out`` when it returns.
+        """
+        r, _ = self._resolve(ref)
+        return self._get_into_dlpack(r, out)
+
+    def _get_into_dlpack(self, r, out):
+        ex = _dlpack.export_out(out)
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(out, torch.Tensor) and out.device.type == "cuda":
+            # what is queued on out's stream ends before the server writes it
+            torch.cuda.current_stream(out.device).synchronize()
+        err = _lib.Err()
+        rc = -1
+        self._enter()
+        try:
+            rc = self._lib.tport_get_into_dlpack(self._handle, ctypes.byref(r),
+                                                 ctypes.c_void_p(ex.address), None,
+                                                 ctypes.byref(err))
+        finally:
+            self._exit()
+        del ex
+        self._check(rc, err)
+        return out
+
+    def get_torch(self, ref, *, progress=None, device=None):
+        """Downloads a tensor as a torch.Tensor (contiguous, its exact dtype: bfloat16,
+        complex and bool included), through DLPack: on the CPU, or with ``device``
+        (``"cuda:0"``, a torch.device) into a fresh tensor there (see ``get_into``).
+        ``progress`` as in ``put`` (CPU only)."""
         import torch
 
         r, info = self._resolve(ref)
+        if device is not None and torch.device(device).type != "cpu":
+            if progress:
+                raise InvalidArgument("progress is for gets into host memory")
+            out = torch.empty(info.shape, dtype=_names.torch_dtype(info.dtype), device=device)
+            return self._get_into_dlpack(r, out)
         if progress is None or progress is False:
             return _dlpack.torch_from_managed(self._get_managed(r), info.dtype)
         prog = _Progress(progress, "get")
