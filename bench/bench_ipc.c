@@ -1,0 +1,145 @@
+/*
+ * bench_ipc.c: same-host GPU memory by CUDA IPC (issue 19 item 4) against a
+ * device-to-device cudaMemcpy of the same bytes, in the same run.  tportd
+ * runs as a child (a process cannot open its own IPC handles) on ipc://
+ * with a shm socket and cuda:0; the client puts from and gets into a
+ * cudaMalloc of this process through tport_put_dlpack /
+ * tport_get_into_dlpack, so the server opens the allocation once and copies
+ * device to device.  Target: >= 0.8x the D2D cudaMemcpy.  Prints JSON
+ * lines {"op", "bytes", "seconds", "baseline", "baseline_seconds"} as
+ * tport-bench-gpu does (bench/run gpu turns them into ratios), or one
+ * {"skipped": REASON} line without a GPU.
+ *
+ *   tport-bench-ipc [--mib N] [--reps R]    (tportd: beside this program)
+ */
+#define _GNU_SOURCE
+#include <cuda_runtime_api.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "tport.h"
+
+static void line(const char *op, size_t bytes, double s, const char *base, double bs)
+{
+  printf("{\"op\": \"%s\", \"bytes\": %zu, \"seconds\": %.6f, \"baseline\": \"%s\", "
+         "\"baseline_seconds\": %.6f}\n",
+         op, bytes, s, base, bs);
+  fflush(stdout);
+}
+
+static void die(const char *what, const char *msg)
+{
+  fprintf(stderr, "bench_ipc: %s: %s\n", what, msg);
+  exit(1);
+}
+
+static pid_t spawn_tportd(const char *url, const char *sock)
+{
+  char self[PATH_MAX], exe[PATH_MAX + 16];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0)
+    die("readlink", "/proc/self/exe");
+  self[n] = 0;
+  snprintf(exe, sizeof exe, "%s/tportd", dirname(self));
+  pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    execl(exe, exe, "--listen", url, "--devices", "cpu,cuda", "--shm-socket", sock, "--http-listen",
+          "off", (char *)NULL);
+    _exit(127);
+  }
+  return pid;
+}
+
+int main(int argc, char **argv)
+{
+  size_t mib = 1024;
+  int reps = 5;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--mib") == 0 && i + 1 < argc)
+      mib = (size_t)atoi(argv[++i]);
+    else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+      reps = atoi(argv[++i]) < 1 ? 1 : atoi(argv[i]) > 64 ? 64 : atoi(argv[i]);
+  }
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    printf("{\"skipped\": \"no CUDA device: %s\"}\n", cudaGetErrorString(cudaGetLastError()));
+    return 0;
+  }
+  /* libtport loads the runtime this program links (one copy in the process) */
+  setenv("TPORT_CUDART_LIBRARY", "libcudart.so.13", 0);
+  size_t n = mib << 20;
+  void *src = NULL, *dst = NULL;
+  if (cudaMalloc(&src, n) != cudaSuccess || cudaMalloc(&dst, n) != cudaSuccess)
+    die("cudaMalloc", cudaGetErrorString(cudaGetLastError()));
+  cudaMemset(src, 0x5a, n);
+  cudaDeviceSynchronize();
+
+  char url[128], dir[64], sock[128];
+  snprintf(dir, sizeof dir, "/tmp/tport-bench-ipc-%d", (int)getpid());
+  snprintf(sock, sizeof sock, "%s/shm.sock", dir);
+  snprintf(url, sizeof url, "ipc:///tmp/tport-bench-ipc-%d.sock", (int)getpid());
+  pid_t pid = spawn_tportd(url, sock);
+  tport_client *c = NULL;
+  tport_err err;
+  for (int i = 0; i < 100 && !c; i++) {
+    tport_connect_options o = {.timeout_ms = 120000};
+    if (tport_connect(url, &o, &c, &err) != TPORT_OK) {
+      c = NULL;
+      usleep(100000);
+    }
+  }
+  if (!c)
+    die("tport_connect", err.msg);
+
+  int64_t shape[1] = {(int64_t)n};
+  DLTensor t = {0};
+  t.data = src;
+  t.device = (DLDevice){kDLCUDA, 0};
+  t.ndim = 1;
+  t.dtype = (DLDataType){kDLUInt, 8, 1};
+  t.shape = shape;
+  DLTensor d = t;
+  d.data = dst;
+  tport_put_options po;
+  tport_put_options_init(&po);
+  po.device = "cuda:0";
+  double tp[64], tg[64], tb[64];
+  for (int r = 0; r <= reps; r++) { /* rep 0 warms up (the open, the first allocations) */
+    tport_tensor_info info;
+    double t0 = bench_now();
+    if (tport_put_dlpack(c, &t, &po, &info, &err))
+      die("tport_put_dlpack", err.msg);
+    double t1 = bench_now();
+    if (tport_get_into_dlpack(c, &info.ref, &d, NULL, &err))
+      die("tport_get_into_dlpack", err.msg);
+    double t2 = bench_now();
+    tport_free(c, &info.ref, NULL);
+    cudaMemcpy(dst, src, n, cudaMemcpyDeviceToDevice);
+    cudaDeviceSynchronize();
+    double t3 = bench_now();
+    if (r > 0) {
+      tp[r - 1] = t1 - t0;
+      tg[r - 1] = t2 - t1;
+      tb[r - 1] = t3 - t2;
+    }
+  }
+  double base = bench_median(tb, reps);
+  line("put_cuda_ipc", n, bench_median(tp, reps), "d2d_cudaMemcpy", base);
+  line("get_cuda_ipc", n, bench_median(tg, reps), "d2d_cudaMemcpy", base);
+  tport_close(c);
+  kill(pid, SIGTERM);
+  waitpid(pid, NULL, 0);
+  rmdir(dir);
+  cudaFree(src);
+  cudaFree(dst);
+  return 0;
+}
