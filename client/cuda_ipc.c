@@ -139,10 +139,9 @@ static int export_fd(client_ipc *t, unsigned long long base)
 
 /* Registers the allocation [base, base + size) with its handle: the
  * server opens it (or maps the descriptor that follows). */
-static int register_alloc(tport_client *c, client_ipc *t, unsigned long long base, size_t size,
-                          int device, const uint8_t *handle, uint64_t *region, tport_err *err)
+static int register_as(tport_client *c, unsigned long long size, int device, const uint8_t *handle,
+                       int fd, uint64_t *region, tport_err *err)
 {
-  int fd = export_fd(t, base);
   Tport__ShmRegisterRequest q = TPORT__SHM_REGISTER_REQUEST__INIT;
   q.nbytes = size;
   q.cuda_ipc_handle.data = (uint8_t *)handle;
@@ -176,6 +175,18 @@ static int register_alloc(tport_client *c, client_ipc *t, unsigned long long bas
   return TPORT_OK;
 }
 
+static int register_alloc(tport_client *c, client_ipc *t, unsigned long long base, size_t size,
+                          int device, const uint8_t *handle, uint64_t *region, tport_err *err)
+{
+  int fd = export_fd(t, base);
+  int rc = register_as(c, size, device, handle, fd, region, err);
+  /* a descriptor the server cannot map (a driver's, not a memfd): the
+   * handle's bytes, then */
+  if (fd >= 0 && (rc == TPORT_INVALID_ARGUMENT || rc == TPORT_UNIMPLEMENTED))
+    rc = register_as(c, size, device, handle, -1, region, err);
+  return rc;
+}
+
 /* The region and offset of [mem->base, + nbytes): registered now unless
  * this connection has the allocation already (ipc_mu held). */
 static int resolve(tport_client *c, client_ipc *t, const client_devmem *mem, size_t nbytes,
@@ -201,6 +212,10 @@ static int resolve(tport_client *c, client_ipc *t, const client_devmem *mem, siz
                        nbytes, mem->base, size, base);
   else if ((st = rt->ipc_get_mem_handle(&h, (void *)(uintptr_t)base)) != 0)
     rc = cuda_rt_fail(rt, st, TPORT_UNAVAILABLE, "cudaIpcGetMemHandle", err);
+  /* the producer's work on the device's legacy default stream lands before
+   * the server reads or writes the memory */
+  else if ((st = rt->stream_synchronize(NULL)) != 0)
+    rc = cuda_rt_fail(rt, st, TPORT_INTERNAL, "cudaStreamSynchronize (legacy stream)", err);
   if (prev != mem->device && prev >= 0)
     rt->set_device(prev);
   if (rc)
@@ -294,7 +309,6 @@ static int slice_for(tport_client *c, const client_devmem *mem, size_t nbytes,
   tport_err why;
   int rc = t ? resolve(c, t, mem, nbytes, &region, &offset, &why) : TPORT_OK;
   bool stage = !t || (rc && falls_back(t, rc));
-  const cuda_rt *rt = t ? t->rt : NULL;
   pthread_mutex_unlock(&c->ipc_mu);
   if (stage)
     return TPORT_OK;
@@ -304,10 +318,6 @@ static int slice_for(tport_client *c, const client_devmem *mem, size_t nbytes,
       *err = why;
     return rc;
   }
-  /* the producer's work on the legacy default stream lands first */
-  cuda_rt_status st = rt->stream_synchronize(NULL);
-  if (st)
-    return cuda_rt_fail(rt, st, TPORT_INTERNAL, "cudaStreamSynchronize (legacy stream)", err);
   tport__shm_slice__init(slice);
   slice->region = region;
   slice->offset = offset;

@@ -327,6 +327,24 @@ Test(cuda_ipc, a_closed_client_leaves_nothing_open_on_the_server)
   cr_assert_eq(device_mappings(), maps0);
 }
 
+Test(cuda_ipc, a_stopped_server_closes_what_it_opened)
+{
+  int maps0 = device_mappings();
+  tport_client *c = connect_as(NULL);
+  uint8_t *want = pattern(1 << 16, 4);
+  uint8_t *p = dev_alloc(1 << 16, want);
+  tport_tensor_info info = put_dev(c, p, 1 << 16, "sim:1");
+  expect_host(c, &info.ref, want, 1 << 16);
+  cr_assert_eq(device_mappings(), maps0 + 2);
+  server_stop(srv, 1000);
+  srv = NULL;
+  cr_assert_eq(device_mappings(), maps0 + 1, "the stopped server still maps the allocation");
+  tport_close(c);
+  rt.free_(p);
+  free(want);
+  cr_assert_eq(device_mappings(), maps0);
+}
+
 Test(cuda_ipc, an_address_reused_after_free_is_registered_anew)
 {
   tport_client *c = connect_as(NULL);
