@@ -496,7 +496,7 @@ Test(cuda_ipc, hostile_sizes_offsets_and_handles_are_refused)
   }
   /* handles of the wrong size, sizes of nothing or more than an address
    * space, an IPC handle this server cannot open (no GPU) */
-  uint8_t other[64];
+  uint8_t other[80]; /* room for the 65-byte handle */
   memset(other, 0x5a, sizeof other);
   uint64_t id = 0;
   cr_assert_eq(raw_register(c, n, other, 63, false, &id, NULL, &err), TPORT_INVALID_ARGUMENT);
