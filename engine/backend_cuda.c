@@ -382,7 +382,19 @@ static int cu_ipc_open(const void *handle, size_t len, int *dev, void **out, tpo
                          sizeof h.reserved, len);
   memcpy(h.reserved, handle, len);
   void *p = NULL;
-  GUARDED(context_device(), cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), err);
+  guard g;
+  int rc = guard_enter(context_device(), &g, err);
+  if (rc)
+    return rc;
+  cudaError_t oe = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+  guard_exit(&g);
+  if (oe != cudaSuccess) {
+    /* not this server's to open (another host's GPU, a freed allocation, a
+     * handle that is not one): UNAVAILABLE, so the client stages instead */
+    cudaGetLastError();
+    return tport_err_set(err, TPORT_UNAVAILABLE, "cudaIpcOpenMemHandle: %s (%s)",
+                         cudaGetErrorString(oe), cudaGetErrorName(oe));
+  }
   struct cudaPointerAttributes a;
   cudaError_t e = cudaPointerGetAttributes(&a, p);
   if (e != cudaSuccess || a.type != cudaMemoryTypeDevice || a.device < 0 ||

@@ -11,6 +11,7 @@
 #include <openssl/rand.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,15 @@ typedef enum { REGION_PENDING, REGION_READY } region_state;
  * (mapped as a memfd is); a CUDA allocation opened by its IPC handle */
 typedef enum { KIND_MEMFD, KIND_IPC_FD, KIND_IPC_CUDA } region_kind;
 
+/* An opened CUDA IPC handle.  CUDA opens a handle once per process, so the
+ * regions of one tenant's connections that name the same allocation share
+ * it; the last one to go closes it. */
+typedef struct ipc_map {
+  atomic_int refs;
+  void *base;
+  tport_device dev;
+} ipc_map;
+
 struct shm_region {
   uint64_t id;
   uint32_t pipe;
@@ -51,9 +61,10 @@ struct shm_region {
   region_kind kind;
   uint8_t ipc_handle[SHM_IPC_HANDLE_BYTES]; /* a CUDA IPC region's name */
   tport_device ipc_dev;                     /* KIND_IPC_CUDA: where base is */
-  bool tokened;     /* in by_token: its token has not been used */
-  bool handing_off; /* the handoff thread is checking its descriptor */
-  bool released;    /* gone from the tables; unmapped by the last holder */
+  ipc_map *map;                             /* KIND_IPC_CUDA: the open it shares */
+  bool tokened;                             /* in by_token: its token has not been used */
+  bool handing_off;                         /* the handoff thread is checking its descriptor */
+  bool released;                            /* gone from the tables; unmapped by the last holder */
   uint8_t *base;
   size_t nbytes;
   bool pinned;
@@ -128,8 +139,11 @@ static void uncharge(shm_table *t, const shm_region *r)
  * and munmap of a large mapping take a while). */
 static void region_free(shm_region *r)
 {
-  if (r->base && r->kind == KIND_IPC_CUDA) {
-    engine_ipc_close(r->ipc_dev, r->base);
+  if (r->kind == KIND_IPC_CUDA) {
+    if (r->map && atomic_fetch_sub(&r->map->refs, 1) == 1) {
+      engine_ipc_close(r->map->dev, r->map->base);
+      free(r->map);
+    }
   } else if (r->base) {
     if (r->pinned)
       engine_host_unregister(r->base);
@@ -230,7 +244,8 @@ static int handoff(shm_table *t, int conn, tport_err *err)
   if (!rc)
     rc = transport_shm_check(fd, r->nbytes, err);
   void *base = MAP_FAILED;
-  if (!rc && (base = mmap(NULL, r->nbytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+  if (!rc &&
+      (base = mmap(NULL, r->nbytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
     rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "the region cannot be mapped: %s",
                        strerror(errno));
   close(fd); /* the mapping keeps the memory */
@@ -293,8 +308,8 @@ static void *handoff_thread(void *arg)
   close(j->conn);
   free(j);
   if (rc)
-    log_event(LOG_INFO, "region handoff refused", "code", tport_status_name(rc), "error",
-              err.msg, NULL);
+    log_event(LOG_INFO, "region handoff refused", "code", tport_status_name(rc), "error", err.msg,
+              NULL);
   OPENSSL_thread_stop(); /* this thread's RAND and error state */
   pthread_mutex_lock(&t->mu);
   t->handoffs_running--;
@@ -589,15 +604,35 @@ int shm_register(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid
  * keeps it this thread's to free). */
 static int ipc_open_now(shm_table *t, shm_region *r, tport_err *err)
 {
-  tport_device dev = {TPORT_DEV_CUDA, 0};
-  void *p = NULL;
-  int rc = engine_ipc_open(r->ipc_handle, sizeof r->ipc_handle, &dev, &p, err);
+  /* another connection of the tenant has it open: shared (a region in the
+   * table holds its reference, so the map cannot go meanwhile) */
+  pthread_mutex_lock(&t->mu);
+  for (shm_region *x = t->by_id; x && !r->map; x = x->hh.next)
+    if (x != r && x->kind == KIND_IPC_CUDA && x->map && strcmp(x->tenant, r->tenant) == 0 &&
+        memcmp(x->ipc_handle, r->ipc_handle, sizeof r->ipc_handle) == 0) {
+      atomic_fetch_add(&x->map->refs, 1);
+      r->map = x->map;
+    }
+  pthread_mutex_unlock(&t->mu);
+  int rc = TPORT_OK;
+  if (!r->map) {
+    ipc_map *m = calloc(1, sizeof *m);
+    if (!m)
+      rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+    else if ((rc = engine_ipc_open(r->ipc_handle, sizeof r->ipc_handle, &m->dev, &m->base, err)) !=
+             TPORT_OK)
+      free(m);
+    else {
+      atomic_init(&m->refs, 1);
+      r->map = m;
+    }
+  }
   pthread_mutex_lock(&t->mu);
   r->handing_off = false;
   bool gone = r->released;
   if (!rc && !gone) {
-    r->base = p;
-    r->ipc_dev = dev;
+    r->base = r->map->base;
+    r->ipc_dev = r->map->dev;
     r->state = REGION_READY;
     t->stats.ipc_opens++;
   } else if (!gone) {
@@ -607,12 +642,9 @@ static int ipc_open_now(shm_table *t, shm_region *r, tport_err *err)
   }
   pthread_mutex_unlock(&t->mu);
   if (gone) {
-    if (!rc) {
-      r->base = p;
-      r->ipc_dev = dev;
+    if (!rc)
       rc = tport_err_set(err, TPORT_ABORTED, "the region was released during its open");
-    }
-    region_free(r);
+    region_free(r); /* its reference to the map, if it took one */
   }
   return rc;
 }
@@ -716,10 +748,9 @@ int shm_hold_any(shm_table *t, uint32_t pipe, uint64_t id, uint64_t offset, uint
                        "socket first)",
                        (unsigned long long)id);
   else if (offset > r->nbytes || length > r->nbytes - offset)
-    rc = tport_err_set(err, TPORT_OUT_OF_RANGE,
-                       "bytes [%llu, +%llu) are past region %llu's %zu bytes",
-                       (unsigned long long)offset, (unsigned long long)length,
-                       (unsigned long long)id, r->nbytes);
+    rc = tport_err_set(
+        err, TPORT_OUT_OF_RANGE, "bytes [%llu, +%llu) are past region %llu's %zu bytes",
+        (unsigned long long)offset, (unsigned long long)length, (unsigned long long)id, r->nbytes);
   if (!rc) {
     r->holds++;
     *out = r;
