@@ -1076,6 +1076,65 @@ Test(hostile, d20b_unread_chunks_from_a_device_hold_only_the_quota)
   lent_gets_are_charged(L20_SIM_CHUNKED);
 }
 
+/* One tenant's unread gets from a device cannot take the whole read-back
+ * pool: with a 64 MiB pool, tenant lender leaves 32 inline gets of a 4 MiB
+ * sim:0 tensor unread on two connections (128 MiB asked for), yet tenant
+ * other's get from sim:0 is served.  Without a tenant's share of the pool,
+ * lender's replies held every block until the send timeout and other's
+ * get waited for one. */
+Test(hostile, d20b_unread_gets_from_a_device_leave_the_pool_to_others)
+{
+  setenv("TPORT_READBACK_BYTES", "67108864", 1); /* before the pool is made */
+  const size_t n = (size_t)4 << 20;
+  server_config cfg;
+  config(&cfg);
+  cfg.tenant_quota_bytes = (size_t)1 << 30;
+  cfg.chunk_bytes = n;
+  cfg.send_timeout_ms = 60000; /* the replies stay unread for the whole test */
+  char inproc[128], tcp[128];
+  server *s = start_tcp(&cfg, inproc, sizeof inproc, tcp, sizeof tcp);
+  tport_client *lender = svc_connect(inproc, L20_TENANT);
+  tport_client *other = svc_connect(inproc, "other");
+  tport_tensor_info a, b;
+  q20_put(lender, TPORT_UINT8, 1, n, "sim:0", "dev", &a);
+  q20_put(other, TPORT_UINT8, 1, n, "sim:0", "mine", &b);
+  Tport__Ref ref;
+  Tport__GetBeginRequest q;
+  sp_get_begin(&q, &ref, "dev");
+  int fds[2];
+  for (int k = 0; k < 2; k++) {
+    fds[k] = sp_connect_as(tcp, 4096, L20_TENANT);
+    for (int i = 0; i < 16; i++)
+      cr_assert(sp_send(fds[k], (uint32_t)i + 1, TPORT__METHOD__METHOD_GET_BEGIN, &q.base));
+  }
+  /* lender's gets take what the pool lends them (sampled: the most held) */
+  size_t most = 0;
+  for (int i = 0; i < 30; i++) {
+    staging_stats st;
+    staging_get_stats(staging_readback(), &st);
+    most = st.bytes_in_use > most ? (size_t)st.bytes_in_use : most;
+    usleep(50000);
+  }
+  cr_assert_geq(most, 2 * n, "lender's unread gets hold only %zu bytes of the pool", most);
+  tport_client *probe = NULL;
+  tport_connect_options o = {.tenant = "other", .timeout_ms = 5000};
+  tport_err err;
+  cr_assert_eq(tport_connect(inproc, &o, &probe, &err), 0, "%s", err.msg);
+  uint8_t *back = malloc(n);
+  int rc = tport_get(probe, &b.ref, back, n, NULL, NULL, NULL, &err);
+  cr_assert_eq(rc, 0,
+               "tenant other's get of 4 MiB from sim:0 while lender's unread gets hold %zu "
+               "bytes of the 64 MiB read-back pool: %s (%s)",
+               most, tport_strerror(rc), err.msg);
+  free(back);
+  close(fds[0]);
+  close(fds[1]);
+  tport_close(probe);
+  tport_close(other);
+  tport_close(lender);
+  server_stop(s, 2000);
+}
+
 /* ================================================================ 20.9: frees outside the lock */
 
 /* Issue 20, finding 9: the registry's lock was held while entries -- and
