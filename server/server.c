@@ -303,13 +303,6 @@ static srv_ctx *ctx_open(server *s)
   return x;
 }
 
-/* Keeps --contexts receives posted (qmu held): a context that takes a
- * request is replaced at once, so requests being handled and replies that
- * wait for a connection which does not read hold no receive (30 such
- * connections once held all 1024 contexts for the send timeout, and every
- * other client waited).  What bounds the contexts then is what bounds the
- * requests: --max-connections, --max-outstanding per connection, one at a
- * time before the proof, and --request-memory. */
 /* Past --contexts + this many contexts opened (each about 1 KiB with its
  * aio), no more are opened: receives then fall below --contexts until
  * replies go out or their connections are dropped at --send-timeout.  Only
@@ -317,6 +310,13 @@ static srv_ctx *ctx_open(server *s)
  * --max-outstanding replies, come near it. */
 #define CONTEXTS_BEYOND 65536
 
+/* Keeps --contexts receives posted (qmu held): a context that takes a
+ * request is replaced at once, so requests being handled and replies that
+ * wait for a connection which does not read hold no receive (30 such
+ * connections once held all 1024 contexts for the send timeout, and every
+ * other client waited).  What bounds the contexts then is what bounds the
+ * requests: --max-connections, --max-outstanding per connection, one at a
+ * time before the proof, and --request-memory. */
 static void post_receives(server *s)
 {
   while (!s->stopping && s->receiving < s->cfg.contexts) {
