@@ -186,6 +186,82 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
   }
 }
 
+/* This thread is saying a Hello: its own requests must not say another. */
+static _Thread_local bool saying_hello;
+
+static void hello_strings_free(tport_client *c)
+{
+  if (c->secret)
+    OPENSSL_cleanse(c->secret, strlen(c->secret));
+  free(c->secret);
+  free(c->secret_file);
+  free(c->tenant);
+  free(c->url);
+  c->secret = c->secret_file = c->tenant = c->url = NULL;
+}
+
+/* Hello (answering a challenge when the server asks) on the connection of
+ * the moment; *out the server's reply (free it).  On success hello_pipe is
+ * the connection it was said on. */
+static int say_hello(tport_client *c, Tport__HelloReply **out, tport_err *err)
+{
+  tport_connect_options o = {.tenant = c->tenant, .secret = c->secret,
+                             .secret_file = c->secret_file};
+  Tport__HelloRequest q = TPORT__HELLO_REQUEST__INIT;
+  q.protocol_version = 1;
+  q.client = "libtport 0.1.0";
+  q.tenant = c->tenant;
+  Tport__HelloReply *r = NULL;
+  bool was = saying_hello;
+  saying_hello = true;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_HELLO, &q.base, NULL, 0,
+                      &tport__hello_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
+  if (rc == TPORT_UNAUTHENTICATED && r) {
+    /* the server authenticates: answer its challenge with the secret */
+    rc = answer_challenge(c, c->url, &o, &q, r, err);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    r = NULL;
+    if (!rc)
+      rc = client_rpc(c, TPORT__METHOD__METHOD_HELLO, &q.base, NULL, 0,
+                      &tport__hello_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
+    OPENSSL_cleanse(q.auth_response.data, q.auth_response.len);
+    free(q.auth_response.data);
+    if (rc == TPORT_UNAUTHENTICATED && r) {
+      protobuf_c_message_free_unpacked(&r->base, NULL); /* a second challenge: refused */
+      r = NULL;
+    }
+  }
+  saying_hello = was;
+  if (!rc)
+    atomic_store(&c->hello_pipe, (unsigned)nng_pipe_id(c->reply_pipe));
+  else if (r)
+    protobuf_c_message_free_unpacked(&r->base, NULL), r = NULL;
+  *out = r;
+  return rc;
+}
+
+/* Says the Hello again when nng has redialed since it was last said (every
+ * request comes here first, through client_credits_take).  A request sent
+ * while no connection is up goes on the next one before this can see it,
+ * and is refused once (UNAUTHENTICATED); the next call proves the tenant. */
+static int hello_again(tport_client *c, tport_err *err)
+{
+  unsigned said = atomic_load(&c->hello_pipe), live = atomic_load(&c->live_pipe);
+  if (saying_hello || said == 0 || live == 0 || live == said)
+    return TPORT_OK;
+  pthread_mutex_lock(&c->hello_mu);
+  int rc = TPORT_OK;
+  live = atomic_load(&c->live_pipe);
+  if (live && live != atomic_load(&c->hello_pipe)) {
+    Tport__HelloReply *r = NULL;
+    rc = say_hello(c, &r, err);
+    if (r)
+      protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  pthread_mutex_unlock(&c->hello_mu);
+  return rc;
+}
+
 int tport_connect(const char *url, const tport_connect_options *opts, tport_client **out,
                   tport_err *err)
 {
@@ -201,6 +277,8 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
   c->lend_chunks = transport_url_sends_lent_bytes(url);
 #endif
   atomic_init(&c->live_pipe, 0);
+  atomic_init(&c->hello_pipe, 0);
+  pthread_mutex_init(&c->hello_mu, NULL);
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
   pthread_mutex_init(&c->shm_mu, NULL);
@@ -225,30 +303,18 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
     free(c);
     return trc;
   }
-  Tport__HelloRequest q = TPORT__HELLO_REQUEST__INIT;
-  q.protocol_version = 1;
-  q.client = "libtport 0.1.0";
-  q.tenant = (char *)(opts && opts->tenant ? opts->tenant : "default");
+  c->url = strdup(url);
+  c->tenant = strdup(opts && opts->tenant ? opts->tenant : "default");
+  c->secret = opts && opts->secret ? strdup(opts->secret) : NULL;
+  c->secret_file = opts && opts->secret_file ? strdup(opts->secret_file) : NULL;
   Tport__HelloReply *r = NULL;
-  int rc = client_rpc(c, TPORT__METHOD__METHOD_HELLO, &q.base, NULL, 0,
-                      &tport__hello_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
-  if (rc == TPORT_UNAUTHENTICATED && r) {
-    /* the server authenticates: answer its challenge with the secret */
-    rc = answer_challenge(c, url, opts, &q, r, err);
-    protobuf_c_message_free_unpacked(&r->base, NULL);
-    r = NULL;
-    if (!rc)
-      rc = client_rpc(c, TPORT__METHOD__METHOD_HELLO, &q.base, NULL, 0,
-                      &tport__hello_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
-    OPENSSL_cleanse(q.auth_response.data, q.auth_response.len);
-    free(q.auth_response.data);
-    if (rc == TPORT_UNAUTHENTICATED && r) {
-      protobuf_c_message_free_unpacked(&r->base, NULL); /* a second challenge: refused */
-      r = NULL;
-    }
-  }
+  int rc = !c->url || !c->tenant || (opts && opts->secret && !c->secret) ||
+                   (opts && opts->secret_file && !c->secret_file)
+               ? tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory")
+               : say_hello(c, &r, err);
   if (rc) {
     close_socket(c->sock);
+    hello_strings_free(c);
     free(c);
     return rc;
   }
@@ -292,6 +358,8 @@ void tport_close(tport_client *c)
   pthread_mutex_destroy(&c->stage_mu);
   client_ipc_destroy(c->ipc);
   pthread_mutex_destroy(&c->ipc_mu);
+  pthread_mutex_destroy(&c->hello_mu);
+  hello_strings_free(c);
   free(c);
 }
 
@@ -310,8 +378,10 @@ struct timespec client_deadline_after(int ms)
 
 int client_credits_take(tport_client *c, int k, tport_err *err)
 {
+  int rc = hello_again(c, err);
+  if (rc)
+    return rc;
   struct timespec until = client_deadline_after(c->timeout_ms);
-  int rc = TPORT_OK;
   pthread_mutex_lock(&c->mu);
   while (c->credits < k && !rc)
     if (pthread_cond_timedwait(&c->cv, &c->mu, &until) != 0 && c->credits < k)

@@ -52,6 +52,13 @@ struct tport_client {
   bool cuda_ipc;
   pthread_mutex_t ipc_mu;
   struct client_ipc *ipc;
+  /* the Hello, said again when nng has redialed (the server restarted or
+   * dropped the connection): a new connection has proved nothing and would
+   * be refused, or served as tenant "default".  What it needs (owned; the
+   * secret cleansed at close), and the connection it was last said on. */
+  char *url, *tenant, *secret, *secret_file;
+  pthread_mutex_t hello_mu;
+  atomic_uint hello_pipe; /* 0: not yet said */
 };
 
 /* A request in flight on its own context. */

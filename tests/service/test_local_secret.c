@@ -466,6 +466,64 @@ Test(local_secret, tportd_refuses_clients_without_the_secret)
   cr_assert_eq(svc_terminate(pid), 0);
 }
 
+/* A client whose server restarted goes on: nng redials, and libtport says
+ * its Hello (the local secret's answer) again on the new connection, as
+ * its tenant.  Without that, every request on the new connection was
+ * UNAUTHENTICATED (and, with claims, served as tenant "default"). */
+Test(local_secret, a_client_says_hello_again_after_the_server_restarts)
+{
+  char url[128], secret[LOCAL_SECRET_PATH_MAX];
+  pid_t pid = spawn_default(url, sizeof url, secret, sizeof secret);
+  tport_client *c = svc_connect(url, "alice");
+  uint8_t v[64] = {1, 2, 3};
+  int64_t n = sizeof v;
+  tport_err err;
+  cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &n, NULL, v, sizeof v, NULL, NULL, &err), 0, "%s",
+               err.msg);
+  cr_assert_eq(svc_terminate(pid), 0);
+  pid = -1;
+  for (int tries = 0; tries < 50 && pid <= 0; tries++) {
+    pid = svc_spawn(url, NULL); /* the same port: the client redials it */
+    if (pid <= 0)
+      usleep(100 * 1000);
+  }
+  cr_assert_gt(pid, 0, "tportd did not start again on %s", url);
+  /* one call may go out before the new connection is seen (refused once);
+   * every one after it is served */
+  int rc = -1, calls = 0;
+  tport_tensor_info t;
+  tport_put_options po;
+  tport_put_options_init(&po);
+  po.name = "after";
+  for (; rc && calls < 40; calls++) {
+    rc = tport_put(c, TPORT_UINT8, 1, &n, NULL, v, sizeof v, &po, &t, &err);
+    if (rc)
+      usleep(250 * 1000);
+  }
+  cr_assert_eq(rc, 0, "no put served in %d calls after the restart: %s (%s)", calls,
+               tport_strerror(rc), err.msg);
+  tport_counter *cs = NULL;
+  size_t nc = 0;
+  cr_assert_eq(tport_stats(c, &cs, &nc, &err), 0, "%s", err.msg);
+  free(cs);
+  tport_tensor_info *list = NULL;
+  size_t nl = 0;
+  cr_assert_eq(tport_list(c, &list, &nl, &err), 0, "%s", err.msg);
+  cr_assert_eq(nl, 1, "alice's one tensor on the new server");
+  free(list);
+  /* and as alice, not as "default": another connection of alice's finds
+   * the named tensor */
+  tport_client *a2 = svc_connect(url, "alice");
+  tport_ref ref;
+  tport_ref_name(&ref, "after");
+  tport_tensor_info got;
+  cr_assert_eq(tport_info(a2, &ref, &got, &err), 0, "alice's 'after' from another connection: %s",
+               err.msg);
+  tport_close(a2);
+  tport_close(c);
+  cr_assert_eq(svc_terminate(pid), 0);
+}
+
 /* Runs the tport CLI as nobody; its exit status, stderr into out. */
 static int cli_as_nobody(char *out, size_t len, const char *const *args)
 {
