@@ -473,9 +473,10 @@ static void ctx_received(server *s, srv_ctx *x)
       x->held_bytes = len;
     }
   }
-  if (!refuse)
+  if (!refuse) {
     fq_push(s->fq, tenant, &x->fq);
-  pthread_cond_signal(&s->qcv);
+    pthread_cond_signal(&s->qcv);
+  }
   pthread_mutex_unlock(&s->qmu);
   if (refuse) {
     nng_msg_free(x->msg);
