@@ -274,15 +274,32 @@ def export_out(obj):
     return export(obj)
 
 
+def _from_capsule(cap):
+    """A legacy DLPack capsule (torch.utils.dlpack.to_dlpack, cupy's toDlpack): read,
+    not consumed -- it stays "dltensor" and its producer's deleter runs when it is
+    collected, so the caller may still hand it to another consumer.  A legacy
+    capsule carries no stream: device memory must be ready when it is put."""
+    ptr = capsule_pointer(cap)
+    t = _lib.DLTensor.from_address(ptr)
+    if int(t.device.device_type) not in _DEVICE_TYPES:
+        raise InvalidArgument("the capsule's tensor is on DLPack device (%d, %d): put takes "
+                              "host and CUDA memory" % (t.device.device_type, t.device.device_id))
+    nb = _nbytes([t.shape[i] for i in range(t.ndim)], max(t.dtype.bits // 8, 1))
+    return Exported(ptr, (cap,), False, nb)
+
+
 def export(obj):
-    """Describes obj (a NumPy array, a CPU torch.Tensor, anything with __dlpack__, or
-    anything numpy.asarray takes) as a DLTensor for tport_put_dlpack."""
+    """Describes obj (a NumPy array, a CPU torch.Tensor, anything with __dlpack__, a
+    legacy "dltensor" capsule, or anything numpy.asarray takes) as a DLTensor for
+    tport_put_dlpack."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         return _from_torch(obj)
     np = sys.modules.get("numpy")
     if np is not None and isinstance(obj, np.ndarray):
         return _from_numpy(obj)
+    if type(obj).__name__ == "PyCapsule":
+        return _from_capsule(obj)
     if hasattr(obj, "__dlpack__"):
         on_gpu = False
         if hasattr(obj, "__dlpack_device__"):

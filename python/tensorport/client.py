@@ -437,18 +437,36 @@ class Client:
         self._check(rc, err)
         prog.finish()
 
-    def get(self, ref, *, progress=None):
+    def get(self, ref, *, progress=None, out=None):
         """Downloads a tensor (a Tensor, a handle or a name) as a NumPy array.
 
         The values in logical C order, writable, in the tensor's dtype;
         bfloat16 as ``ml_dtypes.bfloat16`` when that package is present, else
         as uint16 bit patterns (the ``.npy`` convention of the ``tport``
         tool).  ``progress`` as in ``put``.
+
+        ``out``: a NumPy array (C-contiguous, writable, of the tensor's shape
+        and of the dtype ``get`` would return), a torch.Tensor or anything
+        ``get_into`` takes; the values are written into it (checked before a
+        byte is written) and ``out`` is returned.
         """
         import numpy as np
 
         r, info = self._resolve(ref)
         dtype = _names.numpy_dtype(info.dtype)
+        if out is not None:
+            if not isinstance(out, np.ndarray):
+                if progress:
+                    raise InvalidArgument("progress is for gets into NumPy arrays or new arrays")
+                return self._get_into_dlpack(r, out)
+            if out.shape != tuple(info.shape) or out.dtype != dtype:
+                raise InvalidArgument("out is %s of shape %s: the tensor is %s of shape %s"
+                                      % (out.dtype, out.shape, dtype, tuple(info.shape)))
+            if not out.flags.c_contiguous or not out.flags.writeable:
+                raise InvalidArgument("out must be C-contiguous and writable: a get writes "
+                                      "its values in logical C order")
+            self._get_into(r, out.ctypes.data, out.nbytes, _Progress(progress, "get"))
+            return out
         if progress is None or progress is False:
             return _dlpack.numpy_from_managed(self._get_managed(r), dtype)
         prog = _Progress(progress, "get")

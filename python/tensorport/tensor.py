@@ -7,6 +7,12 @@ server with PyTorch's semantics: ``to()`` and ``contiguous()`` return the
 very same Python object when PyTorch would return the same tensor (an
 alias), and a new Tensor otherwise.
 
+NumPy and PyTorch take a Tensor where they take an array: ``np.asarray(t)``
+(``__array__``), ``np.from_dlpack(t)`` and ``torch.from_dlpack(t)``
+(``__dlpack__``) download its values; ``size()``, ``stride()``, ``dim()``,
+``numel()``, ``element_size()`` and ``is_contiguous(memory_format)`` read as
+PyTorch's.
+
 Lifetime is the server's, not Python's: dropping a Tensor object frees
 nothing.  An unnamed tensor lives until ``free()`` or until its client
 closes; a named one (or one put with ``keep=True``) lives for the tenant
@@ -54,7 +60,8 @@ class Tensor:
     Attributes mirror PyTorch's: ``dtype`` (PyTorch's name, a str),
     ``shape`` and ``strides`` (tuples; strides in elements),
     ``storage_offset``, ``device`` (``"cpu"``, ``"sim:0"``, ``"cuda:0"``),
-    ``memory_format``, ``is_contiguous``, ``nbytes``; plus ``ref`` (the
+    ``memory_format``, ``nbytes``; methods ``size()``, ``stride()``,
+    ``dim()``, ``numel()``, ``element_size()``, ``is_contiguous()``; plus ``ref`` (the
     handle, 32 hex digits) and ``name``.  Safe to use from many threads.
     """
 
@@ -116,10 +123,34 @@ class Tensor:
         """PyTorch's ``suggest_memory_format()`` for its strides."""
         return self._info.suggested_memory_format
 
-    @property
-    def is_contiguous(self):
-        """PyTorch's ``is_contiguous()``."""
-        return self._info.is_contiguous
+    def is_contiguous(self, memory_format=None):
+        """PyTorch's ``is_contiguous(memory_format=torch.contiguous_format)``:
+        ``memory_format`` "contiguous" (default), "channels_last" (rank 4 only)
+        or "channels_last_3d" (rank 5 only), or torch's; computed from the
+        shape and strides with c10's rules (size-1 dims skipped; 0 elements
+        count as contiguous in the default format only)."""
+        from ._names import format_name
+
+        fmt = "contiguous" if memory_format is None else format_name(memory_format)
+        if fmt == "contiguous":
+            return self._info.is_contiguous
+        order = {"channels_last": (4, (1, 3, 2, 0)),
+                 "channels_last_3d": (5, (1, 4, 3, 2, 0))}.get(fmt)
+        if order is None:
+            raise ValueError("is_contiguous: memory_format %r is not a layout "
+                             "(contiguous, channels_last, channels_last_3d)" % (memory_format,))
+        rank, walk = order
+        shape, strides = self._info.shape, self._info.strides
+        if len(shape) != rank:
+            return False
+        expected = 1
+        for d in walk:
+            if shape[d] == 1:
+                continue
+            if strides[d] != expected:
+                return False
+            expected *= shape[d]
+        return True
 
     @property
     def nbytes(self):
@@ -130,6 +161,32 @@ class Tensor:
     def ndim(self):
         """Number of dimensions."""
         return len(self._info.shape)
+
+    def dim(self):
+        """Number of dimensions (PyTorch's ``dim()``)."""
+        return len(self._info.shape)
+
+    def size(self, dim=None):
+        """PyTorch's ``size()``: the shape (a tuple), or the size of ``dim``
+        (negative counts from the end)."""
+        if dim is None:
+            return self._info.shape
+        return self._info.shape[self._dim(dim)]
+
+    def stride(self, dim=None):
+        """PyTorch's ``stride()``: strides in elements (a tuple), or that of ``dim``."""
+        if dim is None:
+            return self._info.strides
+        return self._info.strides[self._dim(dim)]
+
+    def _dim(self, dim):
+        n = len(self._info.shape)
+        if not isinstance(dim, int) or isinstance(dim, bool) or not -max(n, 1) <= dim < max(n, 1):
+            raise IndexError("Dimension out of range (expected to be in range of [%d, %d], "
+                             "but got %r)" % (-max(n, 1), max(n, 1) - 1, dim))
+        if n == 0:
+            raise IndexError("dimension specified as %d but tensor has no dimensions" % dim)
+        return dim % n
 
     def numel(self):
         """Number of elements."""
@@ -199,6 +256,16 @@ class Tensor:
     def numpy(self, progress=None):
         """Downloads the values: a NumPy array in logical C order (see ``Client.get``)."""
         return self._client.get(self, progress=progress)
+
+    def __array__(self, dtype=None, copy=None):
+        """``numpy.asarray(t)`` / ``numpy.array(t)``: downloads the values (every
+        call is a get; keep the array rather than converting again).
+        ``copy=False`` is refused: the values live on the server."""
+        if copy is False:
+            raise ValueError("a tensorport.Tensor cannot be viewed without a copy: its values "
+                             "are on the server (use copy=None or True)")
+        a = self._client.get(self)
+        return a if dtype is None else a.astype(dtype, copy=False)
 
     def torch(self, progress=None):
         """Downloads the values: a CPU torch.Tensor, contiguous (see ``Client.get_torch``)."""

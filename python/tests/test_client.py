@@ -23,7 +23,7 @@ def test_put_options_and_tensor_attributes(client):
                                                                (24, 1, 8, 2), 0)
     assert t.device == "sim:0" and t.memory_format == "channels_last"
     assert t.suggested_memory_format == "channels_last"
-    assert t.is_contiguous is False and t.nbytes == 48 and t.ndim == 4
+    assert t.is_contiguous() is False and t.nbytes == 48 and t.ndim == 4
     assert t.numel() == 24 and t.element_size() == 2 and t.client is client
     info = t.info()
     assert isinstance(info, tp.TensorInfo) and info.ref == t.ref and info.name == "img-attrs"
@@ -105,7 +105,7 @@ def test_to_contiguous_and_their_options(client):
     assert t.to(non_blocking=True) is t
     assert u.contiguous() is not u and u.contiguous("channels_last") is u
     c = u.contiguous(name="cont-named")
-    assert c.name == "cont-named" and c.is_contiguous
+    assert c.name == "cont-named" and c.is_contiguous()
     assert torch.equal(c.torch(), x.double())
     u.free()
     c.free()

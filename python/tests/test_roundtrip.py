@@ -74,7 +74,7 @@ def test_numpy_round_trip(client, dtype, layout, device):
     if want is not None and a.strides and all(s >= 0 for s in a.strides):
         assert t.strides == want
     else:
-        assert t.is_contiguous
+        assert t.is_contiguous()
     b = client.get(t)
     assert b.dtype == np.dtype(dtype) and b.shape == a.shape
     assert b.flags.c_contiguous and b.flags.writeable
@@ -159,7 +159,7 @@ def test_torch_round_trip(client, dtype, layout, device):
     if layout == "channels_last":
         assert t.memory_format == "channels_last"
     if layout in ("stepped", "expanded", "offset_gappy"):
-        assert t.is_contiguous
+        assert t.is_contiguous()
     y = client.get_torch(t)
     assert y.dtype == td and y.shape == x.shape and y.is_contiguous()
     assert torch.equal(y, x.detach().resolve_conj().resolve_neg())

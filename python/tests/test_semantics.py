@@ -84,7 +84,12 @@ def test_aliasing_and_strides_like_torch(client, case, op, device):
     v = CASES[case]()
     T = on_server(client, v, device)
     assert T.shape == tuple(v.shape) and T.strides == v.stride()
-    assert T.is_contiguous == v.is_contiguous()
+    assert T.is_contiguous() == v.is_contiguous()
+    for f in (torch.contiguous_format, CL, CL3):
+        assert T.is_contiguous(memory_format=f) == v.is_contiguous(memory_format=f), f
+    assert T.size() == tuple(v.size()) and T.stride() == v.stride() and T.dim() == v.dim()
+    assert all(T.size(d) == v.size(d) and T.stride(d) == v.stride(d)
+               for d in range(-v.dim(), v.dim()))
     try:
         r = torch_op(v)
     except RuntimeError as e:
@@ -114,7 +119,7 @@ def test_exact_format_aliases_iff_contiguous_in_that_format(client, case, fmt):
     T = on_server(client, v, "sim:1")
     R = T.to(memory_format=fmt, exact_format=True)
     assert (R is T) == v.is_contiguous(memory_format=tf)
-    assert R.is_contiguous or fmt != "contiguous"
+    assert R.is_contiguous() or fmt != "contiguous"
     assert torch.equal(R.torch(), v)
     want = "none" if not any(v.is_contiguous(memory_format=f)
                              for f in (torch.contiguous_format, CL, CL3)) else None
