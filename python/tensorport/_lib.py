@@ -14,7 +14,9 @@ Where the library is looked for, in order:
   2. the build tree of the checkout this package sits in (python/tensorport
      -> ../../build*/lib/libtport.so, build/ first), then ./build*/lib of the
      current directory when it is a checkout;
-  3. the system: ctypes.util.find_library("tport"), libtport.so.0 by the
+  3. the libtport this package was built beside, recorded when it was
+     installed (tensorport/_install.py, written by python/_build);
+  4. the system: ctypes.util.find_library("tport"), libtport.so.0 by the
      dynamic loader's search path (LD_LIBRARY_PATH, ld.so.cache), then
      sys.prefix/lib and /usr/local/lib.
 """
@@ -283,6 +285,15 @@ def _build_tree_candidates(root):
     return first + rest
 
 
+def _recorded_library():
+    """The libtport recorded at install (None in a checkout, or when none was built)."""
+    try:
+        from . import _install
+    except ImportError:
+        return None
+    return getattr(_install, "LIBRARY", None)
+
+
 def candidates():
     """Every path or name the loader will try, in order (see the module's docstring)."""
     env = os.environ.get("TPORT_LIBRARY")
@@ -293,6 +304,9 @@ def candidates():
         root = _checkout_root(start)
         if root:
             out += [p for p in _build_tree_candidates(root) if p not in out]
+    recorded = _recorded_library()
+    if recorded and recorded not in out:
+        out.append(recorded)
     found = ctypes.util.find_library("tport")
     if found:
         out.append(found)
