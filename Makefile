@@ -5,7 +5,7 @@ SAN_BUILD  ?= build-san
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all build test test-sanitize test-tsan run install deps bench clean fuzz test-container
+.PHONY: all build test test-sanitize test-tsan run install deps bench clean fuzz test-container image
 
 all: build
 
@@ -56,6 +56,13 @@ fuzz: deps
 # root; installs podman and what else it needs).
 test-container:
 	BUILD=$(BUILD) ./deploy/test-container.sh
+
+# tportd's container image, from nothing (deploy/build-image.sh: Podman and
+# mmdebstrap installed where missing, the Debian 12 base image made without a
+# registry, then deploy/Containerfile).  make image IMAGE=... CUDA=13-0
+IMAGE ?= localhost/tensorport/tportd:latest
+image:
+	CUDA=$(CUDA) ./deploy/build-image.sh $(IMAGE)
 
 bench: build
 	./bench/run kernels

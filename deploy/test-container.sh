@@ -2,10 +2,10 @@
 # The container test (make test-container): builds tportd's image with Podman
 # and runs it as it is deployed, then checks it from the host.
 #  1. installs what it needs (Debian packages: podman, runc, catatonit,
-#     podman-compose, mmdebstrap, yamllint, systemd's systemd-analyze), makes
-#     the base image once (deploy/make-base-image.sh), and the host's tport if
-#     missing;
-#  2. builds deploy/Containerfile and checks the image's configuration
+#     podman-compose, mmdebstrap, yamllint, systemd's systemd-analyze) and
+#     the host's tport if missing;
+#  2. builds the image as `make image` does (deploy/build-image.sh: the base
+#     image once, then deploy/Containerfile) and checks its configuration
 #     (non-root user, EXPOSE, STOPSIGNAL, HEALTHCHECK, its libraries);
 #  3. runs it the realistic way: its own network namespace, listening off
 #     loopback, so TLS and an auth file (Podman secrets) and a client secret;
@@ -30,7 +30,6 @@ cd "$(dirname "$0")/.."
 ROOT="$PWD"
 BUILD="${BUILD:-build}"
 IMAGE="${IMAGE:-localhost/tensorport/tportd:test}"
-BASE_IMAGE=localhost/tensorport-base:bookworm
 NAME=tport-ctest
 T0=$SECONDS
 step() { printf '\n== [%3ds] %s\n' $((SECONDS - T0)) "$*"; }
@@ -69,6 +68,7 @@ cleanup() {
   fi
   podman rm -f -t 0 "$NAME" >/dev/null 2>&1 || true
   for _ in 1 2 3; do podman pod rm -f -t 0 "$NAME-kube-pod-0" >/dev/null 2>&1 && break; sleep 2; done
+  podman pod rm -f -t 0 "$NAME-shm" >/dev/null 2>&1 || true
   podman rm -f -t 0 "$NAME-compose_tportd_1" >/dev/null 2>&1 || true
   podman network rm -f "$NAME-compose_default" >/dev/null 2>&1 || true
   for s in auth crt key; do podman secret rm "$NAME-$s" >/dev/null 2>&1 || true; done
@@ -99,9 +99,6 @@ EOF
 export CONTAINERS_CONF="$work/containers.conf"
 ULIMITS=(--ulimit "nofile=$nofile:$nofile" --ulimit "nproc=$nproc:$nproc")
 
-step "base image"
-"$ROOT/deploy/make-base-image.sh" "$BASE_IMAGE"
-
 # the host's tport (the client) and tportd (for systemd-analyze verify)
 TPORT="$ROOT/$BUILD/bin/tport"
 if [ ! -x "$TPORT" ] || [ ! -x "$ROOT/$BUILD/bin/tportd" ]; then
@@ -122,20 +119,9 @@ EOF
 )
 
 # ------------------------------------------------------------ 2. the image
-step "podman build ($IMAGE)"
+step "podman build ($IMAGE): deploy/build-image.sh, as make image runs it"
 tb=$SECONDS
-# The build stage is tagged too (the cache of the next run; its layers with
-# the build dependencies weigh ~2.7 GB), and its older, untagged versions
-# are pruned, so that a changed install-deps.sh does not pile them up.
-for target in build ""; do
-  podman build --format docker --network host "${ULIMITS[@]}" \
-    ${target:+--target "$target"} -t "$IMAGE${target:+-$target}" \
-    -f deploy/Containerfile . >"$work/build.log" 2>&1 || {
-    tail -40 "$work/build.log"
-    fail "podman build"
-  }
-done
-podman image prune -f --filter label=tensorport.stage=build >/dev/null
+PODMAN_BUILD_OPTS="${ULIMITS[*]}" ./deploy/build-image.sh "$IMAGE" || fail "deploy/build-image.sh"
 echo "built in $((SECONDS - tb)) s; $(podman image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1/1e6}')"
 
 podman image inspect "$IMAGE" >"$work/image.json"
@@ -428,6 +414,65 @@ echo "ok   the kube pod's tportd exits 0, $ms ms after SIGTERM"
 # mount: try again; it is not what is tested)
 for _ in 1 2 3; do podman pod rm -f "$NAME-kube-pod-0" >/dev/null 2>&1 && break; sleep 2; done
 
+# ------------------------------------------------------------ 6b. shm pod
+step "podman kube play: deploy/k8s/shm-pod.example.yaml (a client beside tportd, shared memory)"
+# What differs from a cluster: the image is the one just built, and the
+# emptyDir volumes are folders made here as a cluster makes them with
+# fsGroup 10001 (group 10001, setgid, group-writable): Podman 4.3 makes an
+# emptyDir root's.
+mkdir -p "$work/shm-run" "$work/shm-work"
+chown 10001:10001 "$work/shm-run" "$work/shm-work"
+chmod 2770 "$work/shm-run" "$work/shm-work"
+"$PY" - "$ROOT/deploy/k8s/shm-pod.example.yaml" "$work" "$IMAGE" "$NAME-shm" <<'EOF'
+import sys, yaml
+src, w, image, name = sys.argv[1:]
+pod = yaml.safe_load(open(src))
+assert pod["kind"] == "Pod"
+pod["metadata"]["name"] = name
+pod["metadata"].pop("namespace", None)
+for c in pod["spec"]["containers"]:
+    c["image"] = image
+host = {"run-tportd": w + "/shm-run", "work": w + "/shm-work"}
+for v in pod["spec"]["volumes"]:
+    assert "emptyDir" in v, v
+    del v["emptyDir"]
+    v["hostPath"] = {"path": host[v["name"]], "type": "Directory"}
+yaml.safe_dump(pod, open(w + "/shm-pod.yaml", "w"), sort_keys=False)
+EOF
+podman kube play --replace "$work/shm-pod.yaml" >"$work/shm-play.log" 2>&1 || {
+  cat "$work/shm-play.log"
+  fail "podman kube play (shm pod)"
+}
+sctr="$NAME-shm-client"
+slogs() { for c in "$NAME-shm-tportd" "$sctr"; do echo "--- $c"; podman logs --tail 20 "$c" 2>&1 || true; done; }
+finished=0
+for _ in $(seq 1 60); do
+  [ "$(podman inspect -f '{{.State.Status}}' "$sctr" 2>/dev/null)" = exited ] && { finished=1; break; }
+  sleep 1
+done
+[ $finished = 1 ] || { slogs; fail "the shm pod's client did not finish within 60 s"; }
+[ "$(podman inspect -f '{{.State.ExitCode}}' "$sctr")" = 0 ] || { slogs; fail "the shm pod's client failed"; }
+podman logs "$sctr" 2>&1 | grep -q "bytes identical" || { slogs; fail "the shm pod's client said nothing"; }
+podman exec "$NAME-shm-tportd" busybox wget -q -O - http://127.0.0.1:9450/metrics >"$work/shm-metrics.txt" ||
+  fail "the shm pod's /metrics"
+"$PY" - "$work/shm-metrics.txt" "$work/shm-run" <<'EOF' || { slogs; fail "the shm pod"; }
+import os, re, stat, sys
+text = open(sys.argv[1]).read()
+n = sum(float(v) for v in re.findall(r"^tport_shm_transfers_total(?:\{[^}]*\})? (\S+)$", text, re.M))
+modes = {f: stat.S_IMODE(os.stat(os.path.join(sys.argv[2], f)).st_mode)
+         for f in ("tportd.sock", "shm.sock")}
+checks = {
+    "the put and the get went through shared memory (tport_shm_transfers_total %d)" % n: n >= 2,
+    "sockets mode 660 (%s)" % {f: oct(m) for f, m in modes.items()}:
+        all(m == 0o660 for m in modes.values()),
+}
+for what, ok in checks.items():
+    print(("ok   " if ok else "FAIL ") + what)
+sys.exit(0 if all(checks.values()) else 1)
+EOF
+echo "ok   the shm pod's client (uid 10002, group 10001) put and got 1 MiB through tportd's sockets"
+for _ in 1 2 3; do podman pod rm -f -t 5 "$NAME-shm" >/dev/null 2>&1 && break; sleep 2; done
+
 # ------------------------------------------------------------ 7. compose
 step "compose: deploy/compose.yaml with podman-compose"
 # the secrets as the file says: auth file and key owned by uid 10001, mode 600
@@ -456,6 +501,22 @@ cmp -s <("$PY" -c 'import numpy as np,sys; sys.stdout.buffer.write(np.load(sys.a
 curl -fsS -o "$work/compose-metrics.txt" "http://127.0.0.1:$P_HTTP/metrics" || fail "compose: /metrics"
 grep -q '^tport_build_info' "$work/compose-metrics.txt" || fail "compose: no tport_build_info in /metrics"
 [ "$(podman inspect -f '{{.HostConfig.ReadonlyRootfs}}' "$cctr")" = true ] || fail "compose: writable root"
+podman inspect "$cctr" >"$work/cctr.json"
+"$PY" - "$work/cctr.json" <<'EOF' || fail "compose: limits"
+import json, sys
+h = json.load(open(sys.argv[1]))[0]["HostConfig"]
+nofile = [u for u in h.get("Ulimits") or [] if u["Name"] in ("RLIMIT_NOFILE", "nofile")]
+checks = {
+    "memory limit 8g": h.get("Memory") == 8 << 30,
+    "4 CPUs": h.get("NanoCpus") == 4_000_000_000
+              or (h.get("CpuQuota"), h.get("CpuPeriod")) == (400000, 100000),
+    "pids limit 4096": h.get("PidsLimit") == 4096,
+    "nofile 20000": bool(nofile) and nofile[0]["Soft"] == 20000 and nofile[0]["Hard"] == 20000,
+}
+for what, ok in checks.items():
+    print(("ok   " if ok else "FAIL ") + "compose: " + what)
+sys.exit(0 if all(checks.values()) else 1)
+EOF
 podman stop -t 15 "$cctr" >/dev/null
 code="$(podman inspect -f '{{.State.ExitCode}}' "$cctr")"
 [ "$code" = 0 ] || fail "compose: exit status $code after SIGTERM"
@@ -473,5 +534,8 @@ sed "s|^ExecStart=/usr/local/bin/tportd|ExecStart=$ROOT/$BUILD/bin/tportd|" \
 systemd-analyze verify "$work/tportd.service"
 echo "ok   systemd-analyze verify deploy/systemd/tportd.service"
 systemd-analyze security --offline=yes --threshold=30 "$work/tportd.service" | tail -1
+cp deploy/systemd/tensorport.sysusers "$work/tensorport.conf"
+systemd-sysusers --dry-run "$work/tensorport.conf" >/dev/null 2>&1 || fail "systemd-sysusers: tensorport.sysusers"
+echo "ok   systemd-sysusers --dry-run deploy/systemd/tensorport.sysusers"
 
 step "passed in $((SECONDS - T0)) s"
