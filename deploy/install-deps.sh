@@ -17,8 +17,8 @@ PACKAGES=(
   libdlpack-dev                    # DLPack in/out for libtport
   python3 python3-torch python3-numpy   # differential tests and benchmark baselines
   python3-pytest python3-venv python3-setuptools python3-wheel python3-tqdm
-  python3-prometheus-client        # tests/deploy/check_metrics.py: /metrics as Prometheus parses it
                                    # python/: the tensorport package, its tests, its venv install
+  python3-prometheus-client        # tests/deploy/check_metrics.py: /metrics as Prometheus parses it
   clang libclang-rt-14-dev llvm    # make fuzz: libFuzzer + ASan/UBSan runtimes, llvm-symbolizer
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
                                    # bench/peers/grpc: the gRPC C++ peer of bench/run transfer
