@@ -104,6 +104,10 @@ static int peer_of(int fd, transport_shm_peer *peer, tport_err *err)
   peer->pid = cr.pid;
   peer->uid = cr.uid;
   peer->gid = cr.gid;
+  socklen_t glen = sizeof peer->groups;
+  peer->ngroups = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, peer->groups, &glen) == 0
+                      ? (int)(glen / sizeof(gid_t))
+                      : -1;
   return TPORT_OK;
 }
 
@@ -165,6 +169,12 @@ static bool read_answer(int s, int64_t deadline, tport_err *err, int *rc)
 int transport_shm_send(const char *path, const uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], int fd,
                        int timeout_ms, tport_err *err)
 {
+  return transport_shm_send_to(path, token, fd, timeout_ms, (uid_t)-1, err);
+}
+
+int transport_shm_send_to(const char *path, const uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], int fd,
+                          int timeout_ms, uid_t server_uid, tport_err *err)
+{
   struct sockaddr_un sa;
   int rc = sun_of(path, &sa, err);
   if (rc)
@@ -178,14 +188,16 @@ int transport_shm_send(const char *path, const uint8_t token[TRANSPORT_SHM_TOKEN
                        strerror(errno));
     goto out;
   }
-  /* the region goes only to a server of this user (or root) */
+  /* the region goes only to a server of this user, root, or the user the
+   * client's data connection reaches */
   transport_shm_peer peer = {0};
   if ((rc = peer_of(s, &peer, err)) != TPORT_OK)
     goto out;
-  if (peer.uid != geteuid() && peer.uid != 0) {
+  if (peer.uid != geteuid() && peer.uid != 0 &&
+      (server_uid == (uid_t)-1 || peer.uid != server_uid)) {
     rc = tport_err_set(err, TPORT_PERMISSION_DENIED,
-                       "the shm socket %s is served by uid %u, not by this user (%u) or root: "
-                       "no region is handed to it",
+                       "the shm socket %s is served by uid %u, not by this user (%u), root or "
+                       "the server's user: no region is handed to it",
                        path, (unsigned)peer.uid, (unsigned)geteuid());
     goto out;
   }
@@ -312,8 +324,14 @@ bool transport_shm_peer_allowed(const transport_shm_peer *peer, unsigned mode)
 {
   if (peer->uid == geteuid() || peer->uid == 0)
     return true;
-  if ((mode & 0060) && peer->gid == getegid())
-    return true;
+  if (mode & 0060) {
+    gid_t g = getegid();
+    if (peer->gid == g)
+      return true;
+    for (int i = 0; i < peer->ngroups && i < TRANSPORT_SHM_PEER_GROUPS; i++)
+      if (peer->groups[i] == g)
+        return true;
+  }
   return (mode & 0006) != 0;
 }
 

@@ -45,14 +45,29 @@ int transport_shm_create(size_t nbytes, int *fd, void **base, tport_err *err);
  * Waits up to timeout_ms for each step. */
 int transport_shm_send(const char *path, const uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], int fd,
                        int timeout_ms, tport_err *err);
+/* The same, to a server that may also run as server_uid: the user the
+ * client's data connection already reaches (an ipc:// peer's uid, read by
+ * the client from its connection), so that a server of another user that
+ * shares its sockets through a group (--shm-mode 660) gets the regions of
+ * the clients it serves, while a process of a third user that merely took
+ * the socket's path still gets nothing.  (uid_t)-1: none. */
+int transport_shm_send_to(const char *path, const uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], int fd,
+                          int timeout_ms, uid_t server_uid, tport_err *err);
 
 /* ---- server side */
 
-/* Who is on the other end of a Unix socket. */
+#define TRANSPORT_SHM_PEER_GROUPS 64
+
+/* Who is on the other end of a Unix socket: SO_PEERCRED, and the
+ * supplementary groups (SO_PEERGROUPS; ngroups -1 when the peer has more
+ * than TRANSPORT_SHM_PEER_GROUPS or the kernel does not say: then only its
+ * primary group counts). */
 typedef struct transport_shm_peer {
   pid_t pid;
   uid_t uid;
   gid_t gid;
+  int ngroups;
+  gid_t groups[TRANSPORT_SHM_PEER_GROUPS];
 } transport_shm_peer;
 
 /* Listens on a Unix stream socket at path with permissions mode (the
@@ -60,7 +75,8 @@ typedef struct transport_shm_peer {
  * anything else at path is an error).  *fd is close-on-exec. */
 int transport_shm_listen(const char *path, unsigned mode, int *fd, tport_err *err);
 /* May this peer hand the server regions?  Its own user and root always;
- * the socket's group when mode grants the group access; anyone when it
+ * a member of the socket's group (primary or supplementary, as the kernel
+ * lets it connect) when mode grants the group access; anyone when it
  * grants others access. */
 bool transport_shm_peer_allowed(const transport_shm_peer *peer, unsigned mode);
 /* Reads one handoff from an accepted connection: the token and the one
