@@ -258,10 +258,10 @@ static int make_parent(const char *path, unsigned mode, tport_err *err)
   if (stat(dir, &st) == 0)
     return S_ISDIR(st.st_mode) ? TPORT_OK
                                : tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                                               "--shm-socket: %s is not a directory", dir);
+                                               "%s is not a directory", dir);
   mode_t dm = 0700 | ((mode & 0060) ? 0050 : 0) | ((mode & 0006) ? 0005 : 0);
   if (mkdir(dir, dm) != 0 && errno != EEXIST)
-    return tport_err_set(err, TPORT_UNAVAILABLE, "--shm-socket: cannot create %s: %s", dir,
+    return tport_err_set(err, TPORT_UNAVAILABLE, "cannot create %s: %s", dir,
                          strerror(errno));
   chmod(dir, dm); /* whatever the umask took */
   return TPORT_OK;
@@ -274,11 +274,11 @@ static int clear_stale(const char *path, const struct sockaddr_un *sa, tport_err
   struct stat st;
   if (lstat(path, &st) != 0)
     return errno == ENOENT ? TPORT_OK
-                           : tport_err_set(err, TPORT_UNAVAILABLE, "--shm-socket %s: %s", path,
+                           : tport_err_set(err, TPORT_UNAVAILABLE, "%s: %s", path,
                                            strerror(errno));
   if (!S_ISSOCK(st.st_mode))
     return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                         "--shm-socket %s exists and is not a socket: not replaced", path);
+                         "%s exists and is not a socket: not replaced", path);
   int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (s < 0)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "socket: %s", strerror(errno));
@@ -287,7 +287,7 @@ static int clear_stale(const char *path, const struct sockaddr_un *sa, tport_err
   close(s);
   if (live || why != ECONNREFUSED)
     return tport_err_set(err, TPORT_UNAVAILABLE,
-                         "--shm-socket %s: another server is listening there%s%s", path,
+                         "%s: another server is listening there%s%s", path,
                          live ? "" : " (", live ? "" : strerror(why));
   unlink(path);
   return TPORT_OK;

@@ -1265,3 +1265,25 @@ Test(shm, a_busy_servers_answer_is_reported_even_when_the_send_fails)
   unlink(path);
   rmdir(dir);
 }
+
+/* A socket that cannot be made stops the server with a message that names
+ * the flag once (it said "--shm-socket: --shm-socket: cannot create"). */
+Test(shm, a_socket_that_cannot_be_made_names_the_flag_once)
+{
+  server_config cfg;
+  svc_config(&cfg);
+  cfg.shm_socket = strdup("/proc/tport-no-such-dir/shm.sock");
+  cfg.shm_socket_set = true;
+  char url[96];
+  snprintf(url, sizeof url, "inproc://tport-shm-bad-%d", (int)getpid());
+  cfg.listen[0] = strdup(url);
+  cfg.nlisten = 1;
+  server *s = NULL;
+  tport_err err = {0};
+  cr_assert_neq(server_start(&cfg, &s, &err), 0, "started without its shm socket");
+  config_free(&cfg);
+  cr_assert(strstr(err.msg, "--shm-socket: cannot create /proc/tport-no-such-dir: "), "%s",
+            err.msg);
+  const char *first = strstr(err.msg, "--shm-socket");
+  cr_assert_null(strstr(first + 1, "--shm-socket"), "the flag is named twice: %s", err.msg);
+}
