@@ -3,7 +3,10 @@
  *
  * Connect to a tportd, put tensors (from host memory or DLPack), convert them
  * on the server with PyTorch's semantics (to, contiguous, copy, views), and
- * get them back.  Depends on nng and protobuf-c only.
+ * get them back.  libtport links protobuf-c, OpenSSL (TLS, the HMAC of the
+ * tenant's proof) and ISA-L (CRC32C); nng is compiled in statically (our
+ * patched build); this header needs DLPack's (libdlpack-dev).  pkg-config's
+ * tport.pc (installed) or tport-uninstalled.pc (the build tree) names them.
  *
  * Errors: every function returns a status (TPORT_OK = 0, else one of
  * tport_status, gRPC's numbering) and, when err is not NULL, fills it with
