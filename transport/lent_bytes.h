@@ -1,6 +1,6 @@
 /*
  * lent_bytes.h: which transports send a message's lent bytes (nng_msg_set_tail
- * of deploy/nng/msg-lent-tail.patch) straight from the lender's memory.
+ * of deploy/nng/0008, the lent tail) straight from the lender's memory.
  *
  * tcp and ipc hand the tail to the kernel as an iov; every other transport
  * (tls+tcp, ws, inproc) copies it into the message body first, which costs

@@ -3,7 +3,7 @@
  * builds its configurations from PEM files.
  *
  * How nng drives an engine (nng 1.5.2, src/supplemental/tls/tls_common.c):
- * it owns the TCP stream and a 64 KiB ring buffer each way (deploy/nng/tls-buffers.patch); it calls the
+ * it owns the TCP stream and a 64 KiB ring buffer each way (deploy/nng/build-nng.sh sets the size); it calls the
  * conn ops below with the connection's lock held, from the user's send/recv
  * and from its TCP completion callbacks; the engine moves ciphertext with
  * nng_tls_engine_send/recv, which copy into/out of those buffers and answer

@@ -1,7 +1,7 @@
 /*
  * test_lent_put.c: a put over tcp:// or ipc:// lends the caller's bytes to
  * its chunk requests instead of copying them (client/ops.c, nng_msg_set_tail
- * of deploy/nng/msg-lent-tail.patch), and a get's replies lend theirs from
+ * of deploy/nng/0008, the lent tail), and a get's replies lend theirs from
  * the tensor (server/server.c, call_reply_lent).  What must hold: every byte
  * arrives, whatever the size, alignment and options; and a put returns only
  * once nng has let go of the caller's bytes, even when it fails with its

@@ -7,7 +7,7 @@
  * that large, or trims its heap when they are freed), so each transfer
  * faulted in as many pages as it moved, twice over -- on a VM, where a
  * fault can cost ~20 us, a 16 MiB put ran at a tenth of its speed.  Our nng
- * (deploy/nng/msg-body-cache.patch) keeps large bodies for reuse, and
+ * (deploy/nng/0007, the message-body cache) keeps large bodies for reuse, and
  * tensors come from the host cache (engine/host_cache.c).  This counts the
  * process's minor page faults (server and client share it) over warm
  * round trips of 16 MiB in 4 MiB chunks over tcp and ipc, and fails when

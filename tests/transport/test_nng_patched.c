@@ -2,16 +2,16 @@
  * test_nng_patched.c: what our patches to nng 1.5.2 promise (deploy/nng), on
  * the nng that tensorport links.
  *
- *  - msg-body-cache.patch: a large body freed is reused by the next message
+ *  - 0007 (message-body cache): a large body freed is reused by the next message
  *    of about its size (no fresh pages), and a body that grows, or a copy of
  *    a message, is zeroed beyond the bytes it carries -- a reused block holds
  *    another message's bytes.
- *  - poller-delivers-reads.patch: only the SP transports' own reads are
+ *  - 0006 (poller delivers reads): only the SP transports' own reads are
  *    finished on nng's poller thread; the reads of a plain nng_stream (as the
  *    TLS layer makes) complete as before, so a callback of one that stops
  *    another read of the same stream does not wait for its own thread.
  *
- *  - msg-lent-tail.patch: a message may carry a tail of bytes lent by the
+ *  - 0008 (lent tail): a message may carry a tail of bytes lent by the
  *    sender (nng_msg_set_tail): sent after the body, over tcp and ipc
  *    straight from the sender's memory, over other transports copied into
  *    the body first; its release runs exactly once, however the message
