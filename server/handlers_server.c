@@ -1,4 +1,4 @@
-/* handlers_server.c: Hello, Devices, Stats, and the table of handlers. */
+/* handlers_server.c: Hello, Devices and Stats. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -374,30 +374,4 @@ done:;
   r.n_counters = n;
   r.counters = ptrs;
   return call_reply(c, &r.base, NULL, 0);
-}
-
-handler_fn handler_for(uint16_t method)
-{
-  static const handler_fn table[SERVER_METHODS] = {
-      [TPORT__METHOD__METHOD_HELLO] = h_hello,
-      [TPORT__METHOD__METHOD_DEVICES] = h_devices,
-      [TPORT__METHOD__METHOD_PUT_BEGIN] = h_put_begin,
-      [TPORT__METHOD__METHOD_PUT_CHUNK] = h_put_chunk,
-      [TPORT__METHOD__METHOD_PUT_COMMIT] = h_put_commit,
-      [TPORT__METHOD__METHOD_PUT_ABORT] = h_put_abort,
-      [TPORT__METHOD__METHOD_GET_BEGIN] = h_get_begin,
-      [TPORT__METHOD__METHOD_GET_CHUNK] = h_get_chunk,
-      [TPORT__METHOD__METHOD_TO] = h_to,
-      [TPORT__METHOD__METHOD_COPY] = h_copy,
-      [TPORT__METHOD__METHOD_VIEW] = h_view,
-      [TPORT__METHOD__METHOD_CONTIGUOUS] = h_contiguous,
-      [TPORT__METHOD__METHOD_INFO] = h_info,
-      [TPORT__METHOD__METHOD_LIST] = h_list,
-      [TPORT__METHOD__METHOD_FREE] = h_free,
-      [TPORT__METHOD__METHOD_SYNC] = h_sync,
-      [TPORT__METHOD__METHOD_STATS] = h_stats,
-      [TPORT__METHOD__METHOD_SHM_REGISTER] = h_shm_register,
-      [TPORT__METHOD__METHOD_SHM_RELEASE] = h_shm_release,
-  };
-  return method < SERVER_METHODS ? table[method] : NULL;
 }
