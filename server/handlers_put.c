@@ -224,30 +224,32 @@ static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_
   return put_begin_reply(c, e, final);
 }
 
-int h_put_begin(call *c)
+/* A PutBegin's descriptor and what comes with it, checked: a dense tensor
+ * at offset 0 within --max-tensor, whose bytes are in a region (a put that
+ * commits at once, no payload) or in the payload (whole with commit, none
+ * without). */
+static int check_put_begin(call *c, const Tport__PutBeginRequest *q, meta_layout *l,
+                           validate_result *vr)
 {
-  Tport__PutBeginRequest *q = (Tport__PutBeginRequest *)c->req;
   server *s = c->srv;
   if (!q->desc)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "desc is missing");
   Tport__TensorDesc *d = q->desc;
-  meta_layout l;
-  validate_result vr;
   int rc = validate_desc((int)d->dtype, d->n_sizes, d->sizes, d->n_strides, d->strides,
-                         d->storage_offset, -1, &l, &vr, &c->err);
+                         d->storage_offset, -1, l, vr, &c->err);
   if (rc)
     return rc;
-  if (l.offset != 0)
+  if (l->offset != 0)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                          "desc.storage_offset is %lld: a put sends a whole storage (offset 0)",
-                         (long long)l.offset);
-  if (!meta_is_non_overlapping_and_dense(&l))
+                         (long long)l->offset);
+  if (!meta_is_non_overlapping_and_dense(l))
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                          "desc.strides: a put sends a dense tensor (no gaps, no overlaps)");
-  if ((size_t)vr.nbytes > s->cfg.max_tensor_bytes)
+  if ((size_t)vr->nbytes > s->cfg.max_tensor_bytes)
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED,
                          "the tensor is %lld bytes: the limit per tensor is %zu",
-                         (long long)vr.nbytes, s->cfg.max_tensor_bytes);
+                         (long long)vr->nbytes, s->cfg.max_tensor_bytes);
   if (q->shm) {
     /* the bytes are in a region: checked against it when the copy holds it */
     if (!q->commit)
@@ -257,50 +259,63 @@ int h_put_begin(call *c)
       return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                            "a put from a region carries no payload (%zu bytes came)",
                            c->payload_len);
-    if (q->shm->length != (uint64_t)vr.nbytes)
+    if (q->shm->length != (uint64_t)vr->nbytes)
       return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                            "shm.length is %llu: the tensor is %lld bytes",
-                           (unsigned long long)q->shm->length, (long long)vr.nbytes);
+                           (unsigned long long)q->shm->length, (long long)vr->nbytes);
   } else {
-    if (q->commit && c->payload_len != (size_t)vr.nbytes)
+    if (q->commit && c->payload_len != (size_t)vr->nbytes)
       return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                            "a committed put carries the whole tensor: %zu bytes came, %lld "
                            "expected",
-                           c->payload_len, (long long)vr.nbytes);
+                           c->payload_len, (long long)vr->nbytes);
     if (!q->commit && c->payload_len)
       return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                            "PutBegin carries data only with commit");
     if ((rc = check_crc32c(c, q->crc32c_set, q->crc32c, 0)) != TPORT_OK)
       return rc;
   }
-  if (c->payload_len)
-    metrics_stage_since(&s->metrics, STAGE_RECEIVE, c->arrived_ns);
-  tport_device dev;
-  rc = wire_device(q->device && *q->device ? q->device : d->device, "device",
-                   (tport_device){TPORT_DEV_CPU, 0}, &dev, &c->err);
-  if (rc)
-    return rc;
-  /* what commit will make of it, checked now rather than at commit */
-  to_options convert = {.non_blocking = true,
-                        .exact_format = true}; /* the stored tensor really is in the format asked */
+  return TPORT_OK;
+}
+
+/* What a put's commit will make of its bytes (plan_put). */
+typedef struct put_plan {
+  to_options convert;   /* dtype and memory format asked */
+  tport_dtype from, to; /* the client's dtype, the stored tensor's */
+  bool needs_convert;   /* at the commit */
+  bool on_arrival;      /* each chunk converted as it lands */
+  size_t reserve;       /* the converted tensor a conversion at the commit makes */
+} put_plan;
+
+/* The conversion a put asks for, checked now rather than at commit, and
+ * when it happens: as each chunk lands, or at the commit. */
+static int plan_put(call *c, const Tport__PutBeginRequest *q, const meta_layout *l,
+                    const validate_result *vr, put_plan *p)
+{
+  server *s = c->srv;
+  int rc = TPORT_OK;
+  /* the stored tensor really is in the format asked */
+  p->convert = (to_options){.non_blocking = true, .exact_format = true};
   if (q->dtype_set) {
-    convert.has_dtype = true;
-    rc = wire_dtype(q->dtype, "dtype", &convert.dtype, &c->err);
+    p->convert.has_dtype = true;
+    rc = wire_dtype(q->dtype, "dtype", &p->convert.dtype, &c->err);
   }
   if (!rc && q->memory_format != TPORT__MEMORY_FORMAT__MF_PRESERVE) {
-    convert.has_format = true;
-    rc = wire_format(q->memory_format, "memory_format", &convert.format, &c->err);
+    p->convert.has_format = true;
+    rc = wire_format(q->memory_format, "memory_format", &p->convert.format, &c->err);
     int64_t strides[TPORT_MAX_DIMS];
     tport_err why;
-    if (!rc && meta_fresh_strides(l.ndim, l.sizes, convert.format, strides, &why))
+    if (!rc && meta_fresh_strides(l->ndim, l->sizes, p->convert.format, strides, &why))
       rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "memory_format: %s", why.msg);
   }
-  size_t reserve = 0; /* the converted tensor a conversion at the commit makes */
-  bool needs_convert = convert.has_dtype || convert.has_format, on_arrival = false;
-  tport_dtype from = (tport_dtype)d->dtype, to = convert.has_dtype ? convert.dtype : from;
-  if (!rc && needs_convert) {
-    rc = wire_check_bytes(c, "the converted tensor", vr.numel, tport_dtype_size(to));
-    reserve = (size_t)vr.numel * tport_dtype_size(to);
+  p->reserve = 0;
+  p->needs_convert = p->convert.has_dtype || p->convert.has_format;
+  p->on_arrival = false;
+  p->from = (tport_dtype)q->desc->dtype;
+  p->to = p->convert.has_dtype ? p->convert.dtype : p->from;
+  if (!rc && p->needs_convert) {
+    rc = wire_check_bytes(c, "the converted tensor", vr->numel, tport_dtype_size(p->to));
+    p->reserve = (size_t)vr->numel * tport_dtype_size(p->to);
     /* A dtype change that keeps the client's strides converts each chunk as
      * it lands (no landing copy, no second pass at commit): to(dtype) keeps
      * a dense tensor's strides, and with a memory format too when its fresh
@@ -308,56 +323,123 @@ int h_put_begin(call *c)
     int64_t fresh[TPORT_MAX_DIMS];
     tport_err why;
     bool same_strides =
-        !convert.has_format ||
-        (meta_fresh_strides(l.ndim, l.sizes, convert.format, fresh, &why) == TPORT_OK &&
-         memcmp(fresh, l.strides, sizeof *fresh * (size_t)l.ndim) == 0);
-    on_arrival = !rc && to != from && same_strides &&
-                 s->cfg.chunk_bytes % tport_dtype_size(from) == 0;
+        !p->convert.has_format ||
+        (meta_fresh_strides(l->ndim, l->sizes, p->convert.format, fresh, &why) == TPORT_OK &&
+         memcmp(fresh, l->strides, sizeof *fresh * (size_t)l->ndim) == 0);
+    p->on_arrival = !rc && p->to != p->from && same_strides &&
+                    s->cfg.chunk_bytes % tport_dtype_size(p->from) == 0;
   }
+  /* converting on arrival, the landing tensor is the final one: no second */
+  if (p->on_arrival)
+    p->reserve = 0;
+  return rc;
+}
+
+/* The upload of a planned put: its chunk bitmaps and its landing tensor
+ * on dev (converting on arrival, the final one).  *out is set either way:
+ * reg_upload_free it on an error. */
+static int upload_new(call *c, const put_plan *p, const meta_layout *l, size_t nbytes,
+                      tport_device dev, unsigned flags, reg_upload **out)
+{
+  server *s = c->srv;
+  int rc = TPORT_OK;
+  reg_upload *up = calloc(1, sizeof *up);
+  *out = up;
+  if (!up)
+    return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  up->convert = p->convert;
+  up->needs_convert = p->needs_convert && !p->on_arrival;
+  up->convert_on_arrival = p->on_arrival;
+  up->source_dtype = p->from;
+  up->nbytes = nbytes;
+  up->chunk_bytes = s->cfg.chunk_bytes;
+  up->nchunks = (up->nbytes + up->chunk_bytes - 1) / up->chunk_bytes;
+  size_t bitmap = (size_t)(up->nchunks + 7) / 8 + 1;
+  up->claimed = calloc(bitmap, 1);
+  up->received = calloc(bitmap, 1);
+  if (!up->claimed || !up->received)
+    rc = tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  if (!rc)
+    rc = tensor_empty_strided(dev, p->on_arrival ? p->to : p->from, l->ndim, l->sizes, l->strides,
+                              flags, &up->landing, &c->err);
+  return rc;
+}
+
+/* A PutBegin with commit: the data (its payload or its region's slice),
+ * then the commit -- one round trip.  *final: the stored tensor. */
+static int put_commit_at_once(call *c, const Tport__PutBeginRequest *q, reg_entry *e,
+                              tport_tensor **final)
+{
+  server *s = c->srv;
+  const uint8_t *data = c->payload;
+  size_t len = c->payload_len;
+  shm_region *held = NULL;
+  bool pinned = false;
+  int rc = TPORT_OK;
+  if (q->shm) {
+    uint8_t *p = NULL;
+    rc = hold_slice(c, q->shm, &held, &p, &pinned);
+    data = p;
+    len = (size_t)q->shm->length;
+    if (!rc)
+      rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, 0, data, len);
+    if (!rc)
+      atomic_fetch_add(&s->bytes_in, len);
+    if (!rc)
+      shm_count_transfer(s->shm);
+  }
+  if (!rc)
+    rc = put_bytes(c, e, 0, data, len, pinned);
+  /* from a region, the copy ends before the region may go (it is the
+   * client's memory, and may be released or unmapped right after) */
+  if (!rc)
+    rc = commit_upload(c, e, q->non_blocking && !held, final);
+  shm_unhold(s->shm, held);
+  return rc;
+}
+
+int h_put_begin(call *c)
+{
+  Tport__PutBeginRequest *q = (Tport__PutBeginRequest *)c->req;
+  server *s = c->srv;
+  meta_layout l;
+  validate_result vr;
+  int rc = check_put_begin(c, q, &l, &vr);
   if (rc)
+    return rc;
+  if (c->payload_len)
+    metrics_stage_since(&s->metrics, STAGE_RECEIVE, c->arrived_ns);
+  tport_device dev;
+  rc = wire_device(q->device && *q->device ? q->device : q->desc->device, "device",
+                   (tport_device){TPORT_DEV_CPU, 0}, &dev, &c->err);
+  if (rc)
+    return rc;
+  put_plan put;
+  if ((rc = plan_put(c, q, &l, &vr, &put)) != TPORT_OK)
     return rc;
   /* --uvm: every put to a device lands in managed memory */
   unsigned flags = q->managed || (s->cfg.uvm && dev.type != TPORT_DEV_CPU) ? STORAGE_MANAGED : 0;
   if (q->shm && !flags)
-    return put_from_region(c, q, &l, from, dev, &convert);
+    return put_from_region(c, q, &l, put.from, dev, &put.convert);
   /* The landing tensor (converting on arrival, the final one) and what a
    * conversion at the commit will make are charged before either exists:
    * a put the tenant cannot hold is refused here, having allocated nothing.
    * Both sizes are within --max-tensor (checked above). */
-  if (on_arrival)
-    reserve = 0;
-  size_t landing_bytes = on_arrival ? (size_t)vr.numel * tport_dtype_size(to) : (size_t)vr.nbytes,
+  size_t landing_bytes =
+             put.on_arrival ? (size_t)vr.numel * tport_dtype_size(put.to) : (size_t)vr.nbytes,
          upfront;
-  if (__builtin_add_overflow(landing_bytes, reserve, &upfront))
+  if (__builtin_add_overflow(landing_bytes, put.reserve, &upfront))
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED,
                          "the put would hold %zu + %zu bytes: more than this server can count",
-                         landing_bytes, reserve);
+                         landing_bytes, put.reserve);
   reg_reservation paid;
   rc = wire_charge_begin(c, &paid, upfront,
-                         reserve ? "the put's landing and converted tensors" : "the put's tensor");
+                         put.reserve ? "the put's landing and converted tensors"
+                                     : "the put's tensor");
   if (rc)
     return rc;
-  reg_upload *up = calloc(1, sizeof *up);
-  if (!up) {
-    rc = tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
-  } else {
-    up->convert = convert;
-    up->needs_convert = needs_convert && !on_arrival;
-    up->convert_on_arrival = on_arrival;
-    up->source_dtype = from;
-    up->nbytes = (size_t)vr.nbytes;
-    up->chunk_bytes = s->cfg.chunk_bytes;
-    up->nchunks = (up->nbytes + up->chunk_bytes - 1) / up->chunk_bytes;
-    size_t bitmap = (size_t)(up->nchunks + 7) / 8 + 1;
-    up->claimed = calloc(bitmap, 1);
-    up->received = calloc(bitmap, 1);
-    if (!up->claimed || !up->received)
-      rc = tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
-  }
-  /* converting on arrival, the landing tensor is the final one */
-  if (!rc)
-    rc = tensor_empty_strided(dev, on_arrival ? to : from, l.ndim, l.sizes, l.strides, flags,
-                              &up->landing, &c->err);
+  reg_upload *up;
+  rc = upload_new(c, &put, &l, (size_t)vr.nbytes, dev, flags, &up);
   wire_charge_end(&paid);
   if (rc) {
     reg_upload_free(up);
@@ -365,41 +447,15 @@ int h_put_begin(call *c)
     return rc;
   }
   reg_entry *e;
-  rc =
-      reg_add(&s->reg, c->pipe, NULL, up, q->name, q->keep, q->ttl_ms, reserve, &paid, &e, &c->err);
+  rc = reg_add(&s->reg, c->pipe, NULL, up, q->name, q->keep, q->ttl_ms, put.reserve, &paid, &e,
+               &c->err);
   if (rc)
     return rc;
   tport_tensor *final = NULL;
-  if (q->commit) {
-    /* the data, then the commit: one round trip */
-    const uint8_t *data = c->payload;
-    size_t len = c->payload_len;
-    shm_region *held = NULL;
-    bool pinned = false;
-    if (q->shm) {
-      uint8_t *p = NULL;
-      rc = hold_slice(c, q->shm, &held, &p, &pinned);
-      data = p;
-      len = (size_t)q->shm->length;
-      if (!rc)
-        rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, 0, data, len);
-      if (!rc)
-        atomic_fetch_add(&s->bytes_in, len);
-      if (!rc)
-        shm_count_transfer(s->shm);
-    }
-    if (!rc)
-      rc = put_bytes(c, e, 0, data, len, pinned);
-    /* from a region, the copy ends before the region may go (it is the
-     * client's memory, and may be released or unmapped right after) */
-    if (!rc)
-      rc = commit_upload(c, e, q->non_blocking && !held, &final);
-    shm_unhold(s->shm, held);
-    if (rc) {
-      reg_remove(&s->reg, e);
-      reg_put(&s->reg, e);
-      return rc;
-    }
+  if (q->commit && (rc = put_commit_at_once(c, q, e, &final)) != TPORT_OK) {
+    reg_remove(&s->reg, e);
+    reg_put(&s->reg, e);
+    return rc;
   }
   return put_begin_reply(c, e, final);
 }
