@@ -1,9 +1,10 @@
 /*
  * server_internal.h: what the server's files share: the server, a request
  * being handled (call), and the functions of each file that others call.
- * Calls go one way: server.c (start, stop) -> workers.c -> dispatch.c ->
- * handlers_*.c -> reply.c; contexts.c and connections.c are called from
- * above and call none of these back.
+ * Calls between the files go one way, never back: server.c (start, stop,
+ * reaper) -> workers.c -> dispatch.c -> handlers_*.c -> reply.c, with
+ * contexts.c, connections.c and authn.c called from above and calling
+ * only below (reply.c, connections.c, the registry).
  */
 #ifndef TPORT_SERVER_INTERNAL_H
 #define TPORT_SERVER_INTERNAL_H
