@@ -242,10 +242,73 @@ static int add_listen(server_config *c, const char *url, tport_err *err)
   return TPORT_OK;
 }
 
+/* Where an option whose value is kept as given (a path, a list) goes;
+ * NULL: not one of them. */
+static char **text_slot(server_config *c, int i)
+{
+  switch (i) {
+  case 1: return &c->devices;
+  case 14: return &c->kernel_cache;
+  case 16: return &c->admin;
+  case 23: return &c->auth_file;
+  case 26: return &c->tls_cert;
+  case 27: return &c->tls_key;
+  case 28: return &c->tls_ca;
+  default: return NULL;
+  }
+}
+
+/* A file mode, in octal (--ipc-mode, --shm-mode). */
+static int parse_mode(const char *v, const char *what, unsigned *out, tport_err *err)
+{
+  char *end;
+  unsigned long m = strtoul(v, &end, 8);
+  if (end == v || *end || m > 0777)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--%s: '%s' is not an octal mode", what, v);
+  *out = (unsigned)m;
+  return TPORT_OK;
+}
+
+static int parse_metrics_tenants(const char *v, int *out, tport_err *err)
+{
+  static const char *const modes[] = {[METRICS_TENANTS_HASH] = "hash",
+                                      [METRICS_TENANTS_NAME] = "name",
+                                      [METRICS_TENANTS_OFF] = "off"};
+  for (int m = 0; m < 3; m++)
+    if (strcmp(v, modes[m]) == 0) {
+      *out = m;
+      return TPORT_OK;
+    }
+  return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--metrics-tenants: '%s': name, hash or off",
+                       v);
+}
+
+/* --http-listen: an address checked now (a typo is said at start), or off. */
+static int apply_http_listen(server_config *c, const char *v, tport_err *err)
+{
+  c->http_listen_set = true;
+  free(c->http_listen);
+  c->http_listen = NULL;
+  if (strcmp(v, "off") == 0)
+    return TPORT_OK;
+  struct sockaddr_storage ss;
+  socklen_t sl;
+  int rc = http_parse_address(v, &ss, &sl, err);
+  if (!rc)
+    c->http_listen = strdup(v);
+  return rc;
+}
+
 static int apply(server_config *c, int i, const char *v, tport_err *err)
 {
   unsigned long u = 0;
   int rc = TPORT_OK;
+  char **slot = text_slot(c, i);
+  if (slot) {
+    free(*slot);
+    *slot = strdup(v);
+    return TPORT_OK;
+  }
   switch (i) {
   case 0: {
     char *copy = strdup(v), *save = NULL;
@@ -254,10 +317,6 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
     free(copy);
     return rc;
   }
-  case 1:
-    free(c->devices);
-    c->devices = strdup(v);
-    return TPORT_OK;
   case 2: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->workers = (int)u; break;
   case 3: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->contexts = (int)u; break;
   case 4: return parse_size(v, opts[i].flag, &c->max_message_bytes, err);
@@ -270,53 +329,22 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
   case 11: return parse_ulong(v, opts[i].flag, 1, &c->deadline_ms, err);
   case 12: return parse_ulong(v, opts[i].flag, 0, &c->grace_ms, err);
   case 13: rc = parse_ulong(v, opts[i].flag, 0, &u, err), c->log_level = (int)u; break;
-  case 14:
-    free(c->kernel_cache);
-    c->kernel_cache = strdup(v);
-    return TPORT_OK;
   case 15: rc = parse_ulong(v, opts[i].flag, 0, &u, err), c->uvm = u != 0; break;
-  case 16:
-    free(c->admin);
-    c->admin = strdup(v);
-    return TPORT_OK;
   case 17: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->max_outstanding = (int)u; break;
   case 18: return parse_ulong(v, opts[i].flag, 1, &c->send_timeout_ms, err);
   case 19: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->max_transfers = (int)u; break;
   case 20: return parse_ulong(v, opts[i].flag, 1, &c->transfer_timeout_ms, err);
   case 21: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->max_tensors = u; break;
   case 22: return parse_ulong(v, opts[i].flag, 1, &c->max_ttl_s, err);
-  case 23:
-    free(c->auth_file);
-    c->auth_file = strdup(v);
-    return TPORT_OK;
   case 24: rc = parse_ulong(v, opts[i].flag, 0, &u, err), c->insecure = u != 0; break;
-  case 25:
-  case 35: {
-    char *end;
-    unsigned long m = strtoul(v, &end, 8);
-    if (end == v || *end || m > 0777)
-      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--%s: '%s' is not an octal mode",
-                           opts[i].flag, v);
-    *(i == 25 ? &c->ipc_mode : &c->shm_mode) = (unsigned)m;
-    return TPORT_OK;
-  }
+  case 25: return parse_mode(v, opts[i].flag, &c->ipc_mode, err);
+  case 35: return parse_mode(v, opts[i].flag, &c->shm_mode, err);
   case 34:
     c->shm_socket_set = true;
     free(c->shm_socket);
     c->shm_socket = strcmp(v, "off") == 0 ? NULL : strdup(v);
     return TPORT_OK;
-  case 38: {
-    static const char *const modes[] = {[METRICS_TENANTS_HASH] = "hash",
-                                        [METRICS_TENANTS_NAME] = "name",
-                                        [METRICS_TENANTS_OFF] = "off"};
-    for (int m = 0; m < 3; m++)
-      if (strcmp(v, modes[m]) == 0) {
-        c->metrics_tenants = m;
-        return TPORT_OK;
-      }
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--metrics-tenants: '%s': name, hash or off",
-                         v);
-  }
+  case 38: return parse_metrics_tenants(v, &c->metrics_tenants, err);
   case 42:
     c->local_secret_set = true;
     free(c->local_secret);
@@ -334,14 +362,6 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
   case 40: return parse_size(v, opts[i].flag, &c->request_memory, err);
   case 41: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->tenant_workers = (int)u; break;
   case 43: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->cuda_ipc_max = u; break;
-  case 26:
-  case 27:
-  case 28: {
-    char **slot = i == 26 ? &c->tls_cert : i == 27 ? &c->tls_key : &c->tls_ca;
-    free(*slot);
-    *slot = strdup(v);
-    return TPORT_OK;
-  }
   case 29:
     if (strcmp(v, "1.2") && strcmp(v, "1.3"))
       return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--tls-min-version: '%s': 1.2 or 1.3", v);
@@ -349,19 +369,7 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
     return TPORT_OK;
   case 30: return parse_ulong(v, opts[i].flag, 1, &c->auth_timeout_ms, err);
   case 31: c->host_cache_set = true; return parse_size(v, opts[i].flag, &c->host_cache_bytes, err);
-  case 32: {
-    c->http_listen_set = true;
-    free(c->http_listen);
-    c->http_listen = NULL;
-    if (strcmp(v, "off") == 0)
-      return TPORT_OK;
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    rc = http_parse_address(v, &ss, &sl, err);
-    if (!rc)
-      c->http_listen = strdup(v);
-    return rc;
-  }
+  case 32: return apply_http_listen(c, v, err);
   case 33:
     if (strcmp(v, "text") && strcmp(v, "json"))
       return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--log-format: '%s': text or json", v);

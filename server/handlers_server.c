@@ -1,4 +1,4 @@
-/* handlers_server.c: Hello, Devices, Stats, and the table of handlers. */
+/* handlers_server.c: Hello, Devices and Stats. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,14 +85,13 @@ static int check_answer(call *c, auth_file *a, const char *tenant, const uint8_t
                        tenant);
 }
 
-int h_hello(call *c)
+/* The tenant a Hello is for: the one it names ("default" when none) or,
+ * over mutual TLS, the one its verified client certificate names
+ * (*by_cert; *tenant then points into *tp). */
+static int hello_tenant(call *c, const Tport__HelloRequest *q, transport_tls_peer *tp,
+                        const char **out, bool *out_by_cert)
 {
-  Tport__HelloRequest *q = (Tport__HelloRequest *)c->req;
   server *s = c->srv;
-  if (q->protocol_version != PROTOCOL_VERSION)
-    return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION,
-                         "protocol_version %u: this server speaks %d", q->protocol_version,
-                         PROTOCOL_VERSION);
   const char *tenant = q->tenant && *q->tenant ? q->tenant : "default";
   if (strlen(tenant) >= REG_TENANT_MAX)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "tenant is longer than %d bytes",
@@ -103,27 +102,73 @@ int h_hello(call *c)
       return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                            "tenant has a control character (0x%02x)", *p);
   /* mutual TLS: a verified client certificate names the tenant */
-  transport_tls_peer tp;
   tport_err terr;
-  bool by_cert = s->mtls && transport_tls_pipe_peer((nng_pipe){.id = c->pipe}, &tp, &terr) == 0 &&
-                 tp.verified && tp.cn[0];
+  bool by_cert = s->mtls && transport_tls_pipe_peer((nng_pipe){.id = c->pipe}, tp, &terr) == 0 &&
+                 tp->verified && tp->cn[0];
   if (by_cert) {
     bool named = q->tenant && *q->tenant && strcmp(q->tenant, "default") != 0;
-    if (named && strcmp(q->tenant, tp.cn) != 0)
+    if (named && strcmp(q->tenant, tp->cn) != 0)
       return tport_err_set(&c->err, TPORT_PERMISSION_DENIED,
-                           "the client certificate names tenant '%.64s', the Hello '%.64s'", tp.cn,
-                           q->tenant);
-    if (strlen(tp.cn) >= REG_TENANT_MAX)
+                           "the client certificate names tenant '%.64s', the Hello '%.64s'",
+                           tp->cn, q->tenant);
+    if (strlen(tp->cn) >= REG_TENANT_MAX)
       return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                            "the certificate's CN is longer than %d bytes", REG_TENANT_MAX - 1);
-    for (const unsigned char *p = (const unsigned char *)tp.cn; *p; p++)
+    for (const unsigned char *p = (const unsigned char *)tp->cn; *p; p++)
       if (*p < 0x20 || *p == 0x7f)
         return tport_err_set(&c->err, TPORT_PERMISSION_DENIED,
                              "the certificate's CN has a control character (0x%02x)", *p);
-    tenant = tp.cn;
+    tenant = tp->cn;
   }
+  *out = tenant;
+  *out_by_cert = by_cert;
+  return TPORT_OK;
+}
+
+/* A Hello's answer to its connection's challenge, checked: a failure
+ * counts against the peer's address and is logged; a success makes the
+ * connection the tenant's, logged with the tenant's /metrics label. */
+static int hello_answer(call *c, const Tport__HelloRequest *q, auth_file *a, const char *tenant,
+                        const char *peer, int64_t now)
+{
+  server *s = c->srv;
+  int rc = check_answer(c, a, tenant, q->auth_response.data, q->auth_response.len);
+  char conn[16];
+  snprintf(conn, sizeof conn, "%u", c->pipe);
+  if (rc) {
+    if (s->limiter)
+      auth_limiter_fail(s->limiter, peer, now);
+
+    log_event(LOG_WARN, "authentication failed", "tenant", tenant, "peer", peer, "connection",
+              conn, "code", tport_status_name(rc), NULL);
+  } else {
+    rc = reg_session_authenticate(&s->reg, c->pipe, tenant, &c->err);
+    /* the operator's key from a /metrics series to its tenant */
+    char label[METRICS_TENANT_LABEL_HEX + 1] = "";
+    if (!rc && s->cfg.metrics_tenants == METRICS_TENANTS_HASH)
+      metrics_tenant_label(s->metrics_key, tenant, label);
+    if (!rc)
+      log_event(LOG_INFO, "connection authenticated", "tenant", tenant, "peer", peer,
+                "connection", conn, label[0] ? "metrics_tenant" : NULL, label, NULL);
+  }
+  return rc;
+}
+
+int h_hello(call *c)
+{
+  Tport__HelloRequest *q = (Tport__HelloRequest *)c->req;
+  server *s = c->srv;
+  if (q->protocol_version != PROTOCOL_VERSION)
+    return tport_err_set(&c->err, TPORT_FAILED_PRECONDITION,
+                         "protocol_version %u: this server speaks %d", q->protocol_version,
+                         PROTOCOL_VERSION);
+  const char *tenant;
+  bool by_cert;
+  transport_tls_peer tp;
+  int rc = hello_tenant(c, q, &tp, &tenant, &by_cert);
+  if (rc)
+    return rc;
   auth_file *a = server_auth(s);
-  int rc = TPORT_OK;
   if (!a || (by_cert && q->auth_response.len == 0)) {
     /* no secrets (or the certificate speaks alone): a claimed tenant is
      * taken only where no proof is required at all */
@@ -167,25 +212,7 @@ int h_hello(call *c)
                                        "HMAC-SHA256 of the tenant's secret",
                             challenge);
   } else {
-    rc = check_answer(c, a, tenant, q->auth_response.data, q->auth_response.len);
-    char conn[16];
-    snprintf(conn, sizeof conn, "%u", c->pipe);
-    if (rc) {
-      if (s->limiter)
-        auth_limiter_fail(s->limiter, peer, now);
-
-      log_event(LOG_WARN, "authentication failed", "tenant", tenant, "peer", peer, "connection",
-                conn, "code", tport_status_name(rc), NULL);
-    } else {
-      rc = reg_session_authenticate(&s->reg, c->pipe, tenant, &c->err);
-      /* the operator's key from a /metrics series to its tenant */
-      char label[METRICS_TENANT_LABEL_HEX + 1] = "";
-      if (!rc && s->cfg.metrics_tenants == METRICS_TENANTS_HASH)
-        metrics_tenant_label(s->metrics_key, tenant, label);
-      if (!rc)
-        log_event(LOG_INFO, "connection authenticated", "tenant", tenant, "peer", peer,
-                  "connection", conn, label[0] ? "metrics_tenant" : NULL, label, NULL);
-    }
+    rc = hello_answer(c, q, a, tenant, peer, now);
   }
   auth_file_release(a);
   return rc ? rc : hello_reply(c, TPORT_OK, NULL, NULL);
@@ -374,30 +401,4 @@ done:;
   r.n_counters = n;
   r.counters = ptrs;
   return call_reply(c, &r.base, NULL, 0);
-}
-
-handler_fn handler_for(uint16_t method)
-{
-  static const handler_fn table[SERVER_METHODS] = {
-      [TPORT__METHOD__METHOD_HELLO] = h_hello,
-      [TPORT__METHOD__METHOD_DEVICES] = h_devices,
-      [TPORT__METHOD__METHOD_PUT_BEGIN] = h_put_begin,
-      [TPORT__METHOD__METHOD_PUT_CHUNK] = h_put_chunk,
-      [TPORT__METHOD__METHOD_PUT_COMMIT] = h_put_commit,
-      [TPORT__METHOD__METHOD_PUT_ABORT] = h_put_abort,
-      [TPORT__METHOD__METHOD_GET_BEGIN] = h_get_begin,
-      [TPORT__METHOD__METHOD_GET_CHUNK] = h_get_chunk,
-      [TPORT__METHOD__METHOD_TO] = h_to,
-      [TPORT__METHOD__METHOD_COPY] = h_copy,
-      [TPORT__METHOD__METHOD_VIEW] = h_view,
-      [TPORT__METHOD__METHOD_CONTIGUOUS] = h_contiguous,
-      [TPORT__METHOD__METHOD_INFO] = h_info,
-      [TPORT__METHOD__METHOD_LIST] = h_list,
-      [TPORT__METHOD__METHOD_FREE] = h_free,
-      [TPORT__METHOD__METHOD_SYNC] = h_sync,
-      [TPORT__METHOD__METHOD_STATS] = h_stats,
-      [TPORT__METHOD__METHOD_SHM_REGISTER] = h_shm_register,
-      [TPORT__METHOD__METHOD_SHM_RELEASE] = h_shm_release,
-  };
-  return method < SERVER_METHODS ? table[method] : NULL;
 }

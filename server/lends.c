@@ -7,6 +7,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "lent_bytes.h"
+
 typedef struct lend {
   lends *owner;
   tport_storage *st;
@@ -119,3 +121,29 @@ size_t lends_count(lends *l)
   pthread_mutex_unlock(&l->mu);
   return n;
 }
+
+#ifdef TPORT_NNG_LENT_TAIL
+bool lends_pipe_takes_lent_bytes(uint32_t pipe)
+{
+  nng_listener l = nng_pipe_listener((nng_pipe){.id = pipe});
+  char *url;
+  if (nng_listener_id(l) <= 0 || nng_listener_get_string(l, NNG_OPT_URL, &url) != 0)
+    return false;
+  bool yes = transport_url_sends_lent_bytes(url);
+  nng_strfree(url);
+  return yes;
+}
+
+bool lends_attach(lends *l, nng_msg *msg, uint32_t pipe, tport_storage *st, const void *p,
+                  size_t n)
+{
+  /* the message holds the storage until nng is done with the bytes */
+  void *d = lends_begin(l, pipe, st);
+  if (!d || nng_msg_set_tail(msg, p, n, lends_end, d) != 0) {
+    if (d)
+      lends_end(d);
+    return false;
+  }
+  return true;
+}
+#endif

@@ -1,6 +1,7 @@
 /*
  * lends.h: replies whose payload is lent from a storage instead of copied
- * into them (call_reply_lent), until nng has sent them.
+ * into them (call_reply_lent), until nng has sent them: which connections
+ * take lent bytes, the lent tail of a reply, and the table of lends.
  *
  * A lend holds its storage: the bytes must stay until the transport has
  * written them.  Two things follow, both handled here:
@@ -17,6 +18,8 @@
 #ifndef TPORT_LENDS_H
 #define TPORT_LENDS_H
 
+#include <nng/nng.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,5 +46,20 @@ size_t lends_overdue(lends *l, int64_t before_ms, uint32_t *pipes, size_t max);
 /* Lends not yet ended. */
 size_t lends_count(lends *l);
 int64_t lends_now_ms(void);
+
+#ifdef TPORT_NNG_LENT_TAIL
+/* Whether nng sends a reply's lent tail on this connection straight from
+ * memory: tcp:// and ipc:// do; any other transport (tls+tcp://, ws://,
+ * inproc://) would copy it into the reply under nng's socket lock and
+ * tportd's queue lock, where the worker's own copy holds no lock.  Told by
+ * the scheme of the listener the connection came from (a ws:// connection's
+ * address looks like a tcp one's). */
+bool lends_pipe_takes_lent_bytes(uint32_t pipe);
+/* Lends the n bytes at p, in st's memory, to msg as its tail
+ * (nng_msg_set_tail): msg holds a reference to st until nng is done with
+ * them.  false when out of memory (msg as it was, nothing held). */
+bool lends_attach(lends *l, nng_msg *msg, uint32_t pipe, tport_storage *st, const void *p,
+                  size_t n);
+#endif
 
 #endif

@@ -1,106 +1,19 @@
 /*
- * regions.c: the server's same-host regions and the thread that takes
- * their descriptors (regions.h).
+ * regions.c: the server's same-host regions (regions.h): registered,
+ * released, held for a copy, and counted against their tenant's quota.
+ * The socket and its handoff thread are regions_socket.c.
  */
 #define _GNU_SOURCE
-#include "regions.h"
-
-#include <errno.h>
-#include <fcntl.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
-#include <poll.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
-#include <uthash.h>
 
 #include "engine.h"
 #include "log.h"
-
-/* a token is good this long after ShmRegister (shm_config.token_ms 0) */
-#define TOKEN_TTL_MS 10000
-/* the default --shm-quota: half of --shm-max, at most this */
-#define DEFAULT_QUOTA ((size_t)16 << 30)
-/* the time a peer of the socket has to send its handoff */
-#define HANDOFF_TIMEOUT_MS 2000
-/* handoffs served at once, each on a thread of its own: a peer that
- * connects and says nothing holds one for HANDOFF_TIMEOUT_MS, never the
- * others' */
-#define MAX_HANDOFFS 16
-#define TENANT_MAX 64
-
-typedef enum { REGION_PENDING, REGION_READY } region_state;
-/* a memfd of the client's; a CUDA allocation as an exported descriptor
- * (mapped as a memfd is); a CUDA allocation opened by its IPC handle */
-typedef enum { KIND_MEMFD, KIND_IPC_FD, KIND_IPC_CUDA } region_kind;
-
-/* An opened CUDA IPC handle.  CUDA opens a handle once per process, so the
- * regions of one tenant's connections that name the same allocation share
- * it; the last one to go closes it. */
-typedef struct ipc_map {
-  atomic_int refs;
-  void *base;
-  tport_device dev;
-} ipc_map;
-
-struct shm_region {
-  uint64_t id;
-  uint32_t pipe;
-  char tenant[TENANT_MAX];
-  uint8_t token[TRANSPORT_SHM_TOKEN_BYTES];
-  int64_t token_expires_ms;
-  pid_t peer_pid; /* who must hand the descriptor over (0: any allowed peer) */
-  region_state state;
-  region_kind kind;
-  uint8_t ipc_handle[SHM_IPC_HANDLE_BYTES]; /* a CUDA IPC region's name */
-  tport_device ipc_dev;                     /* KIND_IPC_CUDA: where base is */
-  ipc_map *map;                             /* KIND_IPC_CUDA: the open it shares */
-  bool tokened;                             /* in by_token: its token has not been used */
-  bool handing_off;                         /* the handoff thread is checking its descriptor */
-  bool released;                            /* gone from the tables; unmapped by the last holder */
-  uint8_t *base;
-  size_t nbytes;
-  bool pinned;
-  int holds;
-  UT_hash_handle hh;     /* by id */
-  UT_hash_handle hh_tok; /* by token, while PENDING */
-};
-
-typedef struct tenant_use {
-  char name[TENANT_MAX];
-  size_t bytes;
-  size_t ipc; /* CUDA IPC regions */
-  UT_hash_handle hh;
-} tenant_use;
-
-struct shm_table {
-  shm_config cfg;
-  char *path;
-  int listen_fd;
-  int wake[2]; /* a pipe that stops the thread */
-  pthread_t thread;
-  pthread_mutex_t mu;
-  shm_region *by_id, *by_token;
-  tenant_use *tenants;
-  uint64_t next_id;
-  shm_stats stats;
-  int handoffs_running; /* threads serving one connection each (mu) */
-  pthread_cond_t handoffs_done;
-};
-
-static int64_t now_ms(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+#include "regions_internal.h"
 
 static tenant_use *tenant_of(shm_table *t, const char *name, bool create)
 {
@@ -111,11 +24,6 @@ static tenant_use *tenant_of(shm_table *t, const char *name, bool create)
     HASH_ADD_STR(t->tenants, name, u);
   }
   return u;
-}
-
-static bool is_ipc(const shm_region *r)
-{
-  return r->kind != KIND_MEMFD;
 }
 
 /* What a region counts against: its bytes, or, a CUDA IPC one, its place
@@ -137,7 +45,7 @@ static void uncharge(shm_table *t, const shm_region *r)
 
 /* Unmaps a region nobody holds any more.  Never under mu (cudaHostUnregister
  * and munmap of a large mapping take a while). */
-static void region_free(shm_region *r)
+void region_free(shm_region *r)
 {
   if (r->kind == KIND_IPC_CUDA) {
     if (r->map && atomic_fetch_sub(&r->map->refs, 1) == 1) {
@@ -154,7 +62,7 @@ static void region_free(shm_region *r)
 
 /* Takes r out of the tables and the quota (mu held); true when the caller
  * must free it (nobody holds it). */
-static bool region_remove(shm_table *t, shm_region *r)
+bool region_remove(shm_table *t, shm_region *r)
 {
   HASH_DELETE(hh, t->by_id, r);
   if (r->tokened)
@@ -200,278 +108,6 @@ static void free_dead(shm_region *dead)
   }
 }
 
-/* ---------------------------------------------------------------- handoff */
-
-/* Checks and maps the descriptor for the region its token names. */
-static int handoff(shm_table *t, int conn, tport_err *err)
-{
-  uint8_t token[TRANSPORT_SHM_TOKEN_BYTES];
-  int fd = -1;
-  transport_shm_peer peer;
-  int rc = transport_shm_recv(conn, HANDOFF_TIMEOUT_MS, token, &fd, &peer, err);
-  if (rc)
-    return rc;
-  if (!transport_shm_peer_allowed(&peer, t->cfg.mode)) {
-    close(fd);
-    return tport_err_set(err, TPORT_PERMISSION_DENIED,
-                         "uid %u may not hand regions to this server (--shm-mode %o)",
-                         (unsigned)peer.uid, t->cfg.mode);
-  }
-  /* the token: good once, for its own connection's region, until it expires */
-  pthread_mutex_lock(&t->mu);
-  shm_region *r;
-  HASH_FIND(hh_tok, t->by_token, token, sizeof token, r);
-  if (r) {
-    HASH_DELETE(hh_tok, t->by_token, r);
-    r->tokened = false;
-    r->handing_off = true;
-  }
-  pthread_mutex_unlock(&t->mu);
-  if (!r) {
-    close(fd);
-    return tport_err_set(err, TPORT_PERMISSION_DENIED,
-                         "the token names no region waiting for its descriptor");
-  }
-  if (r->peer_pid && peer.pid != r->peer_pid)
-    rc = tport_err_set(err, TPORT_PERMISSION_DENIED,
-                       "the descriptor came from pid %d: region %llu was registered by pid %d's "
-                       "connection",
-                       (int)peer.pid, (unsigned long long)r->id, (int)r->peer_pid);
-  else if (now_ms() > r->token_expires_ms)
-    rc = tport_err_set(err, TPORT_DEADLINE_EXCEEDED,
-                       "the region's token expired (%lu ms after ShmRegister): register again",
-                       t->cfg.token_ms);
-  if (!rc)
-    rc = transport_shm_check(fd, r->nbytes, err);
-  void *base = MAP_FAILED;
-  if (!rc &&
-      (base = mmap(NULL, r->nbytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
-    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "the region cannot be mapped: %s",
-                       strerror(errno));
-  close(fd); /* the mapping keeps the memory */
-  bool pinned = false;
-  /* a CUDA allocation's descriptor is the client's device memory: the
-   * driver has it already */
-  if (!rc && r->kind == KIND_MEMFD) {
-    tport_err why;
-    if (engine_host_register(base, r->nbytes, &pinned, &why) != TPORT_OK)
-      log_msg(LOG_WARN, "region %llu stays pageable: %s", (unsigned long long)r->id, why.msg);
-  }
-  pthread_mutex_lock(&t->mu);
-  r->handing_off = false;
-  bool gone = r->released;
-  if (!rc && !gone) {
-    r->base = base;
-    r->pinned = pinned;
-    r->state = REGION_READY;
-    if (is_ipc(r))
-      t->stats.ipc_opens++;
-  } else if (!gone) {
-    /* a failed handoff ends the region: register again */
-    region_remove(t, r);
-    gone = true;
-  }
-  pthread_mutex_unlock(&t->mu);
-  if (gone) {
-    if (base != MAP_FAILED && !r->base) {
-      r->base = base;
-      r->pinned = pinned;
-    }
-    region_free(r);
-    if (!rc)
-      rc = tport_err_set(err, TPORT_ABORTED, "the region was released during its handoff");
-  }
-  return rc;
-}
-
-typedef struct handoff_job {
-  shm_table *t;
-  int conn;
-} handoff_job;
-
-/* One connection of the socket: its handoff, the verdict, the end. */
-static void *handoff_thread(void *arg)
-{
-  handoff_job *j = arg;
-  shm_table *t = j->t;
-  tport_err err;
-  tport_err_clear(&err);
-  int rc = handoff(t, j->conn, &err);
-  /* counted before the client hears the verdict (it may ask for the count) */
-  pthread_mutex_lock(&t->mu);
-  if (rc)
-    t->stats.handoffs_refused++;
-  else
-    t->stats.handoffs_ok++;
-  pthread_mutex_unlock(&t->mu);
-  transport_shm_reply(j->conn, rc, rc ? err.msg : "");
-  close(j->conn);
-  free(j);
-  if (rc)
-    log_event(LOG_INFO, "region handoff refused", "code", tport_status_name(rc), "error", err.msg,
-              NULL);
-  OPENSSL_thread_stop(); /* this thread's RAND and error state */
-  pthread_mutex_lock(&t->mu);
-  t->handoffs_running--;
-  pthread_cond_broadcast(&t->handoffs_done);
-  pthread_mutex_unlock(&t->mu);
-  return NULL;
-}
-
-static void *handoff_main(void *arg)
-{
-  shm_table *t = arg;
-  for (;;) {
-    struct pollfd p[2] = {{.fd = t->listen_fd, .events = POLLIN},
-                          {.fd = t->wake[0], .events = POLLIN}};
-    if (poll(p, 2, -1) < 0 && errno != EINTR)
-      break;
-    if (p[1].revents)
-      break;
-    if (!(p[0].revents & POLLIN))
-      continue;
-    int conn = accept4(t->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (conn < 0) {
-      /* out of descriptors or memory: the connection stays pending and
-       * poll says so again at once -- wait a little (or for the stop) */
-      if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS)
-        poll(&p[1], 1, 100);
-      continue;
-    }
-    handoff_job *j = malloc(sizeof *j);
-    pthread_mutex_lock(&t->mu);
-    bool room = j && t->handoffs_running < MAX_HANDOFFS;
-    if (room)
-      t->handoffs_running++;
-    pthread_mutex_unlock(&t->mu);
-    pthread_t th;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    if (room) {
-      *j = (handoff_job){t, conn};
-      if (pthread_create(&th, &attr, handoff_thread, j) != 0) {
-        pthread_mutex_lock(&t->mu);
-        t->handoffs_running--;
-        pthread_mutex_unlock(&t->mu);
-        room = false;
-      }
-    }
-    pthread_attr_destroy(&attr);
-    if (!room) {
-      free(j);
-      transport_shm_reply(conn, TPORT_RESOURCE_EXHAUSTED,
-                          "the server is busy with other handoffs: try again");
-      close(conn);
-      pthread_mutex_lock(&t->mu);
-      t->stats.handoffs_refused++;
-      pthread_mutex_unlock(&t->mu);
-    }
-  }
-  return NULL;
-}
-
-/* ---------------------------------------------------------------- table */
-
-int shm_start(const shm_config *cfg, shm_table **out, tport_err *err)
-{
-  shm_table *t = calloc(1, sizeof *t);
-  if (!t)
-    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
-  t->cfg = *cfg;
-  t->path = strdup(cfg->path);
-  t->listen_fd = -1;
-  t->wake[0] = t->wake[1] = -1;
-  /* ids start anywhere: a client's id of a server it knew before a
-   * restart names nothing on the new one (by all odds) */
-  if (RAND_bytes((unsigned char *)&t->next_id, sizeof t->next_id) != 1)
-    t->next_id = (uint64_t)now_ms();
-  t->next_id = (t->next_id >> 2) | 1; /* never 0, and far from wrapping */
-  if (!t->cfg.total_max) {
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    t->cfg.total_max = pages > 0 && page > 0 ? (size_t)pages * (size_t)page / 2 : SIZE_MAX;
-  }
-  /* one tenant never fills what all share: at most half of it by default
-   * (16 GiB was over --shm-max on hosts under 32 GiB) */
-  if (!t->cfg.quota)
-    t->cfg.quota = t->cfg.total_max / 2 < DEFAULT_QUOTA ? t->cfg.total_max / 2 : DEFAULT_QUOTA;
-  else if (t->cfg.quota > t->cfg.total_max)
-    log_msg(LOG_WARN,
-            "--shm-quota %zu is over --shm-max %zu: one tenant's regions can refuse everyone "
-            "else's",
-            t->cfg.quota, t->cfg.total_max);
-  if (!t->cfg.token_ms)
-    t->cfg.token_ms = TOKEN_TTL_MS;
-  if (!t->cfg.max_ipc)
-    t->cfg.max_ipc = SHM_DEFAULT_MAX_IPC;
-  pthread_mutex_init(&t->mu, NULL);
-  pthread_cond_init(&t->handoffs_done, NULL);
-  int rc = t->path ? TPORT_OK : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
-  if (!rc)
-    rc = transport_shm_listen(cfg->path, cfg->mode, &t->listen_fd, err);
-  if (!rc && pipe2(t->wake, O_CLOEXEC) != 0)
-    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "pipe: %s", strerror(errno));
-  if (!rc && pthread_create(&t->thread, NULL, handoff_main, t) != 0)
-    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "cannot start the shm thread");
-  if (rc) {
-    if (t->listen_fd >= 0) {
-      close(t->listen_fd);
-      unlink(cfg->path);
-    }
-    if (t->wake[0] >= 0) {
-      close(t->wake[0]);
-      close(t->wake[1]);
-    }
-    pthread_mutex_destroy(&t->mu);
-    pthread_cond_destroy(&t->handoffs_done);
-    free(t->path);
-    free(t);
-    return rc;
-  }
-  *out = t;
-  return TPORT_OK;
-}
-
-void shm_stop(shm_table *t)
-{
-  if (!t)
-    return;
-  ssize_t n;
-  do
-    n = write(t->wake[1], "x", 1);
-  while (n < 0 && errno == EINTR);
-  pthread_join(t->thread, NULL);
-  /* the handoffs in progress end within their timeout */
-  pthread_mutex_lock(&t->mu);
-  while (t->handoffs_running > 0)
-    pthread_cond_wait(&t->handoffs_done, &t->mu);
-  pthread_mutex_unlock(&t->mu);
-  close(t->listen_fd);
-  unlink(t->path);
-  close(t->wake[0]);
-  close(t->wake[1]);
-  shm_region *r, *tmp;
-  HASH_ITER(hh, t->by_id, r, tmp)
-  {
-    region_remove(t, r);
-    region_free(r);
-  }
-  tenant_use *u, *ut;
-  HASH_ITER(hh, t->tenants, u, ut)
-  {
-    HASH_DEL(t->tenants, u);
-    free(u);
-  }
-  pthread_mutex_destroy(&t->mu);
-  pthread_cond_destroy(&t->handoffs_done);
-  free(t->path);
-  free(t);
-}
-
-const char *shm_socket_path(const shm_table *t)
-{
-  return t ? t->path : NULL;
-}
 
 /* Why a CUDA IPC region may not be registered (mu held): its handle is
  * another tenant's, or this connection's already, or the tenant has its

@@ -1,6 +1,10 @@
 /*
  * server_internal.h: what the server's files share: the server, a request
- * being handled (call) and the handler table.
+ * being handled (call), and the functions of each file that others call.
+ * Calls between the files go one way, never back: server.c (start, stop,
+ * reaper) -> workers.c -> dispatch.c -> handlers_*.c -> reply.c, with
+ * contexts.c, connections.c and authn.c called from above and calling
+ * only below (reply.c, connections.c, the registry).
  */
 #ifndef TPORT_SERVER_INTERNAL_H
 #define TPORT_SERVER_INTERNAL_H
@@ -8,6 +12,7 @@
 #include <nng/nng.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #include "auth.h"
 #include "config.h"
@@ -128,18 +133,66 @@ typedef struct server_queue_stats {
   uint64_t queue_tenants; /* tenants with requests queued or running */
   uint64_t request_bytes; /* bodies held, of --request-memory */
 } server_queue_stats;
-void server_queue_stats_get(struct server *s, server_queue_stats *out);
+/* Inline: Stats and /metrics read it, and contexts.c reports to metrics.c
+ * (a call back from there would close a circle). */
+static inline void server_queue_stats_get(struct server *s, server_queue_stats *out)
+{
+  pthread_mutex_lock(&s->qmu);
+  out->contexts = (uint64_t)s->nctx;
+  out->queued = fq_queued(s->fq);
+  out->queue_tenants = fq_tenants(s->fq);
+  out->request_bytes = s->request_bytes;
+  pthread_mutex_unlock(&s->qmu);
+}
 
-/* The auth file in force, with a reference (auth_file_release it); NULL
- * when authentication is off. */
+/* The clock of queue deadlines and log limits (monotonic, ms). */
+static inline int64_t mono_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* authn.c: the auth file in force, with a reference (auth_file_release
+ * it); NULL when authentication is off. */
 auth_file *server_auth(struct server *s);
-/* The peer address of a connection ("ipc", "inproc" for local ones). */
+/* The proof the server asks (auth file, local secret or none), loaded and
+ * said in the log; part of server_start. */
+int server_auth_start(struct server *s, const server_config *cfg, tport_err *err);
+
+/* connections.c: the peer address of a connection ("ipc", "inproc" for
+ * local ones). */
 void server_peer_address(uint32_t pipe, char *buf, size_t len);
 /* Is the connection from this host (ipc, inproc, loopback tcp)? */
 bool server_peer_is_local(uint32_t pipe);
+/* A connection over a limit is dropped: that costs only itself.  logged:
+ * say so in the log (a flood's drops are summed up by the caller). */
+void server_drop_pipe_logged(struct server *s, nng_pipe p, const char *why, bool logged);
+void server_drop_pipe(struct server *s, nng_pipe p, const char *why);
+/* nng's pipe events (ADD_PRE, REM_POST) of the server's socket; arg: the
+ * server. */
+void server_pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg);
 
-/* Packs a reply (whose status the handler has set) and a payload into the
- * reply message. */
+/* contexts.c: one more context, idle (qmu held).  NULL when nng or memory
+ * refuses. */
+srv_ctx *ctx_open(struct server *s);
+/* Keeps --contexts receives posted (qmu held). */
+void ctx_post_receives(struct server *s);
+/* The request of x is done: its reply (if any) goes out with a time limit,
+ * else x goes idle. */
+void ctx_finish(struct server *s, srv_ctx *x, nng_msg *reply);
+/* The method of a request frame, read from its header (0: too short). */
+uint16_t frame_method_of(nng_msg *m);
+
+/* workers.c: the workers' queue and --workers threads, started. */
+int workers_start(struct server *s, const server_config *cfg, tport_err *err);
+
+/* dispatch.c: x's request parsed, checked and handled; its reply (the
+ * handler's or an error reply; NULL only when out of memory). */
+nng_msg *dispatch_request(struct server *s, srv_ctx *x);
+
+/* reply.c: packs a reply (whose status the handler has set) and a payload
+ * into the reply message. */
 int call_reply(call *c, ProtobufCMessage *reply, const void *payload, size_t n);
 /* The same with a payload lent from st's memory instead of copied into the
  * reply: nng sends it straight from there (tcp, ipc; other transports copy
@@ -151,11 +204,10 @@ int call_reply(call *c, ProtobufCMessage *reply, const void *payload, size_t n);
 int call_reply_lent(call *c, ProtobufCMessage *reply, tport_storage *st, const void *payload,
                     size_t n);
 
-typedef int (*handler_fn)(call *c);
-/* The handler of each method (NULL: unknown). */
-handler_fn handler_for(uint16_t method);
+/* The error reply of a request of that method (NULL: out of memory). */
+nng_msg *error_reply(uint16_t method, const tport_err *e);
 
-/* Handlers, grouped by file. */
+/* Handlers, grouped by file (dispatch.c's table names them). */
 int h_hello(call *c);
 int h_devices(call *c);
 int h_stats(call *c);

@@ -1,0 +1,106 @@
+/*
+ * regions_internal.h: what the files of the same-host regions share
+ * (regions.h is their face): the records of a region, a tenant's use and
+ * the table, and the region primitives.  regions_socket.c (the socket, its
+ * handoff thread, start and stop) calls regions.c, never the other way.
+ */
+#ifndef TPORT_REGIONS_INTERNAL_H
+#define TPORT_REGIONS_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <uthash.h>
+
+#include "regions.h"
+
+/* a token is good this long after ShmRegister (shm_config.token_ms 0) */
+#define TOKEN_TTL_MS 10000
+/* the default --shm-quota: half of --shm-max, at most this */
+#define DEFAULT_QUOTA ((size_t)16 << 30)
+/* the time a peer of the socket has to send its handoff */
+#define HANDOFF_TIMEOUT_MS 2000
+/* handoffs served at once, each on a thread of its own: a peer that
+ * connects and says nothing holds one for HANDOFF_TIMEOUT_MS, never the
+ * others' */
+#define MAX_HANDOFFS 16
+#define TENANT_MAX 64
+
+typedef enum { REGION_PENDING, REGION_READY } region_state;
+/* a memfd of the client's; a CUDA allocation as an exported descriptor
+ * (mapped as a memfd is); a CUDA allocation opened by its IPC handle */
+typedef enum { KIND_MEMFD, KIND_IPC_FD, KIND_IPC_CUDA } region_kind;
+
+/* An opened CUDA IPC handle.  CUDA opens a handle once per process, so the
+ * regions of one tenant's connections that name the same allocation share
+ * it; the last one to go closes it. */
+typedef struct ipc_map {
+  atomic_int refs;
+  void *base;
+  tport_device dev;
+} ipc_map;
+
+struct shm_region {
+  uint64_t id;
+  uint32_t pipe;
+  char tenant[TENANT_MAX];
+  uint8_t token[TRANSPORT_SHM_TOKEN_BYTES];
+  int64_t token_expires_ms;
+  pid_t peer_pid; /* who must hand the descriptor over (0: any allowed peer) */
+  region_state state;
+  region_kind kind;
+  uint8_t ipc_handle[SHM_IPC_HANDLE_BYTES]; /* a CUDA IPC region's name */
+  tport_device ipc_dev;                     /* KIND_IPC_CUDA: where base is */
+  ipc_map *map;                             /* KIND_IPC_CUDA: the open it shares */
+  bool tokened;                             /* in by_token: its token has not been used */
+  bool handing_off;                         /* the handoff thread is checking its descriptor */
+  bool released;                            /* gone from the tables; unmapped by the last holder */
+  uint8_t *base;
+  size_t nbytes;
+  bool pinned;
+  int holds;
+  UT_hash_handle hh;     /* by id */
+  UT_hash_handle hh_tok; /* by token, while PENDING */
+};
+
+typedef struct tenant_use {
+  char name[TENANT_MAX];
+  size_t bytes;
+  size_t ipc; /* CUDA IPC regions */
+  UT_hash_handle hh;
+} tenant_use;
+
+struct shm_table {
+  shm_config cfg;
+  char *path;
+  int listen_fd;
+  int wake[2]; /* a pipe that stops the thread */
+  pthread_t thread;
+  pthread_mutex_t mu;
+  shm_region *by_id, *by_token;
+  tenant_use *tenants;
+  uint64_t next_id;
+  shm_stats stats;
+  int handoffs_running; /* threads serving one connection each (mu) */
+  pthread_cond_t handoffs_done;
+};
+
+static inline int64_t now_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static inline bool is_ipc(const shm_region *r)
+{
+  return r->kind != KIND_MEMFD;
+}
+
+/* Unmaps a region nobody holds any more.  Never under mu. */
+void region_free(shm_region *r);
+/* Takes r out of the tables and the quota (mu held); true when the caller
+ * must free it (nobody holds it). */
+bool region_remove(shm_table *t, shm_region *r);
+
+#endif

@@ -1,0 +1,112 @@
+/*
+ * registry_internal.h: what the registry's files share (registry.h is its
+ * face): the records of tenants, their accounts and charges, and sessions,
+ * and the functions one file of the registry calls in another.  Calls go
+ * one way: registry_sessions.c and registry_uploads.c -> registry.c (the
+ * tensors) -> registry_quota.c (tenants, charges, reservations).  Every
+ * function here but the clock wants the registry's mutex held.
+ */
+#ifndef TPORT_REGISTRY_INTERNAL_H
+#define TPORT_REGISTRY_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* uthash: an allocation failure leaves the table as it was (reported through
+ * reg_oom) instead of exiting the process.  Each file has its own flag: it
+ * is set and read within one HASH_ADD's caller. */
+static _Thread_local bool reg_oom __attribute__((unused));
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(e) (reg_oom = true)
+
+#include "registry.h"
+
+/* What a tenant pays for one storage, however many entries reference it. */
+typedef struct reg_charge {
+  const tport_storage *storage;
+  size_t nbytes;
+  int count;
+  UT_hash_handle hh;
+} reg_charge;
+
+/* What a tenant pays for memory that lives longer than any request or
+ * entry: the host copies and read-back blocks a get lends to its replies,
+ * charged when taken (under the registry's lock, against the quota) and
+ * given back when nng frees the reply -- on nng's threads, maybe under
+ * nng's locks, so without the registry's lock (which ctx_cb takes on nng's
+ * poller thread): one atomic subtraction.  Refcounted by its tenant and
+ * each charge, so a charge may outlive the tenant's record (the server
+ * stopping). */
+typedef struct reg_account {
+  atomic_size_t lent;     /* bytes charged for the life of their memory */
+  atomic_size_t readback; /* of those, blocks of the read-back pool */
+  atomic_int refs;
+} reg_account;
+
+typedef struct reg_tenant {
+  char name[REG_TENANT_MAX];
+  size_t bytes;     /* distinct storages plus reservations (and acct->lent) */
+  reg_account *acct;
+  uint64_t tensors; /* entries, uploads included */
+  uint64_t uploads;
+  int refs;         /* sessions, entries and transfers that name it */
+  reg_charge *charges;
+  reg_entry *names; /* hash (hh_name) */
+  UT_hash_handle hh;
+} reg_tenant;
+
+typedef struct reg_session {
+  uint32_t pipe;
+  reg_tenant *tn;
+  bool tenant_fixed;  /* by Hello */
+  bool authenticated; /* proved its tenant (or authentication is off) */
+  bool challenged;    /* a challenge is out, unanswered */
+  uint8_t challenge[REG_CHALLENGE_BYTES];
+  bool dropped; /* the server is closing it */
+  int64_t dropped_ms; /* when it was last told to close */
+  int64_t opened_ms;
+  int inflight_chunks, outstanding, transfers;
+  int reservations; /* reg_reservations holding bytes of its tenant */
+  reg_entry *owned; /* list (sprev/snext) */
+  UT_hash_handle hh;
+} reg_session;
+
+static inline reg_session *session_find(registry *r, uint32_t pipe)
+{
+  reg_session *s;
+  HASH_FIND(hh, r->sessions, &pipe, sizeof pipe, s);
+  return s;
+}
+
+/* registry_quota.c: what the tenant holds (charges, reservations and lends,
+ * saturating) and what is left of its quota. */
+size_t tenant_held(const reg_tenant *t);
+size_t tenant_left(const registry *r, const reg_tenant *t);
+/* A reference to the tenant record of that name, created on first use
+ * (NULL: out of memory); given back by tenant_unref, which forgets a tenant
+ * no one names once nothing lent is charged to it. */
+reg_tenant *tenant_ref(registry *r, const char *name);
+void tenant_unref(registry *r, reg_tenant *t);
+void tenant_forget(registry *r, reg_tenant *t);
+/* Bytes the tenant would newly pay for storage s; its charge for s taken
+ * (false: out of memory) and given back, counted per storage. */
+size_t tenant_charge_cost(reg_tenant *t, const tport_storage *s);
+bool tenant_charge(reg_tenant *t, const tport_storage *s);
+void tenant_uncharge(reg_tenant *t, const tport_storage *s);
+/* Gives res's bytes back to its tenant. */
+void reservation_drop(registry *r, reg_reservation *res);
+
+/* registry.c: an entry freed (never under the lock), and those that
+ * entry_unlink set aside, freed once the lock is let go. */
+void entry_free(registry *r, reg_entry *e);
+void entry_free_dead(registry *r, reg_entry *dead);
+/* e no longer in its session's list (kept for its tenant, or going). */
+void entry_owner_unlink(reg_entry *e);
+/* Unlinks e, stops charging its tenant and drops the registry's reference;
+ * the last one puts e on *dead. */
+void entry_unlink(registry *r, reg_entry *e, reg_entry **dead);
+/* e kept for its tenant: it expires after ttl_ms (0: the default TTL). */
+void entry_set_expiry(registry *r, reg_entry *e, uint64_t ttl_ms);
+
+#endif

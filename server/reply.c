@@ -1,0 +1,69 @@
+/*
+ * reply.c: a handler's reply packed into the reply message: its head, and
+ * its payload copied in or lent from a storage (lends.h); and the error
+ * reply of a request that failed.  The handlers and dispatch call these;
+ * these call nothing of the server's.
+ */
+#include <nng/nng.h>
+#include <string.h>
+
+#include "server_internal.h"
+
+static int pack_reply(nng_msg **out, uint16_t method, ProtobufCMessage *m, const void *payload,
+                      size_t n)
+{
+  size_t head = frame_head_size(m);
+  nng_msg *msg;
+  if (nng_msg_alloc(&msg, head + n) != 0)
+    return TPORT_RESOURCE_EXHAUSTED;
+  uint8_t *body = nng_msg_body(msg);
+  frame_write_head(body, method, FRAME_FLAG_REPLY, m);
+  if (n)
+    memcpy(body + head, payload, n);
+  *out = msg;
+  return TPORT_OK;
+}
+
+int call_reply(call *c, ProtobufCMessage *reply, const void *payload, size_t n)
+{
+  int rc = pack_reply(&c->out, c->method, reply, payload, n);
+  if (rc)
+    return tport_err_set(&c->err, rc, "out of memory for a %zu-byte reply", n);
+  return TPORT_OK;
+}
+
+int call_reply_lent(call *c, ProtobufCMessage *reply, tport_storage *st, const void *payload,
+                    size_t n)
+{
+#ifndef TPORT_NNG_LENT_TAIL
+  (void)st; /* the system's nng (TPORT_SYSTEM_NNG) lends nothing */
+  return call_reply(c, reply, payload, n);
+#else
+  if (n < REPLY_LEND_MIN_BYTES || !c->srv->lends || !lends_pipe_takes_lent_bytes(c->pipe))
+    return call_reply(c, reply, payload, n);
+  int rc = pack_reply(&c->out, c->method, reply, NULL, 0);
+  if (rc)
+    return tport_err_set(&c->err, rc, "out of memory for a reply");
+  if (!lends_attach(c->srv->lends, c->out, c->pipe, st, payload, n)) {
+    nng_msg_free(c->out);
+    c->out = NULL;
+    return call_reply(c, reply, payload, n);
+  }
+  /* ctx_finish counts the message's own bytes: the lent ones are not in them */
+  atomic_fetch_add(&c->srv->bytes_out, n);
+  atomic_fetch_add(&c->srv->bytes_lent, n);
+  return TPORT_OK;
+#endif
+}
+
+nng_msg *error_reply(uint16_t method, const tport_err *e)
+{
+  Tport__ErrorReply r = TPORT__ERROR_REPLY__INIT;
+  Tport__Status st = TPORT__STATUS__INIT;
+  st.code = (Tport__Code)e->code;
+  st.message = (char *)e->msg;
+  r.status = &st;
+  nng_msg *m = NULL;
+  pack_reply(&m, method, &r.base, NULL, 0);
+  return m;
+}
