@@ -211,7 +211,7 @@ static size_t charge_cost(reg_tenant *t, const tport_storage *s)
   if (!s)
     return 0;
   HASH_FIND_PTR(t->charges, &s, c);
-  return c ? 0 : s->nbytes;
+  return c ? 0 : storage_nbytes(s);
 }
 
 static bool charge(reg_tenant *t, const tport_storage *s)
@@ -223,7 +223,7 @@ static bool charge(reg_tenant *t, const tport_storage *s)
     if (!c)
       return false;
     c->storage = s;
-    c->nbytes = s->nbytes;
+    c->nbytes = storage_nbytes(s);
     reg_oom = false;
     HASH_ADD_PTR(t->charges, storage, c);
     if (reg_oom) {

@@ -18,8 +18,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "device.h"
-#include "host_cache.h"
 #include "lent_bytes.h"
 #include "listen_url.h"
 #include "local_secret.h"
@@ -691,29 +689,18 @@ static void *reaper_main(void *arg)
 
 /* ---------------------------------------------------------------- devices */
 
-static int configure_devices(const char *spec, tport_err *err)
+/* The engine: its devices (--devices), its kernel cache and how many freed
+ * host blocks it keeps (--host-cache). */
+static int configure_engine(const server_config *cfg, tport_err *err)
 {
-  int nsim = 0;
-  if (spec) {
-    char *copy = strdup(spec), *save = NULL;
-    int rc = TPORT_OK;
-    for (char *t = strtok_r(copy, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
-      if (strcmp(t, "cpu") == 0 || strcmp(t, "cuda") == 0)
-        continue;
-      tport_device d;
-      rc = device_parse(t, "--devices", &d, err);
-      if (!rc && d.type == TPORT_DEV_SIM)
-        nsim = d.index < 0 ? 1 : d.index; /* sim:N means N devices */
-      else if (!rc && d.type != TPORT_DEV_CPU)
-        rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "--devices: '%s': list cpu, cuda or sim:N",
-                           t);
-    }
-    free(copy);
-    if (rc)
-      return rc;
-  }
-  sim_config cfg = {.ndevices = nsim};
-  return sim_configure(&cfg, err);
+  engine_options o = {.kernel_cache = cfg->kernel_cache,
+                      .host_cache_set = cfg->host_cache_set,
+                      .host_cache_bytes = cfg->host_cache_bytes};
+  tport_err warning;
+  int rc = engine_configure(cfg->devices, &o, &warning, err);
+  if (!rc && warning.code)
+    log_msg(LOG_WARN, "--kernel-cache: %s", warning.msg);
+  return rc;
 }
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -755,8 +742,6 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
   atomic_init(&s->draining, false);
   log_set_level(cfg->log_level);
   log_set_format((log_format)cfg->log_format);
-  if (cfg->host_cache_set)
-    host_cache_set_limit(cfg->host_cache_bytes);
   pthread_mutex_init(&s->qmu, NULL);
   pthread_cond_init(&s->qcv, NULL);
   pthread_cond_init(&s->idle, NULL);
@@ -791,7 +776,7 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
                 NULL);
   }
   if (!rc)
-    rc = configure_devices(cfg->devices, err);
+    rc = configure_engine(cfg, err);
   if (!rc)
     atomic_store(&s->devices_up, true);
   /* One tenant's replies not yet sent hold all of the read-back pool but
@@ -802,7 +787,7 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
   if (!rc) {
     size_t budget = engine_readback_budget();
     s->reg.limits.max_readback_bytes =
-        budget > 2 * STAGING_MAX_BLOCK ? budget - STAGING_MAX_BLOCK : budget / 2;
+        budget > 2 * READER_MAX_CHUNK ? budget - READER_MAX_CHUNK : budget / 2;
   }
   nng_tls_config *tls = NULL;
   bool any_tls = false;
@@ -846,11 +831,6 @@ int server_start(const server_config *cfg, server **out, tport_err *err)
   } else if (!rc && !s->authn) {
     log_msg(LOG_WARN, "authentication off (--local-secret off): any process that reaches the "
                       "listeners may claim any tenant but an --admin one");
-  }
-  if (!rc && cfg->kernel_cache) {
-    tport_err e2;
-    if (backend_cuda.set_option("kernel-cache", cfg->kernel_cache, &e2))
-      log_msg(LOG_WARN, "--kernel-cache: %s", e2.msg);
   }
   int rv;
   if (!rc && (rv = nng_rep0_open(&s->sock)) != 0)
