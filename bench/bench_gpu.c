@@ -56,8 +56,8 @@ int main(int argc, char **argv)
     else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
       reps = atoi(argv[++i]) < 1 ? 1 : atoi(argv[i]) > 64 ? 64 : atoi(argv[i]);
   }
-  if (backend_cuda.device_count() == 0) {
-    printf("{\"skipped\": \"%s\"}\n", backend_cuda.unavailable_reason());
+  if (engine_cuda_unavailable_reason()) {
+    printf("{\"skipped\": \"%s\"}\n", engine_cuda_unavailable_reason());
     return 0;
   }
   size_t n = mib << 20;

@@ -18,6 +18,7 @@
 #include "bench_util.h"
 #include "cpu_kernels.h"
 #include "engine.h"
+#include "storage.h"
 #include "staging.h"
 
 static int reps = 15;

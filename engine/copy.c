@@ -20,6 +20,7 @@
 
 #include "cpu_kernels.h"
 #include "engine.h"
+#include "storage.h"
 #include "staging.h"
 
 /* Bytes a staged transfer moves per pinned block: the host's copy of one

@@ -25,6 +25,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine_stats.h"
+
 #define HOST_CACHE_MIN_BYTES ((size_t)1 << 20)
 
 /* A block of at least bytes, 256-byte aligned at least; NULL when out of
@@ -38,12 +40,7 @@ void host_cache_set_limit(size_t bytes);
 /* Releases every cached block. */
 void host_cache_empty(void);
 
-typedef struct host_cache_stats {
-  uint64_t hits, misses;  /* large allocations served from the cache / mapped fresh */
-  size_t cached_bytes;    /* held for reuse */
-  size_t in_use_bytes;    /* large blocks handed out */
-  size_t limit_bytes;
-} host_cache_stats;
+typedef engine_cache_stats host_cache_stats; /* engine_stats.h */
 void host_cache_get_stats(host_cache_stats *out);
 
 /*

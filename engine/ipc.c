@@ -6,6 +6,7 @@
  * it is borrowed memory, never the engine's to free.
  */
 #include "engine.h"
+#include "storage.h"
 
 #include <stdlib.h>
 

@@ -1,8 +1,15 @@
-/* readback.c: device tensors read back through the read-back pool (readback.h). */
+/* readback.c: tensors read a chunk at a time for gets: device tensors back
+ * through the read-back pool, host tensors from their memory (readback.h). */
 #include "readback.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
+
+#include "staging.h"
+#include "storage.h"
+
+_Static_assert(READER_MAX_CHUNK == STAGING_MAX_BLOCK, "a read of a device is one pool block");
 
 /* What a reader and the blocks it lent share: the count of blocks out.
  * Freed by whichever lets go last -- a block may come home on nng's thread
@@ -22,6 +29,8 @@ typedef struct ahead_slot {
 struct tensor_reader {
   tport_tensor *src; /* contiguous, on its device */
   size_t nbytes;
+  bool host;          /* src is on the cpu: reads lend its storage */
+  atomic_bool synced; /* host: the copy that made src is done */
   int max_held;
   staging_pool *pool;
   reader_gate *gate;
@@ -55,17 +64,34 @@ static void give_back(void *ctx)
   free(gv);
 }
 
-int reader_open(tport_tensor *t, int max_held, tensor_reader **out, tport_err *err)
+/* A reader of a host tensor: its own memory, or a copy of it in logical C
+ * order (lazy conj/neg applied; a managed tensor copied, never moved). */
+static int open_host(tport_tensor *t, tensor_reader *r, tport_err *err)
 {
-  if (tensor_device(t).type == TPORT_DEV_CPU)
-    return tport_err_set(err, TPORT_INTERNAL, "a reader reads a device tensor back");
-  tensor_reader *r = calloc(1, sizeof *r);
+  to_options o = {.has_device = true,
+                  .device = {TPORT_DEV_CPU, 0},
+                  .has_format = true,
+                  .format = TPORT_MF_CONTIGUOUS,
+                  .exact_format = true,
+                  .non_blocking = true,
+                  .copy = t->conj || t->neg || tensor_is_managed(t)};
+  bool aliased;
+  int rc = tensor_to(t, &o, &r->src, &aliased, err);
+  if (rc)
+    return rc;
+  r->host = true;
+  atomic_init(&r->synced, false);
+  r->nbytes = tensor_nbytes(r->src);
+  return TPORT_OK;
+}
+
+/* A reader of a device tensor: made contiguous on its device, read back
+ * through the read-back pool. */
+static int open_device(tport_tensor *t, int max_held, tensor_reader *r, tport_err *err)
+{
   reader_gate *g = calloc(1, sizeof *g);
-  if (!r || !g) {
-    free(r);
-    free(g);
+  if (!g)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of host memory for a reader");
-  }
   atomic_init(&g->refs, 1);
   atomic_init(&g->out, 0);
   /* logical C order on the device; a lazily conjugated or negated view is
@@ -78,18 +104,30 @@ int reader_open(tport_tensor *t, int max_held, tensor_reader **out, tport_err *e
   bool aliased;
   int rc = tensor_to(t, &o, &r->src, &aliased, err);
   if (rc) {
-    free(r);
     free(g);
     return rc;
   }
   r->nbytes = tensor_nbytes(r->src);
   r->max_held = (max_held > 0 ? max_held : 1) + READER_AHEAD;
-  pthread_mutex_init(&r->mu, NULL);
   r->pool = staging_readback();
   r->gate = g;
-  if (!r->pool) {
+  if (!r->pool)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                         "out of host memory for the read-back pool");
+  return TPORT_OK;
+}
+
+int reader_open(tport_tensor *t, int max_held, tensor_reader **out, tport_err *err)
+{
+  tensor_reader *r = calloc(1, sizeof *r);
+  if (!r)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of host memory for a reader");
+  pthread_mutex_init(&r->mu, NULL);
+  int rc = tensor_device(t).type == TPORT_DEV_CPU ? open_host(t, r, err)
+                                                  : open_device(t, max_held, r, err);
+  if (rc) {
     reader_close(r);
-    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of host memory for the read-back pool");
+    return rc;
   }
   *out = r;
   return TPORT_OK;
@@ -106,9 +144,14 @@ size_t reader_nbytes(const tensor_reader *r)
   return r->nbytes;
 }
 
+size_t reader_max_read(const tensor_reader *r)
+{
+  return r->host ? SIZE_MAX : READER_MAX_CHUNK;
+}
+
 int reader_blocks_out(const tensor_reader *r)
 {
-  return atomic_load(&r->gate->out);
+  return r->gate ? atomic_load(&r->gate->out) : 0;
 }
 
 /* A storage over a fresh block of n bytes from the pool, counted out
@@ -225,6 +268,24 @@ static tport_storage *take_and_read_ahead(tensor_reader *r, size_t off, size_t n
   return st;
 }
 
+/* Bytes [off, off + n) of a host reader's tensor: its storage, lent
+ * whole, once the copy that made it (if any) is done. */
+static int read_host(tensor_reader *r, size_t off, tport_storage **held, const uint8_t **bytes,
+                     tport_err *err)
+{
+  if (!atomic_load(&r->synced)) {
+    int rc = tensor_sync(r->src, err);
+    if (rc)
+      return rc;
+    atomic_store(&r->synced, true);
+  }
+  tport_storage *st = r->src->storage;
+  *bytes = (const uint8_t *)st->ptr +
+           r->src->layout.offset * (int64_t)tport_dtype_size(r->src->dtype) + off;
+  *held = storage_retain(st);
+  return TPORT_OK;
+}
+
 int reader_read(tensor_reader *r, size_t off, size_t n, tport_storage **held,
                 const uint8_t **bytes, tport_err *err)
 {
@@ -232,14 +293,16 @@ int reader_read(tensor_reader *r, size_t off, size_t n, tport_storage **held,
     return tport_err_set(err, TPORT_OUT_OF_RANGE,
                          "bytes [%zu, %zu + %zu) are outside the tensor's %zu", off, off, n,
                          r->nbytes);
-  if (n > STAGING_MAX_BLOCK)
+  if (n > reader_max_read(r))
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "a read of %zu bytes: at most %zu at once",
-                         n, STAGING_MAX_BLOCK);
+                         n, reader_max_read(r));
   if (n == 0) {
     *held = NULL;
     *bytes = NULL;
     return TPORT_OK;
   }
+  if (r->host)
+    return read_host(r, off, held, bytes, err);
   pthread_mutex_lock(&r->mu);
   tport_storage *st = take_and_read_ahead(r, off, n);
   pthread_mutex_unlock(&r->mu);
@@ -261,7 +324,9 @@ void reader_close(tensor_reader *r)
   for (int i = 0; i < r->nahead; i++)
     storage_release(r->ahead[i].st);
   pthread_mutex_destroy(&r->mu);
-  tensor_release(r->src);
-  gate_unref(r->gate);
+  if (r->src)
+    tensor_release(r->src);
+  if (r->gate)
+    gate_unref(r->gate);
   free(r);
 }

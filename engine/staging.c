@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define NCLASSES 11 /* 64 KiB .. 64 MiB */
 
@@ -336,4 +337,20 @@ staging_pool *staging_default(void)
 staging_pool *staging_readback(void)
 {
   return lazy_pool_get(&readback_pool);
+}
+
+static void lazy_pool_stats(lazy_pool *lp, staging_stats *out)
+{
+  pthread_mutex_lock(&lp->mu);
+  if (lp->pool)
+    staging_get_stats(lp->pool, out);
+  else
+    memset(out, 0, sizeof *out);
+  pthread_mutex_unlock(&lp->mu);
+}
+
+void staging_engine_pools_stats(staging_stats *staging, staging_stats *readback)
+{
+  lazy_pool_stats(&default_pool, staging);
+  lazy_pool_stats(&readback_pool, readback);
 }

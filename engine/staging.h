@@ -13,6 +13,7 @@
 #define TPORT_STAGING_H
 
 #include "backend.h"
+#include "engine_stats.h"
 
 #define STAGING_MIN_BLOCK ((size_t)64 << 10) /* 64 KiB */
 #define STAGING_MAX_BLOCK ((size_t)64 << 20) /* 64 MiB */
@@ -30,14 +31,7 @@ typedef struct staging_block {
   struct staging_block *next;
 } staging_block;
 
-typedef struct staging_stats {
-  uint64_t hits;            /* acquisitions served from a free list */
-  uint64_t misses;          /* acquisitions that allocated pinned memory */
-  uint64_t waits;           /* acquisitions that waited for a pending block */
-  uint64_t bytes_in_use;    /* held by callers or pending on events */
-  uint64_t bytes_cached;    /* free in the pool */
-  uint64_t bytes_allocated; /* all pinned bytes owned by the pool */
-} staging_stats;
+typedef engine_pool_stats staging_stats; /* engine_stats.h */
 
 /* A pool whose pinned memory comes from be->host_alloc, with a budget in bytes
  * (at least one maximum-size block). */
@@ -70,5 +64,9 @@ staging_pool *staging_default(void);
  * replies a slow client has not read yet never hold the blocks puts and
  * device copies stage through (budget from TPORT_READBACK_BYTES or 256 MiB). */
 staging_pool *staging_readback(void);
+/* The stats of those two pools, zeros for one not created yet (reading
+ * them never creates them: a pool takes its backend from the configured
+ * devices). */
+void staging_engine_pools_stats(staging_stats *staging, staging_stats *readback);
 
 #endif

@@ -136,6 +136,11 @@ int storage_wrap_given(void *ptr, size_t nbytes, void (*give_back)(void *ctx), v
   return TPORT_OK;
 }
 
+size_t storage_nbytes(const tport_storage *s)
+{
+  return s->nbytes;
+}
+
 tport_storage *storage_retain(tport_storage *s)
 {
   atomic_fetch_add(&s->refs, 1);

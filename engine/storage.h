@@ -17,26 +17,11 @@
 #include <stdatomic.h>
 
 #include "backend.h"
+#include "engine.h"
 
-/* What an allocation guard is asked about, and a charge that lives with
- * the memory it paid for (engine.h: engine_set_alloc_guard). */
-typedef enum {
-  ENGINE_ALLOC_STORAGE,  /* a storage (storage_new) */
-  ENGINE_ALLOC_READBACK, /* a block of the read-back pool (its class size) */
-  ENGINE_ALLOC_READAHEAD, /* the same, read ahead: may be skipped, so never waited for */
-} engine_alloc_kind;
-typedef struct engine_charge {
-  void (*release)(void *token, size_t nbytes); /* NULL: none */
-  void *token;
-  size_t nbytes;
-} engine_charge;
-
-enum {
-  STORAGE_MANAGED = 1u << 0, /* managed memory (SEMANTICS.md §6) */
-  STORAGE_PINNED = 1u << 1,  /* page-locked host memory */
-};
-
-typedef struct tport_storage {
+/* The storage itself: engine.h declares it opaque, with the calls tportd
+ * may make on one (retain, release, reap); the rest is the engine's. */
+struct tport_storage {
   atomic_int refs;
   tport_device device;       /* where the data lives now (managed moves change it) */
   const backend_ops *mem_be; /* the backend that allocated ptr */
@@ -56,7 +41,7 @@ typedef struct tport_storage {
   be_event *ev;
   be_stream *ev_stream; /* where ev was recorded */
   int ev_dev;
-} tport_storage;
+};
 
 /* New storage of nbytes on device (flags: STORAGE_MANAGED, STORAGE_PINNED for
  * cpu).  The memory is uninitialized.  The calling thread's allocation guard
@@ -81,13 +66,6 @@ int storage_wrap_given(void *ptr, size_t nbytes, void (*give_back)(void *ctx), v
 /* Makes charge live with s: released once s's memory is freed or given back
  * (after give_back).  s takes it (*charge is zeroed). */
 void storage_attach_charge(tport_storage *s, engine_charge *charge);
-tport_storage *storage_retain(tport_storage *s);
-void storage_release(tport_storage *s);
-/* Drops a reference but never frees on this thread: the last one puts the
- * storage in the graveyard, freed by the next storage_reap (every
- * storage_new calls it; so does tportd's reaper, each second).  For threads
- * that must not block: nng's, which may hold nng's own locks. */
-void storage_release_deferred(tport_storage *s);
 
 /* Make stream `s` of backend `be` (or the host, when be is the cpu backend or
  * the pending event belongs to another backend) wait for pending work. */
@@ -105,9 +83,9 @@ int storage_mark(tport_storage *const *sts, int n, const backend_ops *be, int de
  * of async copies while later ones still run (read-ahead). */
 int storage_fence(tport_storage *st, const backend_ops **be, be_event **ev, tport_err *err);
 
-/* Frees storages whose last reference went while work was pending and whose
- * work has now completed; with wait, waits for all of them. */
-void storage_reap(bool wait);
+/* (storage_retain, storage_release, storage_release_deferred and
+ * storage_reap: engine.h) */
+
 /* Storages waiting for their work to finish before being freed. */
 int storage_deferred_count(void);
 

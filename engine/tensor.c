@@ -2,6 +2,7 @@
 #include <stdlib.h>
 
 #include "engine.h"
+#include "storage.h"
 #include "staging.h"
 #include "validate.h"
 

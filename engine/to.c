@@ -4,6 +4,7 @@
  */
 #include "dtype.h"
 #include "engine.h"
+#include "storage.h"
 #include "validate.h"
 
 static int resolve_device(tport_device d, tport_device *out, tport_err *err)

@@ -6,11 +6,10 @@
 #include <openssl/crypto.h>
 
 #include "device.h"
-#include "host_cache.h"
+#include "engine_stats.h"
 #include "tls_openssl.h"
 #include "local_secret.h"
 #include "log.h"
-#include "staging.h"
 #include "wire.h"
 
 #define PROTOCOL_VERSION 1
@@ -240,47 +239,96 @@ int h_devices(call *c)
             is_operator(c->srv, tenant);
   enum { MAXDEV = 64 };
   Tport__DeviceInfo infos[MAXDEV], *ptrs[MAXDEV];
-  char names[MAXDEV][32], labels[MAXDEV][64], ccs[MAXDEV][16];
+  char names[MAXDEV][32];
   char peers[MAXDEV][MAXDEV][32];
   char *peer_ptrs[MAXDEV][MAXDEV];
-  size_t n = 0;
-  for (int type = 0; type < TPORT_NUM_DEVICE_TYPES; type++) {
-    const backend_ops *be = backend_get((tport_device_type)type);
-    int count = be->device_count();
-    for (int d = 0; d < count && n < MAXDEV; d++, n++) {
-      tport__device_info__init(&infos[n]);
-      tport_device dev = {(tport_device_type)type, d};
-      infos[n].device = (char *)device_format(dev, names[n], sizeof names[n]);
-      be->describe(d, labels[n], sizeof labels[n], ccs[n], sizeof ccs[n]);
-      infos[n].name = labels[n];
-      infos[n].compute_capability = ccs[n];
-      size_t freeb = 0, total = 0;
-      if (be->mem_info(d, &freeb, &total, NULL) == TPORT_OK) {
-        /* what is free tells of other tenants' use: the operator's to see */
-        infos[n].free_bytes = op ? freeb : 0;
-        infos[n].total_bytes = total;
-      }
-      infos[n].managed_memory = type != TPORT_DEV_CPU;
-      size_t np = 0;
-      for (int p = 0; p < count && np < MAXDEV; p++)
-        if (p != d && be->can_access_peer(d, p)) {
-          device_format((tport_device){(tport_device_type)type, p}, peers[n][np],
-                        sizeof peers[n][np]);
-          peer_ptrs[n][np] = peers[n][np];
-          np++;
-        }
-      infos[n].n_peer_access = np;
-      infos[n].peer_access = peer_ptrs[n];
-      ptrs[n] = &infos[n];
+  engine_device_info devs[MAXDEV];
+  size_t n = engine_devices(devs, MAXDEV);
+  for (size_t i = 0; i < n; i++) {
+    const engine_device_info *d = &devs[i];
+    tport__device_info__init(&infos[i]);
+    infos[i].device = (char *)device_format(d->device, names[i], sizeof names[i]);
+    infos[i].name = (char *)d->name;
+    infos[i].compute_capability = (char *)d->compute_capability;
+    /* what is free tells of other tenants' use: the operator's to see */
+    infos[i].free_bytes = op ? d->free_bytes : 0;
+    infos[i].total_bytes = d->total_bytes;
+    infos[i].managed_memory = d->managed_memory;
+    for (int p = 0; p < d->npeers; p++) {
+      device_format((tport_device){d->device.type, d->peers[p]}, peers[i][p], sizeof peers[i][p]);
+      peer_ptrs[i][p] = peers[i][p];
     }
+    infos[i].n_peer_access = (size_t)d->npeers;
+    infos[i].peer_access = peer_ptrs[i];
+    ptrs[i] = &infos[i];
   }
   Tport__DevicesReply r = TPORT__DEVICES_REPLY__INIT;
   r.status = wire_ok();
   r.n_devices = n;
   r.devices = ptrs;
-  if (backend_cuda.device_count() == 0)
-    r.cuda_unavailable_reason = (char *)backend_cuda.unavailable_reason();
+  r.cuda_unavailable_reason = (char *)engine_cuda_unavailable_reason();
   return call_reply(c, &r.base, NULL, 0);
+}
+
+/* The counters of a Stats reply, as they are added. */
+enum { STATS_MAX_COUNTERS = 128 };
+typedef struct stats_counters {
+  Tport__Counter counters[STATS_MAX_COUNTERS], *ptrs[STATS_MAX_COUNTERS];
+  char names[STATS_MAX_COUNTERS][48];
+  size_t n;
+} stats_counters;
+
+static void counter_add(stats_counters *sc, const char *label, int64_t v)
+{
+  if (sc->n >= STATS_MAX_COUNTERS)
+    return;
+  size_t n = sc->n++;
+  tport__counter__init(&sc->counters[n]);
+  snprintf(sc->names[n], sizeof sc->names[n], "%.47s", label);
+  sc->counters[n].name = sc->names[n];
+  sc->counters[n].value = v;
+  sc->ptrs[n] = &sc->counters[n];
+}
+
+/* The engine's pinned pools and caches, each under its own prefix, and its
+ * backends' counters: what /metrics shows too, from the same collector. */
+static void engine_counters(stats_counters *sc)
+{
+  engine_stats es;
+  engine_get_stats(&es);
+  const struct {
+    const char *prefix, *what;
+    uint64_t v;
+  } f[] = {{"staging", "hits", es.staging.hits},
+           {"staging", "misses", es.staging.misses},
+           {"staging", "waits", es.staging.waits},
+           {"staging", "bytes_in_use", es.staging.bytes_in_use},
+           {"staging", "bytes_cached", es.staging.bytes_cached},
+           {"staging", "bytes_allocated", es.staging.bytes_allocated},
+           {"readback", "hits", es.readback.hits},
+           {"readback", "misses", es.readback.misses},
+           {"readback", "waits", es.readback.waits},
+           {"readback", "bytes_in_use", es.readback.bytes_in_use},
+           {"readback", "bytes_cached", es.readback.bytes_cached},
+           {"readback", "bytes_allocated", es.readback.bytes_allocated},
+           {"host_cache", "hits", es.host_cache.hits},
+           {"host_cache", "misses", es.host_cache.misses},
+           {"host_cache", "bytes_cached", es.host_cache.cached_bytes},
+           {"host_cache", "bytes_in_use", es.host_cache.in_use_bytes},
+           {"host_cache", "bytes_limit", es.host_cache.limit_bytes},
+           {"pinned_cache", "hits", es.pinned_cache.hits},
+           {"pinned_cache", "misses", es.pinned_cache.misses},
+           {"pinned_cache", "bytes_cached", es.pinned_cache.cached_bytes},
+           {"pinned_cache", "bytes_in_use", es.pinned_cache.in_use_bytes},
+           {"pinned_cache", "bytes_limit", es.pinned_cache.limit_bytes}};
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+    char label[48];
+    snprintf(label, sizeof label, "%s_%s", f[i].prefix, f[i].what);
+    counter_add(sc, label, (int64_t)f[i].v);
+  }
+  counter_add(sc, "deferred_frees", es.deferred_frees);
+  for (size_t i = 0; i < es.ncounters; i++)
+    counter_add(sc, es.counters[i].name, es.counters[i].value);
 }
 
 int h_stats(call *c)
@@ -290,21 +338,8 @@ int h_stats(call *c)
   if (!reg_session_tenant(&s->reg, c->pipe, tenant, sizeof tenant))
     return tport_err_set(&c->err, TPORT_ABORTED, "the connection is closing");
   bool op = is_operator(s, tenant);
-  enum { MAXC = 128 };
-  Tport__Counter counters[MAXC], *ptrs[MAXC];
-  char names[MAXC][48];
-  size_t n = 0;
-#define COUNTER(label, v)                                                                          \
-  do {                                                                                             \
-    if (n < MAXC) {                                                                                \
-      tport__counter__init(&counters[n]);                                                          \
-      snprintf(names[n], sizeof names[n], "%.47s", label);                                         \
-      counters[n].name = names[n];                                                                 \
-      counters[n].value = (int64_t)(v);                                                            \
-      ptrs[n] = &counters[n];                                                                      \
-      n++;                                                                                         \
-    }                                                                                              \
-  } while (0)
+  stats_counters sc = {.n = 0};
+#define COUNTER(label, v) counter_add(&sc, (label), (int64_t)(v))
   /* a tenant sees its own; the operator sees the server's */
   reg_stats rs;
   if (op)
@@ -345,50 +380,7 @@ int h_stats(call *c)
   COUNTER("bytes_lent", atomic_load(&s->bytes_lent));
   COUNTER("errors", atomic_load(&s->errors));
   COUNTER("uptime_ms", reg_now_ms() - s->started_ms);
-  /* the pinned pools and the caches, each under its own prefix */
-  staging_stats st, rb;
-  host_cache_stats hc, pc;
-  staging_get_stats(staging_default(), &st);
-  staging_get_stats(staging_readback(), &rb);
-  host_cache_get_stats(&hc);
-  pinned_cache_get_stats(&pc);
-  const struct {
-    const char *prefix, *what;
-    uint64_t v;
-  } f[] = {{"staging", "hits", st.hits},
-           {"staging", "misses", st.misses},
-           {"staging", "waits", st.waits},
-           {"staging", "bytes_in_use", st.bytes_in_use},
-           {"staging", "bytes_cached", st.bytes_cached},
-           {"staging", "bytes_allocated", st.bytes_allocated},
-           {"readback", "hits", rb.hits},
-           {"readback", "misses", rb.misses},
-           {"readback", "waits", rb.waits},
-           {"readback", "bytes_in_use", rb.bytes_in_use},
-           {"readback", "bytes_cached", rb.bytes_cached},
-           {"readback", "bytes_allocated", rb.bytes_allocated},
-           {"host_cache", "hits", hc.hits},
-           {"host_cache", "misses", hc.misses},
-           {"host_cache", "bytes_cached", hc.cached_bytes},
-           {"host_cache", "bytes_in_use", hc.in_use_bytes},
-           {"host_cache", "bytes_limit", hc.limit_bytes},
-           {"pinned_cache", "hits", pc.hits},
-           {"pinned_cache", "misses", pc.misses},
-           {"pinned_cache", "bytes_cached", pc.cached_bytes},
-           {"pinned_cache", "bytes_in_use", pc.in_use_bytes},
-           {"pinned_cache", "bytes_limit", pc.limit_bytes}};
-  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-    char label[48];
-    snprintf(label, sizeof label, "%s_%s", f[i].prefix, f[i].what);
-    COUNTER(label, f[i].v);
-  }
-  COUNTER("deferred_frees", storage_deferred_count());
-  for (int type = 0; type < TPORT_NUM_DEVICE_TYPES; type++) {
-    be_stat bs[16];
-    size_t nb = backend_get((tport_device_type)type)->stats(bs, 16);
-    for (size_t i = 0; i < nb; i++)
-      COUNTER(bs[i].name, bs[i].value);
-  }
+  engine_counters(&sc);
   for (uint16_t m = 1; m < SERVER_METHODS; m++) {
     char label[48];
     snprintf(label, sizeof label, "requests_%s", frame_method(m)->name);
@@ -398,7 +390,7 @@ done:;
 #undef COUNTER
   Tport__StatsReply r = TPORT__STATS_REPLY__INIT;
   r.status = wire_ok();
-  r.n_counters = n;
-  r.counters = ptrs;
+  r.n_counters = sc.n;
+  r.counters = sc.ptrs;
   return call_reply(c, &r.base, NULL, 0);
 }

@@ -4,10 +4,10 @@
  * Get: GetBegin makes the values ready in logical C order; GetChunk serves
  * byte ranges of them (several at once), each lent to its reply rather
  * than copied into it (call_reply_lent: nng writes it to the socket from
- * there): from a device, each range is read back into a recycled pinned
- * block of the read-back pool when it is asked for (readback.h); from the
- * host, straight from the tensor when it is contiguous, else from a copy
- * made contiguous.
+ * there), as the engine's reader hands them out (readback.h): from a
+ * device, each range is read back into a recycled pinned block of the
+ * read-back pool when it is asked for; from the host, straight from the
+ * tensor when it is contiguous, else from a copy made contiguous.
  * The transfer ends once as many bytes as the tensor holds have been served,
  * when it has not been read from for a while, or with its connection
  * (transfers.c).
@@ -39,79 +39,6 @@ static int reader_max_held(const server *s, size_t nbytes, size_t chunk)
   return (int)((chunks < w ? chunks : w) + 2);
 }
 
-/* Makes t's values ready to serve in logical C order: a device tensor is
- * read back a chunk at a time through recycled pinned blocks (never a
- * pinned copy of the whole tensor per request: cudaHostAlloc costs twenty
- * times the copy); a host tensor is served from its own memory, or from a
- * copy made contiguous when it is not. */
-static int stage_for_get(call *c, tport_tensor *t, get_transfer *g)
-{
-  metrics *m = &c->srv->metrics;
-  int64_t t0 = metrics_now_ns();
-  int rc;
-  if (tensor_device(t).type != TPORT_DEV_CPU) {
-    rc = reader_open(t, reader_max_held(c->srv, tensor_nbytes(t), g->chunk), &g->reader, &c->err);
-    if (!rc) {
-      g->nbytes = reader_nbytes(g->reader);
-      metrics_stage_since(m, STAGE_CONVERT, t0); /* made contiguous (enqueued), if it was not */
-    }
-    return rc;
-  }
-  /* an alias when t already is exactly that */
-  to_options o = {.has_device = true,
-                  .device = {TPORT_DEV_CPU, 0},
-                  .has_format = true,
-                  .format = TPORT_MF_CONTIGUOUS,
-                  .exact_format = true,
-                  .non_blocking = true,
-                  /* a managed tensor would otherwise move to the host: a
-                   * get reads, it never changes where a tensor lives */
-                  .copy = t->conj || t->neg || tensor_is_managed(t)};
-  bool aliased;
-  rc = tensor_to(t, &o, &g->host, &aliased, &c->err);
-  if (!rc && !aliased)
-    metrics_stage_since(m, STAGE_CONVERT, t0);
-  if (!rc)
-    g->nbytes = tensor_nbytes(g->host);
-  return rc;
-}
-
-/* Bytes [off, off + n) of a get's values, ready to lend to a reply: *lend
- * is the storage they lie in and *held the caller's reference to release
- * after the reply (a read-back block; NULL when served from the host
- * tensor, which the transfer holds). */
-static int get_bytes(call *c, get_transfer *g, size_t off, size_t n, tport_storage **lend,
-                     tport_storage **held, const uint8_t **p)
-{
-  server *s = c->srv;
-  *held = NULL;
-  int64_t t0 = metrics_now_ns();
-  if (g->reader) {
-    int rc = reader_read(g->reader, off, n, held, p, &c->err);
-    metrics_stage_since(&s->metrics, STAGE_DEVICE_TO_HOST, t0);
-    *lend = *held;
-    return rc;
-  }
-  pthread_mutex_lock(&s->xfers.mu);
-  bool synced = g->synced;
-  pthread_mutex_unlock(&s->xfers.mu);
-  if (!synced) {
-    int rc = tensor_sync(g->host, &c->err);
-    if (rc)
-      return rc;
-    pthread_mutex_lock(&s->xfers.mu);
-    g->synced = true;
-    pthread_mutex_unlock(&s->xfers.mu);
-  }
-  const uint8_t *base =
-      g->nbytes ? (const uint8_t *)g->host->storage->ptr +
-                      g->host->layout.offset * (int64_t)tport_dtype_size(g->host->dtype)
-                : NULL;
-  *p = base ? base + off : NULL;
-  *lend = g->host->storage;
-  return TPORT_OK;
-}
-
 /* True when a get of t makes a copy of it (made contiguous, or its lazy
  * conj/neg bits applied: on its device, or on the host) -- else it serves
  * t's own memory: a host tensor's directly, a device tensor's read back
@@ -121,6 +48,38 @@ static bool get_copies(const tport_tensor *t)
   return !meta_is_contiguous(&t->layout) || t->conj || t->neg ||
          (tensor_device(t).type == TPORT_DEV_CPU && tensor_is_managed(t));
 }
+
+/* Makes t's values ready to serve in logical C order (readback.h): a
+ * device tensor is read back a chunk at a time through recycled pinned
+ * blocks; a host tensor is served from its own memory, or from a copy made
+ * contiguous when it is not. */
+static int stage_for_get(call *c, tport_tensor *t, get_transfer *g)
+{
+  int64_t t0 = metrics_now_ns();
+  g->from_device = tensor_device(t).type != TPORT_DEV_CPU;
+  int rc = reader_open(t, reader_max_held(c->srv, tensor_nbytes(t), g->chunk), &g->reader, &c->err);
+  if (rc)
+    return rc;
+  g->nbytes = reader_nbytes(g->reader);
+  /* made contiguous (enqueued on a device), if it was not */
+  if (g->from_device || get_copies(t))
+    metrics_stage_since(&c->srv->metrics, STAGE_CONVERT, t0);
+  return TPORT_OK;
+}
+
+/* Bytes [off, off + n) of a get's values, ready to lend to a reply: *held
+ * is the storage they lie in, the caller's reference to release after the
+ * reply (a read-back block, or the host tensor's storage). */
+static int get_bytes(call *c, get_transfer *g, size_t off, size_t n, tport_storage **held,
+                     const uint8_t **p)
+{
+  int64_t t0 = metrics_now_ns();
+  int rc = reader_read(g->reader, off, n, held, p, &c->err);
+  if (g->from_device)
+    metrics_stage_since(&c->srv->metrics, STAGE_DEVICE_TO_HOST, t0);
+  return rc;
+}
+
 
 /* A get into a region: t's values in logical C order straight into the
  * client's slice, in one copy (from a device: into the pinned region
@@ -220,10 +179,10 @@ int h_get_begin(call *c)
   }
   g->pipe = c->pipe;
   /* a device's chunks are read back into pool blocks, which are no larger
-   * than STAGING_MAX_BLOCK: the client is told to ask for no more */
+   * than READER_MAX_CHUNK: the client is told to ask for no more */
   g->chunk = s->cfg.chunk_bytes;
-  if (tensor_device(t).type != TPORT_DEV_CPU && g->chunk > STAGING_MAX_BLOCK)
-    g->chunk = STAGING_MAX_BLOCK;
+  if (tensor_device(t).type != TPORT_DEV_CPU && g->chunk > READER_MAX_CHUNK)
+    g->chunk = READER_MAX_CHUNK;
   /* small tensors come back in this reply; an empty one has nothing to wait for */
   bool inline_data = want <= q->inline_max && want <= g->chunk;
   bool keep = want > 0 && !inline_data;
@@ -246,9 +205,9 @@ int h_get_begin(call *c)
   if (!rc && RAND_bytes(g->id, TRANSFER_ID_BYTES) != 1)
     rc = tport_err_set(&c->err, TPORT_INTERNAL, "cannot create a transfer id");
   const uint8_t *payload = NULL;
-  tport_storage *lend = NULL, *held = NULL;
+  tport_storage *held = NULL;
   if (!rc && inline_data && g->nbytes)
-    rc = get_bytes(c, g, 0, g->nbytes, &lend, &held, &payload);
+    rc = get_bytes(c, g, 0, g->nbytes, &held, &payload);
   if (charging)
     wire_charge_end(&res);
   uint8_t id[TRANSFER_ID_BYTES];
@@ -273,7 +232,7 @@ int h_get_begin(call *c)
       r.crc32c_set = true;
       r.crc32c = transport_crc32c(0, payload, payload ? nbytes : 0);
     }
-    rc = payload ? call_reply_lent(c, &r.base, lend, payload, nbytes)
+    rc = payload ? call_reply_lent(c, &r.base, held, payload, nbytes)
                  : call_reply(c, &r.base, NULL, 0);
   }
   storage_release(held); /* a lent reply holds its own reference */
@@ -304,15 +263,16 @@ int h_get_chunk(call *c)
     rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "length %llu is over the chunk size %zu",
                        (unsigned long long)q->length, g->chunk);
   const uint8_t *bytes = NULL;
-  tport_storage *lend = NULL, *held = NULL;
+  tport_storage *held = NULL;
   /* a read-back block (and those read ahead) is charged to the tenant
    * until it comes back to the pool, after nng has sent its reply */
   reg_reservation res = REG_RESERVATION_INIT(&s->reg, c->pipe);
-  if (!rc && g->reader && (rc = wire_charge_lend_begin(c, &res, 0, "a chunk")) == TPORT_OK) {
-    rc = get_bytes(c, g, (size_t)q->offset, (size_t)q->length, &lend, &held, &bytes);
+  if (!rc && g->from_device &&
+      (rc = wire_charge_lend_begin(c, &res, 0, "a chunk")) == TPORT_OK) {
+    rc = get_bytes(c, g, (size_t)q->offset, (size_t)q->length, &held, &bytes);
     wire_charge_end(&res);
   } else if (!rc) {
-    rc = get_bytes(c, g, (size_t)q->offset, (size_t)q->length, &lend, &held, &bytes);
+    rc = get_bytes(c, g, (size_t)q->offset, (size_t)q->length, &held, &bytes);
   }
   reg_reservation_release(&res); /* nothing: a block's charge is its own */
   if (!rc) {
@@ -326,7 +286,7 @@ int h_get_chunk(call *c)
     int64_t t0 = metrics_now_ns();
     /* lent, not copied: the bytes go from the host tensor or the read-back
      * block to the socket, and the reply holds its storage till then */
-    rc = call_reply_lent(c, &r.base, lend, bytes, (size_t)q->length);
+    rc = call_reply_lent(c, &r.base, held, bytes, (size_t)q->length);
     if (!rc)
       metrics_stage_since(&s->metrics, STAGE_STAGE, t0); /* the reply made (bytes lent) */
   }

@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "storage.h"
+#include "engine.h"
 
 typedef struct lends lends;
 

@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend.h"
+#include "engine.h"
 #include "log.h"
 #include "server.h"
 
@@ -66,7 +66,7 @@ int main(int argc, char **argv)
     return 1;
   }
   log_event(LOG_INFO, "ready", "devices", cfg.devices ? cfg.devices : "cpu", "cuda",
-            backend_cuda.device_count() ? "on" : backend_cuda.unavailable_reason(), NULL);
+            engine_cuda_unavailable_reason() ? engine_cuda_unavailable_reason() : "on", NULL);
   int sig = 0;
   /* SIGHUP reloads the auth file; SIGINT and SIGTERM stop */
   while (sigwait(&set, &sig) == 0 && sig == SIGHUP) {

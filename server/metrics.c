@@ -14,11 +14,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "device.h"
-#include "host_cache.h"
 #include "log.h"
 #include "server_internal.h"
-#include "staging.h"
 
 #ifndef TPORT_VERSION
 #define TPORT_VERSION "unknown"
@@ -325,13 +322,13 @@ bool metrics_tenant_label(const uint8_t key[METRICS_TENANT_KEY_BYTES], const cha
   return true;
 }
 
-static void gauge_u64(metrics_text *t, const char *name, const char *help, uint64_t v)
+void metrics_gauge_u64(metrics_text *t, const char *name, const char *help, uint64_t v)
 {
   metrics_family(t, name, "gauge", help);
   metrics_sample_u64(t, name, v, NULL);
 }
 
-static void counter_u64(metrics_text *t, const char *name, const char *help, uint64_t v)
+void metrics_counter_u64(metrics_text *t, const char *name, const char *help, uint64_t v)
 {
   metrics_family(t, name, "counter", help);
   metrics_sample_u64(t, name, v, NULL);
@@ -341,42 +338,42 @@ static void registry_gauges(metrics_text *t, server *s)
 {
   reg_stats rs;
   reg_counts(&s->reg, &rs);
-  gauge_u64(t, "tport_connections", "Connections open now.", rs.sessions);
+  metrics_gauge_u64(t, "tport_connections", "Connections open now.", rs.sessions);
   server_queue_stats qs;
   server_queue_stats_get(s, &qs);
-  gauge_u64(t, "tport_contexts",
-            "nng contexts opened: --contexts receiving, the others handling a request, "
-            "holding a reply its connection has not taken, or spare.",
-            qs.contexts);
-  gauge_u64(t, "tport_requests_queued", "Requests waiting for a worker, all tenants.",
-            qs.queued);
-  gauge_u64(t, "tport_queue_tenants", "Tenants with requests queued or being handled.",
-            qs.queue_tenants);
-  gauge_u64(t, "tport_request_bytes",
-            "Bytes of request bodies held (waiting or being handled), of --request-memory.",
-            qs.request_bytes);
-  gauge_u64(t, "tport_uploads_in_progress", "Puts begun and not yet committed or aborted.",
-            rs.uploads);
-  gauge_u64(t, "tport_gets_in_progress", "Gets begun whose bytes have not all been read.",
-            transfers_count(&s->xfers));
-  gauge_u64(t, "tport_tensors", "Tensors held (uploads included), all tenants.", rs.tensors);
+  metrics_gauge_u64(t, "tport_contexts",
+                    "nng contexts opened: --contexts receiving, the others handling a request, "
+                    "holding a reply its connection has not taken, or spare.",
+                    qs.contexts);
+  metrics_gauge_u64(t, "tport_requests_queued", "Requests waiting for a worker, all tenants.",
+                    qs.queued);
+  metrics_gauge_u64(t, "tport_queue_tenants", "Tenants with requests queued or being handled.",
+                    qs.queue_tenants);
+  metrics_gauge_u64(t, "tport_request_bytes",
+                    "Bytes of request bodies held (waiting or being handled), of --request-memory.",
+                    qs.request_bytes);
+  metrics_gauge_u64(t, "tport_uploads_in_progress", "Puts begun and not yet committed or aborted.",
+                    rs.uploads);
+  metrics_gauge_u64(t, "tport_gets_in_progress", "Gets begun whose bytes have not all been read.",
+                    transfers_count(&s->xfers));
+  metrics_gauge_u64(t, "tport_tensors", "Tensors held (uploads included), all tenants.",
+                    rs.tensors);
   shm_stats ss;
   shm_get_stats(s->shm, &ss);
-  gauge_u64(t, "tport_shm_regions", "Same-host regions registered now.", ss.regions);
-  gauge_u64(t, "tport_shm_region_bytes", "Bytes of the same-host regions registered now.",
-            ss.bytes);
+  metrics_gauge_u64(t, "tport_shm_regions", "Same-host regions registered now.", ss.regions);
+  metrics_gauge_u64(t, "tport_shm_region_bytes", "Bytes of the same-host regions registered now.",
+                    ss.bytes);
   metrics_family(t, "tport_shm_handoffs_total", "counter",
                  "Region descriptors handed over the shm socket, by result.");
   metrics_sample_u64(t, "tport_shm_handoffs_total", ss.handoffs_ok, "result", "ok", NULL);
-  metrics_sample_u64(t, "tport_shm_handoffs_total", ss.handoffs_refused, "result", "refused",
-                     NULL);
-  counter_u64(t, "tport_shm_transfers_total", "Puts and gets through a same-host region.",
-              ss.transfers);
-  gauge_u64(t, "tport_tensor_bytes",
-            "Bytes tenants pay for: distinct storages, conversions in progress, gets' host "
-            "copies.",
-            rs.bytes);
-  gauge_u64(t, "tport_tenants", "Tenants with a connection or a tensor.", rs.tenants);
+  metrics_sample_u64(t, "tport_shm_handoffs_total", ss.handoffs_refused, "result", "refused", NULL);
+  metrics_counter_u64(t, "tport_shm_transfers_total", "Puts and gets through a same-host region.",
+                      ss.transfers);
+  metrics_gauge_u64(t, "tport_tensor_bytes",
+                    "Bytes tenants pay for: distinct storages, conversions in progress, gets' host "
+                    "copies.",
+                    rs.bytes);
+  metrics_gauge_u64(t, "tport_tenants", "Tenants with a connection or a tensor.", rs.tenants);
   /* whoever reaches the endpoint reads this: tenants' names only when the
    * operator asked (--metrics-tenants name) */
   int mode = s->cfg.metrics_tenants;
@@ -404,212 +401,6 @@ static void registry_gauges(metrics_text *t, server *s)
   free(u);
 }
 
-/* "cuda0_bytes_in_use" -> device "cuda:0", rest "bytes_in_use"; false when
- * the name is not "<letters><digits>_<rest>". */
-static bool device_stat(const char *name, char *dev, size_t len, const char **rest)
-{
-  size_t a = 0;
-  while (name[a] >= 'a' && name[a] <= 'z')
-    a++;
-  size_t b = a;
-  while (name[b] >= '0' && name[b] <= '9')
-    b++;
-  if (a == 0 || b == a || name[b] != '_' || !name[b + 1])
-    return false;
-  snprintf(dev, len, "%.*s:%.*s", (int)a, name, (int)(b - a), name + a);
-  *rest = name + b + 1;
-  return true;
-}
-
-static void device_gauges(metrics_text *t, server *s)
-{
-  metrics_family(t, "tport_device_memory_bytes", "gauge",
-                 "Memory of each device served: used, free and total bytes.");
-  if (!atomic_load(&s->devices_up))
-    goto backends; /* still being configured: nothing to ask them yet */
-  for (int type = 0; type < TPORT_NUM_DEVICE_TYPES; type++) {
-    const backend_ops *be = backend_get((tport_device_type)type);
-    int count = be->device_count();
-    for (int d = 0; d < count; d++) {
-      size_t freeb = 0, total = 0;
-      if (be->mem_info(d, &freeb, &total, NULL) != TPORT_OK)
-        continue;
-      char name[32];
-      device_format((tport_device){(tport_device_type)type, d}, name, sizeof name);
-      metrics_sample_u64(t, "tport_device_memory_bytes", total >= freeb ? total - freeb : 0,
-                         "device", name, "state", "used", NULL);
-      metrics_sample_u64(t, "tport_device_memory_bytes", freeb, "device", name, "state", "free",
-                         NULL);
-      metrics_sample_u64(t, "tport_device_memory_bytes", total, "device", name, "state", "total",
-                         NULL);
-    }
-  }
-backends:;
-  /* The backends' own counters (the CUDA backend's kernel cache and caching
-   * allocator, sim's memory in use), read as Stats reads them.  The kernel
-   * cache's are always written, 0 where no backend compiles kernels. */
-  uint64_t kc_hits = 0, kc_misses = 0, kc_disk = 0, kc_ms = 0;
-  int64_t compiler = -1;
-  enum { MAXS = 64 };
-  struct {
-    char dev[32];
-    const char *what;
-    int64_t v;
-  } alloc[MAXS];
-  size_t na = 0;
-  be_stat bs[MAXS];
-  for (int type = 0; atomic_load(&s->devices_up) && type < TPORT_NUM_DEVICE_TYPES; type++) {
-    size_t nb = backend_get((tport_device_type)type)->stats(bs, MAXS);
-    for (size_t i = 0; i < nb; i++) {
-      const char *n = bs[i].name, *rest;
-      uint64_t v = bs[i].value > 0 ? (uint64_t)bs[i].value : 0;
-      if (!strcmp(n, "kernel_cache_hits"))
-        kc_hits += v;
-      else if (!strcmp(n, "kernel_cache_misses"))
-        kc_misses += v;
-      else if (!strcmp(n, "kernel_cache_disk_hits"))
-        kc_disk += v;
-      else if (!strcmp(n, "kernel_compile_ms"))
-        kc_ms += v;
-      else if (!strcmp(n, "kernel_compiler_available"))
-        compiler = bs[i].value;
-      else if (na < MAXS && device_stat(n, alloc[na].dev, sizeof alloc[na].dev, &rest) &&
-               (!strcmp(rest, "bytes_in_use") || !strcmp(rest, "bytes_cached") ||
-                !strcmp(rest, "alloc_hits"))) {
-        alloc[na].what = rest;
-        alloc[na].v = bs[i].value;
-        na++;
-      } else {
-        log_msg(LOG_DEBUG, "metrics: backend counter '%s' has no metric", n);
-      }
-    }
-  }
-  counter_u64(t, "tport_kernel_cache_hits_total", "CUDA kernels found compiled in memory.",
-              kc_hits);
-  counter_u64(t, "tport_kernel_cache_misses_total", "CUDA kernels that were not in memory.",
-              kc_misses);
-  counter_u64(t, "tport_kernel_cache_disk_hits_total",
-              "CUDA kernels loaded from the --kernel-cache directory.", kc_disk);
-  metrics_family(t, "tport_kernel_compile_seconds_total", "counter",
-                 "Time spent compiling CUDA kernels at run time (NVRTC).");
-  metrics_sample(t, "tport_kernel_compile_seconds_total", (double)kc_ms / 1000.0, NULL);
-  if (compiler >= 0)
-    gauge_u64(t, "tport_kernel_compiler_available",
-              "1 when the runtime compiler (NVRTC) could be loaded.", (uint64_t)compiler);
-  metrics_family(t, "tport_device_allocator_bytes", "gauge",
-                 "Device memory of the backends' allocators: in use by tensors, cached for reuse.");
-  for (size_t i = 0; i < na; i++)
-    if (strcmp(alloc[i].what, "alloc_hits"))
-      metrics_sample_u64(t, "tport_device_allocator_bytes",
-                         alloc[i].v > 0 ? (uint64_t)alloc[i].v : 0, "device", alloc[i].dev, "state",
-                         !strcmp(alloc[i].what, "bytes_in_use") ? "in_use" : "cached", NULL);
-  metrics_family(t, "tport_device_allocator_hits_total", "counter",
-                 "Device allocations served from the allocator's cache.");
-  for (size_t i = 0; i < na; i++)
-    if (!strcmp(alloc[i].what, "alloc_hits"))
-      metrics_sample_u64(t, "tport_device_allocator_hits_total",
-                         alloc[i].v > 0 ? (uint64_t)alloc[i].v : 0, "device", alloc[i].dev, NULL);
-}
-
-/* The families of one pinned pool (staging.h) or one cache of blocks
- * (host_cache.h): tport_<prefix>_<suffix>, each with what it counts. */
-typedef struct family_row {
-  const char *suffix, *help;
-  uint64_t v;
-  bool counter;
-} family_row;
-
-static void families(metrics_text *t, const char *prefix, const family_row *f, size_t n)
-{
-  char name[96];
-  for (size_t i = 0; i < n; i++) {
-    snprintf(name, sizeof name, "tport_%s_%s", prefix, f[i].suffix);
-    (f[i].counter ? counter_u64 : gauge_u64)(t, name, f[i].help, f[i].v);
-  }
-}
-
-typedef struct pool_help {
-  const char *hits, *misses, *waits, *in_use, *cached, *allocated;
-} pool_help;
-
-static void pool_families(metrics_text *t, const char *prefix, const pool_help *h,
-                          const staging_stats *st)
-{
-  const family_row f[] = {{"hits_total", h->hits, st->hits, true},
-                          {"misses_total", h->misses, st->misses, true},
-                          {"waits_total", h->waits, st->waits, true},
-                          {"in_use_bytes", h->in_use, st->bytes_in_use, false},
-                          {"cached_bytes", h->cached, st->bytes_cached, false},
-                          {"allocated_bytes", h->allocated, st->bytes_allocated, false}};
-  families(t, prefix, f, sizeof f / sizeof f[0]);
-}
-
-typedef struct cache_help {
-  const char *hits, *misses, *cached, *in_use, *limit;
-} cache_help;
-
-static void cache_families(metrics_text *t, const char *prefix, const cache_help *h,
-                           const host_cache_stats *st)
-{
-  const family_row f[] = {{"hits_total", h->hits, st->hits, true},
-                          {"misses_total", h->misses, st->misses, true},
-                          {"cached_bytes", h->cached, st->cached_bytes, false},
-                          {"in_use_bytes", h->in_use, st->in_use_bytes, false},
-                          {"limit_bytes", h->limit, st->limit_bytes, false}};
-  families(t, prefix, f, sizeof f / sizeof f[0]);
-}
-
-static void host_gauges(metrics_text *t, server *s)
-{
-  /* the staging pool takes its backend from the devices on its first use:
-   * not before they are configured */
-  staging_stats st = {0}, rb = {0};
-  if (atomic_load(&s->devices_up)) {
-    staging_get_stats(staging_default(), &st);
-    staging_get_stats(staging_readback(), &rb);
-  }
-  pool_families(t, "staging",
-                &(pool_help){"Pinned staging blocks served from the pool.",
-                             "Pinned staging blocks that were allocated.",
-                             "Staging acquisitions that waited for a block (the pool's budget was "
-                             "reached).",
-                             "Pinned staging bytes held or pending on copies.",
-                             "Pinned staging bytes free in the pool.",
-                             "Pinned staging bytes the pool owns."},
-                &st);
-  pool_families(t, "readback",
-                &(pool_help){"Pinned blocks a get from a device read back into, served from the "
-                             "read-back pool.",
-                             "Pinned read-back blocks that were allocated.",
-                             "Read-backs that waited for a block (the pool's budget, "
-                             "TPORT_READBACK_BYTES, was reached).",
-                             "Pinned read-back bytes being copied into or lent to replies not yet "
-                             "sent.",
-                             "Pinned read-back bytes free in the pool.",
-                             "Pinned read-back bytes the pool owns."},
-                &rb);
-  gauge_u64(t, "tport_deferred_frees", "Storages freed while copies were pending on them.",
-            (uint64_t)storage_deferred_count());
-  host_cache_stats hc, pc;
-  host_cache_get_stats(&hc);
-  pinned_cache_get_stats(&pc);
-  cache_families(t, "host_cache",
-                 &(cache_help){"Large host blocks reused from the cache.",
-                               "Large host blocks mapped fresh.", "Host bytes kept for reuse.",
-                               "Large host blocks handed out.",
-                               "The most host bytes kept cached (--host-cache)."},
-                 &hc);
-  cache_families(t, "pinned_cache",
-                 &(cache_help){"Pinned host storages (non_blocking copies to the cpu) served "
-                               "from the cache.",
-                               "Pinned host storages allocated fresh.",
-                               "Pinned host bytes kept for reuse.",
-                               "Pinned host storages' bytes handed out.",
-                               "The most pinned host bytes kept cached "
-                               "(TPORT_PINNED_CACHE_BYTES)."},
-                 &pc);
-}
-
 char *metrics_render(server *s, size_t *len)
 {
   metrics_text t = {0};
@@ -620,12 +411,11 @@ char *metrics_render(server *s, size_t *len)
   metrics_family(&t, "tport_start_time_seconds", "gauge",
                  "When the server started, in seconds since the Unix epoch.");
   metrics_sample(&t, "tport_start_time_seconds", (double)s->started_ms / 1000.0, NULL);
-  gauge_u64(&t, "tport_ready", "1 once the server serves, 0 while it starts or stops.",
-            atomic_load(&s->ready) ? 1 : 0);
+  metrics_gauge_u64(&t, "tport_ready", "1 once the server serves, 0 while it starts or stops.",
+                    atomic_load(&s->ready) ? 1 : 0);
   requests(&t, s);
   registry_gauges(&t, s);
-  device_gauges(&t, s);
-  host_gauges(&t, s);
+  metrics_engine(&t, atomic_load(&s->devices_up));
   if (t.oom) {
     free(t.buf);
     return NULL;

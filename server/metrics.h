@@ -117,6 +117,12 @@ bool metrics_tenant_label(const uint8_t key[METRICS_TENANT_KEY_BYTES], const cha
                           char out[METRICS_TENANT_LABEL_HEX + 1]);
 /* Appends v as a label value: \ " and newline escaped, invalid UTF-8 as U+FFFD. */
 void metrics_escape_label(metrics_text *t, const char *v);
+/* A family of one unlabelled sample, with its HELP and TYPE. */
+void metrics_gauge_u64(metrics_text *t, const char *name, const char *help, uint64_t v);
+void metrics_counter_u64(metrics_text *t, const char *name, const char *help, uint64_t v);
+/* The engine's families (metrics_engine.c); its devices are asked only
+ * once devices_up (before, they are being configured). */
+void metrics_engine(metrics_text *t, bool devices_up);
 
 struct server;
 /* The whole exposition of server s: a malloc'ed NUL-terminated text (the

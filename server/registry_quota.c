@@ -104,7 +104,7 @@ size_t tenant_charge_cost(reg_tenant *t, const tport_storage *s)
   if (!s)
     return 0;
   HASH_FIND_PTR(t->charges, &s, c);
-  return c ? 0 : s->nbytes;
+  return c ? 0 : storage_nbytes(s);
 }
 
 bool tenant_charge(reg_tenant *t, const tport_storage *s)
@@ -116,7 +116,7 @@ bool tenant_charge(reg_tenant *t, const tport_storage *s)
     if (!c)
       return false;
     c->storage = s;
-    c->nbytes = s->nbytes;
+    c->nbytes = storage_nbytes(s);
     reg_oom = false;
     HASH_ADD_PTR(t->charges, storage, c);
     if (reg_oom) {

@@ -15,8 +15,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "device.h"
-#include "host_cache.h"
 #include "listen_url.h"
 #include "log.h"
 #include "server_internal.h"
@@ -80,29 +78,18 @@ static void *reaper_main(void *arg)
 
 /* ---------------------------------------------------------------- devices */
 
-static int configure_devices(const char *spec, tport_err *err)
+/* The engine: its devices (--devices), its kernel cache and how many freed
+ * host blocks it keeps (--host-cache). */
+static int configure_engine(const server_config *cfg, tport_err *err)
 {
-  int nsim = 0;
-  if (spec) {
-    char *copy = strdup(spec), *save = NULL;
-    int rc = TPORT_OK;
-    for (char *t = strtok_r(copy, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
-      if (strcmp(t, "cpu") == 0 || strcmp(t, "cuda") == 0)
-        continue;
-      tport_device d;
-      rc = device_parse(t, "--devices", &d, err);
-      if (!rc && d.type == TPORT_DEV_SIM)
-        nsim = d.index < 0 ? 1 : d.index; /* sim:N means N devices */
-      else if (!rc && d.type != TPORT_DEV_CPU)
-        rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "--devices: '%s': list cpu, cuda or sim:N",
-                           t);
-    }
-    free(copy);
-    if (rc)
-      return rc;
-  }
-  sim_config cfg = {.ndevices = nsim};
-  return sim_configure(&cfg, err);
+  engine_options o = {.kernel_cache = cfg->kernel_cache,
+                      .host_cache_set = cfg->host_cache_set,
+                      .host_cache_bytes = cfg->host_cache_bytes};
+  tport_err warning;
+  int rc = engine_configure(cfg->devices, &o, &warning, err);
+  if (!rc && warning.code)
+    log_msg(LOG_WARN, "--kernel-cache: %s", warning.msg);
+  return rc;
 }
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -185,13 +172,11 @@ static int start_endpoint(server *s, const server_config *cfg, tport_err *err)
   return rc;
 }
 
-/* The devices: the host cache's limit, the backends configured, the
- * read-back budget of one tenant, CUDA's kernel cache. */
+/* The devices: the engine configured (its backends, the host cache's
+ * limit, CUDA's kernel cache), the read-back budget of one tenant. */
 static int start_devices(server *s, const server_config *cfg, tport_err *err)
 {
-  if (cfg->host_cache_set)
-    host_cache_set_limit(cfg->host_cache_bytes);
-  int rc = configure_devices(cfg->devices, err);
+  int rc = configure_engine(cfg, err);
   if (!rc)
     atomic_store(&s->devices_up, true);
   /* One tenant's replies not yet sent hold all of the read-back pool but
@@ -202,12 +187,7 @@ static int start_devices(server *s, const server_config *cfg, tport_err *err)
   if (!rc) {
     size_t budget = engine_readback_budget();
     s->reg.limits.max_readback_bytes =
-        budget > 2 * STAGING_MAX_BLOCK ? budget - STAGING_MAX_BLOCK : budget / 2;
-  }
-  if (!rc && cfg->kernel_cache) {
-    tport_err e2;
-    if (backend_cuda.set_option("kernel-cache", cfg->kernel_cache, &e2))
-      log_msg(LOG_WARN, "--kernel-cache: %s", e2.msg);
+        budget > 2 * READER_MAX_CHUNK ? budget - READER_MAX_CHUNK : budget / 2;
   }
   return rc;
 }

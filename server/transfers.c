@@ -35,7 +35,6 @@ void transfers_free(transfers *ts, get_transfer *g)
   if (!g)
     return;
   reader_close(g->reader);
-  tensor_release(g->host);
   if (g->tn)
     reg_transfer_leave(ts->reg, g->pipe, g->tn, g->charged);
   free(g);

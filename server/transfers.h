@@ -18,7 +18,6 @@
 #include <pthread.h>
 #include <uthash.h>
 
-#include "backend.h"
 #include "readback.h"
 #include "registry.h"
 
@@ -27,13 +26,11 @@
 typedef struct get_transfer {
   uint8_t id[TRANSFER_ID_BYTES];
   uint32_t pipe;
-  /* the values come from one of: */
-  tport_tensor *host;    /* a host tensor in logical C order (its own copy, or the tensor) */
-  tensor_reader *reader; /* a device tensor, read back a chunk at a time */
+  tensor_reader *reader; /* the values, a chunk at a time (the engine's: readback.h) */
+  bool from_device;      /* read back from a device (else the host's memory) */
   size_t nbytes;
   size_t chunk;  /* the most one GetChunk may ask for */
   size_t served; /* bytes sent; the transfer ends when all were */
-  bool synced;   /* host: its pending copy is done */
   /* what it costs its tenant (reg_transfer_enter) */
   struct reg_tenant *tn;
   size_t charged;

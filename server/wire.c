@@ -34,7 +34,7 @@ void wire_fill_info(wire_info *wi, const reg_entry *e, const tport_tensor *t)
   wi->info.conj = t->conj;
   wi->info.neg = t->neg;
   wi->info.expires_unix_ms = e->expires_ms;
-  wi->info.storage_nbytes = (int64_t)t->storage->nbytes;
+  wi->info.storage_nbytes = (int64_t)storage_nbytes(t->storage);
 }
 
 int wire_find(call *c, const Tport__Ref *ref, const char *field, reg_entry **e, tport_tensor **t)

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "device.h"
 #include "dtype.h"
 #include "engine.h"

@@ -18,6 +18,7 @@
 
 #include "cpu_kernels.h"
 #include "engine.h"
+#include "storage.h"
 
 #define THREADS 8
 #define ROUNDS 12

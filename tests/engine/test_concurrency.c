@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "storage.h"
 
 #define TRIALS 30
 

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "storage.h"
 
 static const tport_device CPU = {TPORT_DEV_CPU, 0};
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "storage.h"
 #include "host_cache.h"
 
 #define MIB ((size_t)1 << 20)

@@ -2,13 +2,15 @@
  * read-back pool (readback.h): the values of any range in logical C order,
  * blocks recycled (no pinned allocation per read once warm), the bound on
  * blocks out, and blocks that outlive their reader or come home from a
- * deferred release. */
+ * deferred release; host tensors served from their memory or a copy. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "engine.h"
 #include "readback.h"
+#include "staging.h"
 
 static void setup(void)
 {
@@ -237,17 +239,83 @@ Test(readback, a_block_outlives_its_reader_and_comes_home_from_a_deferred_releas
   cr_assert_eq(before.bytes_in_use - after.bytes_in_use, 512 << 10);
 }
 
-Test(readback, host_tensors_are_not_read_back)
+/* A host tensor in logical C order is served from its own memory: each
+ * read lends its storage, and no block of the pool is taken. */
+Test(readback, a_contiguous_host_tensor_is_lent_as_it_is)
 {
-  int64_t n = 4;
+  int64_t n = 4096;
+  float *h = malloc((size_t)n * sizeof *h);
+  for (int64_t i = 0; i < n; i++)
+    h[i] = (float)i;
   tport_tensor *t;
   tport_err e;
-  cr_assert_eq(tensor_empty((tport_device){TPORT_DEV_CPU, 0}, TPORT_UINT8, 1, &n,
-                            TPORT_MF_CONTIGUOUS, 0, &t, &e),
-               0);
+  cr_assert_eq(tensor_wrap_host(h, (size_t)n * sizeof *h, TPORT_FLOAT32, 1, &n, NULL, 0, &t, &e),
+               0, "%s", e.msg);
+  staging_stats before, after;
+  staging_get_stats(staging_readback(), &before);
   tensor_reader *r;
-  cr_assert_eq(reader_open(t, 2, &r, &e), TPORT_INTERNAL);
+  cr_assert_eq(reader_open(t, 2, &r, &e), 0, "%s", e.msg);
+  cr_assert_eq(reader_nbytes(r), (size_t)n * sizeof *h);
+  cr_assert_eq(reader_max_read(r), SIZE_MAX, "the host's memory has no block size");
+  tport_storage *held[3];
+  const uint8_t *p;
+  for (int k = 0; k < 3; k++) { /* more than max_held at once: nothing is taken from a pool */
+    cr_assert_eq(reader_read(r, 400, 4000, &held[k], &p, &e), 0, "%s", e.msg);
+    cr_assert_eq(p, (const uint8_t *)h + 400, "the tensor's own bytes, not a copy");
+    cr_assert_eq(storage_nbytes(held[k]), (size_t)n * sizeof *h, "its storage, lent whole");
+  }
+  cr_assert_eq(reader_blocks_out(r), 0);
+  staging_get_stats(staging_readback(), &after);
+  cr_assert_eq(after.hits + after.misses, before.hits + before.misses);
+  for (int k = 0; k < 3; k++)
+    storage_release(held[k]);
+  cr_assert_eq(reader_read(r, 4, (size_t)n * sizeof *h, held, &p, &e), TPORT_OUT_OF_RANGE);
+  reader_close(r);
   tensor_release(t);
+  free(h);
+}
+
+/* A strided or negated host tensor is served from a copy in logical C
+ * order, with its lazy bit applied. */
+Test(readback, a_transposed_or_negated_host_tensor_is_read_from_a_copy)
+{
+  int64_t rows = 37, cols = 1031;
+  size_t n = (size_t)(rows * cols);
+  float *h = malloc(n * sizeof *h);
+  for (size_t i = 0; i < n; i++)
+    h[i] = (float)i;
+  tport_tensor *t, *tr, *ng;
+  tport_err e;
+  cr_assert_eq(tensor_wrap_host(h, n * sizeof *h, TPORT_FLOAT32, 2, (int64_t[]){rows, cols}, NULL,
+                                0, &t, &e),
+               0, "%s", e.msg);
+  cr_assert_eq(tensor_as_strided(t, 2, (int64_t[]){cols, rows}, (int64_t[]){1, cols}, 0, &tr, &e),
+               0);
+  cr_assert_eq(tensor_neg_view(t, &ng, &e), 0);
+  tensor_reader *r;
+  tport_storage *held;
+  const uint8_t *p;
+  cr_assert_eq(reader_open(tr, 2, &r, &e), 0, "%s", e.msg);
+  cr_assert_eq(reader_read(r, 0, n * sizeof *h, &held, &p, &e), 0, "%s", e.msg);
+  const float *v = (const float *)p;
+  cr_assert(p < (const uint8_t *)h || p >= (const uint8_t *)(h + n), "a copy");
+  for (int64_t i = 0; i < cols; i++)
+    for (int64_t j = 0; j < rows; j++)
+      cr_assert_eq(v[i * rows + j], (float)(j * cols + i), "element (%lld, %lld)", (long long)i,
+                   (long long)j);
+  storage_release(held);
+  reader_close(r);
+  cr_assert_eq(reader_open(ng, 2, &r, &e), 0, "%s", e.msg);
+  cr_assert_eq(reader_read(r, 8, 40, &held, &p, &e), 0, "%s", e.msg);
+  v = (const float *)p;
+  for (int i = 0; i < 10; i++)
+    cr_assert_eq(v[i], -(float)(i + 2));
+  storage_release(held);
+  reader_close(r);
+  tensor_release(ng);
+  tensor_release(tr);
+  tensor_release(t);
+  free(h);
 }
 
 Test(readback, pinned_memory_on_the_sim_is_allocated_populated_and_counted)

@@ -12,6 +12,7 @@
 
 #include "conformance.h"
 #include "engine.h"
+#include "storage.h"
 #include "staging.h"
 
 static void setup(void)

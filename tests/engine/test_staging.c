@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "storage.h"
 #include "staging.h"
 
 static void setup(void)

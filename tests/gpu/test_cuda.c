@@ -30,6 +30,7 @@
 #include "cuda_alloc.h"
 #include "cuda_jit.h"
 #include "engine.h"
+#include "storage.h"
 
 static const tport_device CPU = {TPORT_DEV_CPU, 0}, G0 = {TPORT_DEV_CUDA, 0};
 static const char *const DT[TPORT_NUM_DTYPES] = {"bool",    "uint8",   "int8",      "int16",

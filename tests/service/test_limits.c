@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "engine.h"
 #include "frame.h"
 #include "service_util.h"

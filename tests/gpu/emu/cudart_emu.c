@@ -1,5 +1,5 @@
 /*
- * cudart_emu.c: the CUDA runtime calls engine/cuda_jit.c makes, with the
+ * cudart_emu.c: the CUDA runtime calls engine/cuda/cuda_jit.c makes, with the
  * runtime's own names and signatures (cuda_runtime_api.h), answered on the
  * host.  The emulation suite links this file instead of cudart_static.
  *

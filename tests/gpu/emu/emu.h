@@ -2,7 +2,7 @@
  * emu.h: just enough of CUDA's device language for kernels/cuda/copy.cu to
  * compile as host C++ (g++ -std=c++17 -ffp-contract=off -fno-fast-math), so
  * that the real kernel source runs on the CPU, under AddressSanitizer too,
- * with the launch parameters engine/cuda_jit.c chooses (issue 13).
+ * with the launch parameters engine/cuda/cuda_jit.c chooses (issue 13).
  *
  * What it models:
  *   - __global__, __device__, __host__ vanish; __shared__ is a function-local

@@ -4,7 +4,7 @@
  * returns this descriptor naming the variant they select; the emulated
  * runtime (cudart_emu.c) loads it and finds that variant among the ones the
  * build compiled from the same copy.cu (emu_sched.h).  It travels through
- * engine/cuda_jit.c's memory and disk caches exactly as a real cubin does.
+ * engine/cuda/cuda_jit.c's memory and disk caches exactly as a real cubin does.
  */
 #ifndef TPORT_EMU_CUBIN_H
 #define TPORT_EMU_CUBIN_H

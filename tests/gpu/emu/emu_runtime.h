@@ -1,7 +1,7 @@
 /*
  * emu_runtime.h: what the emulation suite sets in and reads from the
  * emulated CUDA runtime (cudart_emu.c, linked into the test) and the
- * emulated NVRTC (nvrtc_emu.c, libtport_nvrtc_emu.so, which engine/cuda_jit.c
+ * emulated NVRTC (nvrtc_emu.c, libtport_nvrtc_emu.so, which engine/cuda/cuda_jit.c
  * opens with dlopen: a test reaches its functions through dlsym).
  */
 #ifndef TPORT_EMU_RUNTIME_H

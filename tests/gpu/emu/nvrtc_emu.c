@@ -1,5 +1,5 @@
 /*
- * nvrtc_emu.c: libtport_nvrtc_emu.so, NVRTC as engine/cuda_jit.c sees it,
+ * nvrtc_emu.c: libtport_nvrtc_emu.so, NVRTC as engine/cuda/cuda_jit.c sees it,
  * for the emulation suite (TPORT_NVRTC_LIBRARY names it).  A "compile"
  * checks the options the way NVRTC 13.0 does (the same return codes and log
  * lines, measured against the real library) and returns an emu_cubin naming

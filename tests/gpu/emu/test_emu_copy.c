@@ -1,4 +1,4 @@
-/* test_emu_copy.c: kernels/cuda/copy.cu, launched by engine/cuda_jit.c on the
+/* test_emu_copy.c: kernels/cuda/copy.cu, launched by engine/cuda/cuda_jit.c on the
  * emulated device, against kernels/cpu bit for bit: every dtype pair over
  * every layout (contiguous, vector tails, misaligned pointers, strided,
  * broadcast, storage offsets, NCHW <-> NHWC with extents that are not tile

@@ -1,4 +1,4 @@
-/* test_emu_jit.c: engine/cuda_jit.c around the kernels, on the emulated
+/* test_emu_jit.c: engine/cuda/cuda_jit.c around the kernels, on the emulated
  * runtime and NVRTC: libnvrtc found through $TPORT_NVRTC_LIBRARY or reported
  * unavailable, the compile options (--fmad=false), the disk cache across
  * cuda_jit_reset (a damaged file compiled again), a failed compile tried

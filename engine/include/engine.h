@@ -14,8 +14,16 @@
 #ifndef TPORT_ENGINE_H
 #define TPORT_ENGINE_H
 
+#include <stdatomic.h>
+#include <stddef.h>
+
 #include "meta.h"
-#include "storage.h"
+
+/* A storage: the engine's refcounted memory under one or more tensors.
+ * Opaque outside the engine (storage.h is private): tportd holds references
+ * to lend a storage's bytes to replies and compares them (what a tenant
+ * pays for), nothing more. */
+typedef struct tport_storage tport_storage;
 
 typedef struct tport_tensor {
   atomic_int refs;
@@ -25,6 +33,12 @@ typedef struct tport_tensor {
   bool conj; /* lazily conjugated view (complex) */
   bool neg;  /* lazily negated view */
 } tport_tensor;
+
+/* storage_flags of a fresh tensor */
+enum {
+  STORAGE_MANAGED = 1u << 0, /* managed memory (SEMANTICS.md §6) */
+  STORAGE_PINNED = 1u << 1,  /* page-locked host memory */
+};
 
 /* ---- creation */
 /* A fresh tensor in memory format fmt (CONTIGUOUS, CHANNELS_LAST, CHANNELS_LAST_3D). */
@@ -144,7 +158,16 @@ int64_t engine_deadline(void);
  * to its pool -- on whatever thread drops the last reference, nng's
  * included, which may hold nng's own locks: release must be cheap, never
  * block and take no lock.  Left unset, the charge is the request's. */
-/* engine_alloc_kind and engine_charge: storage.h */
+typedef enum {
+  ENGINE_ALLOC_STORAGE,  /* a storage (storage_new) */
+  ENGINE_ALLOC_READBACK, /* a block of the read-back pool (its class size) */
+  ENGINE_ALLOC_READAHEAD, /* the same, read ahead: may be skipped, so never waited for */
+} engine_alloc_kind;
+typedef struct engine_charge {
+  void (*release)(void *token, size_t nbytes); /* NULL: none */
+  void *token;
+  size_t nbytes;
+} engine_charge;
 typedef int (*engine_alloc_guard)(void *ctx, engine_alloc_kind kind, size_t nbytes,
                                   engine_charge *keep, tport_err *err);
 void engine_set_alloc_guard(engine_alloc_guard fn, void *ctx);
@@ -187,5 +210,55 @@ int tensor_wrap_device(tport_device dev, void *data, size_t nbytes, tport_dtype 
 /* Waits for all work of every device and frees deferred storages and the
  * staging pool's cache. */
 void engine_synchronize_all(void);
+
+/* ---- storages held outside the engine (a reply lent a storage's bytes) */
+/* The bytes of s (its tensors may view only part of them). */
+size_t storage_nbytes(const tport_storage *s);
+tport_storage *storage_retain(tport_storage *s);
+void storage_release(tport_storage *s);
+/* Drops a reference but never frees on this thread: the last one puts the
+ * storage in the graveyard, freed by the next storage_reap (every
+ * storage_new calls it; so does tportd's reaper, each second).  For threads
+ * that must not block: nng's, which may hold nng's own locks. */
+void storage_release_deferred(tport_storage *s);
+/* Frees storages whose last reference went while work was pending and whose
+ * work has now completed; with wait, waits for all of them. */
+void storage_reap(bool wait);
+
+/* ---- devices */
+/* What tportd asks of the engine at start, besides its devices. */
+typedef struct engine_options {
+  const char *kernel_cache; /* a directory of compiled CUDA kernels (NULL: none) */
+  bool host_cache_set;      /* else host_cache.h's default limit */
+  size_t host_cache_bytes;  /* freed large host blocks kept for reuse */
+} engine_options;
+/* Configures the devices served from a list ("cpu", "cuda", "sim:N",
+ * comma-separated; NULL: the cpu and every CUDA GPU present -- cpu and
+ * cuda are always served, the list only adds sim devices) and opts (NULL:
+ * none).  Call once, before any tensor is made.  An option the engine
+ * cannot honour without failing to serve (a kernel cache where no backend
+ * compiles kernels) does not fail: *warning (may be NULL) says why, its
+ * code TPORT_OK when there is nothing to say. */
+int engine_configure(const char *devices, const engine_options *opts, tport_err *warning,
+                     tport_err *err);
+
+#define ENGINE_MAX_DEVICES 64
+/* One device served, as Devices and /metrics show it. */
+typedef struct engine_device_info {
+  tport_device device;
+  char name[64];               /* "" when it has none */
+  char compute_capability[16]; /* "" when it has none */
+  bool managed_memory;
+  bool has_memory;             /* the backend told free and total bytes */
+  size_t free_bytes, total_bytes;
+  int npeers;
+  int peers[ENGINE_MAX_DEVICES]; /* indices of devices of its type it can reach */
+} engine_device_info;
+/* The devices served (at most max, every type in order, then by index);
+ * returns how many were filled. */
+size_t engine_devices(engine_device_info *out, size_t max);
+/* Why no CUDA device is served (the driver's or the build's reason); NULL
+ * when at least one is. */
+const char *engine_cuda_unavailable_reason(void);
 
 #endif

@@ -1,7 +1,7 @@
 /*
  * backend_cuda_stub.c: the cuda entry of the backend table in a build without
  * the CUDA backend.  It reports no devices and says why; every other op
- * answers UNAVAILABLE.  The real backend (engine/backend_cuda.c with
+ * answers UNAVAILABLE.  The real backend (engine/cuda/backend_cuda.c with
  * kernels/cuda) replaces this file when it is built.
  */
 #include "backend.h"
