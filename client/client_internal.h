@@ -85,16 +85,32 @@ int client_unpack(uint16_t method, nng_msg *m, const ProtobufCMessageDescriptor 
 int client_rpc(tport_client *c, uint16_t method, const ProtobufCMessage *q, const void *payload,
                size_t n, const ProtobufCMessageDescriptor *d, ProtobufCMessage **out,
                client_payload *reply_payload, tport_err *err);
-/* Takes k request credits, all at once (so that threads that each need
- * several never deadlock), waiting up to the client's timeout. */
 /* CLOCK_REALTIME ms from now, for pthread_cond_timedwait */
 struct timespec client_deadline_after(int ms);
-int client_credits_take(tport_client *c, int k, tport_err *err);
+/* Takes k request credits, all at once (so that threads that each need
+ * several never deadlock), waiting up to the client's timeout. */
+int client_credits_wait(tport_client *c, int k, tport_err *err);
 void client_credits_give(tport_client *c, int k);
 int client_slot_open(tport_client *c, client_slot *s, tport_err *err);
 void client_slot_close(client_slot *s);
 void client_slot_send(client_slot *s, nng_msg *m);
 int client_slot_finish(client_slot *s, tport_err *err);
+/* One request and its reply on a slot of its own, credits not taken
+ * (reply_pipe, when not NULL: the connection the reply came on). */
+int client_exchange(tport_client *c, uint16_t method, const ProtobufCMessage *q,
+                    const void *payload, size_t n, const ProtobufCMessageDescriptor *d,
+                    ProtobufCMessage **out, client_payload *reply_payload, nng_pipe *reply_pipe,
+                    tport_err *err);
+
+/* session.c */
+/* The Hello on the connection of the moment (answering a challenge when
+ * the server asks); *out the server's reply (free it).  On success
+ * hello_pipe is the connection it was said on. */
+int client_say_hello(tport_client *c, Tport__HelloReply **out, tport_err *err);
+void client_session_forget(tport_client *c);
+/* client_credits_wait, after the Hello said again where nng has redialed:
+ * every request's first step. */
+int client_credits_take(tport_client *c, int k, tport_err *err);
 void client_ref_to_wire(const tport_ref *ref, Tport__Ref *w);
 void client_info_from_wire(const Tport__TensorInfo *w, tport_tensor_info *out);
 

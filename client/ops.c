@@ -13,12 +13,6 @@
 #include "cuda_ipc.h"
 #include "cuda_stage.h"
 
-void tport_put_options_init(tport_put_options *o)
-{
-  memset(o, 0, sizeof *o);
-  o->memory_format = TPORT_MF_PRESERVE;
-}
-
 /* ---------------------------------------------------------------- the window */
 
 /* Builds the request for bytes [off, off + len) / takes its reply. */
@@ -210,29 +204,6 @@ static int put_take(void *vctx, client_slot *s, tport_err *err)
   if (!rc)
     protobuf_c_message_free_unpacked(r, NULL);
   return rc;
-}
-
-void client_put_request(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
-                        const int64_t *strides, const tport_put_options *opts,
-                        Tport__TensorDesc *desc, Tport__PutBeginRequest *q)
-{
-  tport__tensor_desc__init(desc);
-  desc->dtype = (Tport__DType)dtype;
-  desc->n_sizes = (size_t)ndim;
-  desc->sizes = (int64_t *)sizes;
-  desc->n_strides = strides ? (size_t)ndim : 0;
-  desc->strides = (int64_t *)strides;
-  tport__put_begin_request__init(q);
-  q->desc = desc;
-  q->name = (char *)(opts->name ? opts->name : "");
-  q->ttl_ms = opts->ttl_ms;
-  q->device = (char *)(opts->device ? opts->device : "");
-  q->dtype_set = opts->has_dtype;
-  q->dtype = (Tport__DType)opts->dtype;
-  q->memory_format = (Tport__MemoryFormat)opts->memory_format;
-  q->managed = opts->managed;
-  q->non_blocking = opts->non_blocking;
-  q->keep = c->keep;
 }
 
 static void fill_copy(void *dst, size_t n, void *src)
@@ -445,30 +416,6 @@ static int get_begin(tport_client *c, const tport_ref *ref, Tport__GetBeginReply
   q.want_crc32c = c->verify;
   return client_rpc(c, TPORT__METHOD__METHOD_GET_BEGIN, &q.base, NULL, 0,
                     &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload, err);
-}
-
-/* A tensor the caller's does not match (want). */
-int client_want_mismatch(const client_get_want *w, const Tport__TensorInfo *wire, tport_err *err)
-{
-  if (!wire)
-    return tport_err_set(err, TPORT_DATA_LOSS, "the get's reply describes no tensor");
-  tport_tensor_info ti;
-  client_info_from_wire(wire, &ti);
-  /* DLPack 0.6 has no bool: a bool tensor goes into uint8 */
-  bool bool_as_u8 = w->dtype == TPORT_UINT8 && ti.dtype == TPORT_BOOL;
-  if (ti.dtype != w->dtype && !bool_as_u8)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                         "the tensor's dtype is %d: the destination's is %d (tport_dtype)",
-                         (int)ti.dtype, (int)w->dtype);
-  if (ti.ndim != w->ndim)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                         "the tensor has %d dimensions: the destination has %d", ti.ndim, w->ndim);
-  for (int d = 0; d < w->ndim; d++)
-    if (ti.sizes[d] != w->sizes[d])
-      return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                           "the tensor's sizes[%d] is %lld: the destination's is %lld", d,
-                           (long long)ti.sizes[d], (long long)w->sizes[d]);
-  return TPORT_OK;
 }
 
 static int get_into(tport_client *c, const tport_ref *ref, void **bufp, const client_devmem *dev,
