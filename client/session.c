@@ -116,8 +116,7 @@ void client_session_forget(tport_client *c)
 /* One Hello and its reply: beside the gate every other request passes
  * (hello_again), its credit taken here.  reply_pipe is the connection the
  * reply came on: the challenge binds to it. */
-static int hello_rpc(tport_client *c, Tport__HelloRequest *q, Tport__HelloReply **r,
-                     tport_err *err)
+static int hello_rpc(tport_client *c, Tport__HelloRequest *q, Tport__HelloReply **r, tport_err *err)
 {
   int rc = client_credits_wait(c, 1, err);
   if (rc)
