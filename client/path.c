@@ -19,7 +19,11 @@
  * and go straight to shm.c.
  *
  * A transfer is described once (client_put_desc, client_get_desc), so that
- * the same choice can start a request that completes later.
+ * the same choice can start a request that completes later (issue 21): such
+ * a request holds its description and the way chosen, the leaves' steps
+ * (put_begin, put_chunks, put_end; get_destination, get_bytes) become the
+ * states it moves through, and its chunks take credits from the client's
+ * window one by one instead of a whole window per transfer (window.c).
  */
 #include <stdlib.h>
 
