@@ -1,18 +1,20 @@
 /*
  * client_internal.h: what libtport's files share, layer by layer from the
- * bottom up.  A file calls only what is declared in the layers below its
- * own (cuda_rt.h, cuda_stage.h and cuda_ipc.h sit beside shm.c, the
- * leaves' layer): no file calls back up, so there is no circle.
+ * bottom up.  A file calls only what the layers below its own declare: no
+ * file calls back up, so there is no circle (test_client_layers reads the
+ * calls from the objects and fails on one).  copy_pool.h, cuda_rt.h,
+ * cuda_stage.h and cuda_ipc.h declare leaves of their own.
  *
- *   rpc.c                 a request's frame, slots, credits, one exchange
- *   session.c             the Hello, and the gate every request passes
- *   wire.c                conversions to and from the wire's messages
- *   window.c              a transfer's chunks with the window in flight
- *   shm.c                 regions: the application's and the automatic one
- *   cuda_stage.c, cuda_ipc.c   device memory: the pinned ring, CUDA IPC
- *   put_socket.c, get_socket.c a put or a get by requests on the socket
- *   path.c                which way a put or a get goes (tport_put, tport_get)
- *   client.c, ops.c, dlpack.c  the API: connection, one-request calls, DLPack
+ *   rpc.c, copy_pool.c, cuda_rt.c   a request's frame, slots, credits, one
+ *                                   exchange; large copies; the CUDA runtime
+ *   session.c                       the Hello, and the gate every request passes
+ *   wire.c                          conversions to and from the wire's messages
+ *   window.c                        a transfer's chunks with the window in flight
+ *   shm.c, cuda_stage.c, cuda_ipc.c regions (the application's, the automatic
+ *                                   one); device memory: the ring, CUDA IPC
+ *   put_socket.c, get_socket.c      a put or a get by requests on the socket
+ *   path.c                          which way a put or a get goes
+ *   client.c, ops.c, dlpack.c       the API: connection, one-request calls, DLPack
  */
 #ifndef TPORT_CLIENT_INTERNAL_H
 #define TPORT_CLIENT_INTERNAL_H
