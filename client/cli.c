@@ -273,187 +273,254 @@ static int refarg(const char *s, tport_ref *r, tport_err *err)
   return tport_ref_parse(s, r, err);
 }
 
-static int run(tport_client *c, const char *cmd, const cmd_args *a, tport_err *err)
+static int cmd_put(tport_client *c, const cmd_args *a, tport_err *err)
 {
   tport_tensor_info info;
+  int rc;
+  npy_array arr;
+  if ((rc = npy_read(a->pos[0], &arr, err)))
+    return rc;
+  tport_put_options o;
+  tport_put_options_init(&o);
+  o.name = a->name;
+  o.device = a->device;
+  o.ttl_ms = a->ttl_ms;
+  o.has_dtype = a->has_dtype;
+  o.dtype = a->dtype;
+  o.memory_format = a->has_format ? a->format : TPORT_MF_PRESERVE;
+  o.non_blocking = a->nonblocking;
+  o.progress = bar_for(arr.nbytes);
+  rc = tport_put(c, arr.dtype, arr.ndim, arr.sizes, arr.fortran_order ? arr.strides : NULL,
+                 arr.data, arr.nbytes, &o, &info, err);
+  npy_free(&arr);
+  if (!rc)
+    print_info(&info, -1);
+  return rc;
+}
+
+static int cmd_get(tport_client *c, const cmd_args *a, tport_err *err)
+{
+  tport_tensor_info info;
+  tport_ref r;
+  int rc;
+  if ((rc = refarg(a->pos[0], &r, err)))
+    return rc;
+  if ((rc = tport_info(c, &r, &info, err)))
+    return rc;
+  void *buf = malloc((size_t)info.nbytes + 1);
+  if (!buf)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  rc = tport_get(c, &r, buf, (size_t)info.nbytes, &info, bar_for((size_t)info.nbytes), NULL, err);
+  if (!rc)
+    rc = npy_write(a->pos[1], info.dtype, info.ndim, info.sizes, buf, (size_t)info.nbytes, err);
+  free(buf);
+  if (!rc && json)
+    print_info(&info, -1);
+  return rc;
+}
+
+static int cmd_info(tport_client *c, const cmd_args *a, tport_err *err)
+{
+  tport_tensor_info info;
+  tport_ref r;
+  int rc;
+  if ((rc = refarg(a->pos[0], &r, err)) || (rc = tport_info(c, &r, &info, err)))
+    return rc;
+  print_info(&info, -1);
+  return 0;
+}
+
+static int cmd_view(tport_client *c, const cmd_args *a, tport_err *err)
+{
+  tport_tensor_info info;
+  tport_ref r;
+  int rc;
+  if ((rc = refarg(a->pos[0], &r, err)))
+    return rc;
+  if (!a->has_sizes || !a->has_strides || a->nsizes != a->nstrides)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "view needs --sizes and --strides of the same length");
+  if ((rc = tport_view(c, &r, a->nsizes, a->sizes, a->strides, a->offset, a->name, &info, err)))
+    return rc;
+  print_info(&info, -1);
+  return 0;
+}
+
+static int cmd_to(tport_client *c, const cmd_args *a, tport_err *err)
+{
+  tport_tensor_info info;
+  tport_ref r;
+  int rc;
+  if ((rc = refarg(a->pos[0], &r, err)))
+    return rc;
+  tport_to_options o = {.device = a->device,
+                        .has_dtype = a->has_dtype,
+                        .dtype = a->dtype,
+                        .has_memory_format = a->has_format,
+                        .memory_format = a->format,
+                        .copy = a->copy,
+                        .non_blocking = a->nonblocking,
+                        .exact_format = a->exact,
+                        .name = a->name,
+                        .ttl_ms = a->ttl_ms};
+  bool alias;
+  if ((rc = tport_to(c, &r, &o, &info, &alias, err)))
+    return rc;
+  print_info(&info, alias);
+  return 0;
+}
+
+static int cmd_contiguous(tport_client *c, const cmd_args *a, tport_err *err)
+{
+  tport_tensor_info info;
+  tport_ref r;
+  int rc;
+  if ((rc = refarg(a->pos[0], &r, err)))
+    return rc;
+  bool alias;
+  if ((rc = tport_contiguous(c, &r, a->has_format ? a->format : TPORT_MF_CONTIGUOUS, a->name, &info,
+                             &alias, err)))
+    return rc;
+  print_info(&info, alias);
+  return 0;
+}
+
+static int cmd_copy(tport_client *c, const cmd_args *a, tport_err *err)
+{
   tport_ref r, r2;
   int rc;
-  if (strcmp(cmd, "put") == 0) {
-    if ((rc = need(a, 1, cmd, err)))
-      return rc;
-    npy_array arr;
-    if ((rc = npy_read(a->pos[0], &arr, err)))
-      return rc;
-    tport_put_options o;
-    tport_put_options_init(&o);
-    o.name = a->name;
-    o.device = a->device;
-    o.ttl_ms = a->ttl_ms;
-    o.has_dtype = a->has_dtype;
-    o.dtype = a->dtype;
-    o.memory_format = a->has_format ? a->format : TPORT_MF_PRESERVE;
-    o.non_blocking = a->nonblocking;
-    o.progress = bar_for(arr.nbytes);
-    rc = tport_put(c, arr.dtype, arr.ndim, arr.sizes, arr.fortran_order ? arr.strides : NULL,
-                   arr.data, arr.nbytes, &o, &info, err);
-    npy_free(&arr);
-    if (!rc)
-      print_info(&info, -1);
+  if ((rc = refarg(a->pos[0], &r, err)) || (rc = refarg(a->pos[1], &r2, err)) ||
+      (rc = tport_copy(c, &r, &r2, a->nonblocking, err)))
     return rc;
-  }
-  if (strcmp(cmd, "get") == 0) {
-    if ((rc = need(a, 2, cmd, err)) || (rc = refarg(a->pos[0], &r, err)))
-      return rc;
-    if ((rc = tport_info(c, &r, &info, err)))
-      return rc;
-    void *buf = malloc((size_t)info.nbytes + 1);
-    if (!buf)
-      return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
-    rc = tport_get(c, &r, buf, (size_t)info.nbytes, &info, bar_for((size_t)info.nbytes), NULL, err);
-    if (!rc)
-      rc = npy_write(a->pos[1], info.dtype, info.ndim, info.sizes, buf, (size_t)info.nbytes, err);
-    free(buf);
-    if (!rc && json)
-      print_info(&info, -1);
+  if (json)
+    printf("{\"ok\": true}\n");
+  return 0;
+}
+
+static int cmd_rm(tport_client *c, const cmd_args *a, tport_err *err)
+{
+  tport_ref r;
+  int rc;
+  if ((rc = refarg(a->pos[0], &r, err)) || (rc = tport_free(c, &r, err)))
     return rc;
-  }
-  if (strcmp(cmd, "info") == 0) {
-    if ((rc = need(a, 1, cmd, err)) || (rc = refarg(a->pos[0], &r, err)) ||
-        (rc = tport_info(c, &r, &info, err)))
-      return rc;
-    print_info(&info, -1);
-    return 0;
-  }
-  if (strcmp(cmd, "view") == 0) {
-    if ((rc = need(a, 1, cmd, err)) || (rc = refarg(a->pos[0], &r, err)))
-      return rc;
-    if (!a->has_sizes || !a->has_strides || a->nsizes != a->nstrides)
-      return tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                           "view needs --sizes and --strides of the same length");
-    if ((rc = tport_view(c, &r, a->nsizes, a->sizes, a->strides, a->offset, a->name, &info, err)))
-      return rc;
-    print_info(&info, -1);
-    return 0;
-  }
-  if (strcmp(cmd, "to") == 0) {
-    if ((rc = need(a, 1, cmd, err)) || (rc = refarg(a->pos[0], &r, err)))
-      return rc;
-    tport_to_options o = {.device = a->device,
-                          .has_dtype = a->has_dtype,
-                          .dtype = a->dtype,
-                          .has_memory_format = a->has_format,
-                          .memory_format = a->format,
-                          .copy = a->copy,
-                          .non_blocking = a->nonblocking,
-                          .exact_format = a->exact,
-                          .name = a->name,
-                          .ttl_ms = a->ttl_ms};
-    bool alias;
-    if ((rc = tport_to(c, &r, &o, &info, &alias, err)))
-      return rc;
-    print_info(&info, alias);
-    return 0;
-  }
-  if (strcmp(cmd, "contiguous") == 0) {
-    if ((rc = need(a, 1, cmd, err)) || (rc = refarg(a->pos[0], &r, err)))
-      return rc;
-    bool alias;
-    if ((rc = tport_contiguous(c, &r, a->has_format ? a->format : TPORT_MF_CONTIGUOUS, a->name,
-                               &info, &alias, err)))
-      return rc;
-    print_info(&info, alias);
-    return 0;
-  }
-  if (strcmp(cmd, "copy") == 0) {
-    if ((rc = need(a, 2, cmd, err)) || (rc = refarg(a->pos[0], &r, err)) ||
-        (rc = refarg(a->pos[1], &r2, err)) || (rc = tport_copy(c, &r, &r2, a->nonblocking, err)))
-      return rc;
-    if (json)
-      printf("{\"ok\": true}\n");
-    return 0;
-  }
-  if (strcmp(cmd, "rm") == 0) {
-    if ((rc = need(a, 1, cmd, err)) || (rc = refarg(a->pos[0], &r, err)) ||
-        (rc = tport_free(c, &r, err)))
-      return rc;
-    if (json)
-      printf("{\"ok\": true}\n");
-    return 0;
-  }
-  if (strcmp(cmd, "ls") == 0) {
-    tport_tensor_info *v;
-    size_t n;
-    if ((rc = need(a, 0, cmd, err)) || (rc = tport_list(c, &v, &n, err)))
-      return rc;
-    if (json)
-      printf("[");
-    for (size_t i = 0; i < n; i++) {
-      if (json) {
-        if (i)
-          printf(", ");
-        print_info(&v[i], -1);
-      } else {
-        char ref[40];
-        tport_ref h = v[i].ref;
-        h.name[0] = 0;
-        tport_ref_format(&h, ref, sizeof ref);
-        printf("%s  %-16s %-10s %-8s ", ref, v[i].ref.name[0] ? v[i].ref.name : "-",
-               dtype_name(v[i].dtype), v[i].device);
-        print_dims(v[i].ndim, v[i].sizes);
-        printf("\n");
-      }
+  if (json)
+    printf("{\"ok\": true}\n");
+  return 0;
+}
+
+static int cmd_ls(tport_client *c, const cmd_args *a, tport_err *err)
+{
+  int rc;
+  tport_tensor_info *v;
+  size_t n;
+  if ((rc = tport_list(c, &v, &n, err)))
+    return rc;
+  if (json)
+    printf("[");
+  for (size_t i = 0; i < n; i++) {
+    if (json) {
+      if (i)
+        printf(", ");
+      print_info(&v[i], -1);
+    } else {
+      char ref[40];
+      tport_ref h = v[i].ref;
+      h.name[0] = 0;
+      tport_ref_format(&h, ref, sizeof ref);
+      printf("%s  %-16s %-10s %-8s ", ref, v[i].ref.name[0] ? v[i].ref.name : "-",
+             dtype_name(v[i].dtype), v[i].device);
+      print_dims(v[i].ndim, v[i].sizes);
+      printf("\n");
     }
-    if (json)
-      printf("]\n");
-    free(v);
-    return 0;
   }
-  if (strcmp(cmd, "devices") == 0) {
-    tport_device_info *v;
-    size_t n;
-    char why[256];
-    if ((rc = need(a, 0, cmd, err)) || (rc = tport_devices(c, &v, &n, why, sizeof why, err)))
-      return rc;
-    if (json)
-      printf("{\"devices\": [");
-    for (size_t i = 0; i < n; i++) {
-      if (json) {
-        printf("%s{\"device\": \"%s\", \"name\": \"%s\", \"total_bytes\": %llu, \"free_bytes\": "
-               "%llu, \"compute_capability\": \"%s\", \"peer_access\": [",
-               i ? ", " : "", v[i].device, v[i].name, (unsigned long long)v[i].total_bytes,
-               (unsigned long long)v[i].free_bytes, v[i].compute_capability);
-        for (int p = 0; p < v[i].npeers; p++)
-          printf("%s\"%s\"", p ? ", " : "", v[i].peers[p]);
-        printf("]}");
-      } else {
-        printf("%-8s %-14s %8.1f GiB total %8.1f GiB free  peers:", v[i].device, v[i].name,
-               (double)v[i].total_bytes / (1 << 30), (double)v[i].free_bytes / (1 << 30));
-        for (int p = 0; p < v[i].npeers; p++)
-          printf(" %s", v[i].peers[p]);
-        printf("%s\n", v[i].npeers ? "" : " -");
-      }
+  if (json)
+    printf("]\n");
+  free(v);
+  return 0;
+}
+
+static int cmd_devices(tport_client *c, const cmd_args *a, tport_err *err)
+{
+  int rc;
+  tport_device_info *v;
+  size_t n;
+  char why[256];
+  if ((rc = tport_devices(c, &v, &n, why, sizeof why, err)))
+    return rc;
+  if (json)
+    printf("{\"devices\": [");
+  for (size_t i = 0; i < n; i++) {
+    if (json) {
+      printf("%s{\"device\": \"%s\", \"name\": \"%s\", \"total_bytes\": %llu, \"free_bytes\": "
+             "%llu, \"compute_capability\": \"%s\", \"peer_access\": [",
+             i ? ", " : "", v[i].device, v[i].name, (unsigned long long)v[i].total_bytes,
+             (unsigned long long)v[i].free_bytes, v[i].compute_capability);
+      for (int p = 0; p < v[i].npeers; p++)
+        printf("%s\"%s\"", p ? ", " : "", v[i].peers[p]);
+      printf("]}");
+    } else {
+      printf("%-8s %-14s %8.1f GiB total %8.1f GiB free  peers:", v[i].device, v[i].name,
+             (double)v[i].total_bytes / (1 << 30), (double)v[i].free_bytes / (1 << 30));
+      for (int p = 0; p < v[i].npeers; p++)
+        printf(" %s", v[i].peers[p]);
+      printf("%s\n", v[i].npeers ? "" : " -");
     }
-    if (json)
-      printf("], \"cuda_unavailable_reason\": \"%s\"}\n", why);
-    else if (why[0])
-      printf("cuda: %s\n", why);
-    free(v);
-    return 0;
   }
-  if (strcmp(cmd, "stats") == 0) {
-    tport_counter *v;
-    size_t n;
-    if ((rc = need(a, 0, cmd, err)) || (rc = tport_stats(c, &v, &n, err)))
-      return rc;
-    if (json)
-      printf("{");
-    for (size_t i = 0; i < n; i++)
-      printf(json ? "%s\"%s\": %lld" : "%s%-28s %lld\n", json && i ? ", " : "", v[i].name,
-             (long long)v[i].value);
-    if (json)
-      printf("}\n");
-    free(v);
-    return 0;
+  if (json)
+    printf("], \"cuda_unavailable_reason\": \"%s\"}\n", why);
+  else if (why[0])
+    printf("cuda: %s\n", why);
+  free(v);
+  return 0;
+}
+
+static int cmd_stats(tport_client *c, const cmd_args *a, tport_err *err)
+{
+  int rc;
+  tport_counter *v;
+  size_t n;
+  if ((rc = tport_stats(c, &v, &n, err)))
+    return rc;
+  if (json)
+    printf("{");
+  for (size_t i = 0; i < n; i++)
+    printf(json ? "%s\"%s\": %lld" : "%s%-28s %lld\n", json && i ? ", " : "", v[i].name,
+           (long long)v[i].value);
+  if (json)
+    printf("}\n");
+  free(v);
+  return 0;
+}
+
+/* The commands: what each is called, the arguments it takes (REFs and
+ * files; options aside), and what runs it once connected. */
+typedef struct command {
+  const char *name;
+  int nargs;
+  int (*run)(tport_client *c, const cmd_args *a, tport_err *err);
+} command;
+
+static const command commands[] = {
+    {"put", 1, cmd_put},
+    {"get", 2, cmd_get},
+    {"info", 1, cmd_info},
+    {"view", 1, cmd_view},
+    {"to", 1, cmd_to},
+    {"contiguous", 1, cmd_contiguous},
+    {"copy", 2, cmd_copy},
+    {"rm", 1, cmd_rm},
+    {"ls", 0, cmd_ls},
+    {"devices", 0, cmd_devices},
+    {"stats", 0, cmd_stats},
+};
+
+static int run(tport_client *c, const char *cmd, const cmd_args *a, tport_err *err)
+{
+  for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
+    if (strcmp(cmd, commands[i].name) != 0)
+      continue;
+    int rc = need(a, commands[i].nargs, cmd, err);
+    return rc ? rc : commands[i].run(c, a, err);
   }
   return tport_err_set(err, TPORT_INVALID_ARGUMENT, "unknown command '%s'", cmd);
 }

@@ -1,4 +1,21 @@
-/* client_internal.h: what libtport's files share. */
+/*
+ * client_internal.h: what libtport's files share, layer by layer from the
+ * bottom up.  A file calls only what the layers below its own declare: no
+ * file calls back up, so there is no circle (test_client_layers reads the
+ * calls from the objects and fails on one).  copy_pool.h, cuda_rt.h,
+ * cuda_stage.h and cuda_ipc.h declare leaves of their own.
+ *
+ *   rpc.c, copy_pool.c, cuda_rt.c   a request's frame, slots, credits, one
+ *                                   exchange; large copies; the CUDA runtime
+ *   session.c                       the Hello, and the gate every request passes
+ *   wire.c                          conversions to and from the wire's messages
+ *   window.c                        a transfer's chunks with the window in flight
+ *   shm.c, cuda_stage.c, cuda_ipc.c regions (the application's, the automatic
+ *                                   one); device memory: the ring, CUDA IPC
+ *   put_socket.c, get_socket.c      a put or a get by requests on the socket
+ *   path.c                          which way a put or a get goes
+ *   client.c, ops.c, dlpack.c       the API: connection, one-request calls, DLPack
+ */
 #ifndef TPORT_CLIENT_INTERNAL_H
 #define TPORT_CLIENT_INTERNAL_H
 
@@ -78,27 +95,80 @@ typedef struct client_payload {
   nng_msg *msg;
 } client_payload;
 
+/* ---------------------------------------------------------------- rpc.c */
+
 int client_pack(uint16_t method, const ProtobufCMessage *q, const void *payload, size_t n,
                 nng_msg **out, tport_err *err);
 int client_unpack(uint16_t method, nng_msg *m, const ProtobufCMessageDescriptor *d,
                   ProtobufCMessage **out, client_payload *payload, tport_err *err);
-int client_rpc(tport_client *c, uint16_t method, const ProtobufCMessage *q, const void *payload,
-               size_t n, const ProtobufCMessageDescriptor *d, ProtobufCMessage **out,
-               client_payload *reply_payload, tport_err *err);
-/* Takes k request credits, all at once (so that threads that each need
- * several never deadlock), waiting up to the client's timeout. */
 /* CLOCK_REALTIME ms from now, for pthread_cond_timedwait */
 struct timespec client_deadline_after(int ms);
-int client_credits_take(tport_client *c, int k, tport_err *err);
+/* Takes k request credits, all at once (so that threads that each need
+ * several never deadlock), waiting up to the client's timeout.  Only the
+ * Hello takes them so: every other request through client_credits_take. */
+int client_credits_wait(tport_client *c, int k, tport_err *err);
 void client_credits_give(tport_client *c, int k);
 int client_slot_open(tport_client *c, client_slot *s, tport_err *err);
 void client_slot_close(client_slot *s);
 void client_slot_send(client_slot *s, nng_msg *m);
 int client_slot_finish(client_slot *s, tport_err *err);
+/* One request and its reply on a slot of its own, credits not taken
+ * (reply_pipe, when not NULL: the connection the reply came on). */
+int client_exchange(tport_client *c, uint16_t method, const ProtobufCMessage *q,
+                    const void *payload, size_t n, const ProtobufCMessageDescriptor *d,
+                    ProtobufCMessage **out, client_payload *reply_payload, nng_pipe *reply_pipe,
+                    tport_err *err);
+
+/* ---------------------------------------------------------------- session.c */
+
+/* The Hello on the connection of the moment (answering a challenge when
+ * the server asks); *out the server's reply (free it).  On success
+ * hello_pipe is the connection it was said on. */
+int client_say_hello(tport_client *c, Tport__HelloReply **out, tport_err *err);
+/* Frees what the Hello needs (its secret cleansed). */
+void client_session_forget(tport_client *c);
+/* Every request's first step: the Hello said again where nng has redialed
+ * since, then k credits (client_credits_wait). */
+int client_credits_take(tport_client *c, int k, tport_err *err);
+/* One request through that gate, and its reply. */
+int client_rpc(tport_client *c, uint16_t method, const ProtobufCMessage *q, const void *payload,
+               size_t n, const ProtobufCMessageDescriptor *d, ProtobufCMessage **out,
+               client_payload *reply_payload, tport_err *err);
+
+/* ---------------------------------------------------------------- wire.c */
+
 void client_ref_to_wire(const tport_ref *ref, Tport__Ref *w);
 void client_info_from_wire(const Tport__TensorInfo *w, tport_tensor_info *out);
+/* The PutBeginRequest of a put (without data or commit) into q and desc. */
+void client_put_request(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
+                        const int64_t *strides, const tport_put_options *opts,
+                        Tport__TensorDesc *desc, Tport__PutBeginRequest *q);
+/* What a get into a caller's tensor expects: the tensor's dtype and sizes
+ * (its bytes then fill the cap bytes exactly). */
+typedef struct client_get_want {
+  tport_dtype dtype;
+  int ndim;
+  const int64_t *sizes;
+} client_get_want;
+/* A tensor the caller's does not match (want): INVALID_ARGUMENT naming
+ * the difference. */
+int client_want_mismatch(const client_get_want *w, const Tport__TensorInfo *wire, tport_err *err);
 
-/* A region (shm.c): the server's name for it, and its mapping here. */
+/* ---------------------------------------------------------------- window.c */
+
+/* Builds the request for bytes [off, off + len) / takes its reply. */
+typedef int (*window_make_fn)(void *ctx, size_t off, size_t len, nng_msg **out, tport_err *err);
+typedef int (*window_reply_fn)(void *ctx, client_slot *s, tport_err *err);
+/* Moves nbytes in chunks with up to the server's window of requests in
+ * flight, each on its own context; chunks go out in order and their replies
+ * are taken oldest first. */
+int client_run_window(tport_client *c, size_t nbytes, size_t chunk, window_make_fn make,
+                      window_reply_fn take, void *ctx, tport_progress_fn progress, void *arg,
+                      tport_err *err);
+
+/* ---------------------------------------------------------------- shm.c */
+
+/* A region: the server's name for it, and its mapping here. */
 struct tport_shm {
   tport_client *client;
   uint64_t id;
@@ -125,21 +195,19 @@ static inline Tport__ShmSlice client_slice(const struct tport_shm *r, size_t off
 /* ... and at most this many (a region that large is not kept for reuse) */
 #define CLIENT_SHM_MAX_BYTES ((size_t)4 << 30)
 
-/* The PutBeginRequest of a put (without data or commit) into q and desc. */
-void client_put_request(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
-                        const int64_t *strides, const tport_put_options *opts,
-                        Tport__TensorDesc *desc, Tport__PutBeginRequest *q);
-/* Writes a put's nbytes into dst (the automatic region). */
-typedef void (*client_fill_fn)(void *dst, size_t nbytes, void *arg);
-/* tport_put through the automatic region, filled by fill: *used false
- * (nothing done) when it could not be used, else the put's status. */
-int client_shm_put_auto(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
-                        const int64_t *strides, client_fill_fn fill, void *fill_arg,
-                        size_t nbytes, const tport_put_options *opts, tport_tensor_info *out,
-                        bool *used, tport_err *err);
-/* The automatic region for a get of up to cap bytes (cap 0: whatever size
- * it has), locked: NULL when there is none to use.  Unlock with
- * client_shm_auto_done (grow: the tensor was want bytes, too many for it). */
+/* Bytes [offset, offset + the tensor's) of r, for a dense tensor of that
+ * dtype and sizes: *nbytes, checked to lie within the region. */
+int client_shm_tensor_at(const struct tport_shm *r, size_t offset, tport_dtype dtype, int ndim,
+                         const int64_t *sizes, size_t *nbytes, tport_err *err);
+/* A put from nbytes at offset of r, in one request (opts NULL: the
+ * defaults). */
+int client_shm_put(tport_client *c, struct tport_shm *r, size_t offset, size_t nbytes,
+                   tport_dtype dtype, int ndim, const int64_t *sizes, const int64_t *strides,
+                   const tport_put_options *opts, tport_tensor_info *out, tport_err *err);
+/* The automatic region for a transfer of up to cap bytes (cap 0: whatever
+ * size it has; grown to cap where it may be), locked: NULL when there is
+ * none to use (busy, off).  Unlock with client_shm_auto_done (want: a
+ * tensor of that many bytes had no room in it, grow it). */
 struct tport_shm *client_shm_auto_take(tport_client *c, size_t cap);
 void client_shm_auto_done(tport_client *c, size_t want);
 /* Unmaps the client's regions (tport_close). */
@@ -153,32 +221,62 @@ int client_shm_get_begin(tport_client *c, const tport_ref *ref, struct tport_shm
  * reply (and its CRC32C with verify). */
 int client_shm_check_get(tport_client *c, const Tport__GetBeginReply *b, const struct tport_shm *r,
                          size_t offset, size_t cap, tport_err *err);
+bool client_url_is_local(const char *url);
+
+/* ------------------------------------------------------- put_socket.c, get_socket.c */
+
 /* Device memory a put reads or a get writes (cuda_stage.h). */
 struct client_devmem;
-/* tport_put of nbytes at data, or (dev not NULL) of the device memory at
- * dev, staged through the client's pinned ring (never through a region). */
-int client_put_mem(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
-                   const int64_t *strides, const void *data, const struct client_devmem *dev,
-                   size_t nbytes, const tport_put_options *opts, tport_tensor_info *out,
-                   tport_err *err);
-/* What a get into a caller's tensor expects: the tensor's dtype and sizes
- * (its bytes then fill the cap bytes exactly). */
-typedef struct client_get_want {
+/* Writes a put's nbytes into dst, in logical C order. */
+typedef void (*client_fill_fn)(void *dst, size_t nbytes, void *arg);
+/* A put: the tensor, and where its bytes are -- exactly one of data (host
+ * memory, laid out as strides say), dev (dense device memory) and fill
+ * (values written on demand, strides NULL). */
+typedef struct client_put_desc {
   tport_dtype dtype;
   int ndim;
-  const int64_t *sizes;
-} client_get_want;
-/* tport_get into buf (host) or, dev not NULL, the device memory at dev, of
- * exactly the tensor want describes (cap its bytes): checked before a byte
- * is written. */
-int client_get_exact(tport_client *c, const tport_ref *ref, void *buf,
-                     const struct client_devmem *dev, size_t cap, const client_get_want *want,
-                     tport_tensor_info *info, tport_err *err);
-/* A tensor the caller's does not match (want): INVALID_ARGUMENT naming
- * the difference (ops.c). */
-int client_want_mismatch(const client_get_want *w, const Tport__TensorInfo *wire, tport_err *err);
-/* dlpack.c: DLPack's dtype of ours. */
-int client_dl_dtype(tport_dtype d, DLDataType *out, tport_err *err);
-bool client_url_is_local(const char *url);
+  const int64_t *sizes, *strides;
+  size_t nbytes;
+  const void *data;
+  const struct client_devmem *dev;
+  client_fill_fn fill;
+  void *fill_arg;
+  const tport_put_options *opts; /* NULL: the defaults (never NULL below path.c) */
+} client_put_desc;
+/* A get: the tensor, and where its bytes go -- buf (host memory of cap
+ * bytes), dev (device memory of cap bytes), or a buffer malloc'd for them
+ * (alloc); want, when not NULL, the tensor the destination is (checked
+ * before a byte is written). */
+typedef struct client_get_desc {
+  const tport_ref *ref;
+  void *buf;
+  const struct client_devmem *dev;
+  size_t cap;
+  bool alloc;
+  const client_get_want *want;
+  tport_progress_fn progress;
+  void *progress_arg;
+} client_get_desc;
+/* A put of d's data or dev (not fill) by requests on the socket: with
+ * region (the automatic one, locked by the caller, as large as the
+ * tensor), each chunk is copied into it and named by its slice; dev is
+ * staged through the pinned ring. */
+int client_socket_put(tport_client *c, const client_put_desc *d, struct tport_shm *region,
+                      tport_tensor_info *out, tport_err *err);
+/* A get by requests on the socket, with region (locked by the caller)
+ * offered: *alloced the buffer (g->alloc), *nbytes the tensor's bytes;
+ * *region_want the bytes of a tensor the region had no room for (0: none),
+ * for client_shm_auto_done. */
+int client_socket_get(tport_client *c, const client_get_desc *g, struct tport_shm *region,
+                      void **alloced, size_t *nbytes, tport_tensor_info *info, size_t *region_want,
+                      tport_err *err);
+
+/* ---------------------------------------------------------------- path.c */
+
+/* tport_put of d, by the way path.c chooses. */
+int client_put(tport_client *c, const client_put_desc *d, tport_tensor_info *out, tport_err *err);
+/* tport_get of g, likewise: *alloced and *nbytes as client_socket_get's. */
+int client_get(tport_client *c, const client_get_desc *g, void **alloced, size_t *nbytes,
+               tport_tensor_info *info, tport_err *err);
 
 #endif

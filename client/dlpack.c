@@ -72,7 +72,8 @@ static DLDataType dtype_to_dl(tport_dtype d)
   return t;
 }
 
-int client_dl_dtype(tport_dtype d, DLDataType *out, tport_err *err)
+/* DLPack's dtype of ours. */
+static int dl_dtype(tport_dtype d, DLDataType *out, tport_err *err)
 {
   if (!tport_dtype_size(d))
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "dtype %d is unknown", (int)d);
@@ -223,33 +224,32 @@ int tport_put_dlpack(tport_client *c, const DLTensor *t, const tport_put_options
   client_devmem mem;
   if ((rc = dl_where(t, base, nbytes, &on_dev, &mem, err)) != TPORT_OK)
     return rc;
+  client_put_desc d = {.dtype = dt,
+                       .ndim = t->ndim,
+                       .sizes = t->shape,
+                       .strides = t->strides,
+                       .nbytes = nbytes,
+                       .opts = opts};
   if (on_dev) {
     if (t->strides && !dense(t->ndim, t->shape, t->strides))
       return tport_err_set(err, TPORT_INVALID_ARGUMENT,
                            "DLPack strides: a device tensor with gaps or overlaps cannot be put "
                            "(make it contiguous on its device first)");
-    return client_put_mem(c, dt, t->ndim, t->shape, t->strides, NULL, &mem, nbytes, opts, out, err);
+    d.dev = &mem;
+    return client_put(c, &d, out, err);
   }
-  if (!t->strides)
-    return tport_put(c, dt, t->ndim, t->shape, NULL, base, nbytes, opts, out, err);
-  if (dense(t->ndim, t->shape, t->strides))
-    return tport_put(c, dt, t->ndim, t->shape, t->strides, base, nbytes, opts, out, err);
-  /* gaps or overlaps: send the values in logical C order -- packed straight
-   * into the client's region on the same host (one copy), else into a
-   * buffer for the socket */
+  if (!t->strides || dense(t->ndim, t->shape, t->strides)) {
+    d.data = base;
+    return client_put(c, &d, out, err);
+  }
+  /* gaps or overlaps: the values go in logical C order, packed where
+   * path.c says (straight into the client's region on the same host: one
+   * copy; else into a buffer for the socket) */
   pack_args pa = {base, t->ndim, t->shape, t->strides, es, numel};
-  bool used;
-  rc = client_shm_put_auto(c, dt, t->ndim, t->shape, NULL, pack_into, &pa, (size_t)numel * es,
-                           opts, out, &used, err);
-  if (used)
-    return rc;
-  uint8_t *buf = malloc((size_t)numel * es + 1);
-  if (!buf)
-    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
-  pack(buf, base, t->ndim, t->shape, t->strides, es, numel);
-  rc = tport_put(c, dt, t->ndim, t->shape, NULL, buf, (size_t)numel * es, opts, out, err);
-  free(buf);
-  return rc;
+  d.strides = NULL;
+  d.fill = pack_into;
+  d.fill_arg = &pa;
+  return client_put(c, &d, out, err);
 }
 
 typedef struct dl_holder {
@@ -316,6 +316,36 @@ int tport_get_into_dlpack(tport_client *c, const tport_ref *ref, const DLTensor 
   if ((rc = dl_where(dst, base, nbytes, &on_dev, &mem, err)) != TPORT_OK)
     return rc;
   client_get_want want = {dt, dst->ndim, dst->shape};
-  return client_get_exact(c, ref, on_dev ? NULL : base, on_dev ? &mem : NULL, nbytes, &want, info,
-                          err);
+  client_get_desc g = {.ref = ref,
+                       .buf = on_dev ? NULL : base,
+                       .dev = on_dev ? &mem : NULL,
+                       .cap = nbytes,
+                       .want = &want};
+  return client_get(c, &g, NULL, NULL, info, err);
+}
+
+/* A region's tensor as a DLTensor (tport.h, "Same-host shared memory"). */
+int tport_shm_dlpack(const tport_shm *r, size_t offset, const tport_tensor_info *info,
+                     DLTensor *out, int64_t shape[TPORT_MAX_DIMS], tport_err *err)
+{
+  if (!r || !info || info->ndim < 0 || info->ndim > TPORT_MAX_DIMS)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "a region and a tensor's info are needed");
+  size_t nbytes;
+  int rc = client_shm_tensor_at(r, offset, info->dtype, info->ndim, info->sizes, &nbytes, err);
+  if (rc)
+    return rc;
+  DLDataType dt;
+  if ((rc = dl_dtype(info->dtype, &dt, err)) != TPORT_OK)
+    return rc;
+  memset(out, 0, sizeof *out);
+  for (int d = 0; d < info->ndim; d++)
+    shape[d] = info->sizes[d];
+  out->data = r->data + offset;
+  out->device = (DLDevice){kDLCPU, 0};
+  out->ndim = info->ndim;
+  out->dtype = dt;
+  out->shape = shape;
+  out->strides = NULL; /* contiguous: the get wrote logical C order */
+  out->byte_offset = 0;
+  return TPORT_OK;
 }

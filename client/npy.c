@@ -50,15 +50,12 @@ static void swap_bytes(uint8_t *p, size_t n, size_t width)
     }
 }
 
-int npy_read(const char *path, npy_array *out, tport_err *err)
+/* The header dict of an open .npy file (*out, malloc'd and NUL-terminated),
+ * read after its magic and version. */
+static int read_header(FILE *f, const char *path, char **out, tport_err *err)
 {
-  memset(out, 0, sizeof *out);
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return tport_err_set(err, TPORT_NOT_FOUND, "%s: cannot open", path);
   uint8_t pre[12];
   int rc = TPORT_OK;
-  char *header = NULL;
   size_t hlen = 0;
   if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
     rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: not a .npy file", path);
@@ -74,78 +71,116 @@ int npy_read(const char *path, npy_array *out, tport_err *err)
   }
   if (!rc && hlen > (1u << 20))
     rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: header of %zu bytes", path, hlen);
-  if (!rc) {
-    header = calloc(1, hlen + 1);
-    if (!header || fread(header, 1, hlen, f) != hlen)
-      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: truncated header", path);
+  if (rc)
+    return rc;
+  char *header = calloc(1, hlen + 1);
+  if (!header || fread(header, 1, hlen, f) != hlen) {
+    free(header);
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: truncated header", path);
   }
-  const char *descr = rc ? NULL : dict_value(header, "descr");
-  const char *fo = rc ? NULL : dict_value(header, "fortran_order");
-  const char *shape = rc ? NULL : dict_value(header, "shape");
-  if (!rc && (!descr || !fo || !shape))
-    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                       "%s: header lacks descr, fortran_order or shape", path);
-  bool big_endian = false;
-  if (!rc) {
-    char d[16] = {0};
-    if (sscanf(descr, "'%15[^']'", d) != 1)
-      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: bad descr", path);
-    const char *code = d;
-    if (*code == '<' || *code == '|' || *code == '=')
-      code++;
-    else if (*code == '>')
-      big_endian = true, code++;
-    bool found = false;
-    for (size_t i = 0; !rc && i < sizeof npy_types / sizeof npy_types[0]; i++)
-      if (strcmp(code, npy_types[i].descr) == 0) {
-        out->dtype = npy_types[i].dtype;
-        found = true;
-      }
-    if (!rc && !found)
-      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT,
-                         "%s: NumPy dtype '%s' has no tensorport equivalent", path, d);
-  }
-  if (!rc) {
-    out->fortran_order = strncmp(fo, "True", 4) == 0;
-    const char *p = strchr(shape, '(');
-    if (!p)
-      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: bad shape", path);
-    else
+  *out = header;
+  return TPORT_OK;
+}
+
+/* The dtype descr names ('<f4', '|b1', ...): *big_endian for '>'. */
+static int parse_descr(const char *descr, const char *path, npy_array *out, bool *big_endian,
+                       tport_err *err)
+{
+  char d[16] = {0};
+  if (sscanf(descr, "'%15[^']'", d) != 1)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: bad descr", path);
+  const char *code = d;
+  if (*code == '<' || *code == '|' || *code == '=')
+    code++;
+  else if (*code == '>')
+    *big_endian = true, code++;
+  for (size_t i = 0; i < sizeof npy_types / sizeof npy_types[0]; i++)
+    if (strcmp(code, npy_types[i].descr) == 0) {
+      out->dtype = npy_types[i].dtype;
+      return TPORT_OK;
+    }
+  return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                       "%s: NumPy dtype '%s' has no tensorport equivalent", path, d);
+}
+
+/* The sizes of shape, a tuple of at most TPORT_MAX_DIMS non-negative
+ * integers. */
+static int parse_shape(const char *shape, const char *path, npy_array *out, tport_err *err)
+{
+  const char *p = strchr(shape, '(');
+  if (!p)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: bad shape", path);
+  p++;
+  while (*p && *p != ')') {
+    while (*p == ' ' || *p == ',')
       p++;
-    while (!rc && p && *p && *p != ')') {
-      while (*p == ' ' || *p == ',')
-        p++;
-      if (*p == ')')
-        break;
-      char *end;
-      errno = 0;
-      long long v = strtoll(p, &end, 10);
-      if (end == p || v < 0 || errno == ERANGE || out->ndim == TPORT_MAX_DIMS)
-        rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: bad shape", path);
-      else
-        out->sizes[out->ndim++] = v;
-      p = end;
-    }
+    if (*p == ')')
+      break;
+    char *end;
+    errno = 0;
+    long long v = strtoll(p, &end, 10);
+    if (end == p || v < 0 || errno == ERANGE || out->ndim == TPORT_MAX_DIMS)
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: bad shape", path);
+    out->sizes[out->ndim++] = v;
+    p = end;
   }
+  return TPORT_OK;
+}
+
+/* The bytes and strides of out's dtype and shape, overflow-checked. */
+static int layout(npy_array *out, const char *path, tport_err *err)
+{
   size_t es = tport_dtype_size(out->dtype);
-  if (!rc) {
-    size_t numel = 1;
-    for (int d = 0; d < out->ndim; d++) {
-      if (out->sizes[d] && numel > SIZE_MAX / (size_t)out->sizes[d] / es)
-        rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: shape too large", path);
-      numel *= (size_t)out->sizes[d];
-    }
-    out->nbytes = numel * es;
-    /* C order: last dim fastest; Fortran order: first dim fastest (an
-     * empty array's other dims may be huge: the strides are checked too) */
-    int64_t s = 1;
-    for (int i = 0; i < out->ndim && !rc; i++) {
-      int d = out->fortran_order ? i : out->ndim - 1 - i;
-      out->strides[d] = s;
-      if (__builtin_mul_overflow(s, out->sizes[d] > 1 ? out->sizes[d] : 1, &s))
-        rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: shape too large", path);
-    }
+  size_t numel = 1;
+  for (int d = 0; d < out->ndim; d++) {
+    if (out->sizes[d] && numel > SIZE_MAX / (size_t)out->sizes[d] / es)
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: shape too large", path);
+    numel *= (size_t)out->sizes[d];
   }
+  out->nbytes = numel * es;
+  /* C order: last dim fastest; Fortran order: first dim fastest (an
+   * empty array's other dims may be huge: the strides are checked too) */
+  int64_t s = 1;
+  for (int i = 0; i < out->ndim; i++) {
+    int d = out->fortran_order ? i : out->ndim - 1 - i;
+    out->strides[d] = s;
+    if (__builtin_mul_overflow(s, out->sizes[d] > 1 ? out->sizes[d] : 1, &s))
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: shape too large", path);
+  }
+  return TPORT_OK;
+}
+
+/* What the header dict says: dtype, order, shape, and so the layout. */
+static int parse_header(const char *header, const char *path, npy_array *out, bool *big_endian,
+                        tport_err *err)
+{
+  const char *descr = dict_value(header, "descr");
+  const char *fo = dict_value(header, "fortran_order");
+  const char *shape = dict_value(header, "shape");
+  if (!descr || !fo || !shape)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "%s: header lacks descr, fortran_order or shape", path);
+  int rc = parse_descr(descr, path, out, big_endian, err);
+  if (rc)
+    return rc;
+  out->fortran_order = strncmp(fo, "True", 4) == 0;
+  if ((rc = parse_shape(shape, path, out, err)) != TPORT_OK)
+    return rc;
+  return layout(out, path, err);
+}
+
+int npy_read(const char *path, npy_array *out, tport_err *err)
+{
+  memset(out, 0, sizeof *out);
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return tport_err_set(err, TPORT_NOT_FOUND, "%s: cannot open", path);
+  char *header = NULL;
+  bool big_endian = false;
+  int rc = read_header(f, path, &header, err);
+  if (!rc)
+    rc = parse_header(header, path, out, &big_endian, err);
+  free(header);
   /* the file must hold the bytes its header promises before any are allocated */
   struct stat stt;
   long here = rc ? 0 : ftell(f);
@@ -153,6 +188,7 @@ int npy_read(const char *path, npy_array *out, tport_err *err)
               (S_ISREG(stt.st_mode) && (uint64_t)stt.st_size - (uint64_t)here < out->nbytes)))
     rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: the data is shorter than its shape",
                        path);
+  size_t es = tport_dtype_size(out->dtype);
   if (!rc) {
     out->data = malloc(out->nbytes ? out->nbytes : 1);
     if (!out->data || fread(out->data, 1, out->nbytes, f) != out->nbytes)
@@ -161,7 +197,6 @@ int npy_read(const char *path, npy_array *out, tport_err *err)
     else if (big_endian && es > 1)
       swap_bytes(out->data, out->nbytes, tport_dtype_is_complex(out->dtype) ? es / 2 : es);
   }
-  free(header);
   fclose(f);
   if (rc)
     npy_free(out);

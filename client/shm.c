@@ -9,6 +9,7 @@
  * of a trip through two sockets (a large one by a few threads: copy_pool.c).  It grows to the largest tensor seen (up
  * to CLIENT_SHM_MAX_BYTES) and is used by one call at a time; a call that
  * finds it busy, or a region that cannot be made, takes the socket.
+ * Whether a put or get uses it is path.c's choice; this file keeps it.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -190,9 +191,16 @@ static int check_slice(const tport_shm *r, size_t offset, size_t n, tport_err *e
   return TPORT_OK;
 }
 
-static int put_from(tport_client *c, tport_shm *r, size_t offset, size_t nbytes, tport_dtype dtype,
-                    int ndim, const int64_t *sizes, const int64_t *strides,
-                    const tport_put_options *opts, tport_tensor_info *out, tport_err *err)
+int client_shm_tensor_at(const tport_shm *r, size_t offset, tport_dtype dtype, int ndim,
+                         const int64_t *sizes, size_t *nbytes, tport_err *err)
+{
+  int rc = tensor_bytes(dtype, ndim, sizes, nbytes, err);
+  return rc ? rc : check_slice(r, offset, *nbytes, err);
+}
+
+int client_shm_put(tport_client *c, tport_shm *r, size_t offset, size_t nbytes, tport_dtype dtype,
+                   int ndim, const int64_t *sizes, const int64_t *strides,
+                   const tport_put_options *opts, tport_tensor_info *out, tport_err *err)
 {
   tport_put_options defaults;
   if (!opts) {
@@ -229,12 +237,10 @@ int tport_put_shm(tport_client *c, tport_shm *r, size_t offset, tport_dtype dtyp
   if (!r || r->client != c)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "the region is not this client's");
   size_t nbytes;
-  int rc = tensor_bytes(dtype, ndim, sizes, &nbytes, err);
+  int rc = client_shm_tensor_at(r, offset, dtype, ndim, sizes, &nbytes, err);
   if (rc)
     return rc;
-  if ((rc = check_slice(r, offset, nbytes, err)) != TPORT_OK)
-    return rc;
-  return put_from(c, r, offset, nbytes, dtype, ndim, sizes, strides, opts, out, err);
+  return client_shm_put(c, r, offset, nbytes, dtype, ndim, sizes, strides, opts, out, err);
 }
 
 /* GetBegin into a slice of r; with fallback, a tensor that does not fit
@@ -314,33 +320,6 @@ int tport_get_shm_format(tport_client *c, const tport_ref *ref, tport_shm *r, si
   return get_shm(c, ref, r, offset, cap, (int)fmt, info, nbytes, err);
 }
 
-int tport_shm_dlpack(const tport_shm *r, size_t offset, const tport_tensor_info *info,
-                     DLTensor *out, int64_t shape[TPORT_MAX_DIMS], tport_err *err)
-{
-  if (!r || !info || info->ndim < 0 || info->ndim > TPORT_MAX_DIMS)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "a region and a tensor's info are needed");
-  size_t nbytes;
-  int rc = tensor_bytes(info->dtype, info->ndim, info->sizes, &nbytes, err);
-  if (rc)
-    return rc;
-  if ((rc = check_slice(r, offset, nbytes, err)) != TPORT_OK)
-    return rc;
-  DLDataType dt;
-  if ((rc = client_dl_dtype(info->dtype, &dt, err)) != TPORT_OK)
-    return rc;
-  memset(out, 0, sizeof *out);
-  for (int d = 0; d < info->ndim; d++)
-    shape[d] = info->sizes[d];
-  out->data = r->data + offset;
-  out->device = (DLDevice){kDLCPU, 0};
-  out->ndim = info->ndim;
-  out->dtype = dt;
-  out->shape = shape;
-  out->strides = NULL; /* contiguous: the get wrote logical C order */
-  out->byte_offset = 0;
-  return TPORT_OK;
-}
-
 /* ---------------------------------------------------------------- the automatic region */
 
 /* Makes the cached region hold at least need bytes (shm_mu held). */
@@ -380,27 +359,6 @@ static bool cache_fit(tport_client *c, size_t need)
   else if (rc != TPORT_OK)
     c->shm_retry_ms = now_ms + 1000; /* over a quota, busy: the socket for a second */
   return rc == TPORT_OK;
-}
-
-int client_shm_put_auto(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
-                        const int64_t *strides, client_fill_fn fill, void *fill_arg,
-                        size_t nbytes, const tport_put_options *opts, tport_tensor_info *out,
-                        bool *used, tport_err *err)
-{
-  *used = false;
-  if (!atomic_load(&c->shm_auto) || nbytes < CLIENT_SHM_MIN_BYTES ||
-      nbytes > CLIENT_SHM_MAX_BYTES)
-    return TPORT_OK;
-  if (pthread_mutex_trylock(&c->shm_mu) != 0)
-    return TPORT_OK; /* another thread's transfer has it: this one takes the socket */
-  int rc = TPORT_OK;
-  if (atomic_load(&c->shm_auto) && cache_fit(c, nbytes)) {
-    *used = true;
-    fill(c->shm_cache->data, nbytes, fill_arg);
-    rc = put_from(c, c->shm_cache, 0, nbytes, dtype, ndim, sizes, strides, opts, out, err);
-  }
-  pthread_mutex_unlock(&c->shm_mu);
-  return rc;
 }
 
 tport_shm *client_shm_auto_take(tport_client *c, size_t cap)

@@ -1,0 +1,188 @@
+/*
+ * get_socket.c: a get by requests on the socket -- GetBegin (with the
+ * automatic region offered, when path.c took it: the server then writes a
+ * large tensor that fits there), then the tensor's bytes from the region,
+ * inline in the reply (a small one), or by chunk requests with up to the
+ * window in flight, into the caller's memory or through the pinned ring
+ * into device memory.  A leaf: it calls the window, the region's checks
+ * and the ring, never a path.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "copy_pool.h"
+#include "crc32c.h"
+#include "cuda_stage.h"
+
+typedef struct get_ctx {
+  ProtobufCBinaryData transfer;
+  uint8_t *buf;
+  bool verify;
+  client_stage *stage; /* into device memory: each chunk through the ring */
+} get_ctx;
+
+/* With verify: the bytes that came must have the CRC32C the server sent. */
+static int check_crc32c(bool verify, bool set, uint32_t sent, const uint8_t *p, size_t n,
+                        size_t off, tport_err *err)
+{
+  if (!verify)
+    return TPORT_OK;
+  if (!set)
+    return tport_err_set(err, TPORT_DATA_LOSS,
+                         "the chunk at offset %zu came without a CRC32C (a server too old to "
+                         "verify?)",
+                         off);
+  uint32_t got = transport_crc32c(0, p, n);
+  if (got == sent)
+    return TPORT_OK;
+  return tport_err_set(err, TPORT_DATA_LOSS,
+                       "the chunk at offset %zu (%zu bytes) arrived with CRC32C 0x%08x; the "
+                       "server sent 0x%08x",
+                       off, n, got, sent);
+}
+
+static int get_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err *err)
+{
+  get_ctx *g = vctx;
+  Tport__GetChunkRequest q = TPORT__GET_CHUNK_REQUEST__INIT;
+  q.transfer = g->transfer;
+  q.offset = off;
+  q.length = len;
+  q.want_crc32c = g->verify;
+  return client_pack(TPORT__METHOD__METHOD_GET_CHUNK, &q.base, NULL, 0, out, err);
+}
+
+static int get_take(void *vctx, client_slot *s, tport_err *err)
+{
+  get_ctx *g = vctx;
+  ProtobufCMessage *r;
+  client_payload p = {0};
+  int rc = client_unpack(TPORT__METHOD__METHOD_GET_CHUNK, s->reply,
+                         &tport__get_chunk_reply__descriptor, &r, &p, err);
+  if (rc)
+    return rc;
+  Tport__GetChunkReply *gr = (Tport__GetChunkReply *)r;
+  if (p.len != s->len)
+    rc = tport_err_set(err, TPORT_DATA_LOSS, "chunk at %zu: %zu bytes came, %zu expected",
+                       s->offset, p.len, s->len);
+  else
+    rc = check_crc32c(g->verify, gr->crc32c_set, gr->crc32c, p.data, p.len, s->offset, err);
+  if (!rc && g->stage)
+    rc = stage_get_chunk(g->stage, s->offset, p.data, p.len, err);
+  else if (!rc)
+    memcpy(g->buf + s->offset, p.data, p.len);
+  protobuf_c_message_free_unpacked(r, NULL);
+  return rc;
+}
+
+static int get_begin(tport_client *c, const tport_ref *ref, Tport__GetBeginReply **out,
+                     client_payload *payload, tport_err *err)
+{
+  Tport__Ref w;
+  client_ref_to_wire(ref, &w);
+  Tport__GetBeginRequest q = TPORT__GET_BEGIN_REQUEST__INIT;
+  q.ref = &w;
+  q.inline_max = c->chunk_bytes; /* small tensors come back in the reply */
+  q.want_crc32c = c->verify;
+  return client_rpc(c, TPORT__METHOD__METHOD_GET_BEGIN, &q.base, NULL, 0,
+                    &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload, err);
+}
+
+/* Where the tensor of b (n bytes) goes: a buffer made for it (alloc), or
+ * the caller's, checked before a byte is written; device memory takes the
+ * ring (*stage). */
+static int get_destination(tport_client *c, const client_get_desc *g, const Tport__GetBeginReply *b,
+                           size_t n, size_t chunk, uint8_t **buf, client_stage **stage,
+                           tport_err *err)
+{
+  int rc = TPORT_OK;
+  if (g->alloc) {
+    *buf = malloc(n ? n : 1);
+    if (!*buf)
+      rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "cannot allocate %zu bytes", n);
+  } else if (g->want && (rc = client_want_mismatch(g->want, b->info, err)) != TPORT_OK) {
+    /* the caller's tensor is not this one: nothing written */
+  } else if (n > g->cap) {
+    rc = tport_err_set(err, TPORT_OUT_OF_RANGE, "the tensor is %zu bytes: the buffer holds %zu", n,
+                       g->cap);
+  } else if (g->want && n != g->cap) {
+    rc = tport_err_set(err, TPORT_DATA_LOSS, "the tensor is %zu bytes: its sizes and dtype say %zu",
+                       n, g->cap);
+  } else if (g->dev && n) {
+    rc = stage_begin(c, g->dev, n, chunk < c->chunk_bytes ? c->chunk_bytes : chunk, stage, err);
+  }
+  return rc;
+}
+
+/* The bytes of b into buf (or the ring): from the region the server wrote
+ * them into, inline in its reply (inl), or by chunk requests. */
+static int get_bytes(tport_client *c, const client_get_desc *g, const Tport__GetBeginReply *b,
+                     const client_payload *inl, const struct tport_shm *region, uint8_t *buf,
+                     client_stage *stage, size_t chunk, tport_err *err)
+{
+  size_t n = (size_t)b->nbytes;
+  int rc = TPORT_OK;
+  if (b->shm) {
+    rc = client_shm_check_get(c, b, region, 0, tport_shm_size(region), err);
+    if (!rc)
+      copy_pool_copy(buf, tport_shm_data(region), n);
+    if (!rc && g->progress)
+      g->progress(g->progress_arg, n, n);
+  } else if (n && b->transfer.len == 0) {
+    /* the data came inline */
+    if (inl->len != n)
+      rc = tport_err_set(err, TPORT_DATA_LOSS, "%zu inline bytes came, %zu expected", inl->len, n);
+    else
+      rc = check_crc32c(c->verify, b->crc32c_set, b->crc32c, inl->data, n, 0, err);
+    if (!rc && stage)
+      rc = stage_get_chunk(stage, 0, inl->data, n, err);
+    else if (!rc)
+      memcpy(buf, inl->data, n);
+    if (!rc && g->progress)
+      g->progress(g->progress_arg, n, n);
+  } else if (n) {
+    get_ctx gc = {b->transfer, buf, c->verify, stage};
+    rc = client_run_window(c, n, chunk, get_make, get_take, &gc, g->progress, g->progress_arg, err);
+  }
+  return rc;
+}
+
+int client_socket_get(tport_client *c, const client_get_desc *g, struct tport_shm *region,
+                      void **alloced, size_t *nbytes, tport_tensor_info *info, size_t *region_want,
+                      tport_err *err)
+{
+  Tport__GetBeginReply *b;
+  client_payload inl = {0};
+  *region_want = 0;
+  int rc = region ? client_shm_get_begin(c, g->ref, region, &b, &inl, err)
+                  : get_begin(c, g->ref, &b, &inl, err);
+  if (rc)
+    return rc;
+  size_t n = (size_t)b->nbytes;
+  if (info)
+    client_info_from_wire(b->info, info);
+  uint8_t *buf = g->buf;
+  client_stage *stage = NULL;
+  size_t chunk = b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes;
+  rc = get_destination(c, g, b, n, chunk, &buf, &stage, err);
+  if (!rc)
+    rc = get_bytes(c, g, b, &inl, region, buf, stage, chunk, err);
+  if (stage)
+    rc = stage_end(stage, rc, err); /* the bytes are on the device */
+  /* a tensor too large for the region came by socket: next time it fits */
+  *region_want = b->shm ? 0 : n;
+  if (inl.msg)
+    nng_msg_free(inl.msg);
+  protobuf_c_message_free_unpacked(&b->base, NULL);
+  if (rc) {
+    if (g->alloc)
+      free(buf);
+    return rc;
+  }
+  if (alloced)
+    *alloced = buf;
+  if (nbytes)
+    *nbytes = n;
+  return TPORT_OK;
+}

@@ -1,0 +1,285 @@
+/*
+ * put_socket.c: a put by requests on the socket -- PutBegin (the whole
+ * tensor with it when it fits in one chunk), its chunks with up to the
+ * window in flight, PutCommit (PutAbort after a failure).  Where a chunk's
+ * bytes come from is path.c's choice: the caller's memory (lent to the
+ * request where nng can send from there), the automatic region (copied in
+ * ahead of the chunks, each request naming its slice), or device memory
+ * staged through the client's pinned ring.  A leaf: it calls the window,
+ * the region's copy and the ring, never a path.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "copy_pool.h"
+#include "crc32c.h"
+#include "cuda_stage.h"
+
+/* ---------------------------------------------------------------- lent chunks
+ * A put's chunks lend the caller's bytes to their requests (nng_msg_set_tail)
+ * instead of copying them into the requests, where the transport writes them
+ * straight from there (tcp://, ipc://): one copy of every byte fewer.  The
+ * put must not return while nng may still read them, so it waits for nng to
+ * let go of every lent request.  A chunk's reply comes only after the server
+ * has read the whole request, so a put that succeeds waits for nothing; a
+ * request stuck in the transport (a put that failed: its server stopped
+ * reading) is let go of once its connection closes, which the wait does
+ * after the client's timeout: the connection goes, and with it the tensors
+ * put on it without a name (a server that has not read a whole request in
+ * two timeouts is taken for gone; the dialer then connects anew). */
+typedef struct lent_chunks {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int outstanding;
+} lent_chunks;
+
+#ifdef TPORT_NNG_LENT_TAIL
+static void lent_chunk_done(void *arg)
+{
+  lent_chunks *l = arg;
+  pthread_mutex_lock(&l->mu);
+  if (--l->outstanding == 0)
+    pthread_cond_broadcast(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+}
+
+/* The request of a chunk whose n bytes at p are lent, not copied; a copy
+ * where nng cannot take them. */
+static int pack_lent(lent_chunks *l, uint16_t method, const ProtobufCMessage *q, const void *p,
+                     size_t n, nng_msg **out, tport_err *err)
+{
+  int rc = client_pack(method, q, NULL, 0, out, err);
+  if (rc)
+    return rc;
+  pthread_mutex_lock(&l->mu);
+  l->outstanding++;
+  pthread_mutex_unlock(&l->mu);
+  if (nng_msg_set_tail(*out, p, n, lent_chunk_done, l) == 0)
+    return TPORT_OK;
+  lent_chunk_done(l);
+  nng_msg_free(*out);
+  return client_pack(method, q, p, n, out, err);
+}
+#endif
+
+static void lent_chunks_wait(tport_client *c, lent_chunks *l)
+{
+  struct timespec until = client_deadline_after(c->timeout_ms);
+  pthread_mutex_lock(&l->mu);
+  while (l->outstanding) {
+    if (pthread_cond_timedwait(&l->cv, &l->mu, &until) != ETIMEDOUT || !l->outstanding)
+      continue;
+    /* Stuck in the transport: closing the connection frees the request.
+     * The connection is the one live now, not the one the last reply came
+     * on: after a redial the stuck request is on the new one.  Closed again
+     * every second until all are let go of (a redial may race the close). */
+    pthread_mutex_unlock(&l->mu);
+    unsigned id = atomic_load(&c->live_pipe);
+    if (id)
+      nng_pipe_close((nng_pipe){.id = id});
+    pthread_mutex_lock(&l->mu);
+    until = client_deadline_after(1000);
+  }
+  pthread_mutex_unlock(&l->mu);
+}
+
+/* ---------------------------------------------------------------- chunks */
+
+/* Through the region, the caller's bytes are copied in this far ahead of
+ * the chunk being sent: one copy by the pool's threads (copy_pool.c) for
+ * several chunks, large enough to be worth waking them, while the server
+ * copies the chunks before out. */
+#define PUT_COPY_AHEAD ((size_t)16 << 20)
+
+typedef struct put_ctx {
+  const Tport__Ref *ref;
+  const uint8_t *data;
+  size_t nbytes;
+  bool verify;
+  struct tport_shm *region; /* same host: each chunk goes through it */
+  size_t copied;            /* ... and bytes [0, copied) are in it */
+  lent_chunks *lent;        /* NULL: chunks copied into their requests */
+  client_stage *stage;      /* device memory: each chunk staged through the ring */
+} put_ctx;
+
+static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err *err)
+{
+  put_ctx *p = vctx;
+  Tport__PutChunkRequest q = TPORT__PUT_CHUNK_REQUEST__INIT;
+  q.ref = (Tport__Ref *)p->ref;
+  q.offset = off;
+  Tport__ShmSlice slice;
+  const uint8_t *bytes = p->data + off;
+  if (p->stage) {
+    /* the slot is reused two chunks on: copied into the request, never lent */
+    int rc = stage_put_chunk(p->stage, off, len, &bytes, err);
+    if (rc)
+      return rc;
+  } else if (p->region) {
+    /* into the region, a batch at a time (off + len <= nbytes); the server
+     * copies this chunk out while the next batch is copied in */
+    if (off + len > p->copied) {
+      size_t need = off + len - p->copied, step = p->nbytes - p->copied;
+      size_t ahead = need > PUT_COPY_AHEAD ? need : PUT_COPY_AHEAD;
+      if (step > ahead)
+        step = ahead;
+      copy_pool_copy(p->region->data + p->copied, p->data + p->copied, step);
+      p->copied += step;
+    }
+    bytes = p->region->data + off;
+    slice = client_slice(p->region, off, len);
+    q.shm = &slice;
+  }
+  if (p->verify) {
+    q.crc32c_set = true;
+    q.crc32c = transport_crc32c(0, bytes, len);
+  }
+#ifdef TPORT_NNG_LENT_TAIL
+  if (p->lent && !p->region && !p->stage)
+    return pack_lent(p->lent, TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, bytes, len, out, err);
+#endif
+  return client_pack(TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, p->region ? NULL : bytes,
+                     p->region ? 0 : len, out, err);
+}
+
+static int put_take(void *vctx, client_slot *s, tport_err *err)
+{
+  ProtobufCMessage *r;
+  int rc = client_unpack(TPORT__METHOD__METHOD_PUT_CHUNK, s->reply,
+                         &tport__put_chunk_reply__descriptor, &r, NULL, err);
+  if (!rc)
+    protobuf_c_message_free_unpacked(r, NULL);
+  return rc;
+}
+
+/* PutBegin of d: with the whole tensor when it fits in one chunk (and no
+ * region carries it), *committed then; else the handle its chunks name
+ * (into ref, its bytes in handle) and the chunks' size. */
+static int put_begin(tport_client *c, const client_put_desc *d, const struct tport_shm *region,
+                     client_stage *stage, tport_tensor_info *out, bool *committed, Tport__Ref *ref,
+                     uint8_t handle[TPORT_HANDLE_BYTES], size_t *chunk, tport_err *err)
+{
+  const void *data = d->data;
+  size_t nbytes = d->nbytes;
+  Tport__TensorDesc desc;
+  Tport__PutBeginRequest q;
+  client_put_request(c, d->dtype, d->ndim, d->sizes, d->strides, d->opts, &desc, &q);
+  /* a tensor that fits in one chunk goes in one round trip */
+  q.commit = nbytes <= c->chunk_bytes && !region;
+  int rc;
+  if (q.commit && stage && nbytes) {
+    const uint8_t *staged;
+    if ((rc = stage_put_chunk(stage, 0, nbytes, &staged, err)) != TPORT_OK)
+      return rc;
+    data = staged;
+  }
+  if (q.commit && c->verify) {
+    q.crc32c_set = true;
+    q.crc32c = transport_crc32c(0, data, nbytes);
+  }
+  Tport__PutBeginReply *b;
+  rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, q.commit ? data : NULL,
+                  q.commit ? nbytes : 0, &tport__put_begin_reply__descriptor,
+                  (ProtobufCMessage **)&b, NULL, err);
+  if (rc)
+    return rc;
+  *committed = q.commit;
+  if (q.commit) {
+    if (d->opts->progress)
+      d->opts->progress(d->opts->progress_arg, nbytes, nbytes);
+    if (out)
+      client_info_from_wire(b->info, out);
+    protobuf_c_message_free_unpacked(&b->base, NULL);
+    return TPORT_OK;
+  }
+  tport__ref__init(ref);
+  memset(handle, 0, TPORT_HANDLE_BYTES);
+  if (b->ref && b->ref->handle.len == TPORT_HANDLE_BYTES)
+    memcpy(handle, b->ref->handle.data, TPORT_HANDLE_BYTES);
+  ref->handle.data = handle;
+  ref->handle.len = TPORT_HANDLE_BYTES;
+  *chunk = b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes;
+  protobuf_c_message_free_unpacked(&b->base, NULL);
+  return TPORT_OK;
+}
+
+/* The chunks of the put ref names: when it returns, nng holds none of the
+ * caller's bytes any more. */
+static int put_chunks(tport_client *c, const client_put_desc *d, const Tport__Ref *ref,
+                      size_t chunk, struct tport_shm *region, client_stage *stage, tport_err *err)
+{
+  int rc = TPORT_OK;
+  lent_chunks lent = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+  put_ctx pc = {.ref = ref,
+                .data = d->data,
+                .nbytes = d->nbytes,
+                .verify = c->verify,
+                .region = region,
+                .lent = c->lend_chunks && !region ? &lent : NULL,
+                .stage = stage};
+  /* a server's chunks may differ from its Hello's: the ring follows them */
+  if (!stage || (rc = stage_set_chunk(stage, chunk, err)) == TPORT_OK)
+    rc = client_run_window(c, d->nbytes, chunk, put_make, put_take, &pc, d->opts->progress,
+                           d->opts->progress_arg, err);
+  lent_chunks_wait(c, &lent); /* the caller's bytes are theirs again */
+  pthread_cond_destroy(&lent.cv);
+  pthread_mutex_destroy(&lent.mu);
+  return rc;
+}
+
+/* PutCommit of the put ref names when its chunks went well (rc), else
+ * PutAbort, so that nothing is left behind on the server (best effort:
+ * the error stays rc's). */
+static int put_end(tport_client *c, const Tport__Ref *ref, const tport_put_options *opts, int rc,
+                   tport_tensor_info *out, tport_err *err)
+{
+  if (!rc) {
+    Tport__PutCommitRequest cq = TPORT__PUT_COMMIT_REQUEST__INIT;
+    cq.ref = (Tport__Ref *)ref;
+    cq.non_blocking = opts->non_blocking;
+    Tport__PutCommitReply *cr;
+    rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_COMMIT, &cq.base, NULL, 0,
+                    &tport__put_commit_reply__descriptor, (ProtobufCMessage **)&cr, NULL, err);
+    if (!rc) {
+      if (out)
+        client_info_from_wire(cr->info, out);
+      protobuf_c_message_free_unpacked(&cr->base, NULL);
+    }
+  }
+  if (rc && rc != TPORT_UNAVAILABLE) {
+    Tport__PutAbortRequest aq = TPORT__PUT_ABORT_REQUEST__INIT;
+    aq.ref = (Tport__Ref *)ref;
+    ProtobufCMessage *ar;
+    if (client_rpc(c, TPORT__METHOD__METHOD_PUT_ABORT, &aq.base, NULL, 0,
+                   &tport__put_abort_reply__descriptor, &ar, NULL, NULL) == TPORT_OK)
+      protobuf_c_message_free_unpacked(ar, NULL);
+  }
+  return rc;
+}
+
+int client_socket_put(tport_client *c, const client_put_desc *d, struct tport_shm *region,
+                      tport_tensor_info *out, tport_err *err)
+{
+  client_stage *stage = NULL;
+  int rc;
+  if (d->dev && (rc = stage_begin(c, d->dev, d->nbytes, c->chunk_bytes, &stage, err)) != TPORT_OK)
+    return rc;
+  Tport__Ref ref;
+  uint8_t handle[TPORT_HANDLE_BYTES];
+  size_t chunk = 0;
+  bool committed = false;
+  rc = put_begin(c, d, region, stage, out, &committed, &ref, handle, &chunk, err);
+  if (rc)
+    return stage ? stage_end(stage, rc, err) : rc;
+  if (committed) {
+    if (stage)
+      stage_end(stage, TPORT_OK, NULL); /* its one copy was waited for */
+    return TPORT_OK;
+  }
+  rc = put_chunks(c, d, &ref, chunk, region, stage, err);
+  if (stage)
+    rc = stage_end(stage, rc, err); /* no copy reads the device any more */
+  return put_end(c, &ref, d->opts, rc, out, err);
+}

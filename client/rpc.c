@@ -1,0 +1,221 @@
+/*
+ * rpc.c: libtport's requests on the wire -- a request's frame and its
+ * reply's, a request in flight on its own nng context (a slot), one
+ * request and its reply (client_exchange), and the credits that keep a
+ * client's requests within the server's max_outstanding.
+ *
+ * The bottom of the library: it knows nng and the frame, and calls nothing
+ * else of libtport's.  The Hello that every request must follow after a
+ * redial is session.c's, above it.
+ */
+#include <nng/nng.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client_internal.h"
+
+struct timespec client_deadline_after(int ms)
+{
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  t.tv_sec += ms / 1000;
+  t.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (t.tv_nsec >= 1000000000L) {
+    t.tv_sec++;
+    t.tv_nsec -= 1000000000L;
+  }
+  return t;
+}
+
+/* Takes k request credits, all at once (so that threads that each need
+ * several never deadlock), waiting up to the client's timeout. */
+int client_credits_wait(tport_client *c, int k, tport_err *err)
+{
+  int rc = TPORT_OK;
+  struct timespec until = client_deadline_after(c->timeout_ms);
+  pthread_mutex_lock(&c->mu);
+  while (c->credits < k && !rc)
+    if (pthread_cond_timedwait(&c->cv, &c->mu, &until) != 0 && c->credits < k)
+      rc = tport_err_set(err, TPORT_DEADLINE_EXCEEDED,
+                         "%d requests of this client's other threads are still in flight after "
+                         "%d ms",
+                         k, c->timeout_ms);
+  if (!rc)
+    c->credits -= k;
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+void client_credits_give(tport_client *c, int k)
+{
+  pthread_mutex_lock(&c->mu);
+  c->credits += k;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+}
+
+int client_pack(uint16_t method, const ProtobufCMessage *q, const void *payload, size_t n,
+                nng_msg **out, tport_err *err)
+{
+  size_t head = frame_head_size(q);
+  nng_msg *m;
+  if (nng_msg_alloc(&m, head + n) != 0)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte request",
+                         head + n);
+  uint8_t *body = nng_msg_body(m);
+  frame_write_head(body, method, 0, q);
+  if (n)
+    memcpy(body + head, payload, n);
+  *out = m;
+  return TPORT_OK;
+}
+
+/* Every reply carries its Status as field 1 ("status"). */
+static const Tport__Status *reply_status(const ProtobufCMessage *m)
+{
+  const ProtobufCFieldDescriptor *f =
+      protobuf_c_message_descriptor_get_field_by_name(m->descriptor, "status");
+  if (!f)
+    return NULL;
+  return *(Tport__Status *const *)((const char *)m + f->offset);
+}
+
+int client_unpack(uint16_t method, nng_msg *m, const ProtobufCMessageDescriptor *d,
+                  ProtobufCMessage **out, client_payload *payload, tport_err *err)
+{
+  frame_view v;
+  int rc = frame_parse(nng_msg_body(m), nng_msg_len(m), &v, err);
+  if (rc)
+    return rc;
+  if (!(v.flags & FRAME_FLAG_REPLY) || (v.method != method && v.method != 0))
+    return tport_err_set(err, TPORT_INTERNAL, "reply to method %u came for method %u", v.method,
+                         method);
+  ProtobufCMessage *r;
+  rc = frame_unpack(&v, d, &r, err);
+  if (rc)
+    return rc;
+  const Tport__Status *st = reply_status(r);
+  if (st && st->code != TPORT__CODE__CODE_OK) {
+    int code = (int)st->code;
+    tport_err_set(err, code, "%s", st->message ? st->message : "");
+    if (code == TPORT_UNAUTHENTICATED && method == TPORT__METHOD__METHOD_HELLO && out) {
+      *out = r; /* the challenge is in it: the caller answers and frees it */
+      return code;
+    }
+    protobuf_c_message_free_unpacked(r, NULL);
+    return code;
+  }
+  if (payload) {
+    payload->data = v.payload;
+    payload->len = v.payload_len;
+  }
+  *out = r;
+  return TPORT_OK;
+}
+
+static int nng_to_status(int rv)
+{
+  switch (rv) {
+  case NNG_ETIMEDOUT: return TPORT_DEADLINE_EXCEEDED;
+  case NNG_ECLOSED:
+  case NNG_ECONNREFUSED:
+  case NNG_ECONNRESET:
+  case NNG_ECONNSHUT: return TPORT_UNAVAILABLE;
+  case NNG_ENOMEM: return TPORT_RESOURCE_EXHAUSTED;
+  case NNG_EMSGSIZE: return TPORT_RESOURCE_EXHAUSTED;
+  default: return TPORT_UNAVAILABLE;
+  }
+}
+
+int client_slot_open(tport_client *c, client_slot *s, tport_err *err)
+{
+  memset(s, 0, sizeof *s);
+  s->owner = c;
+  int rv = nng_ctx_open(&s->ctx, c->sock);
+  if (!rv)
+    rv = nng_aio_alloc(&s->aio, NULL, NULL);
+  if (rv) {
+    nng_ctx_close(s->ctx);
+    return tport_err_set(err, TPORT_INTERNAL, "nng context: %s", nng_strerror(rv));
+  }
+  nng_aio_set_timeout(s->aio, c->timeout_ms);
+  return TPORT_OK;
+}
+
+void client_slot_close(client_slot *s)
+{
+  if (s->aio) {
+    /* a request abandoned midway: stop it, and free the message it still holds
+     * (a send that did not complete, or a reply that arrived unread) */
+    nng_aio_stop(s->aio);
+    int rv = nng_aio_result(s->aio);
+    if ((s->phase == SLOT_SENDING && rv != 0) || (s->phase == SLOT_RECEIVING && rv == 0)) {
+      nng_msg *m = nng_aio_get_msg(s->aio);
+      if (m)
+        nng_msg_free(m);
+    }
+    nng_aio_free(s->aio);
+  }
+  if (s->reply)
+    nng_msg_free(s->reply);
+  nng_ctx_close(s->ctx);
+  memset(s, 0, sizeof *s);
+}
+
+void client_slot_send(client_slot *s, nng_msg *m)
+{
+  s->phase = SLOT_SENDING;
+  nng_aio_set_msg(s->aio, m);
+  nng_ctx_send(s->ctx, s->aio);
+}
+
+int client_slot_finish(client_slot *s, tport_err *err)
+{
+  nng_aio_wait(s->aio);
+  int rv = nng_aio_result(s->aio);
+  if (rv) {
+    nng_msg_free(nng_aio_get_msg(s->aio));
+    s->phase = SLOT_IDLE;
+    return tport_err_set(err, nng_to_status(rv), "sending the request: %s", nng_strerror(rv));
+  }
+  s->phase = SLOT_RECEIVING;
+  nng_ctx_recv(s->ctx, s->aio);
+  nng_aio_wait(s->aio);
+  rv = nng_aio_result(s->aio);
+  s->phase = SLOT_IDLE;
+  if (rv)
+    return tport_err_set(err, nng_to_status(rv), "waiting for the reply: %s", nng_strerror(rv));
+  if (s->reply)
+    nng_msg_free(s->reply);
+  s->reply = nng_aio_get_msg(s->aio);
+  return TPORT_OK;
+}
+
+int client_exchange(tport_client *c, uint16_t method, const ProtobufCMessage *q,
+                    const void *payload, size_t n, const ProtobufCMessageDescriptor *d,
+                    ProtobufCMessage **out, client_payload *reply_payload, nng_pipe *reply_pipe,
+                    tport_err *err)
+{
+  client_slot s;
+  nng_msg *m;
+  int rc = client_slot_open(c, &s, err);
+  if (rc)
+    return rc;
+  rc = client_pack(method, q, payload, n, &m, err);
+  if (!rc) {
+    client_slot_send(&s, m);
+    rc = client_slot_finish(&s, err);
+  }
+  if (!rc && reply_pipe)
+    *reply_pipe = nng_msg_get_pipe(s.reply);
+  if (!rc)
+    rc = client_unpack(method, s.reply, d, out, reply_payload, err);
+  if (!rc && reply_payload) {
+    /* the payload points into the reply message: hand the message over */
+    reply_payload->msg = s.reply;
+    s.reply = NULL;
+  }
+  client_slot_close(&s);
+  return rc;
+}
