@@ -109,6 +109,7 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
   tport_client *c = calloc(1, sizeof *c);
   if (!c)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  atomic_init(&c->server_uid, (uid_t)-1); /* until a Hello on ipc:// says */
   c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : 60000;
   c->keep = opts && opts->keep;
   c->verify = opts && opts->verify;

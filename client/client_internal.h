@@ -22,6 +22,7 @@
 #include <nng/nng.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/types.h>
 #include <time.h>
 
 #include "frame.h"
@@ -53,6 +54,10 @@ struct tport_client {
    * whether tport_put/tport_get use a region on their own, and the region
    * they use (one at a time: shm_mu) */
   char shm_socket[108];
+  /* the user at the other end of an ipc:// connection (SO_PEERCRED, read
+   * at each Hello; -1 for other transports): regions may go to a server of
+   * that user as well as of this one or root (transport_shm_send_to) */
+  _Atomic uid_t server_uid;
   atomic_bool shm_auto; /* read before shm_mu is taken; turned off under it */
   pthread_mutex_t shm_mu;
   struct tport_shm *shm_cache;

@@ -161,7 +161,8 @@ static int register_as(tport_client *c, unsigned long long size, int device, con
     if (a->token.len != TRANSPORT_SHM_TOKEN_BYTES)
       rc = tport_err_set(err, TPORT_INTERNAL, "the server sent a %zu-byte token", a->token.len);
     else
-      rc = transport_shm_send(c->shm_socket, a->token.data, fd, c->timeout_ms, err);
+      rc = transport_shm_send_to(c->shm_socket, a->token.data, fd, c->timeout_ms,
+                                 atomic_load(&c->server_uid), err);
     close(fd); /* the server maps its own */
   } else if (!a->ready) {
     rc = tport_err_set(err, TPORT_INTERNAL, "the server did not open the CUDA IPC handle");

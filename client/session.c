@@ -155,9 +155,14 @@ int client_say_hello(tport_client *c, Tport__HelloReply **out, tport_err *err)
       r = NULL;
     }
   }
-  if (!rc)
+  if (!rc) {
     atomic_store(&c->hello_pipe, (unsigned)nng_pipe_id(c->reply_pipe));
-  else if (r)
+    uint64_t uid;
+    atomic_store(&c->server_uid,
+                 nng_pipe_get_uint64(c->reply_pipe, NNG_OPT_IPC_PEER_UID, &uid) == 0
+                     ? (uid_t)uid
+                     : (uid_t)-1);
+  } else if (r)
     protobuf_c_message_free_unpacked(&r->base, NULL), r = NULL;
   *out = r;
   return rc;

@@ -120,7 +120,8 @@ int tport_shm_create(tport_client *c, size_t nbytes, tport_shm **out, tport_err 
     rc = tport_err_set(err, TPORT_INTERNAL, "the server sent a %zu-byte token", a->token.len);
   else
     /* the socket Hello named, whatever this reply says */
-    rc = transport_shm_send(c->shm_socket, a->token.data, r->fd, c->timeout_ms, err);
+    rc = transport_shm_send_to(c->shm_socket, a->token.data, r->fd, c->timeout_ms,
+                               atomic_load(&c->server_uid), err);
   protobuf_c_message_free_unpacked(&a->base, NULL);
   /* the server holds its own mapping now: this descriptor is done */
   close(r->fd);

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "log.h"
 #include "server_internal.h"
@@ -27,6 +28,30 @@ void server_peer_address(uint32_t pipe, char *buf, size_t len)
   default: return;
   }
   snprintf(buf, len, "%s", ip);
+}
+
+/* How the pipe came: its listener's scheme (every scheme nng serves;
+ * listen_url.c reads them the same way). */
+static reg_via pipe_via(nng_pipe p)
+{
+  nng_listener l = nng_pipe_listener(p);
+  char *url = NULL;
+  if (nng_listener_id(l) < 0 || nng_listener_get_string(l, NNG_OPT_URL, &url) != 0 || !url)
+    return REG_VIA_OTHER;
+  static const struct {
+    const char *prefix;
+    reg_via via;
+  } schemes[] = {{"tls+tcp", REG_VIA_TLS}, {"wss", REG_VIA_TLS},   {"tcp", REG_VIA_TCP},
+                 {"ws", REG_VIA_TCP},       {"ipc", REG_VIA_IPC},   {"unix", REG_VIA_IPC},
+                 {"abstract", REG_VIA_IPC}, {"inproc", REG_VIA_INPROC}};
+  reg_via via = REG_VIA_OTHER;
+  for (size_t i = 0; i < sizeof schemes / sizeof *schemes; i++)
+    if (strncasecmp(url, schemes[i].prefix, strlen(schemes[i].prefix)) == 0) {
+      via = schemes[i].via;
+      break;
+    }
+  nng_strfree(url);
+  return via;
 }
 
 bool server_peer_is_local(uint32_t pipe)
@@ -90,6 +115,8 @@ void server_pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
     /* before the pipe's first request can arrive; past --max-connections
      * it is closed here, before it costs more than its descriptor */
     if (reg_session_open(&s->reg, id, s->max_connections)) {
+      server_peer_address(id, peer, sizeof peer);
+      reg_session_describe(&s->reg, id, pipe_via(p), peer);
       log_event(LOG_DEBUG, "connection opened", "connection", conn, "peer", peer, NULL);
       return;
     }
@@ -107,7 +134,10 @@ void server_pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
                 "max_connections", max, "refused_so_far", total, NULL);
     }
   } else if (ev == NNG_PIPE_EV_REM_POST) {
-    /* the session first, then its transfers (see transfers_insert) */
+    /* the session first, then its transfers (see transfers_insert); its
+     * peer from the session: nng no longer knows the address of a pipe
+     * that has gone */
+    reg_session_peer(&s->reg, id, peer, sizeof peer);
     reg_session_close(&s->reg, id);
     transfers_drop(&s->xfers, id);
     shm_drop_pipe(s->shm, id);

@@ -128,10 +128,10 @@ static void requests(metrics_text *t, server *s)
                      NULL);
   metrics_sample_u64(t, "tport_transfer_bytes_total", atomic_load(&s->bytes_out), "direction",
                      "out", NULL);
-  metrics_family(t, "tport_reply_bytes_lent_total", "counter",
+  metrics_family(t, "tport_reply_lent_bytes_total", "counter",
                  "Of the reply bytes sent, those written straight from a tensor's memory "
                  "(lent to the tcp or ipc transport) instead of copied into the reply.");
-  metrics_sample_u64(t, "tport_reply_bytes_lent_total", atomic_load(&s->bytes_lent), NULL);
+  metrics_sample_u64(t, "tport_reply_lent_bytes_total", atomic_load(&s->bytes_lent), NULL);
   metrics_family(t, "tport_connections_dropped_total", "counter",
                  "Connections the server dropped for a limit (requests unanswered, replies not "
                  "read, no proof of tenant in time).");
@@ -170,7 +170,12 @@ static void registry_gauges(metrics_text *t, server *s)
 {
   reg_stats rs;
   reg_counts(&s->reg, &rs);
-  metrics_gauge_u64(t, "tport_connections", "Connections open now.", rs.sessions);
+  metrics_family(t, "tport_connections", "gauge",
+                 "Connections open now, by how they came: tcp, tls (tls+tcp, wss), ipc, inproc.");
+  for (int v = 0; v < REG_VIAS; v++)
+    if (v != REG_VIA_OTHER || rs.sessions_via[v])
+      metrics_sample_u64(t, "tport_connections", rs.sessions_via[v], "transport", reg_via_names[v],
+                         NULL);
   server_queue_stats qs;
   server_queue_stats_get(s, &qs);
   metrics_gauge_u64(t, "tport_contexts",

@@ -30,27 +30,44 @@ static bool device_stat(const char *name, char *dev, size_t len, const char **re
   return true;
 }
 
-static void device_gauges(metrics_text *t, bool devices_up, const engine_stats *es)
+/* Each device's memory: used and free, and its total apart. */
+static void device_memory(metrics_text *t, bool devices_up)
 {
-  metrics_family(t, "tport_device_memory_bytes", "gauge",
-                 "Memory of each device served: used, free and total bytes.");
   /* still being configured: nothing to ask the devices yet */
   enum { MAXDEV = ENGINE_MAX_DEVICES };
   engine_device_info devs[MAXDEV];
   size_t ndev = devices_up ? engine_devices(devs, MAXDEV) : 0;
-  for (size_t i = 0; i < ndev; i++) {
-    if (!devs[i].has_memory)
-      continue;
-    size_t freeb = devs[i].free_bytes, total = devs[i].total_bytes;
-    char name[32];
-    device_format(devs[i].device, name, sizeof name);
-    metrics_sample_u64(t, "tport_device_memory_bytes", total >= freeb ? total - freeb : 0, "device",
-                       name, "state", "used", NULL);
-    metrics_sample_u64(t, "tport_device_memory_bytes", freeb, "device", name, "state", "free",
-                       NULL);
-    metrics_sample_u64(t, "tport_device_memory_bytes", total, "device", name, "state", "total",
-                       NULL);
+  /* used + free is the total: the total is a family of its own, so that
+   * summing tport_device_memory_bytes over state counts each byte once */
+  for (int pass = 0; pass < 2; pass++) {
+    const char *fam = pass ? "tport_device_memory_total_bytes" : "tport_device_memory_bytes";
+    bool any = false;
+    for (size_t i = 0; i < ndev; i++) {
+      if (!devs[i].has_memory)
+        continue;
+      if (!any)
+        metrics_family(t, fam, "gauge",
+                       pass ? "Memory of each device served, in all."
+                            : "Memory of each device served: used and free bytes (they sum to "
+                              "tport_device_memory_total_bytes).");
+      any = true;
+      size_t freeb = devs[i].free_bytes, total = devs[i].total_bytes;
+      char name[32];
+      device_format(devs[i].device, name, sizeof name);
+      if (pass) {
+        metrics_sample_u64(t, fam, total, "device", name, NULL);
+        continue;
+      }
+      metrics_sample_u64(t, fam, total >= freeb ? total - freeb : 0, "device", name, "state",
+                         "used", NULL);
+      metrics_sample_u64(t, fam, freeb, "device", name, "state", "free", NULL);
+    }
   }
+}
+
+static void device_gauges(metrics_text *t, bool devices_up, const engine_stats *es)
+{
+  device_memory(t, devices_up);
   /* The backends' own counters (the CUDA backend's kernel cache and caching
    * allocator, sim's memory in use), as Stats reads them (none before the
    * devices are configured).  The kernel cache's are always written, 0
@@ -100,19 +117,33 @@ static void device_gauges(metrics_text *t, bool devices_up, const engine_stats *
   if (compiler >= 0)
     metrics_gauge_u64(t, "tport_kernel_compiler_available",
                       "1 when the runtime compiler (NVRTC) could be loaded.", (uint64_t)compiler);
-  metrics_family(t, "tport_device_allocator_bytes", "gauge",
-                 "Device memory of the backends' allocators: in use by tensors, cached for reuse.");
-  for (size_t i = 0; i < na; i++)
-    if (strcmp(alloc[i].what, "alloc_hits"))
-      metrics_sample_u64(t, "tport_device_allocator_bytes",
-                         alloc[i].v > 0 ? (uint64_t)alloc[i].v : 0, "device", alloc[i].dev, "state",
+  /* written only where a backend reports them (a family without samples is
+   * noise to a scraper): in_use where the backend counts what tensors hold
+   * (sim, CUDA), cached where it keeps freed blocks (CUDA's caching
+   * allocator), hits where it serves allocations from them */
+  bool bytes_family = false, hits_family = false;
+  for (size_t i = 0; i < na; i++) {
+    uint64_t v = alloc[i].v > 0 ? (uint64_t)alloc[i].v : 0;
+    if (strcmp(alloc[i].what, "alloc_hits")) {
+      if (!bytes_family)
+        metrics_family(t, "tport_device_allocator_bytes", "gauge",
+                       "Device memory of the backends' allocators: in_use by tensors, and cached "
+                       "for reuse where the backend keeps freed blocks (CUDA).");
+      bytes_family = true;
+      metrics_sample_u64(t, "tport_device_allocator_bytes", v, "device", alloc[i].dev, "state",
                          !strcmp(alloc[i].what, "bytes_in_use") ? "in_use" : "cached", NULL);
-  metrics_family(t, "tport_device_allocator_hits_total", "counter",
-                 "Device allocations served from the allocator's cache.");
-  for (size_t i = 0; i < na; i++)
-    if (!strcmp(alloc[i].what, "alloc_hits"))
+    }
+  }
+  for (size_t i = 0; i < na; i++) {
+    if (!strcmp(alloc[i].what, "alloc_hits")) {
+      if (!hits_family)
+        metrics_family(t, "tport_device_allocator_hits_total", "counter",
+                       "Device allocations served from the allocator's cache.");
+      hits_family = true;
       metrics_sample_u64(t, "tport_device_allocator_hits_total",
                          alloc[i].v > 0 ? (uint64_t)alloc[i].v : 0, "device", alloc[i].dev, NULL);
+    }
+  }
 }
 
 /* The families of one pinned pool (staging.h) or one cache of blocks

@@ -371,6 +371,8 @@ void reg_counts(registry *r, reg_stats *out)
     out->bytes += tenant_held(t);
   out->sessions = r->nsessions;
   out->tenants = r->ntenants;
+  for (reg_session *s = r->sessions; s; s = s->hh.next)
+    out->sessions_via[s->via < REG_VIAS ? s->via : REG_VIA_OTHER]++;
   pthread_mutex_unlock(&r->mu);
 }
 

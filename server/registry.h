@@ -123,6 +123,23 @@ void reg_destroy(registry *r);
  * (0: no limit) are open already, or out of memory: the caller closes the
  * connection (--max-connections). */
 bool reg_session_open(registry *r, uint32_t pipe, uint64_t max_sessions);
+/* How a connection came (the listener's scheme), for tport_connections. */
+typedef enum {
+  REG_VIA_TCP,
+  REG_VIA_TLS,
+  REG_VIA_IPC,
+  REG_VIA_INPROC,
+  REG_VIA_OTHER,
+  REG_VIAS
+} reg_via;
+extern const char *const reg_via_names[REG_VIAS];
+#define REG_PEER_MAX 64
+/* What the session remembers of its connection: how it came and its peer's
+ * address, which nng no longer gives once the connection has gone (the
+ * log line of its closing names it). */
+void reg_session_describe(registry *r, uint32_t pipe, reg_via via, const char *peer);
+/* The peer recorded for the pipe ("unknown" when none). */
+void reg_session_peer(registry *r, uint32_t pipe, char *buf, size_t len);
 /* The connection went (REM_POST): its connection-scoped tensors and
  * uploads go, then the session itself.  A request of that pipe still in a
  * worker finds no session and registers nothing. */
@@ -283,6 +300,7 @@ int reg_list(registry *r, uint32_t pipe, reg_entry ***out, size_t *n);
 typedef struct reg_stats {
   uint64_t tensors, uploads, bytes; /* of the tenant, or of everyone */
   uint64_t sessions, tenants;       /* server-wide only */
+  uint64_t sessions_via[REG_VIAS];  /* server-wide only */
 } reg_stats;
 /* Server-wide counts. */
 void reg_counts(registry *r, reg_stats *out);

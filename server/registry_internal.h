@@ -66,6 +66,8 @@ typedef struct reg_session {
   bool dropped; /* the server is closing it */
   int64_t dropped_ms; /* when it was last told to close */
   int64_t opened_ms;
+  reg_via via;
+  char peer[REG_PEER_MAX];
   int inflight_chunks, outstanding, transfers;
   int reservations; /* reg_reservations holding bytes of its tenant */
   reg_entry *owned; /* list (sprev/snext) */

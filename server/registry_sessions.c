@@ -25,6 +25,8 @@ bool reg_session_open(registry *r, uint32_t pipe, uint64_t max_sessions)
   } else if ((s = calloc(1, sizeof *s)) != NULL) {
     s->pipe = pipe;
     s->opened_ms = reg_now_ms();
+    s->via = REG_VIA_OTHER;
+    snprintf(s->peer, sizeof s->peer, "unknown");
     s->tn = tenant_ref(r, "default");
     reg_oom = false;
     if (s->tn)
@@ -40,6 +42,27 @@ bool reg_session_open(registry *r, uint32_t pipe, uint64_t max_sessions)
   }
   pthread_mutex_unlock(&r->mu);
   return ok;
+}
+
+const char *const reg_via_names[REG_VIAS] = {"tcp", "tls", "ipc", "inproc", "other"};
+
+void reg_session_describe(registry *r, uint32_t pipe, reg_via via, const char *peer)
+{
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, pipe);
+  if (s) {
+    s->via = via < REG_VIAS ? via : REG_VIA_OTHER;
+    snprintf(s->peer, sizeof s->peer, "%s", peer ? peer : "unknown");
+  }
+  pthread_mutex_unlock(&r->mu);
+}
+
+void reg_session_peer(registry *r, uint32_t pipe, char *buf, size_t len)
+{
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, pipe);
+  snprintf(buf, len, "%s", s ? s->peer : "unknown");
+  pthread_mutex_unlock(&r->mu);
 }
 
 void reg_session_close(registry *r, uint32_t pipe)
