@@ -7,6 +7,7 @@
  * Tensors made by the tool are kept for the tenant (with the server's time to
  * live) so that a later command can name them by REF (a handle or a name).
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 
 #include "dtype.h"
 #include "npy.h"
+#include "units.h"
 #include "tport.h"
 
 static bool json;
@@ -231,7 +233,13 @@ static int parse_cmd(int argc, char **argv, cmd_args *a, tport_err *err)
         return 2;
       a->has_format = true;
       break;
-    case O_TTL: a->ttl_ms = strtoull(optarg, NULL, 10) * 1000; break;
+    case O_TTL: {
+      uint64_t ms; /* proto/units.c: 30s, 10m, 1.5h; a bare number is seconds */
+      if (units_parse_duration_ms(optarg, UNITS_S, "--ttl", &ms, err))
+        return 2;
+      a->ttl_ms = ms;
+      break;
+    }
     case O_NONBLOCKING: a->nonblocking = true; break;
     case O_COPY: a->copy = true; break;
     case O_EXACT: a->exact = true; break;
@@ -245,7 +253,16 @@ static int parse_cmd(int argc, char **argv, cmd_args *a, tport_err *err)
       if (parse_dims(optarg, a->strides, &a->nstrides))
         return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--strides '%s': X,Y,...", optarg), 2;
       break;
-    case O_OFFSET: a->offset = strtoll(optarg, NULL, 10); break;
+    case O_OFFSET: {
+      char *end;
+      errno = 0;
+      a->offset = strtoll(optarg, &end, 10);
+      if (end == optarg || *end || errno == ERANGE)
+        return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                             "--offset '%s': a whole number of elements", optarg),
+               2;
+      break;
+    }
     default:
       return tport_err_set(err, TPORT_INVALID_ARGUMENT, "unknown or incomplete option '%s'",
                            argv[optind - 1]),
@@ -514,15 +531,19 @@ static const command commands[] = {
     {"stats", 0, cmd_stats},
 };
 
-static int run(tport_client *c, const char *cmd, const cmd_args *a, tport_err *err)
+/* The command and its arguments, checked before any connection: a usage
+ * error (exit 2) costs no round trip and says the same with or without a
+ * server. */
+static const command *find_command(const char *cmd, const cmd_args *a, tport_err *err)
 {
-  for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
-    if (strcmp(cmd, commands[i].name) != 0)
-      continue;
-    int rc = need(a, commands[i].nargs, cmd, err);
-    return rc ? rc : commands[i].run(c, a, err);
-  }
-  return tport_err_set(err, TPORT_INVALID_ARGUMENT, "unknown command '%s'", cmd);
+  for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+    if (strcmp(cmd, commands[i].name) == 0)
+      return need(a, commands[i].nargs, cmd, err) ? NULL : &commands[i];
+  tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                "unknown command '%s': put, get, info, view, to, contiguous, copy, rm, ls, "
+                "devices or stats",
+                cmd);
+  return NULL;
 }
 
 int main(int argc, char **argv)
@@ -569,7 +590,8 @@ int main(int argc, char **argv)
   cmd_args a;
   tport_err err;
   int rc = parse_cmd(argc - i, argv + i, &a, &err);
-  if (rc) {
+  const command *chosen = rc ? NULL : find_command(cmd, &a, &err);
+  if (!chosen) {
     fprintf(stderr, "tport: %s (try tport --help)\n", err.msg);
     return 2;
   }
@@ -593,7 +615,7 @@ int main(int argc, char **argv)
 #undef SET
   if (tport_connect(url && *url ? url : "tcp://127.0.0.1:7450", &co, &c, &err))
     return fail(&err);
-  rc = run(c, cmd, &a, &err);
+  rc = chosen->run(c, &a, &err);
   tport_close(c);
   if (rc)
     return err.code == TPORT_INVALID_ARGUMENT && rc == 2 ? (fail(&err), 2) : fail(&err);

@@ -20,11 +20,12 @@ bool engine_configured(void)
   return atomic_load(&configured);
 }
 
-/* The sim devices a --devices list asks for (sim:N: N of them); cpu and
- * cuda are named for completeness, being served anyway. */
-static int sim_devices_asked(const char *spec, int *nsim, tport_err *err)
+/* The sim devices a --devices list asks for (sim:N: N of them), and
+ * whether it names cuda (every CUDA device, which must then be there). */
+static int sim_devices_asked(const char *spec, int *nsim, bool *cuda, tport_err *err)
 {
   *nsim = 0;
+  *cuda = false;
   if (!spec)
     return TPORT_OK;
   char *copy = strdup(spec), *save = NULL;
@@ -32,6 +33,8 @@ static int sim_devices_asked(const char *spec, int *nsim, tport_err *err)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   int rc = TPORT_OK;
   for (char *t = strtok_r(copy, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
+    if (strcmp(t, "cuda") == 0)
+      *cuda = true;
     if (strcmp(t, "cpu") == 0 || strcmp(t, "cuda") == 0)
       continue;
     tport_device d;
@@ -52,9 +55,19 @@ int engine_configure(const char *devices, const engine_options *opts, tport_err 
   if (warning)
     warning->code = TPORT_OK;
   int nsim;
-  int rc = sim_devices_asked(devices, &nsim, err);
+  bool cuda;
+  int rc = sim_devices_asked(devices, &nsim, &cuda, err);
   if (rc)
     return rc;
+  /* asked for by name, CUDA devices must be there: a server that started
+   * serving none would be found out only by its clients */
+  if (cuda && backend_cuda.device_count() <= 0) {
+    const char *why = backend_cuda.unavailable_reason();
+    return tport_err_set(err, TPORT_FAILED_PRECONDITION,
+                         "--devices names cuda, but no CUDA device can be used: %s (leave cuda "
+                         "out of the list to serve without one)",
+                         why && *why ? why : "none was found");
+  }
   if (opts && opts->host_cache_set)
     host_cache_set_limit(opts->host_cache_bytes);
   sim_config cfg = {.ndevices = nsim};

@@ -1,7 +1,9 @@
 /* config.c: tportd flags and TPORT_* environment variables. */
 #include "config.h"
 
+#include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
@@ -12,6 +14,7 @@
 #include "listen_url.h"
 #include "local_secret.h"
 #include "log.h"
+#include "units.h"
 
 #define DEFAULT_URL "tcp://127.0.0.1:7450"
 
@@ -96,16 +99,16 @@ static const struct {
      "receives posted at once: each request taken off a connection is replaced by a new "
      "receive, so requests being handled and replies waiting for their connection hold none "
      "(default 1024)"},
-    {"max-message", "TPORT_MAX_MESSAGE", "BYTES", "largest request accepted (default 80 MiB)"},
-    {"chunk", "TPORT_CHUNK", "BYTES", "put/get chunk size offered to clients (default 4 MiB)"},
+    {"max-message", "TPORT_MAX_MESSAGE", "SIZE", "largest request accepted (default 80 MiB)"},
+    {"chunk", "TPORT_CHUNK", "SIZE", "put/get chunk size offered to clients (default 4 MiB)"},
     {"window", "TPORT_WINDOW", "N", "chunks a client may keep in flight (default 8)"},
-    {"max-tensor", "TPORT_MAX_TENSOR", "BYTES", "largest tensor (default 16 GiB)"},
-    {"quota", "TPORT_QUOTA", "BYTES", "bytes each tenant may hold (default 64 GiB)"},
+    {"max-tensor", "TPORT_MAX_TENSOR", "SIZE", "largest tensor (default 16 GiB)"},
+    {"quota", "TPORT_QUOTA", "SIZE", "bytes each tenant may hold (default 64 GiB)"},
     {"max-inflight", "TPORT_MAX_INFLIGHT", "N", "chunks in flight per connection (default 32)"},
-    {"ttl", "TPORT_TTL", "SECONDS", "default time to live of named tensors (default 3600)"},
-    {"deadline", "TPORT_DEADLINE_MS", "MS", "request deadline in the queue (default 30000)"},
-    {"grace", "TPORT_GRACE_MS", "MS", "on SIGINT/SIGTERM, time to finish work (default 5000)"},
-    {"log-level", "TPORT_LOG_LEVEL", "N", "0 error, 1 warn, 2 info (default), 3 debug"},
+    {"ttl", "TPORT_TTL", "DURATION", "default time to live of named tensors (default 1h; a bare number is seconds)"},
+    {"deadline", "TPORT_DEADLINE_MS", "DURATION", "request deadline in the queue (default 30s; a bare number is ms)"},
+    {"grace", "TPORT_GRACE_MS", "DURATION", "on SIGINT/SIGTERM, time to finish work (default 5s; a bare number is ms)"},
+    {"log-level", "TPORT_LOG_LEVEL", "LEVEL", "error, warn, info (default) or debug (or 0 to 3)"},
     {"kernel-cache", "TPORT_KERNEL_CACHE", "DIR",
      "keep runtime-compiled CUDA kernels in DIR across restarts (tport stats shows the cache's "
      "hits, misses and compile time)"},
@@ -115,13 +118,15 @@ static const struct {
     {"max-outstanding", "TPORT_MAX_OUTSTANDING", "N",
      "requests one connection may have unanswered (libtport keeps to it); past twice that the "
      "connection is dropped (default 32)"},
-    {"send-timeout", "TPORT_SEND_TIMEOUT_MS", "MS",
-     "a reply its connection does not take within MS drops that connection (default 10000)"},
+    {"send-timeout", "TPORT_SEND_TIMEOUT_MS", "DURATION",
+     "a reply its connection does not take within it drops that connection (default 10s; a bare "
+     "number is ms)"},
     {"max-transfers", "TPORT_MAX_TRANSFERS", "N", "gets in progress per connection (default 16)"},
-    {"transfer-timeout", "TPORT_TRANSFER_TIMEOUT_MS", "MS",
-     "a get not read from for MS ends (default 60000)"},
+    {"transfer-timeout", "TPORT_TRANSFER_TIMEOUT_MS", "DURATION",
+     "a get not read from for this long ends (default 60s; a bare number is ms)"},
     {"max-tensors", "TPORT_MAX_TENSORS", "N", "tensors each tenant may hold (default 65536)"},
-    {"max-ttl", "TPORT_MAX_TTL", "SECONDS", "longest time to live a client may ask for (default 7 days)"},
+    {"max-ttl", "TPORT_MAX_TTL", "DURATION",
+     "longest time to live a client may ask for (default 7d; a bare number is seconds)"},
     {"auth-file", "TPORT_AUTH_FILE", "PATH",
      "tenants and their secrets, one 'TENANT SECRET' a line (SECRET: 32+ hex digits; mode 600); "
      "clients must prove their tenant (reloaded on SIGHUP); without it tportd listens on "
@@ -137,9 +142,9 @@ static const struct {
      "PEM CAs of client certificates: tls+tcp:// clients must present one, and its subject CN "
      "is their tenant (mutual TLS)"},
     {"tls-min-version", "TPORT_TLS_MIN_VERSION", "1.2|1.3", "oldest TLS accepted (default 1.3)"},
-    {"auth-timeout", "TPORT_AUTH_TIMEOUT_MS", "MS",
-     "with authentication on, a connection that has not proved its tenant within MS is dropped "
-     "(default 10000)"},
+    {"auth-timeout", "TPORT_AUTH_TIMEOUT_MS", "DURATION",
+     "with authentication on, a connection that has not proved its tenant within it is dropped "
+     "(default 10s; a bare number is ms)"},
     {"host-cache", "TPORT_HOST_CACHE", "BYTES",
      "freed host blocks of 1 MiB or more kept for reuse (a fresh one costs its page faults; "
      "default an eighth of RAM, at most 8 GiB; 0: none)"},
@@ -196,39 +201,66 @@ void config_usage(FILE *out)
 {
   fprintf(out, "usage: tportd [options]\n\n"
                "tensorport server: serves tensors on this machine's devices over nng.\n\n"
-               "options (each also read from its environment variable):\n");
+               "options (each also read from its environment variable).  A SIZE is bytes, or with\n"
+               "K M G T, KiB MiB GiB TiB (1024s) or KB MB GB TB (1000s): 64GiB, 1.5G, 512M.  A\n"
+               "DURATION has ms, s, m, h or d: 500ms, 30s, 1.5h, 7d (a bare number: the unit the\n"
+               "flag says).\n");
   for (int i = 0; i < NOPTS; i++)
     fprintf(out, "  --%-13s %-8s %s\n  %-24s [%s]\n", opts[i].flag, opts[i].arg, opts[i].help, "",
             opts[i].env);
   fprintf(out, "  --help                 this text\n");
 }
 
-/* Sizes accept K, M, G suffixes (powers of 1024). */
+/* Sizes, durations and log levels: proto/units.c's grammar, the same for
+ * every flag, its TPORT_* variable, tport and Python. */
 static int parse_size(const char *s, const char *what, size_t *out, tport_err *err)
 {
-  char *end;
-  unsigned long long v = strtoull(s, &end, 10);
-  unsigned long long mul = 1;
-  if (*end == 'K' || *end == 'k')
-    mul = 1ull << 10, end++;
-  else if (*end == 'M' || *end == 'm')
-    mul = 1ull << 20, end++;
-  else if (*end == 'G' || *end == 'g')
-    mul = 1ull << 30, end++;
-  if (end == s || *end || s[0] == '-' || v > (~0ull) / mul)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--%s: '%s' is not a size", what, s);
-  *out = (size_t)(v * mul);
+  char flag[48];
+  snprintf(flag, sizeof flag, "--%s", what);
+  uint64_t v;
+  int rc = units_parse_size(s, flag, &v, err);
+  if (rc)
+    return rc;
+  if (v > SIZE_MAX)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--%s: '%s' is out of range", what, s);
+  *out = (size_t)v;
   return TPORT_OK;
 }
 
+/* A duration into *out in the flag's own unit (ms, or s for a flag in
+ * seconds, which a bare number is in too), at least min of that unit. */
+static int parse_duration(const char *s, const char *what, units_time unit, unsigned long min,
+                          unsigned long *out, tport_err *err)
+{
+  char flag[48];
+  snprintf(flag, sizeof flag, "--%s", what);
+  uint64_t ms;
+  int rc = units_parse_duration_ms(s, unit, flag, &ms, err);
+  if (rc)
+    return rc;
+  if (unit == UNITS_S && ms % 1000)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                         "--%s: '%s' is not a whole number of seconds", what, s);
+  uint64_t v = unit == UNITS_S ? ms / 1000 : ms;
+  if (v > ULONG_MAX || v < min)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--%s: '%s' is %s", what, s,
+                         v < min ? (min == 1 ? "zero: give a positive duration" : "too short")
+                                 : "out of range");
+  *out = (unsigned long)v;
+  return TPORT_OK;
+}
+
+/* A whole number, at least min: digits only (no sign, no space, no
+ * suffix), within range. */
 static int parse_ulong(const char *s, const char *what, unsigned long min, unsigned long *out,
                        tport_err *err)
 {
   char *end;
-  unsigned long v = strtoul(s, &end, 10);
-  if (end == s || *end || s[0] == '-' || v < min)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--%s: '%s' is not a number >= %lu", what, s,
-                         min);
+  errno = 0;
+  unsigned long v = (s[0] >= '0' && s[0] <= '9') ? strtoul(s, &end, 10) : 0;
+  if (s[0] < '0' || s[0] > '9' || *end || errno == ERANGE || v < min)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--%s: '%s' is not a whole number >= %lu",
+                         what, s, min);
   *out = v;
   return TPORT_OK;
 }
@@ -325,17 +357,23 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
   case 7: return parse_size(v, opts[i].flag, &c->max_tensor_bytes, err);
   case 8: return parse_size(v, opts[i].flag, &c->tenant_quota_bytes, err);
   case 9: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->max_inflight_chunks = (int)u; break;
-  case 10: return parse_ulong(v, opts[i].flag, 0, &c->ttl_s, err);
-  case 11: return parse_ulong(v, opts[i].flag, 1, &c->deadline_ms, err);
-  case 12: return parse_ulong(v, opts[i].flag, 0, &c->grace_ms, err);
-  case 13: rc = parse_ulong(v, opts[i].flag, 0, &u, err), c->log_level = (int)u; break;
+  case 10: return parse_duration(v, opts[i].flag, UNITS_S, 0, &c->ttl_s, err);
+  case 11: return parse_duration(v, opts[i].flag, UNITS_MS, 1, &c->deadline_ms, err);
+  case 12: return parse_duration(v, opts[i].flag, UNITS_MS, 0, &c->grace_ms, err);
+  case 13: {
+    int level;
+    rc = units_parse_log_level(v, "--log-level", &level, err);
+    if (!rc)
+      c->log_level = level;
+    break;
+  }
   case 15: rc = parse_ulong(v, opts[i].flag, 0, &u, err), c->uvm = u != 0; break;
   case 17: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->max_outstanding = (int)u; break;
-  case 18: return parse_ulong(v, opts[i].flag, 1, &c->send_timeout_ms, err);
+  case 18: return parse_duration(v, opts[i].flag, UNITS_MS, 1, &c->send_timeout_ms, err);
   case 19: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->max_transfers = (int)u; break;
-  case 20: return parse_ulong(v, opts[i].flag, 1, &c->transfer_timeout_ms, err);
+  case 20: return parse_duration(v, opts[i].flag, UNITS_MS, 1, &c->transfer_timeout_ms, err);
   case 21: rc = parse_ulong(v, opts[i].flag, 1, &u, err), c->max_tensors = u; break;
-  case 22: return parse_ulong(v, opts[i].flag, 1, &c->max_ttl_s, err);
+  case 22: return parse_duration(v, opts[i].flag, UNITS_S, 1, &c->max_ttl_s, err);
   case 24: rc = parse_ulong(v, opts[i].flag, 0, &u, err), c->insecure = u != 0; break;
   case 25: return parse_mode(v, opts[i].flag, &c->ipc_mode, err);
   case 35: return parse_mode(v, opts[i].flag, &c->shm_mode, err);
@@ -367,7 +405,7 @@ static int apply(server_config *c, int i, const char *v, tport_err *err)
       return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--tls-min-version: '%s': 1.2 or 1.3", v);
     c->tls12 = strcmp(v, "1.2") == 0;
     return TPORT_OK;
-  case 30: return parse_ulong(v, opts[i].flag, 1, &c->auth_timeout_ms, err);
+  case 30: return parse_duration(v, opts[i].flag, UNITS_MS, 1, &c->auth_timeout_ms, err);
   case 31: c->host_cache_set = true; return parse_size(v, opts[i].flag, &c->host_cache_bytes, err);
   case 32: return apply_http_listen(c, v, err);
   case 33:

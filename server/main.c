@@ -63,7 +63,9 @@ int main(int argc, char **argv)
   if (server_start(&cfg, &s, &err)) {
     log_msg(LOG_ERROR, "%s", err.msg);
     config_free(&cfg);
-    return 1;
+    /* a value no flag takes (--devices gpu) is a usage error, as one that
+     * config_parse finds; anything else failed (a port taken, no GPU) */
+    return err.code == TPORT_INVALID_ARGUMENT ? 2 : 1;
   }
   log_event(LOG_INFO, "ready", "devices", cfg.devices ? cfg.devices : "cpu", "cuda",
             engine_cuda_unavailable_reason() ? engine_cuda_unavailable_reason() : "on", NULL);

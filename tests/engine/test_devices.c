@@ -57,6 +57,23 @@ Test(devices, a_list_naming_an_unknown_device_is_refused)
   cr_assert(strstr(e.msg, "cpu:1"), "%s", e.msg);
 }
 
+/* cuda named without a CUDA device: an error that says why (it started
+ * and served none, found out only by its clients); with one, served. */
+Test(devices, cuda_named_without_a_device_is_an_error_naming_the_reason)
+{
+  tport_err e = {0};
+  int rc = engine_configure("cpu,cuda", NULL, NULL, &e);
+  if (engine_cuda_unavailable_reason() == NULL) {
+    cr_assert_eq(rc, 0, "a CUDA device is here: %s", e.msg);
+    return;
+  }
+  cr_assert_eq(rc, TPORT_FAILED_PRECONDITION);
+  cr_assert(strstr(e.msg, "--devices names cuda") && strstr(e.msg, "leave cuda out"), "%s", e.msg);
+  cr_assert(strstr(e.msg, engine_cuda_unavailable_reason()), "the reason: %s", e.msg);
+  /* without cuda in the list, the same machine serves */
+  cr_assert_eq(engine_configure("cpu", NULL, NULL, &e), 0, "%s", e.msg);
+}
+
 Test(devices, no_list_serves_no_sim_device)
 {
   tport_err e;

@@ -151,8 +151,16 @@ try:
     check(tport("to", "float32", "--memory-format", "channels_last_3d", ok=False).returncode == 1,
           "a rank error exits 1")
     check(tport("put", os.path.join(tmp, "missing.npy"), ok=False).returncode == 1, "missing file")
-    check(tport("bogus", ok=False).returncode == 1, "unknown command")
-    check(tport("get", ok=False).returncode != 0, "missing arguments")
+    # usage errors exit 2, before any connection; failures exit 1
+    check(tport("bogus", ok=False).returncode == 2, "unknown command exits 2")
+    check(tport("get", ok=False).returncode == 2, "missing arguments exit 2")
+    for bad, why in (("-5", "negative"), ("abc", "not a number"), ("1.0005", "whole")):
+        e = tport("put", os.path.join(tmp, "big.npy"), "--ttl", bad, ok=False)
+        check(e.returncode == 2 and why in e.stderr and "500ms" in e.stderr,
+              "--ttl %s: exit %d: %s" % (bad, e.returncode, e.stderr))
+    p = tjson("put", os.path.join(tmp, "big.npy"), "--name", "ttl10m", "--ttl", "10m")
+    check(p.get("name") == "ttl10m", "--ttl 10m is taken: %s" % p)
+    tport("rm", "ttl10m")
     check(tport("--url", "tcp://127.0.0.1:1", "ls", ok=False).returncode == 1,
           "no server: exit 1")
 finally:
