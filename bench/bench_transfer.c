@@ -1013,10 +1013,11 @@ int main(int argc, char **argv)
     cfg.tls_cert = strdup(tls_cert);
     cfg.tls_key = tls_key ? strdup(tls_key) : NULL;
   }
-  /* two sim devices and every GPU: the device rows run on sim:0 and cuda:0,
+  /* two sim devices (and every GPU, served unnamed: naming cuda where none
+   * is would stop tportd): the device rows run on sim:0 and cuda:0,
    * --device may name sim:0, sim:1 or cuda:K (the staging pools take their
    * pinned memory from the first accelerator: the cpu rows never stage) */
-  cfg.devices = strdup("cpu,sim:2,cuda");
+  cfg.devices = strdup("cpu,sim:2");
   cfg.chunk_bytes = chunk;
   cfg.window = WINDOW;
   cfg.log_level = 0;
