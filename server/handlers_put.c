@@ -33,44 +33,42 @@ static int wrap_bytes(const uint8_t *p, size_t n, tport_dtype dt, int64_t count,
   return wrap_host(p, n, pinned, dt, 1, &count, NULL, out, err);
 }
 
-/* Converts n payload bytes -- whole elements of the client's dtype st,
- * storage bytes [off, off + n) -- into the landing tensor, which has the
- * client's strides in another dtype: the same elements in the same storage
- * order, so the chunk is a 1-D run of both storages. */
-static int land_converted(call *c, tport_tensor *landing, tport_dtype st, size_t off,
-                          const uint8_t *p, size_t n, bool pinned)
+/* Copies the payload into view, the landing tensor's part it fills: the
+ * payload wrapped as count elements of dt (from a pinned region: read by
+ * the device later, the caller syncs; else staged before this returns). */
+static int land_into(call *c, tport_tensor *view, tport_dtype dt, int64_t count,
+                     const uint8_t *p, size_t n, bool pinned)
 {
-  size_t ss = tport_dtype_size(st);
-  int64_t count = (int64_t)(n / ss), one = 1;
-  tport_tensor *view = NULL, *src = NULL;
-  int rc = tensor_as_strided(landing, 1, &count, &one, (int64_t)(off / ss), &view, &c->err);
-  if (!rc)
-    rc = wrap_bytes(p, n, st, count, pinned, &src, &c->err);
-  /* non_blocking: the payload is staged (pinned) before this returns -- or,
-   * from a pinned region, read by the device later (the caller syncs) */
+  tport_tensor *src = NULL;
+  int rc = wrap_bytes(p, n, dt, count, pinned, &src, &c->err);
   if (!rc)
     rc = tensor_copy_(view, src, true, &c->err);
   rc = settle_region(src, pinned, rc, &c->err);
   tensor_release(src);
-  tensor_release(view);
   return rc;
 }
 
-/* Copies n payload bytes into the landing tensor at byte offset off. */
-static int land_bytes(call *c, tport_tensor *landing, size_t off, const uint8_t *p, size_t n,
-                      bool pinned)
+/* Lands n payload bytes at storage byte off.  Converted (st >= 0): whole
+ * elements of the client's dtype st into the landing tensor, which has the
+ * client's strides in another dtype -- the same elements in the same
+ * storage order, so the chunk is a 1-D run of both storages.  Else the
+ * bytes as they are. */
+static int land(call *c, tport_tensor *landing, int st, size_t off, const uint8_t *p, size_t n,
+                bool pinned)
 {
-  tport_tensor *view = NULL, *src = NULL;
-  int64_t len = (int64_t)n;
-  int rc = tensor_byte_view(landing, off, n, &view, &c->err);
-  if (!rc)
-    rc = wrap_bytes(p, n, TPORT_UINT8, len, pinned, &src, &c->err);
-  /* staged through pinned memory: the payload is free to go when this
-   * returns (a pinned region's bytes: once the caller synced) */
-  if (!rc)
-    rc = tensor_copy_(view, src, true, &c->err);
-  rc = settle_region(src, pinned, rc, &c->err);
-  tensor_release(src);
+  tport_tensor *view = NULL;
+  int rc;
+  if (st >= 0) {
+    size_t ss = tport_dtype_size((tport_dtype)st);
+    int64_t count = (int64_t)(n / ss), one = 1;
+    rc = tensor_as_strided(landing, 1, &count, &one, (int64_t)(off / ss), &view, &c->err);
+    if (!rc)
+      rc = land_into(c, view, (tport_dtype)st, count, p, n, pinned);
+  } else {
+    rc = tensor_byte_view(landing, off, n, &view, &c->err);
+    if (!rc)
+      rc = land_into(c, view, TPORT_UINT8, (int64_t)n, p, n, pinned);
+  }
   tensor_release(view);
   return rc;
 }
@@ -105,13 +103,8 @@ static int put_bytes(call *c, reg_entry *e, uint64_t off, const uint8_t *p, size
   if (rc || !landing)
     return rc; /* an error, or written already (idempotent) */
   int64_t t0 = metrics_now_ns();
-  if (convert_from >= 0) {
-    rc = land_converted(c, landing, (tport_dtype)convert_from, (size_t)off, p, n, pinned);
-    metrics_stage_since(&c->srv->metrics, STAGE_CONVERT, t0);
-  } else {
-    rc = land_bytes(c, landing, (size_t)off, p, n, pinned);
-    metrics_stage_since(&c->srv->metrics, STAGE_STAGE, t0);
-  }
+  rc = land(c, landing, convert_from, (size_t)off, p, n, pinned);
+  metrics_stage_since(&c->srv->metrics, convert_from >= 0 ? STAGE_CONVERT : STAGE_STAGE, t0);
   /* a device reads a pinned region directly: done before the region may go,
    * a failed copy's too (its work may have been enqueued) */
   if (pinned) {
