@@ -1,8 +1,9 @@
 /*
- * test_lent_put.c: a put over tcp:// or ipc:// lends the caller's bytes to
- * its chunk requests instead of copying them (client/ops.c, nng_msg_set_tail
- * of deploy/nng/0008, the lent tail), and a get's replies lend theirs from
- * the tensor (server/server.c, call_reply_lent).  What must hold: every byte
+ * test_lent_put.c: a put over tcp://, tls+tcp:// or ipc:// lends the
+ * caller's bytes to its chunk requests instead of copying them
+ * (client/put_socket.c, nng_msg_set_tail of deploy/nng/0008, the lent tail;
+ * deploy/nng/0011 for tls), and a get's replies lend theirs from the tensor
+ * (server/lends.c).  What must hold: every byte
  * arrives, whatever the size, alignment and options; and a put returns only
  * once nng has let go of the caller's bytes, even when it fails with its
  * request stuck in the transport (a server that stopped reading): after
@@ -22,6 +23,40 @@
 #include "service_util.h"
 
 TestSuite(lent, .timeout = 120);
+
+/* A self-signed certificate for 127.0.0.1 (the openssl tool) in a fresh
+ * directory: tportd's --tls-cert, and the client's tls_ca. */
+static char tls_dir[64], tls_cert[96], tls_key[96];
+
+static void make_tls_cert(void)
+{
+  snprintf(tls_dir, sizeof tls_dir, "/tmp/tport-lent-XXXXXX");
+  cr_assert_not_null(mkdtemp(tls_dir));
+  snprintf(tls_cert, sizeof tls_cert, "%s/c.pem", tls_dir);
+  snprintf(tls_key, sizeof tls_key, "%s/k.pem", tls_dir);
+  char cmd[512];
+  snprintf(cmd, sizeof cmd,
+           "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+           "-keyout %s -out %s -days 1 -subj /CN=lent -addext subjectAltName=IP:127.0.0.1 "
+           ">/dev/null 2>&1",
+           tls_key, tls_cert);
+  cr_assert_eq(system(cmd), 0, "openssl req failed");
+}
+
+static void drop_tls_cert(void)
+{
+  unlink(tls_cert);
+  unlink(tls_key);
+  rmdir(tls_dir);
+}
+
+/* url as a tls+tcp:// URL on another fresh port */
+static void tls_url(char *url, size_t len)
+{
+  char tcp[64];
+  svc_tcp_url(tcp, sizeof tcp);
+  snprintf(url, len, "tls+%s", tcp);
+}
 
 static void fill(uint8_t *p, size_t n, unsigned seed)
 {
@@ -53,24 +88,31 @@ static void round_trip(tport_client *c, const uint8_t *p, size_t n, const char *
   tport_free(c, &info.ref, NULL);
 }
 
-Test(lent, puts_and_gets_over_tcp_and_ipc_arrive_whole)
+Test(lent, puts_and_gets_over_tcp_tls_and_ipc_arrive_whole)
 {
-  char tcp[64], ipc[96];
-  svc_tcp_url(tcp, sizeof tcp);
-  svc_ipc_url(ipc, sizeof ipc);
-  /* 64 KiB chunks (service_util's tportd): every chunk is lent */
-  const char *extra[] = {"--listen", ipc, NULL};
-  pid_t pid = svc_spawn(tcp, extra);
+  char tcp[64], ipc[96], tls[80];
+  make_tls_cert();
+  pid_t pid = -1;
+  for (int attempt = 0; attempt < 5 && pid < 0; attempt++) { /* random ports may be taken */
+    svc_tcp_url(tcp, sizeof tcp);
+    svc_ipc_url(ipc, sizeof ipc);
+    tls_url(tls, sizeof tls);
+    /* 64 KiB chunks (service_util's tportd): every chunk is lent */
+    const char *extra[] = {"--listen",   ipc,      "--listen", tls, "--tls-cert",
+                           tls_cert,     "--tls-key", tls_key, NULL};
+    pid = svc_spawn(tcp, extra);
+  }
   cr_assert_gt(pid, 0, "tportd did not start on %s", tcp);
   const size_t big = (3 << 20) + 7;
   uint8_t *data = malloc(big + 1);
   fill(data, big + 1, 5);
-  const char *urls[2] = {tcp, ipc};
-  for (int u = 0; u < 2; u++) {
+  const char *urls[3] = {tcp, ipc, tls};
+  for (int u = 0; u < 3; u++) {
     for (int verify = 0; verify < 2; verify++) {
       tport_client *c;
       tport_err err;
-      tport_connect_options o = {.no_shm = true, .verify = verify, .timeout_ms = 20000};
+      tport_connect_options o = {
+          .no_shm = true, .verify = verify, .timeout_ms = 20000, .tls_ca = tls_cert};
       cr_assert_eq(tport_connect(urls[u], &o, &c, &err), 0, "%s", err.msg);
       size_t sizes[] = {(64 << 10) * 5 + 123, big, 64 << 10, (64 << 10) + 1};
       for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
@@ -87,18 +129,21 @@ Test(lent, puts_and_gets_over_tcp_and_ipc_arrive_whole)
   }
   free(data);
   cr_expect_eq(svc_terminate(pid), 0);
+  drop_tls_cert();
 }
 
 /* A get's reply is lent only where the transport writes it from memory
- * (tcp, ipc); a ws:// connection's address looks like a tcp one's, and its
- * replies were lent and then copied under nng's socket lock and tportd's
- * queue lock (found by review).  bytes_lent counts what was lent. */
-Test(lent, get_replies_are_lent_over_tcp_and_ipc_and_not_over_ws)
+ * (tcp, ipc, and tls, which encrypts it from there: deploy/nng/0011); a
+ * ws:// connection's address looks like a tcp one's, and its replies were
+ * lent and then copied under nng's socket lock and tportd's queue lock
+ * (found by review).  bytes_lent counts what was lent. */
+Test(lent, get_replies_are_lent_over_tcp_tls_and_ipc_and_not_over_ws)
 {
 #ifndef TPORT_NNG_LENT_TAIL
   cr_skip_test("built with the system's nng (TPORT_SYSTEM_NNG): nothing is lent");
 #endif
-  char tcp[64], ipc[96], ws[80];
+  char tcp[64], ipc[96], ws[80], tls[80];
+  make_tls_cert();
   pid_t pid = -1;
   for (int attempt = 0; attempt < 5 && pid < 0; attempt++) { /* random ports may be taken */
     svc_tcp_url(tcp, sizeof tcp);
@@ -106,12 +151,15 @@ Test(lent, get_replies_are_lent_over_tcp_and_ipc_and_not_over_ws)
     int port = atoi(strrchr(ws, ':') + 1);
     snprintf(ws, sizeof ws, "ws://127.0.0.1:%d/tport", port);
     svc_ipc_url(ipc, sizeof ipc);
-    pid = svc_spawn(tcp, (const char *[]){"--listen", ipc, "--listen", ws, NULL});
+    tls_url(tls, sizeof tls);
+    pid = svc_spawn(tcp, (const char *[]){"--listen", ipc, "--listen", ws, "--listen", tls,
+                                          "--tls-cert", tls_cert, "--tls-key", tls_key, NULL});
   }
-  cr_assert_gt(pid, 0, "tportd did not start on %s, %s and %s", tcp, ipc, ws);
+  cr_assert_gt(pid, 0, "tportd did not start on %s, %s, %s and %s", tcp, ipc, ws, tls);
   /* no regions: the server may offer them where its default shm socket can
    * be made (outside ctest), and a get through one lends nothing */
-  tport_connect_options o = {.no_shm = true, .tenant = SVC_OPERATOR, .timeout_ms = 20000};
+  tport_connect_options o = {
+      .no_shm = true, .tenant = SVC_OPERATOR, .timeout_ms = 20000, .tls_ca = tls_cert};
   tport_client *ops;
   tport_err err;
   cr_assert_eq(tport_connect(tcp, &o, &ops, &err), 0, "%s", err.msg);
@@ -125,8 +173,8 @@ Test(lent, get_replies_are_lent_over_tcp_and_ipc_and_not_over_ws)
   tport_tensor_info info;
   cr_assert_eq(tport_put(ops, TPORT_UINT8, 1, &sz, NULL, data, n, &po, &info, &err), 0, "%s",
                err.msg);
-  const char *urls[3] = {ws, tcp, ipc};
-  for (int u = 0; u < 3; u++) {
+  const char *urls[4] = {ws, tcp, ipc, tls};
+  for (int u = 0; u < 4; u++) {
     tport_client *c;
     cr_assert_eq(tport_connect(urls[u], &o, &c, &err), 0, "%s: %s", urls[u], err.msg);
     int64_t before = svc_counter(ops, "bytes_lent");
@@ -146,6 +194,7 @@ Test(lent, get_replies_are_lent_over_tcp_and_ipc_and_not_over_ws)
   free(data);
   free(back);
   cr_expect_eq(svc_terminate(pid), 0);
+  drop_tls_cert();
 }
 
 /* A put whose server stops reading in the middle: its next chunk's request

@@ -481,6 +481,71 @@ Test(tls, several_clients_at_once)
     nng_close(c[i]);
 }
 
+/* deploy/nng/0010: a connection's buffers grow from 64 KiB to 1 MiB, each
+ * when it is empty, once one operation moves twice its size; a send
+ * completes when OpenSSL has taken all of it.  Small and large messages
+ * interleaved, on several connections at once (each end's buffers grow at
+ * a different moment of its stream, and wrap at the new size): every byte
+ * as sent. */
+typedef struct bulk_run {
+  nng_socket sock;
+  char failure[160]; /* empty: every echo came back whole */
+} bulk_run;
+
+/* echo_ok without Criterion's asserts, which belong to the test's thread */
+static void *bulk_client(void *arg)
+{
+  static const size_t sizes[] = {100,           (8u << 20) + 5, 1,   (3u << 20) + 1, 65536 + 3,
+                                 (1u << 20) - 1, 20u << 20,      777, (2u << 20) + 17};
+  bulk_run *b = arg;
+  uint8_t *data = malloc((20u << 20) + 2);
+  for (int round = 0; round < 2 && !b->failure[0]; round++)
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && !b->failure[0]; i++) {
+      size_t n = sizes[i] + (size_t)round;
+      uint64_t x = 0x9E3779B97F4A7C15ull ^ n ^ (uint64_t)(uintptr_t)b;
+      for (size_t k = 0; k < n; k++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        data[k] = (uint8_t)x;
+      }
+      nng_msg *m, *r;
+      int rv = nng_msg_alloc(&m, n);
+      if (rv == 0) {
+        memcpy(nng_msg_body(m), data, n);
+        if ((rv = nng_sendmsg(b->sock, m, 0)) != 0)
+          nng_msg_free(m);
+      }
+      if (rv == 0 && (rv = nng_recvmsg(b->sock, &r, 0)) == 0) {
+        if (nng_msg_len(r) != n || memcmp(nng_msg_body(r), data, n) != 0)
+          snprintf(b->failure, sizeof b->failure, "%zu-byte echo came back as %zu bytes, or other bytes",
+                   n, nng_msg_len(r));
+        nng_msg_free(r);
+      }
+      if (rv != 0)
+        snprintf(b->failure, sizeof b->failure, "%zu-byte echo: %s", n, nng_strerror(rv));
+    }
+  free(data);
+  return NULL;
+}
+
+Test(tls, bulk_messages_between_small_ones_arrive_whole)
+{
+  enum { N = 3 };
+  tls_server(NULL, false);
+  bulk_run b[N];
+  pthread_t t[N];
+  memset(b, 0, sizeof b);
+  for (int i = 0; i < N; i++)
+    cr_assert_eq(dial(&b[i].sock, srv.url, client_cfg("ca_a.pem", NULL, NULL)), 0);
+  for (int i = 0; i < N; i++)
+    cr_assert_eq(pthread_create(&t[i], NULL, bulk_client, &b[i]), 0);
+  for (int i = 0; i < N; i++)
+    pthread_join(t[i], NULL);
+  for (int i = 0; i < N; i++) {
+    cr_expect_str_empty(b[i].failure, "client %d: %s", i, b[i].failure);
+    nng_close(b[i].sock);
+  }
+}
+
 /* A stock OpenSSL client: blocking, on a plain socket to srv, trusting CA A
  * and checking 127.0.0.1; suites13 / ciphers12 / max_version narrow what it
  * offers (NULL / 0: OpenSSL's defaults). */
