@@ -163,6 +163,35 @@ try:
     tport("rm", "ttl10m")
     check(tport("--url", "tcp://127.0.0.1:1", "ls", ok=False).returncode == 1,
           "no server: exit 1")
+
+    # global flags after the command, as before it (--url, --json, --tenant,
+    # --verify, --no-shm, --help here; the secret and TLS ones below)
+    g = tport("ls", "--url", "tcp://127.0.0.1:1", ok=False)
+    check(g.returncode == 1, "ls --url: the later --url wins: exit %d %s" % (g.returncode, g.stderr))
+    g = tport("ls", "--json")
+    check(g.stdout.startswith("["), "ls --json: %r" % g.stdout)
+    tport("put", os.path.join(tmp, "int32.npy"), "--name", "bobs", "--tenant", "bob")
+    check("bobs" in [t["name"] for t in tjson("ls", "--tenant", "bob")]
+          and "bobs" not in [t["name"] for t in tjson("ls")], "--tenant after the command")
+    tport("put", os.path.join(tmp, "big.npy"), "--name", "gv", "--verify")
+    tport("get", "gv", os.path.join(tmp, "gv.npy"), "--verify")
+    check(os.path.exists(os.path.join(tmp, "gv.npy"))
+          and np.array_equal(np.load(os.path.join(tmp, "gv.npy")), big), "--verify after: values")
+    moved = tjson("stats").get("shm_transfers", -1)
+    tport("put", os.path.join(tmp, "big.npy"), "--name", "gns", "--no-shm")
+    check(tjson("stats").get("shm_transfers", -1) == moved, "--no-shm after the command")
+    g = tport("put", "--help")
+    check(g.returncode == 0 and "--no-shm" in g.stdout, "put --help: %s" % g.stderr)
+    # an unknown flag, anywhere, or one the command does not take: exit 2,
+    # before any connection, with the flag named
+    for args, named in ((["ls", "--bogus"], "'--bogus'"), (["--bogus", "ls"], "'--bogus'"),
+                        (["ls", "--bogus=1"], "'--bogus=1'"), (["ls", "-x"], "'-x'"),
+                        (["ls", "--url"], "'--url' needs a value"),
+                        (["put", "x.npy", "--sizes", "3"], "put takes no --sizes"),
+                        (["ls", "--name", "n"], "ls takes no --name")):
+        e = tport(*args, ok=False)
+        check(e.returncode == 2 and named in e.stderr,
+              "tport %s: exit %d: %s" % (" ".join(args), e.returncode, e.stderr))
 finally:
     server.terminate()
     rc = server.wait(timeout=30)
@@ -199,6 +228,9 @@ try:
           "get with TPORT_SECRET_FILE: %s" % p.stderr)
     p = subprocess.run(base + ["ls"], capture_output=True, text=True, timeout=60)
     check(p.returncode == 1 and "UNAUTHENTICATED" in p.stderr, "no secret: %s" % p.stderr)
+    p = subprocess.run(base + ["ls", "--secret-file", key], capture_output=True, text=True,
+                       timeout=60)
+    check(p.returncode == 0, "--secret-file after the command: %s" % p.stderr)
     os.chmod(key, 0o644)
     p = subprocess.run(base + ["--secret-file", key, "ls"], capture_output=True, text=True,
                        timeout=60)
@@ -237,6 +269,18 @@ try:
     p = subprocess.run([TPORT, "--url", turl, "--tenant", "carol", "--secret-file", key, "ls"],
                        capture_output=True, text=True, timeout=60)
     check(p.returncode == 1, "a server certificate the tool does not trust: exit 1 (%s)" % p.stderr)
+    # the TLS flags after the command: the CA makes the certificate trusted,
+    # a name it does not carry and a certificate that is not there fail
+    notls = [TPORT, "--url", turl, "--tenant", "carol", "--secret-file", key]
+    p = subprocess.run(notls + ["ls", "--tls-ca", crt], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 0, "ls --tls-ca: %s" % p.stderr)
+    p = subprocess.run(notls + ["ls", "--tls-ca", crt, "--tls-server-name", "elsewhere.example"],
+                       capture_output=True, text=True, timeout=60)
+    check(p.returncode == 1, "ls --tls-server-name elsewhere: exit %d" % p.returncode)
+    p = subprocess.run(notls + ["ls", "--tls-ca", crt, "--tls-cert", os.path.join(tmp, "nocert"),
+                                "--tls-key", os.path.join(tmp, "nokey")],
+                       capture_output=True, text=True, timeout=60)
+    check(p.returncode == 1 and "nocert" in p.stderr, "ls --tls-cert missing: %s" % p.stderr)
     # ... every time: nng freed the refused dialer's TLS configuration on its
     # reaper thread while the tool's exit ran OpenSSL's exit handlers, and
     # about 1 exit in 80 crashed (SIGSEGV); tport_close now waits for nng's
