@@ -151,6 +151,24 @@ try:
     check(tport("to", "float32", "--memory-format", "channels_last_3d", ok=False).returncode == 1,
           "a rank error exits 1")
     check(tport("put", os.path.join(tmp, "missing.npy"), ok=False).returncode == 1, "missing file")
+    # file errors: the code that fits errno, the OS's reason and the path
+    for args, code, why, path in (
+            (["get", "float32", "/no/such/dir/x.npy"], "NOT_FOUND", "No such file or directory",
+             "/no/such/dir/x.npy"),
+            (["put", os.path.join(tmp, "missing.npy")], "NOT_FOUND", "No such file or directory",
+             "missing.npy"),
+            (["put", tmp], "INVALID_ARGUMENT", "Is a directory", tmp),
+            (["get", "float32", tmp], "INVALID_ARGUMENT", "Is a directory", tmp)):
+        e = tport(*args, ok=False)
+        check(e.returncode == 1 and code in e.stderr and why in e.stderr and path in e.stderr,
+              "tport %s: exit %d: %s" % (" ".join(args), e.returncode, e.stderr))
+    if os.geteuid() != 0:  # root reads any file
+        locked = os.path.join(tmp, "locked.npy")
+        np.save(locked, arrays["int8"])
+        os.chmod(locked, 0)
+        e = tport("put", locked, ok=False)
+        check("PERMISSION_DENIED" in e.stderr and "Permission denied" in e.stderr,
+              "an unreadable file: %s" % e.stderr)
     # usage errors exit 2, before any connection; failures exit 1
     check(tport("bogus", ok=False).returncode == 2, "unknown command exits 2")
     check(tport("get", ok=False).returncode == 2, "missing arguments exit 2")
@@ -296,6 +314,19 @@ finally:
     server.terminate()
     rc = server.wait(timeout=30)
     check(rc == 0, "tportd on tls+tcp exits 0 on SIGTERM (got %s)" % rc)
+
+# tportd's file flags: a file or folder that is not there is named, with
+# the OS's reason; exit 1 (a failure, not a usage error) for the auth file
+for flags, named in ((["--auth-file", "/no/such/auth"], "/no/such/auth"),
+                     (["--listen", "tls+tcp://127.0.0.1:0", "--tls-cert", "/no/such/c.pem"],
+                      "/no/such/c.pem"),
+                     (["--shm-socket", "/no/such/dir/s.sock"], "/no/such/dir")):
+    p = subprocess.run([TPORTD, "--listen", "ipc://" + os.path.join(tmp, "files.sock"),
+                        "--http-listen", "off", *flags], capture_output=True, text=True, timeout=30)
+    check(p.returncode != 0 and named in p.stderr and "No such file or directory" in p.stderr,
+          "tportd %s: exit %d: %s" % (" ".join(flags), p.returncode, p.stderr))
+    if flags[0] == "--auth-file":
+        check(p.returncode == 1, "a missing --auth-file exits 1: %d" % p.returncode)
 
 for f in failures:
     print("FAIL", f)
