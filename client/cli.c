@@ -283,16 +283,22 @@ static int cmd_devices(tport_client *c, const cli_args *a, tport_err *err)
     printf("{\"devices\": [");
   for (size_t i = 0; i < n; i++) {
     if (json) {
+      char free_bytes[24] = "null"; /* hidden from a tenant that is not an operator */
+      if (!v[i].free_hidden)
+        snprintf(free_bytes, sizeof free_bytes, "%llu", (unsigned long long)v[i].free_bytes);
       printf("%s{\"device\": \"%s\", \"name\": \"%s\", \"total_bytes\": %llu, \"free_bytes\": "
-             "%llu, \"compute_capability\": \"%s\", \"peer_access\": [",
+             "%s, \"compute_capability\": \"%s\", \"peer_access\": [",
              i ? ", " : "", v[i].device, v[i].name, (unsigned long long)v[i].total_bytes,
-             (unsigned long long)v[i].free_bytes, v[i].compute_capability);
+             free_bytes, v[i].compute_capability);
       for (int p = 0; p < v[i].npeers; p++)
         printf("%s\"%s\"", p ? ", " : "", v[i].peers[p]);
       printf("]}");
     } else {
-      printf("%-8s %-14s %8.1f GiB total %8.1f GiB free  peers:", v[i].device, v[i].name,
-             (double)v[i].total_bytes / (1 << 30), (double)v[i].free_bytes / (1 << 30));
+      char free_gib[24] = "  hidden"; /* to a tenant that is not an operator */
+      if (!v[i].free_hidden)
+        snprintf(free_gib, sizeof free_gib, "%8.1f GiB", (double)v[i].free_bytes / (1 << 30));
+      printf("%-8s %-14s %8.1f GiB total %s free  peers:", v[i].device, v[i].name,
+             (double)v[i].total_bytes / (1 << 30), free_gib);
       for (int p = 0; p < v[i].npeers; p++)
         printf(" %s", v[i].peers[p]);
       printf("%s\n", v[i].npeers ? "" : " -");

@@ -147,6 +147,9 @@ typedef struct tport_device_info {
   int npeers;
   char peers[16][32];
   bool managed_memory;
+  /* free_bytes is withheld (0): only an operator tenant sees what is free
+   * (it tells of other tenants' use); in the padding, so the size stays */
+  bool free_hidden;
 } tport_device_info;
 
 typedef struct tport_counter {

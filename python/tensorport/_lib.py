@@ -148,6 +148,7 @@ class DeviceInfoC(ctypes.Structure):
         ("npeers", ctypes.c_int),
         ("peers", (ctypes.c_char * 32) * 16),
         ("managed_memory", ctypes.c_bool),
+        ("free_hidden", ctypes.c_bool),
     ]
 
 

@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import weakref
-from typing import Tuple
+from typing import Optional, Tuple
 
 from . import _dlpack, _lib, _names
 from .errors import FailedPrecondition, InvalidArgument, error_for
@@ -34,13 +34,14 @@ _libc_free.restype = None
 class DeviceInfo:
     """A device of the server (``Client.devices()``): ``device`` ("cpu", "sim:0",
     "cuda:0"), its ``name``, memory (``total_bytes``, ``free_bytes``; free is
-    shown to operators only), ``compute_capability`` (CUDA), the devices it has
-    peer access to, and whether it offers managed memory."""
+    shown to operators only: None to other tenants), ``compute_capability``
+    (CUDA), the devices it has peer access to, and whether it offers managed
+    memory."""
 
     device: str
     name: str
     total_bytes: int
-    free_bytes: int
+    free_bytes: Optional[int]
     compute_capability: str
     peers: Tuple[str, ...]
     managed_memory: bool
@@ -567,7 +568,8 @@ class Client:
                 d = p[i]
                 out.append(DeviceInfo(
                     device=_s(d.device), name=_s(d.name), total_bytes=d.total_bytes,
-                    free_bytes=d.free_bytes, compute_capability=_s(d.compute_capability),
+                    free_bytes=None if d.free_hidden else d.free_bytes,
+                    compute_capability=_s(d.compute_capability),
                     peers=tuple(_s(d.peers[k].value) for k in range(min(d.npeers, 16))),
                     managed_memory=bool(d.managed_memory)))
         finally:

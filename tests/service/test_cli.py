@@ -144,6 +144,15 @@ try:
     d = tjson("devices")
     check([x["device"] for x in d.get("devices", [])] == ["cpu", "sim:0", "sim:1"], "devices: %s" % d)
     check(d.get("cuda_unavailable_reason"), "devices says why cuda is off")
+    # free memory: the operator's to see; hidden (not 0.0 GiB) from others
+    check(all(isinstance(x.get("free_bytes"), int) for x in d.get("devices", [])),
+          "the operator sees free memory: %s" % d)
+    d = tjson("devices", "--tenant", "bob")
+    check(d.get("devices") and all(x.get("free_bytes", 0) is None for x in d["devices"]),
+          "free_bytes is null to a tenant that is not an operator: %s" % d)
+    lines = tport("devices", "--tenant", "bob").stdout.splitlines()
+    check(all("hidden free" in l and "GiB free" not in l for l in lines if "total" in l),
+          "devices prints hidden free memory as hidden: %s" % lines)
     check(tjson("stats").get("tensors", 0) > 0, "stats counts tensors")
     e = tport("--json", "view", "float32", "--sizes", "9", "--strides", "1", "--offset", "500",
               ok=False)
