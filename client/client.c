@@ -20,6 +20,7 @@
 #include "client_internal.h"
 #include "cuda_ipc.h"
 #include "cuda_stage.h"
+#include "env.h"
 #include "lent_bytes.h"
 #include "tls_openssl.h"
 #include "dtype.h"
@@ -106,6 +107,11 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
 int tport_connect(const char *url, const tport_connect_options *opts, tport_client **out,
                   tport_err *err)
 {
+  /* a variable set wrong is refused before anything else, not taken for
+   * its default */
+  int erc = client_env_check(err);
+  if (erc)
+    return erc;
   tport_client *c = calloc(1, sizeof *c);
   if (!c)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
@@ -165,11 +171,12 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
    * reaches it locally */
   if (r->shm_socket && r->shm_socket[0] && strlen(r->shm_socket) < sizeof c->shm_socket &&
       client_url_is_local(url)) {
-    const char *env = getenv("TPORT_SHM");
+    bool shm = true, ipc = true; /* tport_connect has checked them (env.c) */
+    client_env_flag("TPORT_SHM", true, &shm, NULL);
+    client_env_flag("TPORT_CUDA_IPC", true, &ipc, NULL);
     snprintf(c->shm_socket, sizeof c->shm_socket, "%s", r->shm_socket);
-    atomic_store(&c->shm_auto, !(opts && opts->no_shm) && !(env && strcmp(env, "0") == 0));
-    const char *ipc = getenv("TPORT_CUDA_IPC");
-    c->cuda_ipc = atomic_load(&c->shm_auto) && !(ipc && strcmp(ipc, "0") == 0);
+    atomic_store(&c->shm_auto, !(opts && opts->no_shm) && shm);
+    c->cuda_ipc = atomic_load(&c->shm_auto) && ipc;
   }
   c->window = r->max_inflight_chunks ? (int)r->max_inflight_chunks : 4;
   if (c->window > CLIENT_MAX_WINDOW)

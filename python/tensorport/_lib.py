@@ -204,6 +204,9 @@ _P = ctypes.POINTER
 _c = ctypes
 _PROTOTYPES = {
     "tport_strerror": (_c.c_char_p, [_c.c_int]),
+    "tport_parse_size": (_c.c_int, [_c.c_char_p, _c.c_char_p, _P(_c.c_uint64), _P(Err)]),
+    "tport_parse_duration_ms": (_c.c_int, [_c.c_char_p, _c.c_char_p, _c.c_bool, _P(_c.c_uint64),
+                                           _P(Err)]),
     "tport_status_name": (_c.c_char_p, [_c.c_int]),
     "tport_connect": (_c.c_int, [_c.c_char_p, _P(ConnectOptions), _P(_c.c_void_p), _P(Err)]),
     "tport_close": (None, [_c.c_void_p]),

@@ -43,8 +43,11 @@ def check(cond, what):
         failures.append(what)
 
 
+# the engine's variables take sizes as the flags do (proto/units.c)
 server = subprocess.Popen([TPORTD, "--listen", url, "--devices", "cpu,sim:2", "--log-level", "1",
-                           "--shm-socket", os.path.join(tmp, "shm.sock"), "--admin", "default"])
+                           "--shm-socket", os.path.join(tmp, "shm.sock"), "--admin", "default"],
+                          env=dict(os.environ, TPORT_STAGING_BYTES="64M",
+                                   TPORT_READBACK_BYTES="0.25GiB", TPORT_PINNED_CACHE_BYTES="1G"))
 try:
     for _ in range(200):
         probe = subprocess.run([TPORT, "--url", url, "stats"], capture_output=True)
@@ -190,6 +193,14 @@ try:
     tport("rm", "ttl10m")
     check(tport("--url", "tcp://127.0.0.1:1", "ls", ok=False).returncode == 1,
           "no server: exit 1")
+    # libtport's variables: one that does not parse is refused, named
+    for var, value in (("TPORT_SHM", "yes"), ("TPORT_CUDA_IPC", "off"),
+                       ("TPORT_COPY_THREADS", "all")):
+        e = subprocess.run([TPORT, "--url", url, "ls"], capture_output=True, text=True,
+                           timeout=60, env=dict(os.environ, **{var: value}))
+        check(e.returncode == 1 and "INVALID_ARGUMENT" in e.stderr
+              and "%s='%s'" % (var, value) in e.stderr,
+              "%s=%s: exit %d: %s" % (var, value, e.returncode, e.stderr))
 
     # global flags after the command, as before it (--url, --json, --tenant,
     # --verify, --no-shm, --help here; the secret and TLS ones below)
@@ -336,6 +347,17 @@ for flags, named in ((["--auth-file", "/no/such/auth"], "/no/such/auth"),
           "tportd %s: exit %d: %s" % (" ".join(flags), p.returncode, p.stderr))
     if flags[0] == "--auth-file":
         check(p.returncode == 1, "a missing --auth-file exits 1: %d" % p.returncode)
+
+# tportd's variables: a value that does not parse is a usage error that
+# names the variable, its flag's and the engine's own alike
+for var, value in (("TPORT_QUOTA", "lots"), ("TPORT_TTL", "-5"), ("TPORT_LOG_LEVEL", "loud"),
+                   ("TPORT_STAGING_BYTES", "lots"), ("TPORT_READBACK_BYTES", "1.5B"),
+                   ("TPORT_PINNED_CACHE_BYTES", "-1")):
+    p = subprocess.run([TPORTD, "--listen", "ipc://" + os.path.join(tmp, "env.sock"),
+                        "--http-listen", "off", "--shm-socket", "off"], capture_output=True,
+                       text=True, timeout=30, env=dict(os.environ, **{var: value}))
+    check(p.returncode == 2 and var in p.stderr and "'%s'" % value in p.stderr,
+          "tportd with %s=%s: exit %d: %s" % (var, value, p.returncode, p.stderr))
 
 for f in failures:
     print("FAIL", f)
