@@ -22,6 +22,7 @@
 #include "cuda_stage.h"
 #include "env.h"
 #include "lent_bytes.h"
+#include "scheme_probe.h"
 #include "tls_openssl.h"
 #include "dtype.h"
 
@@ -43,6 +44,22 @@ static void tport_tls_failure(const char *url, int rv, tport_err *err)
     }
   }
   tport_err_set(err, TPORT_UNAVAILABLE, "cannot connect to %s: %s", url, nng_strerror(rv));
+}
+
+/* Something listens at url but the handshake failed: when it speaks HTTP,
+ * TLS or plain tensorport where the URL says otherwise, the error says so
+ * (scheme_probe.c).  Nothing listening (refused) needs no probe. */
+static void add_scheme_hint(const char *url, int rv, tport_err *err)
+{
+  if (rv == NNG_ECONNREFUSED || rv == NNG_EADDRINVAL || rv == NNG_ENOTSUP || !err)
+    return;
+  char hint[200];
+  scheme_probe_hint(url, hint, sizeof hint);
+  if (!hint[0])
+    return;
+  char was[sizeof err->msg];
+  snprintf(was, sizeof was, "%s", err->msg);
+  tport_err_set(err, err->code, "%s: %s", hint, was);
 }
 
 /* Dials url (synchronously), over TLS for tls+tcp:// URLs. */
@@ -72,6 +89,7 @@ static int dial(tport_client *c, const char *url, const tport_connect_options *o
   if ((rv = nng_dialer_start(d, 0)) != 0) {
     nng_dialer_close(d);
     tport_tls_failure(url, rv, err);
+    add_scheme_hint(url, rv, err);
     return TPORT_UNAVAILABLE;
   }
   return TPORT_OK;

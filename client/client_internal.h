@@ -3,8 +3,9 @@
  * bottom up.  A file calls only what the layers below its own declare: no
  * file calls back up, so there is no circle (test_client_layers reads the
  * calls from the objects and fails on one).  copy_pool.h, cuda_rt.h,
- * cuda_stage.h, cuda_ipc.h and env.h (the TPORT_* variables) declare
- * leaves of their own.
+ * cuda_stage.h, cuda_ipc.h, env.h (the TPORT_* variables) and
+ * scheme_probe.h (what a failed dial's other end speaks) declare leaves of
+ * their own.
  *
  *   rpc.c, copy_pool.c, cuda_rt.c   a request's frame, slots, credits, one
  *                                   exchange; large copies; the CUDA runtime

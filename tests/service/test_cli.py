@@ -335,6 +335,32 @@ finally:
     rc = server.wait(timeout=30)
     check(rc == 0, "tportd on tls+tcp exits 0 on SIGTERM (got %s)" % rc)
 
+# the wrong scheme: tcp:// to the metrics port (HTTP) or to a TLS listener,
+# tls+tcp:// to a plain one; the error says what the other end speaks
+for _ in range(10):
+    base_port = random.randint(20000, 50000)
+    plain, tls, http = ("127.0.0.1:%d" % (base_port + i) for i in range(3))
+    server = subprocess.Popen([TPORTD, "--listen", "tcp://%s,tls+tcp://%s" % (plain, tls),
+                               "--tls-cert", crt, "--tls-key", pkey, "--http-listen", http,
+                               "--shm-socket", "off", "--log-level", "0"])
+    time.sleep(0.3)
+    if server.poll() is None:
+        break
+try:
+    for u, said in (("tcp://" + http, "speaks HTTP: is this the metrics port? tensorport's "
+                                      "default is tcp://127.0.0.1:7450"),
+                    ("tcp://" + tls, "speaks TLS: use tls+tcp://" + tls),
+                    ("tls+tcp://" + plain, "speaks tensorport without TLS: use tcp://" + plain)):
+        p = subprocess.run([TPORT, "--url", u, "--tls-ca", crt, "ls"], capture_output=True,
+                           text=True, timeout=60)
+        check(p.returncode == 1 and said in p.stderr, "%s: exit %d: %s" % (u, p.returncode, p.stderr))
+    p = subprocess.run([TPORT, "--url", "tcp://" + plain, "ls"], capture_output=True, text=True,
+                       timeout=60)
+    check(p.returncode == 0, "the plain listener itself: %s" % p.stderr)
+finally:
+    server.terminate()
+    server.wait(timeout=30)
+
 # tportd's file flags: a file or folder that is not there is named, with
 # the OS's reason; exit 1 (a failure, not a usage error) for the auth file
 for flags, named in ((["--auth-file", "/no/such/auth"], "/no/such/auth"),
