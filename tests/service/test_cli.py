@@ -347,6 +347,14 @@ for _ in range(10):
     if server.poll() is None:
         break
 try:
+    import urllib.request
+    for _ in range(400):  # /readyz: the listeners are up (slow under sanitizers)
+        try:
+            if urllib.request.urlopen("http://%s/readyz" % http, timeout=1).status == 200:
+                break
+        except OSError:
+            pass
+        time.sleep(0.05)
     for u, said in (("tcp://" + http, "speaks HTTP: is this the metrics port? tensorport's "
                                       "default is tcp://127.0.0.1:7450"),
                     ("tcp://" + tls, "speaks TLS: use tls+tcp://" + tls),
