@@ -20,7 +20,9 @@
 #include "client_internal.h"
 #include "cuda_ipc.h"
 #include "cuda_stage.h"
+#include "env.h"
 #include "lent_bytes.h"
+#include "scheme_probe.h"
 #include "tls_openssl.h"
 #include "dtype.h"
 
@@ -42,6 +44,22 @@ static void tport_tls_failure(const char *url, int rv, tport_err *err)
     }
   }
   tport_err_set(err, TPORT_UNAVAILABLE, "cannot connect to %s: %s", url, nng_strerror(rv));
+}
+
+/* Something listens at url but the handshake failed: when it speaks HTTP,
+ * TLS or plain tensorport where the URL says otherwise, the error says so
+ * (scheme_probe.c).  Nothing listening (refused) needs no probe. */
+static void add_scheme_hint(const char *url, int rv, tport_err *err)
+{
+  if (rv == NNG_ECONNREFUSED || rv == NNG_EADDRINVAL || rv == NNG_ENOTSUP || !err)
+    return;
+  char hint[200];
+  scheme_probe_hint(url, hint, sizeof hint);
+  if (!hint[0])
+    return;
+  char was[sizeof err->msg];
+  snprintf(was, sizeof was, "%s", err->msg);
+  tport_err_set(err, err->code, "%s: %s", hint, was);
 }
 
 /* Dials url (synchronously), over TLS for tls+tcp:// URLs. */
@@ -71,6 +89,7 @@ static int dial(tport_client *c, const char *url, const tport_connect_options *o
   if ((rv = nng_dialer_start(d, 0)) != 0) {
     nng_dialer_close(d);
     tport_tls_failure(url, rv, err);
+    add_scheme_hint(url, rv, err);
     return TPORT_UNAVAILABLE;
   }
   return TPORT_OK;
@@ -106,6 +125,11 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
 int tport_connect(const char *url, const tport_connect_options *opts, tport_client **out,
                   tport_err *err)
 {
+  /* a variable set wrong is refused before anything else, not taken for
+   * its default */
+  int erc = client_env_check(err);
+  if (erc)
+    return erc;
   tport_client *c = calloc(1, sizeof *c);
   if (!c)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
@@ -165,11 +189,12 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
    * reaches it locally */
   if (r->shm_socket && r->shm_socket[0] && strlen(r->shm_socket) < sizeof c->shm_socket &&
       client_url_is_local(url)) {
-    const char *env = getenv("TPORT_SHM");
+    bool shm = true, ipc = true; /* tport_connect has checked them (env.c) */
+    client_env_flag("TPORT_SHM", true, &shm, NULL);
+    client_env_flag("TPORT_CUDA_IPC", true, &ipc, NULL);
     snprintf(c->shm_socket, sizeof c->shm_socket, "%s", r->shm_socket);
-    atomic_store(&c->shm_auto, !(opts && opts->no_shm) && !(env && strcmp(env, "0") == 0));
-    const char *ipc = getenv("TPORT_CUDA_IPC");
-    c->cuda_ipc = atomic_load(&c->shm_auto) && !(ipc && strcmp(ipc, "0") == 0);
+    atomic_store(&c->shm_auto, !(opts && opts->no_shm) && shm);
+    c->cuda_ipc = atomic_load(&c->shm_auto) && ipc;
   }
   c->window = r->max_inflight_chunks ? (int)r->max_inflight_chunks : 4;
   if (c->window > CLIENT_MAX_WINDOW)

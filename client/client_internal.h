@@ -3,7 +3,9 @@
  * bottom up.  A file calls only what the layers below its own declare: no
  * file calls back up, so there is no circle (test_client_layers reads the
  * calls from the objects and fails on one).  copy_pool.h, cuda_rt.h,
- * cuda_stage.h and cuda_ipc.h declare leaves of their own.
+ * cuda_stage.h, cuda_ipc.h, env.h (the TPORT_* variables) and
+ * scheme_probe.h (what a failed dial's other end speaks) declare leaves of
+ * their own.
  *
  *   rpc.c, copy_pool.c, cuda_rt.c   a request's frame, slots, credits, one
  *                                   exchange; large copies; the CUDA runtime
@@ -15,6 +17,7 @@
  *   put_socket.c, get_socket.c      a put or a get by requests on the socket
  *   path.c                          which way a put or a get goes
  *   client.c, ops.c, dlpack.c       the API: connection, one-request calls, DLPack
+ *   parse.c                         the API: sizes and durations (proto/units.c)
  */
 #ifndef TPORT_CLIENT_INTERNAL_H
 #define TPORT_CLIENT_INTERNAL_H

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "copy_pool.h"
+#include "env.h"
 
 #define PAGE ((size_t)4096)
 
@@ -199,15 +200,9 @@ static void pool_init(void)
   int n = cpu_count();
   if (n > COPY_POOL_DEFAULT_MAX)
     n = COPY_POOL_DEFAULT_MAX;
-  const char *env = getenv("TPORT_COPY_THREADS");
-  if (env && *env) {
-    char *end;
-    errno = 0;
-    long v = strtol(env, &end, 10);
-    /* anything but a whole number >= 1 keeps the default */
-    if (errno == 0 && *end == '\0' && v >= 1)
-      n = v > COPY_POOL_MAX_THREADS ? COPY_POOL_MAX_THREADS : (int)v;
-  }
+  uint64_t v; /* tport_connect refuses a value that does not parse (env.c) */
+  if (client_env_count("TPORT_COPY_THREADS", &v, NULL) == TPORT_OK && v)
+    n = v > COPY_POOL_MAX_THREADS ? COPY_POOL_MAX_THREADS : (int)v;
   pool.nthreads = n;
   pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "os_error.h"
+
 static const struct {
   const char *descr; /* without the byte-order character */
   tport_dtype dtype;
@@ -57,7 +59,10 @@ static int read_header(FILE *f, const char *path, char **out, tport_err *err)
   uint8_t pre[12];
   int rc = TPORT_OK;
   size_t hlen = 0;
-  if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
+  size_t got = fread(pre, 1, 10, f);
+  if (got != 10 && ferror(f)) { /* a directory: EISDIR */
+    rc = os_error(err, errno, "%s: cannot read", path);
+  } else if (got != 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
     rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: not a .npy file", path);
   } else if (pre[6] == 1) {
     hlen = (size_t)pre[8] | (size_t)pre[9] << 8;
@@ -174,7 +179,7 @@ int npy_read(const char *path, npy_array *out, tport_err *err)
   memset(out, 0, sizeof *out);
   FILE *f = fopen(path, "rb");
   if (!f)
-    return tport_err_set(err, TPORT_NOT_FOUND, "%s: cannot open", path);
+    return os_error(err, errno, "%s: cannot open", path);
   char *header = NULL;
   bool big_endian = false;
   int rc = read_header(f, path, &header, err);
@@ -191,9 +196,13 @@ int npy_read(const char *path, npy_array *out, tport_err *err)
   size_t es = tport_dtype_size(out->dtype);
   if (!rc) {
     out->data = malloc(out->nbytes ? out->nbytes : 1);
-    if (!out->data || fread(out->data, 1, out->nbytes, f) != out->nbytes)
-      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s: the data is shorter than its shape",
-                         path);
+    if (!out->data)
+      rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "%s: no memory for %zu bytes", path,
+                         out->nbytes);
+    else if (fread(out->data, 1, out->nbytes, f) != out->nbytes)
+      rc = ferror(f) ? os_error(err, errno, "%s: cannot read", path)
+                     : tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                                     "%s: the data is shorter than its shape", path);
     else if (big_endian && es > 1)
       swap_bytes(out->data, out->nbytes, tport_dtype_is_complex(out->dtype) ? es / 2 : es);
   }
@@ -228,12 +237,14 @@ int npy_write(const char *path, tport_dtype dtype, int ndim, const int64_t *size
   size_t hlen = (size_t)n + pad + 1;
   FILE *f = fopen(path, "wb");
   if (!f)
-    return tport_err_set(err, TPORT_PERMISSION_DENIED, "%s: cannot create", path);
+    return os_error(err, errno, "%s: cannot create", path);
   uint8_t pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (uint8_t)hlen, (uint8_t)(hlen >> 8)};
   bool ok = fwrite(pre, 1, 10, f) == 10 && fwrite(dict, 1, (size_t)n, f) == (size_t)n;
   for (size_t i = 0; ok && i < pad; i++)
     ok = fputc(' ', f) != EOF;
   ok = ok && fputc('\n', f) != EOF && fwrite(data, 1, nbytes, f) == nbytes;
-  ok = (fclose(f) == 0) && ok;
-  return ok ? TPORT_OK : tport_err_set(err, TPORT_DATA_LOSS, "%s: write failed", path);
+  int e = ok ? 0 : errno; /* the first failure's reason: fclose may set another */
+  if (fclose(f) != 0 && ok)
+    ok = false, e = errno;
+  return ok ? TPORT_OK : os_error(err, e ? e : EIO, "%s: cannot write", path);
 }

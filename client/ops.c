@@ -191,6 +191,7 @@ int tport_devices(tport_client *c, tport_device_info **out, size_t *n, char *cud
              d->compute_capability ? d->compute_capability : "");
     v[i].total_bytes = d->total_bytes;
     v[i].free_bytes = d->free_bytes;
+    v[i].free_hidden = d->free_hidden;
     v[i].managed_memory = d->managed_memory;
     for (size_t p = 0; p < d->n_peer_access && p < 16; p++)
       snprintf(v[i].peers[v[i].npeers++], sizeof v[i].peers[0], "%s", d->peer_access[p]);

@@ -19,6 +19,7 @@ PACKAGES=(
   python3-pytest python3-venv python3-setuptools python3-wheel python3-tqdm
                                    # python/: the tensorport package, its tests, its venv install
   python3-prometheus-client        # tests/deploy/check_metrics.py: /metrics as Prometheus parses it
+  python3-matplotlib               # bench/run --plot: the transfer rows as docs/bench.png
   clang libclang-rt-14-dev llvm    # make fuzz: libFuzzer + ASan/UBSan runtimes, llvm-symbolizer
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
                                    # bench/peers/grpc: the gRPC C++ peer of bench/run transfer

@@ -10,6 +10,7 @@
 #include "backend.h"
 #include "device.h"
 #include "devices_internal.h"
+#include "env.h"
 #include "engine.h"
 #include "host_cache.h"
 
@@ -57,6 +58,8 @@ int engine_configure(const char *devices, const engine_options *opts, tport_err 
   int nsim;
   bool cuda;
   int rc = sim_devices_asked(devices, &nsim, &cuda, err);
+  if (!rc)
+    rc = engine_env_check(err); /* TPORT_STAGING_BYTES=lots: refused, not the default */
   if (rc)
     return rc;
   /* asked for by name, CUDA devices must be there: a server that started

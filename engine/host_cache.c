@@ -3,6 +3,7 @@
 #include "host_cache.h"
 
 #include "backend.h"
+#include "env.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -62,13 +63,9 @@ typedef struct cache {
 
 static size_t default_limit(const cache *c)
 {
-  const char *env = c->limit_env ? getenv(c->limit_env) : NULL;
-  if (env && *env) {
-    char *end;
-    unsigned long long v = strtoull(env, &end, 10);
-    if (*end == '\0' && env[0] != '-')
-      return (size_t)v;
-  }
+  size_t set; /* env.c: "1GiB" as well as bytes */
+  if (c->limit_env && engine_env_size(c->limit_env, &set))
+    return set;
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   size_t ram = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : (size_t)8 << 30;
   size_t lim = ram / c->ram_divisor;

@@ -1,6 +1,8 @@
 /* staging.c: the caching pinned host allocator (see staging.h). */
 #include "staging.h"
 
+#include "env.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -315,8 +317,9 @@ static staging_pool *lazy_pool_get(lazy_pool *lp)
   pthread_mutex_lock(&lp->mu);
   if (!lp->pool) {
     const backend_ops *be = backend_pinned_host();
-    const char *env = getenv(lp->env);
-    size_t budget = env && atoll(env) > 0 ? (size_t)atoll(env) : lp->default_budget;
+    size_t budget; /* env.c: "256M" as well as bytes; 0 is the default */
+    if (!engine_env_size(lp->env, &budget) || budget == 0)
+      budget = lp->default_budget;
     staging_create(be, budget, &lp->pool, NULL);
   }
   staging_pool *p = lp->pool;

@@ -147,6 +147,9 @@ typedef struct tport_device_info {
   int npeers;
   char peers[16][32];
   bool managed_memory;
+  /* free_bytes is withheld (0): only an operator tenant sees what is free
+   * (it tells of other tenants' use); in the padding, so the size stays */
+  bool free_hidden;
 } tport_device_info;
 
 typedef struct tport_counter {
@@ -155,6 +158,19 @@ typedef struct tport_counter {
 } tport_counter;
 
 const char *tport_strerror(int code);
+
+/* Sizes and durations as people type them, parsed as tport's and tportd's
+ * flags are (for bindings: Python's ttl="10m", timeout="5s"):
+ *   size      a number of bytes, or with K M G T, KiB MiB GiB TiB (1024s),
+ *             KB MB GB TB (1000s): "64GiB", "1.5G", "512M"
+ *   duration  with ms, s, m, h or d: "500ms", "30s", "1.5h"; a bare number
+ *             is seconds when bare_seconds, else milliseconds
+ * Negatives, junk, fractions of a byte or millisecond and overflow fail
+ * with INVALID_ARGUMENT; the message starts with what (the argument's
+ * name) and names the accepted forms. */
+int tport_parse_size(const char *text, const char *what, uint64_t *bytes, tport_err *err);
+int tport_parse_duration_ms(const char *text, const char *what, bool bare_seconds, uint64_t *ms,
+                            tport_err *err);
 
 int tport_connect(const char *url, const tport_connect_options *opts, tport_client **out,
                   tport_err *err);

@@ -16,6 +16,7 @@ static _Thread_local bool auth_oom;
 #include <uthash.h>
 
 #include "auth.h"
+#include "os_error.h"
 #include "registry.h"
 
 typedef struct auth_tenant {
@@ -70,7 +71,7 @@ int auth_file_load(const char *path, auth_file **out, tport_err *err)
 {
   FILE *f = fopen(path, "re");
   if (!f)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--auth-file %s: %s", path, strerror(errno));
+    return os_error(err, errno, "--auth-file %s", path);
   struct stat st;
   if (fstat(fileno(f), &st) != 0 || (st.st_mode & 077)) {
     fclose(f);

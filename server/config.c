@@ -428,6 +428,11 @@ int config_parse(server_config *c, int argc, char **argv, tport_err *err)
     const char *v = getenv(opts[i].env);
     if (v && *v) {
       int rc = apply(c, i, v, err);
+      if (rc && err) { /* the message names the flag; the user set the variable */
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        tport_err_set(err, rc, "%s (from $%s)", why, opts[i].env);
+      }
       if (rc)
         return rc;
     }

@@ -252,6 +252,7 @@ int h_devices(call *c)
     infos[i].compute_capability = (char *)d->compute_capability;
     /* what is free tells of other tenants' use: the operator's to see */
     infos[i].free_bytes = op ? d->free_bytes : 0;
+    infos[i].free_hidden = !op;
     infos[i].total_bytes = d->total_bytes;
     infos[i].managed_memory = d->managed_memory;
     for (int p = 0; p < d->npeers; p++) {

@@ -238,7 +238,8 @@ typedef struct engine_options {
  * none).  Call once, before any tensor is made.  An option the engine
  * cannot honour without failing to serve (a kernel cache where no backend
  * compiles kernels) does not fail: *warning (may be NULL) says why, its
- * code TPORT_OK when there is nothing to say. */
+ * code TPORT_OK when there is nothing to say.  A TPORT_*_BYTES variable of
+ * the engine's that does not parse fails it, naming the variable. */
 int engine_configure(const char *devices, const engine_options *opts, tport_err *warning,
                      tport_err *err);
 

@@ -18,6 +18,7 @@ from .client import DEFAULT_URL, Client, DeviceInfo, DeviceList
 from . import errors as _errors
 from .errors import *  # noqa: F401,F403 -- Error and one class per status code
 from .tensor import Tensor, TensorInfo
+from .units import parse_duration, parse_size
 
 __version__ = "0.1.0"
 
@@ -35,5 +36,7 @@ __all__ = [
     "MEMORY_FORMATS",
     "library_path",
     "LibraryNotFoundError",
+    "parse_size",
+    "parse_duration",
     "__version__",
 ] + [n for n in _errors.__all__ if n != "CODES"]

@@ -148,6 +148,7 @@ class DeviceInfoC(ctypes.Structure):
         ("npeers", ctypes.c_int),
         ("peers", (ctypes.c_char * 32) * 16),
         ("managed_memory", ctypes.c_bool),
+        ("free_hidden", ctypes.c_bool),
     ]
 
 
@@ -203,6 +204,9 @@ _P = ctypes.POINTER
 _c = ctypes
 _PROTOTYPES = {
     "tport_strerror": (_c.c_char_p, [_c.c_int]),
+    "tport_parse_size": (_c.c_int, [_c.c_char_p, _c.c_char_p, _P(_c.c_uint64), _P(Err)]),
+    "tport_parse_duration_ms": (_c.c_int, [_c.c_char_p, _c.c_char_p, _c.c_bool, _P(_c.c_uint64),
+                                           _P(Err)]),
     "tport_status_name": (_c.c_char_p, [_c.c_int]),
     "tport_connect": (_c.c_int, [_c.c_char_p, _P(ConnectOptions), _P(_c.c_void_p), _P(Err)]),
     "tport_close": (None, [_c.c_void_p]),

@@ -9,16 +9,16 @@ waits for the calls in flight, and calls after it raise FailedPrecondition.
 """
 import ctypes
 import dataclasses
-import datetime
 import os
 import sys
 import threading
 import weakref
-from typing import Tuple
+from typing import Optional, Tuple
 
 from . import _dlpack, _lib, _names
 from .errors import FailedPrecondition, InvalidArgument, error_for
 from .tensor import Tensor, TensorInfo
+from .units import _duration_ms
 
 __all__ = ["Client", "DeviceInfo", "DeviceList", "DEFAULT_URL"]
 
@@ -34,13 +34,14 @@ _libc_free.restype = None
 class DeviceInfo:
     """A device of the server (``Client.devices()``): ``device`` ("cpu", "sim:0",
     "cuda:0"), its ``name``, memory (``total_bytes``, ``free_bytes``; free is
-    shown to operators only), ``compute_capability`` (CUDA), the devices it has
-    peer access to, and whether it offers managed memory."""
+    shown to operators only: None to other tenants), ``compute_capability``
+    (CUDA), the devices it has peer access to, and whether it offers managed
+    memory."""
 
     device: str
     name: str
     total_bytes: int
-    free_bytes: int
+    free_bytes: Optional[int]
     compute_capability: str
     peers: Tuple[str, ...]
     managed_memory: bool
@@ -67,13 +68,18 @@ def _enc(s):
 
 
 def _ttl_ms(ttl):
-    if ttl is None:
+    """ttl: seconds, a timedelta, or "10m" as tport --ttl takes it."""
+    return 0 if ttl is None else _duration_ms(ttl, "ttl")
+
+
+def _timeout_ms(timeout):
+    """timeout: seconds, a timedelta or "5s"; libtport keeps it in an int."""
+    if timeout is None:
         return 0
-    if isinstance(ttl, datetime.timedelta):
-        ttl = ttl.total_seconds()
-    if ttl < 0:
-        raise InvalidArgument("ttl is %r seconds: it must not be negative" % (ttl,))
-    return int(round(ttl * 1000))
+    ms = _duration_ms(timeout, "timeout")
+    if ms > 2**31 - 1:
+        raise InvalidArgument("timeout is %r: at most 24 days" % (timeout,))
+    return ms
 
 
 def _info_from_c(c):
@@ -172,7 +178,8 @@ class Client:
     hex; a server without one asks for its user's local secret, which
     libtport reads by itself on a local URL: ``$TPORT_LOCAL_SECRET``), ``tls_ca``/``tls_cert``/``tls_key``/``tls_server_name``
     (``$TPORT_TLS_CA``, ...), ``verify`` (``$TPORT_VERIFY=1``: a CRC32C on
-    every chunk), ``timeout`` (seconds per request; default 60), ``keep``
+    every chunk), ``timeout`` (per request: seconds, a timedelta or a string
+    such as "5s" or "2m", parsed as tport's flags are; default 60 s), ``keep``
     (keep everything this client makes for the tenant, as the ``tport`` tool
     does; default False: unnamed tensors go when the client closes), ``shm``
     (same host: on a local URL -- ``ipc://``, ``tcp://127.0.0.1`` -- to a
@@ -202,7 +209,7 @@ class Client:
             "tls_key": tls_key or _env("TPORT_TLS_KEY"),
             "tls_server_name": tls_server_name or _env("TPORT_TLS_SERVER_NAME"),
             "verify": bool(verify),
-            "timeout_ms": int(timeout * 1000) if timeout else 0,
+            "timeout_ms": _timeout_ms(timeout),
             "no_shm": shm is not None and not shm,
         }
         self.keep = bool(keep)
@@ -368,7 +375,7 @@ class Client:
         "preserve"); other layouts arrive in C order.  NumPy uint16 arrays are
         bfloat16 bit patterns (tensorport has no uint16).
 
-        ``name`` (and ``ttl``, seconds) keeps it for the tenant under that
+        ``name`` (and ``ttl``: seconds, a timedelta or "10m") keeps it for the tenant under that
         name; ``keep=True`` keeps it without a name.  ``device`` (default
         cpu), ``dtype`` and ``memory_format`` convert it on the server;
         ``managed`` allocates unified memory on a GPU; ``non_blocking``
@@ -567,7 +574,8 @@ class Client:
                 d = p[i]
                 out.append(DeviceInfo(
                     device=_s(d.device), name=_s(d.name), total_bytes=d.total_bytes,
-                    free_bytes=d.free_bytes, compute_capability=_s(d.compute_capability),
+                    free_bytes=None if d.free_hidden else d.free_bytes,
+                    compute_capability=_s(d.compute_capability),
                     peers=tuple(_s(d.peers[k].value) for k in range(min(d.npeers, 16))),
                     managed_memory=bool(d.managed_memory)))
         finally:

@@ -146,6 +146,12 @@ def test_devices_and_stats(client):
     assert sim0.peers == ("sim:1",) and sim0.managed_memory
     for d in devs[1:1 + len(cuda)]:
         assert d.total_bytes > 0 and d.managed_memory and d.name and d.compute_capability
+    # free memory tells of other tenants' use: None to a tenant that is not
+    # an operator (not 0, which would read as a full device), a number to one
+    assert all(d.free_bytes is None for d in devs), devs
+    with tp.Client(client.url, tenant="ops") as ops:
+        assert all(isinstance(d.free_bytes, int) for d in ops.devices())
+        assert ops.devices()[names.index("sim:0")].free_bytes > 0
     client.put(np.ones(5))
     st = client.stats()
     assert isinstance(st, dict) and st["tensors"] >= 1

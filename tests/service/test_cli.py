@@ -43,8 +43,11 @@ def check(cond, what):
         failures.append(what)
 
 
+# the engine's variables take sizes as the flags do (proto/units.c)
 server = subprocess.Popen([TPORTD, "--listen", url, "--devices", "cpu,sim:2", "--log-level", "1",
-                           "--shm-socket", os.path.join(tmp, "shm.sock"), "--admin", "default"])
+                           "--shm-socket", os.path.join(tmp, "shm.sock"), "--admin", "default"],
+                          env=dict(os.environ, TPORT_STAGING_BYTES="64M",
+                                   TPORT_READBACK_BYTES="0.25GiB", TPORT_PINNED_CACHE_BYTES="1G"))
 try:
     for _ in range(200):
         probe = subprocess.run([TPORT, "--url", url, "stats"], capture_output=True)
@@ -144,6 +147,15 @@ try:
     d = tjson("devices")
     check([x["device"] for x in d.get("devices", [])] == ["cpu", "sim:0", "sim:1"], "devices: %s" % d)
     check(d.get("cuda_unavailable_reason"), "devices says why cuda is off")
+    # free memory: the operator's to see; hidden (not 0.0 GiB) from others
+    check(all(isinstance(x.get("free_bytes"), int) for x in d.get("devices", [])),
+          "the operator sees free memory: %s" % d)
+    d = tjson("devices", "--tenant", "bob")
+    check(d.get("devices") and all(x.get("free_bytes", 0) is None for x in d["devices"]),
+          "free_bytes is null to a tenant that is not an operator: %s" % d)
+    lines = tport("devices", "--tenant", "bob").stdout.splitlines()
+    check(all("hidden free" in l and "GiB free" not in l for l in lines if "total" in l),
+          "devices prints hidden free memory as hidden: %s" % lines)
     check(tjson("stats").get("tensors", 0) > 0, "stats counts tensors")
     e = tport("--json", "view", "float32", "--sizes", "9", "--strides", "1", "--offset", "500",
               ok=False)
@@ -151,6 +163,24 @@ try:
     check(tport("to", "float32", "--memory-format", "channels_last_3d", ok=False).returncode == 1,
           "a rank error exits 1")
     check(tport("put", os.path.join(tmp, "missing.npy"), ok=False).returncode == 1, "missing file")
+    # file errors: the code that fits errno, the OS's reason and the path
+    for args, code, why, path in (
+            (["get", "float32", "/no/such/dir/x.npy"], "NOT_FOUND", "No such file or directory",
+             "/no/such/dir/x.npy"),
+            (["put", os.path.join(tmp, "missing.npy")], "NOT_FOUND", "No such file or directory",
+             "missing.npy"),
+            (["put", tmp], "INVALID_ARGUMENT", "Is a directory", tmp),
+            (["get", "float32", tmp], "INVALID_ARGUMENT", "Is a directory", tmp)):
+        e = tport(*args, ok=False)
+        check(e.returncode == 1 and code in e.stderr and why in e.stderr and path in e.stderr,
+              "tport %s: exit %d: %s" % (" ".join(args), e.returncode, e.stderr))
+    if os.geteuid() != 0:  # root reads any file
+        locked = os.path.join(tmp, "locked.npy")
+        np.save(locked, arrays["int8"])
+        os.chmod(locked, 0)
+        e = tport("put", locked, ok=False)
+        check("PERMISSION_DENIED" in e.stderr and "Permission denied" in e.stderr,
+              "an unreadable file: %s" % e.stderr)
     # usage errors exit 2, before any connection; failures exit 1
     check(tport("bogus", ok=False).returncode == 2, "unknown command exits 2")
     check(tport("get", ok=False).returncode == 2, "missing arguments exit 2")
@@ -163,6 +193,43 @@ try:
     tport("rm", "ttl10m")
     check(tport("--url", "tcp://127.0.0.1:1", "ls", ok=False).returncode == 1,
           "no server: exit 1")
+    # libtport's variables: one that does not parse is refused, named
+    for var, value in (("TPORT_SHM", "yes"), ("TPORT_CUDA_IPC", "off"),
+                       ("TPORT_COPY_THREADS", "all")):
+        e = subprocess.run([TPORT, "--url", url, "ls"], capture_output=True, text=True,
+                           timeout=60, env=dict(os.environ, **{var: value}))
+        check(e.returncode == 1 and "INVALID_ARGUMENT" in e.stderr
+              and "%s='%s'" % (var, value) in e.stderr,
+              "%s=%s: exit %d: %s" % (var, value, e.returncode, e.stderr))
+
+    # global flags after the command, as before it (--url, --json, --tenant,
+    # --verify, --no-shm, --help here; the secret and TLS ones below)
+    g = tport("ls", "--url", "tcp://127.0.0.1:1", ok=False)
+    check(g.returncode == 1, "ls --url: the later --url wins: exit %d %s" % (g.returncode, g.stderr))
+    g = tport("ls", "--json")
+    check(g.stdout.startswith("["), "ls --json: %r" % g.stdout)
+    tport("put", os.path.join(tmp, "int32.npy"), "--name", "bobs", "--tenant", "bob")
+    check("bobs" in [t["name"] for t in tjson("ls", "--tenant", "bob")]
+          and "bobs" not in [t["name"] for t in tjson("ls")], "--tenant after the command")
+    tport("put", os.path.join(tmp, "big.npy"), "--name", "gv", "--verify")
+    tport("get", "gv", os.path.join(tmp, "gv.npy"), "--verify")
+    check(os.path.exists(os.path.join(tmp, "gv.npy"))
+          and np.array_equal(np.load(os.path.join(tmp, "gv.npy")), big), "--verify after: values")
+    moved = tjson("stats").get("shm_transfers", -1)
+    tport("put", os.path.join(tmp, "big.npy"), "--name", "gns", "--no-shm")
+    check(tjson("stats").get("shm_transfers", -1) == moved, "--no-shm after the command")
+    g = tport("put", "--help")
+    check(g.returncode == 0 and "--no-shm" in g.stdout, "put --help: %s" % g.stderr)
+    # an unknown flag, anywhere, or one the command does not take: exit 2,
+    # before any connection, with the flag named
+    for args, named in ((["ls", "--bogus"], "'--bogus'"), (["--bogus", "ls"], "'--bogus'"),
+                        (["ls", "--bogus=1"], "'--bogus=1'"), (["ls", "-x"], "'-x'"),
+                        (["ls", "--url"], "'--url' needs a value"),
+                        (["put", "x.npy", "--sizes", "3"], "put takes no --sizes"),
+                        (["ls", "--name", "n"], "ls takes no --name")):
+        e = tport(*args, ok=False)
+        check(e.returncode == 2 and named in e.stderr,
+              "tport %s: exit %d: %s" % (" ".join(args), e.returncode, e.stderr))
 finally:
     server.terminate()
     rc = server.wait(timeout=30)
@@ -199,6 +266,9 @@ try:
           "get with TPORT_SECRET_FILE: %s" % p.stderr)
     p = subprocess.run(base + ["ls"], capture_output=True, text=True, timeout=60)
     check(p.returncode == 1 and "UNAUTHENTICATED" in p.stderr, "no secret: %s" % p.stderr)
+    p = subprocess.run(base + ["ls", "--secret-file", key], capture_output=True, text=True,
+                       timeout=60)
+    check(p.returncode == 0, "--secret-file after the command: %s" % p.stderr)
     os.chmod(key, 0o644)
     p = subprocess.run(base + ["--secret-file", key, "ls"], capture_output=True, text=True,
                        timeout=60)
@@ -237,6 +307,18 @@ try:
     p = subprocess.run([TPORT, "--url", turl, "--tenant", "carol", "--secret-file", key, "ls"],
                        capture_output=True, text=True, timeout=60)
     check(p.returncode == 1, "a server certificate the tool does not trust: exit 1 (%s)" % p.stderr)
+    # the TLS flags after the command: the CA makes the certificate trusted,
+    # a name it does not carry and a certificate that is not there fail
+    notls = [TPORT, "--url", turl, "--tenant", "carol", "--secret-file", key]
+    p = subprocess.run(notls + ["ls", "--tls-ca", crt], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 0, "ls --tls-ca: %s" % p.stderr)
+    p = subprocess.run(notls + ["ls", "--tls-ca", crt, "--tls-server-name", "elsewhere.example"],
+                       capture_output=True, text=True, timeout=60)
+    check(p.returncode == 1, "ls --tls-server-name elsewhere: exit %d" % p.returncode)
+    p = subprocess.run(notls + ["ls", "--tls-ca", crt, "--tls-cert", os.path.join(tmp, "nocert"),
+                                "--tls-key", os.path.join(tmp, "nokey")],
+                       capture_output=True, text=True, timeout=60)
+    check(p.returncode == 1 and "nocert" in p.stderr, "ls --tls-cert missing: %s" % p.stderr)
     # ... every time: nng freed the refused dialer's TLS configuration on its
     # reaper thread while the tool's exit ran OpenSSL's exit handlers, and
     # about 1 exit in 80 crashed (SIGSEGV); tport_close now waits for nng's
@@ -252,6 +334,64 @@ finally:
     server.terminate()
     rc = server.wait(timeout=30)
     check(rc == 0, "tportd on tls+tcp exits 0 on SIGTERM (got %s)" % rc)
+
+# the wrong scheme: tcp:// to the metrics port (HTTP) or to a TLS listener,
+# tls+tcp:// to a plain one; the error says what the other end speaks
+for _ in range(10):
+    base_port = random.randint(20000, 50000)
+    plain, tls, http = ("127.0.0.1:%d" % (base_port + i) for i in range(3))
+    server = subprocess.Popen([TPORTD, "--listen", "tcp://%s,tls+tcp://%s" % (plain, tls),
+                               "--tls-cert", crt, "--tls-key", pkey, "--http-listen", http,
+                               "--shm-socket", "off", "--log-level", "0"])
+    time.sleep(0.3)
+    if server.poll() is None:
+        break
+try:
+    import urllib.request
+    for _ in range(400):  # /readyz: the listeners are up (slow under sanitizers)
+        try:
+            if urllib.request.urlopen("http://%s/readyz" % http, timeout=1).status == 200:
+                break
+        except OSError:
+            pass
+        time.sleep(0.05)
+    for u, said in (("tcp://" + http, "speaks HTTP: is this the metrics port? tensorport's "
+                                      "default is tcp://127.0.0.1:7450"),
+                    ("tcp://" + tls, "speaks TLS: use tls+tcp://" + tls),
+                    ("tls+tcp://" + plain, "speaks tensorport without TLS: use tcp://" + plain)):
+        p = subprocess.run([TPORT, "--url", u, "--tls-ca", crt, "ls"], capture_output=True,
+                           text=True, timeout=60)
+        check(p.returncode == 1 and said in p.stderr, "%s: exit %d: %s" % (u, p.returncode, p.stderr))
+    p = subprocess.run([TPORT, "--url", "tcp://" + plain, "ls"], capture_output=True, text=True,
+                       timeout=60)
+    check(p.returncode == 0, "the plain listener itself: %s" % p.stderr)
+finally:
+    server.terminate()
+    server.wait(timeout=30)
+
+# tportd's file flags: a file or folder that is not there is named, with
+# the OS's reason; exit 1 (a failure, not a usage error) for the auth file
+for flags, named in ((["--auth-file", "/no/such/auth"], "/no/such/auth"),
+                     (["--listen", "tls+tcp://127.0.0.1:0", "--tls-cert", "/no/such/c.pem"],
+                      "/no/such/c.pem"),
+                     (["--shm-socket", "/no/such/dir/s.sock"], "/no/such/dir")):
+    p = subprocess.run([TPORTD, "--listen", "ipc://" + os.path.join(tmp, "files.sock"),
+                        "--http-listen", "off", *flags], capture_output=True, text=True, timeout=30)
+    check(p.returncode != 0 and named in p.stderr and "No such file or directory" in p.stderr,
+          "tportd %s: exit %d: %s" % (" ".join(flags), p.returncode, p.stderr))
+    if flags[0] == "--auth-file":
+        check(p.returncode == 1, "a missing --auth-file exits 1: %d" % p.returncode)
+
+# tportd's variables: a value that does not parse is a usage error that
+# names the variable, its flag's and the engine's own alike
+for var, value in (("TPORT_QUOTA", "lots"), ("TPORT_TTL", "-5"), ("TPORT_LOG_LEVEL", "loud"),
+                   ("TPORT_STAGING_BYTES", "lots"), ("TPORT_READBACK_BYTES", "1.5B"),
+                   ("TPORT_PINNED_CACHE_BYTES", "-1")):
+    p = subprocess.run([TPORTD, "--listen", "ipc://" + os.path.join(tmp, "env.sock"),
+                        "--http-listen", "off", "--shm-socket", "off"], capture_output=True,
+                       text=True, timeout=30, env=dict(os.environ, **{var: value}))
+    check(p.returncode == 2 and var in p.stderr and "'%s'" % value in p.stderr,
+          "tportd with %s=%s: exit %d: %s" % (var, value, p.returncode, p.stderr))
 
 for f in failures:
     print("FAIL", f)
