@@ -222,7 +222,7 @@ static int put_chunks(tport_client *c, const client_put_desc *d, const Tport__Re
   /* a server's chunks may differ from its Hello's: the ring follows them */
   if (!stage || (rc = stage_set_chunk(stage, chunk, err)) == TPORT_OK)
     rc = client_run_window(c, d->nbytes, chunk, put_make, put_take, &pc, d->opts->progress,
-                           d->opts->progress_arg, err);
+                           d->opts->progress_arg, d->cancel, err);
   lent_chunks_wait(c, &lent); /* the caller's bytes are theirs again */
   pthread_cond_destroy(&lent.cv);
   pthread_mutex_destroy(&lent.mu);

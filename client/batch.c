@@ -1,0 +1,282 @@
+/*
+ * batch.c: n tensors in as few round trips as the server allows.  Small
+ * elements (client_batch_fits) ride together: a PutBatch carries up to
+ * BATCH_MAX_ELEMENTS of them and a chunk's worth of their bytes, each
+ * element a PutBeginRequest that commits at once; a GetBatch asks for up
+ * to as many, and the server answers each inline while its reply has room,
+ * else with a transfer read by the window as a single get's.  Larger
+ * elements go by path.c, as a tport_put or tport_get of their own would
+ * (the window, the automatic region).  Every element keeps its own result
+ * and error: a reply element the server got wrong fails that element.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "crc32c.h"
+
+/* The server's bound (server/handlers_batch.c) is larger: this keeps one
+ * request's reply small. */
+#define BATCH_MAX_ELEMENTS 1024
+
+bool client_batch_fits(const tport_client *c, size_t nbytes)
+{
+  return nbytes < CLIENT_SHM_MIN_BYTES && nbytes <= c->chunk_bytes;
+}
+
+static bool cancelled(const atomic_bool *cancel, tport_err *err)
+{
+  if (!cancel || !atomic_load(cancel))
+    return false;
+  tport_err_set(err, TPORT_CANCELLED, "cancelled before this element was sent");
+  return true;
+}
+
+/* An element's error from its reply's status (a reply element without
+ * one is OK). */
+static int element_status(const Tport__Status *st, tport_err *err)
+{
+  if (!st || st->code == TPORT__CODE__CODE_OK)
+    return TPORT_OK;
+  return tport_err_set(err, (int)st->code, "%s", st->message ? st->message : "");
+}
+
+/* The batch's status: OK, or the first failed element's, named. */
+static int batch_result(const tport_err *errs, size_t stride, size_t n, tport_err *err)
+{
+  size_t failed = 0, first = 0;
+  for (size_t i = 0; i < n; i++) {
+    const tport_err *e = (const tport_err *)((const char *)errs + i * stride);
+    if (e->code != TPORT_OK && failed++ == 0)
+      first = i;
+  }
+  if (!failed)
+    return TPORT_OK;
+  const tport_err *e = (const tport_err *)((const char *)errs + first * stride);
+  return tport_err_set(err, e->code, "%zu of %zu elements failed; element %zu: %s", failed, n,
+                       first, e->msg);
+}
+
+/* ---------------------------------------------------------------- puts */
+
+/* One PutBatch of the small items idx[0..k) (total payload bytes). */
+static void put_group(tport_client *c, tport_put_item *items, const size_t *idx, size_t k,
+                      size_t total)
+{
+  Tport__TensorDesc *descs = calloc(k, sizeof *descs);
+  Tport__PutBeginRequest *qs = calloc(k, sizeof *qs);
+  Tport__PutBeginRequest **qp = calloc(k, sizeof *qp);
+  uint64_t *lens = calloc(k, sizeof *lens);
+  uint8_t *payload = malloc(total ? total : 1);
+  tport_put_options defaults;
+  tport_put_options_init(&defaults);
+  tport_err err;
+  int rc = descs && qs && qp && lens && payload
+               ? TPORT_OK
+               : tport_err_set(&err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a batch");
+  size_t off = 0;
+  for (size_t j = 0; !rc && j < k; j++) {
+    tport_put_item *it = &items[idx[j]];
+    client_put_request(c, it->dtype, it->ndim, it->sizes, it->strides,
+                       it->opts ? it->opts : &defaults, &descs[j], &qs[j]);
+    qs[j].commit = true;
+    if (c->verify) {
+      qs[j].crc32c_set = true;
+      qs[j].crc32c = transport_crc32c(0, it->data, it->nbytes);
+    }
+    qp[j] = &qs[j];
+    lens[j] = it->nbytes;
+    if (it->nbytes)
+      memcpy(payload + off, it->data, it->nbytes);
+    off += it->nbytes;
+  }
+  Tport__PutBatchReply *r = NULL;
+  if (!rc) {
+    Tport__PutBatchRequest q = TPORT__PUT_BATCH_REQUEST__INIT;
+    q.n_puts = q.n_payload_bytes = k;
+    q.puts = qp;
+    q.payload_bytes = lens;
+    rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_BATCH, &q.base, payload, total,
+                    &tport__put_batch_reply__descriptor, (ProtobufCMessage **)&r, NULL, &err);
+  }
+  if (!rc && r->n_puts != k)
+    rc = tport_err_set(&err, TPORT_DATA_LOSS, "the server answered %zu of %zu elements",
+                       r->n_puts, k);
+  for (size_t j = 0; j < k; j++) {
+    tport_put_item *it = &items[idx[j]];
+    if (rc) {
+      it->err = err;
+    } else if (element_status(r->puts[j]->status, &it->err) == TPORT_OK) {
+      if (!r->puts[j]->info)
+        tport_err_set(&it->err, TPORT_DATA_LOSS, "the server's reply describes no tensor");
+      else
+        client_info_from_wire(r->puts[j]->info, &it->info);
+    }
+  }
+  if (r)
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  free(descs), free(qs), free(qp), free(lens), free(payload);
+}
+
+int client_put_batch(tport_client *c, tport_put_item *items, size_t n, const atomic_bool *cancel,
+                     tport_err *err)
+{
+  size_t *idx = malloc((n ? n : 1) * sizeof *idx);
+  if (!idx)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a batch of %zu", n);
+  size_t k = 0, total = 0;
+  for (size_t i = 0; i <= n; i++) {
+    /* the group so far goes when it is full, or at the end */
+    bool fits = i < n && client_batch_fits(c, items[i].nbytes);
+    if (k && (i == n || (fits && (k == BATCH_MAX_ELEMENTS ||
+                                  total + items[i].nbytes > c->chunk_bytes)))) {
+      put_group(c, items, idx, k, total);
+      k = 0, total = 0;
+    }
+    if (i == n)
+      break;
+    tport_put_item *it = &items[i];
+    tport_err_clear(&it->err);
+    memset(&it->info, 0, sizeof it->info);
+    if (it->ndim < 0 || it->ndim > TPORT_MAX_DIMS) {
+      tport_err_set(&it->err, TPORT_INVALID_ARGUMENT, "ndim is %d: it must be in [0, %d]",
+                    it->ndim, TPORT_MAX_DIMS);
+    } else if (cancelled(cancel, &it->err)) {
+      /* nothing sent */
+    } else if (fits) {
+      idx[k++] = i;
+      total += it->nbytes;
+    } else {
+      client_put_desc d = {.dtype = it->dtype,
+                           .ndim = it->ndim,
+                           .sizes = it->sizes,
+                           .strides = it->strides,
+                           .nbytes = it->nbytes,
+                           .data = it->data,
+                           .opts = it->opts,
+                           .cancel = cancel};
+      client_put(c, &d, &it->info, &it->err);
+    }
+  }
+  free(idx);
+  return n ? batch_result(&items[0].err, sizeof *items, n, err) : TPORT_OK;
+}
+
+/* ---------------------------------------------------------------- gets */
+
+/* The rest of element it's get, answered by b with its inline bytes at
+ * *at of the reply's payload p; *at moves past them.  A deferred one goes
+ * as a get of its own. */
+static void get_element(tport_client *c, tport_get_item *it, const Tport__GetBeginReply *b,
+                        bool deferred, const client_payload *p, size_t *at,
+                        const atomic_bool *cancel)
+{
+  if (element_status(b->status, &it->err))
+    return;
+  client_get_desc g = {.ref = &it->ref,
+                       .buf = it->buf,
+                       .cap = it->cap,
+                       .alloc = it->buf == NULL,
+                       .cancel = cancel};
+  void *alloced = NULL;
+  if (deferred) {
+    if (client_get(c, &g, &alloced, &it->nbytes, &it->info, &it->err) == TPORT_OK)
+      it->data = it->buf ? it->buf : alloced;
+    return;
+  }
+  client_payload inl = {0};
+  size_t n = (size_t)b->nbytes;
+  if (b->transfer.len == 0 && !b->shm) {
+    /* inline: its bytes are the next n of the payload */
+    if (n > p->len - *at) {
+      tport_err_set(&it->err, TPORT_DATA_LOSS,
+                    "the batch's reply carries %zu bytes past offset %zu: this element needs %zu",
+                    p->len - *at, *at, n);
+      *at = p->len; /* the rest cannot be placed either */
+      return;
+    }
+    inl.data = p->data + *at;
+    inl.len = n;
+    *at += n;
+  }
+  if (client_socket_get_rest(c, &g, b, &inl, NULL, &alloced, &it->nbytes, &it->info, &it->err) ==
+      TPORT_OK)
+    it->data = it->buf ? it->buf : alloced;
+}
+
+/* One GetBatch of items[0..k). */
+static void get_group(tport_client *c, tport_get_item *items, size_t k, const atomic_bool *cancel)
+{
+  Tport__Ref *refs = calloc(k, sizeof *refs);
+  Tport__GetBeginRequest *qs = calloc(k, sizeof *qs);
+  Tport__GetBeginRequest **qp = calloc(k, sizeof *qp);
+  tport_err err;
+  int rc = refs && qs && qp ? TPORT_OK
+                            : tport_err_set(&err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  for (size_t j = 0; !rc && j < k; j++) {
+    client_ref_to_wire(&items[j].ref, &refs[j]);
+    tport__get_begin_request__init(&qs[j]);
+    qs[j].ref = &refs[j];
+    qs[j].inline_max = c->chunk_bytes;
+    qs[j].want_crc32c = c->verify;
+    qp[j] = &qs[j];
+  }
+  Tport__GetBatchReply *r = NULL;
+  client_payload p = {0};
+  if (!rc) {
+    Tport__GetBatchRequest q = TPORT__GET_BATCH_REQUEST__INIT;
+    q.n_gets = k;
+    q.gets = qp;
+    q.defer_large = true;
+    rc = client_rpc(c, TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0,
+                    &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&r, &p, &err);
+  }
+  if (!rc && (r->n_gets != k || (r->n_deferred != 0 && r->n_deferred != k)))
+    rc = tport_err_set(&err, TPORT_DATA_LOSS, "the server answered %zu of %zu elements",
+                       r->n_gets, k);
+  size_t at = 0;
+  for (size_t j = 0; j < k; j++) {
+    if (rc)
+      items[j].err = err;
+    else if (!cancelled(cancel, &items[j].err))
+      get_element(c, &items[j], r->gets[j], r->n_deferred && r->deferred[j], &p, &at, cancel);
+  }
+  if (r)
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  if (p.msg)
+    nng_msg_free(p.msg);
+  free(refs), free(qs), free(qp);
+}
+
+int client_get_batch(tport_client *c, tport_get_item *items, size_t n, const atomic_bool *cancel,
+                     tport_err *err)
+{
+  for (size_t i = 0; i < n; i++) {
+    tport_err_clear(&items[i].err);
+    items[i].data = NULL;
+    items[i].nbytes = 0;
+    memset(&items[i].info, 0, sizeof items[i].info);
+  }
+  for (size_t i = 0; i < n; i += BATCH_MAX_ELEMENTS) {
+    size_t k = n - i < BATCH_MAX_ELEMENTS ? n - i : BATCH_MAX_ELEMENTS;
+    if (cancel && atomic_load(cancel))
+      for (size_t j = i; j < i + k; j++)
+        cancelled(cancel, &items[j].err);
+    else
+      get_group(c, items + i, k, cancel);
+  }
+  return n ? batch_result(&items[0].err, sizeof *items, n, err) : TPORT_OK;
+}
+
+/* ---------------------------------------------------------------- the API */
+
+int tport_put_batch(tport_client *c, tport_put_item *items, size_t n, tport_err *err)
+{
+  return client_put_batch(c, items, n, NULL, err);
+}
+
+int tport_get_batch(tport_client *c, tport_get_item *items, size_t n, tport_err *err)
+{
+  return client_get_batch(c, items, n, NULL, err);
+}
