@@ -168,8 +168,8 @@ int client_request_start(tport_client *c, client_run_fn run, void *work,
 /* Takes up to max queued requests of run, oldest first, off the queue: the
  * caller runs them and finishes each (client_request_finish). */
 size_t client_requests_take(tport_client *c, client_run_fn run, tport_request **out, size_t max);
-/* r has completed with status (e its error): waiters woken, its callback
- * called, the library's reference dropped. */
+/* r has completed with status (e its error): its callback called, then
+ * its waiters woken, then the library's reference dropped. */
 void client_request_finish(tport_request *r, int status, const tport_err *e);
 
 /* ---------------------------------------------------------------- session.c */

@@ -88,11 +88,15 @@ void client_request_finish(tport_request *r, int status, const tport_err *e)
     r->err = *e;
   else
     tport_err_set(&r->err, status, "%s", status ? tport_status_name(status) : "");
+  pthread_mutex_unlock(&done_mu);
+  /* the callback first: a wait that returns has seen it return, so that
+   * what it touches may go */
+  if (r->done)
+    r->done(r, status, r->done_arg);
+  pthread_mutex_lock(&done_mu);
   r->complete = true;
   pthread_cond_broadcast(&done_cv);
   pthread_mutex_unlock(&done_mu);
-  if (r->done)
-    r->done(r, status, r->done_arg);
   release(r);
 }
 

@@ -270,13 +270,15 @@ int tport_get_into_dlpack(tport_client *c, const tport_ref *ref, const DLTensor 
  * (also after its client is closed).
  *
  * The completion callback (done, when not NULL) runs once, on one of the
- * client's library threads, after the request has completed (tport_test
- * says so): it may read its results, test or free any request (its own
- * too), and issue new requests on any client.  It must not wait for a
- * request that has not completed (tport_wait with a timeout other than 0,
- * tport_wait_any) nor close the client: that request may need the very
- * thread the callback runs on.  Keep it short: it holds up the requests
- * queued behind it.
+ * client's library threads, when the request's work is over (its results
+ * written) and before it counts as complete: a tport_wait that returns
+ * (or a tport_test that says true) has seen the callback return.  It may
+ * read the results, test or free any request (its own too), and issue new
+ * requests on any client.  It must not wait for a request that has not
+ * completed -- its own never has, inside its callback -- (tport_wait with
+ * a timeout other than 0, tport_wait_any) nor close the client: that
+ * request may need the very thread the callback runs on.  Keep it short:
+ * it holds up the requests queued behind it.
  *
  * tport_close with requests in flight: those not yet started complete with
  * TPORT_CANCELLED, those running with an error (TPORT_UNAVAILABLE or
