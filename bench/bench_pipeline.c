@@ -296,9 +296,12 @@ static void small_rows(const char *url, const char *tr, int reps)
 int main(int argc, char **argv)
 {
   int reps = 5;
+  const char *rows = "all"; /* or "dict", "small": one kind of row */
   for (int i = 1; i + 1 < argc; i += 2)
     if (!strcmp(argv[i], "--reps"))
       reps = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--rows"))
+      rows = argv[i + 1];
   if (reps < 1 || reps > 1000)
     reps = 5;
   char dir[] = "/tmp/tport-bench-pipeline-XXXXXX";
@@ -330,9 +333,9 @@ int main(int argc, char **argv)
   if (d->n != MAX_TENSORS || params != 25557032)
     die("the ResNet-50 shapes are not torchvision's (161 tensors, 25,557,032 parameters)", NULL);
   const char *urls[2] = {tcp, ipc}, *names[2] = {"tcp", "ipc"};
-  for (int t = 0; t < 2; t++)
+  for (int t = 0; t < 2 && strcmp(rows, "small"); t++)
     state_dict_rows(urls[t], names[t], d, reps);
-  for (int t = 0; t < 2; t++)
+  for (int t = 0; t < 2 && strcmp(rows, "dict"); t++)
     small_rows(urls[t], names[t], reps);
   server_stop(s, 1000);
   free(d->bytes);

@@ -18,7 +18,7 @@
 
 /* The server's bound (server/handlers_batch.c) is larger: this keeps one
  * request's reply small. */
-#define BATCH_MAX_ELEMENTS 1024
+#define BATCH_MAX_ELEMENTS 256
 
 bool client_batch_fits(const tport_client *c, size_t nbytes)
 {
@@ -60,53 +60,103 @@ static int batch_result(const tport_err *errs, size_t stride, size_t n, tport_er
 
 /* ---------------------------------------------------------------- puts */
 
-/* One PutBatch of the small items idx[0..k) (total payload bytes). */
-static void put_group(tport_client *c, tport_put_item *items, const size_t *idx, size_t k,
-                      size_t total)
+/* An element not answered yet (never a status of the wire's). */
+#define NOT_ANSWERED (-1)
+
+/* The small elements of a put batch, in groups of one PutBatch each:
+ * group g is items idx[start[g] .. start[g + 1]). */
+typedef struct put_groups {
+  tport_client *c;
+  tport_put_item *items;
+  size_t *idx, *start;
+  size_t ngroups;
+  lent_chunks lent; /* a large element's bytes, lent to its group's request */
+} put_groups;
+
+/* An element this large goes in a group of its own, its bytes lent to the
+ * request (where the transport can send from them) rather than copied. */
+#define BATCH_LEND_MIN ((size_t)256 << 10)
+
+static bool lent_alone(const tport_client *c, size_t nbytes)
 {
+  return c->lend_chunks && nbytes >= BATCH_LEND_MIN;
+}
+
+/* Group g's request: the elements' PutBegins, then their bytes. */
+static int group_make(void *ctx, size_t g, size_t one, nng_msg **out, tport_err *err)
+{
+  put_groups *pg = ctx;
+  size_t first = pg->start[g], k = pg->start[g + 1] - first;
   Tport__TensorDesc *descs = calloc(k, sizeof *descs);
   Tport__PutBeginRequest *qs = calloc(k, sizeof *qs);
   Tport__PutBeginRequest **qp = calloc(k, sizeof *qp);
   uint64_t *lens = calloc(k, sizeof *lens);
-  uint8_t *payload = malloc(total ? total : 1);
   tport_put_options defaults;
   tport_put_options_init(&defaults);
-  tport_err err;
-  int rc = descs && qs && qp && lens && payload
+  size_t total = 0;
+  int rc = descs && qs && qp && lens
                ? TPORT_OK
-               : tport_err_set(&err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a batch");
-  size_t off = 0;
+               : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a batch");
   for (size_t j = 0; !rc && j < k; j++) {
-    tport_put_item *it = &items[idx[j]];
-    client_put_request(c, it->dtype, it->ndim, it->sizes, it->strides,
+    tport_put_item *it = &pg->items[pg->idx[first + j]];
+    client_put_request(pg->c, it->dtype, it->ndim, it->sizes, it->strides,
                        it->opts ? it->opts : &defaults, &descs[j], &qs[j]);
     qs[j].commit = true;
-    if (c->verify) {
+    if (pg->c->verify) {
       qs[j].crc32c_set = true;
       qs[j].crc32c = transport_crc32c(0, it->data, it->nbytes);
     }
     qp[j] = &qs[j];
     lens[j] = it->nbytes;
-    if (it->nbytes)
-      memcpy(payload + off, it->data, it->nbytes);
-    off += it->nbytes;
+    total += it->nbytes; /* within a chunk (put_small's groups) */
   }
-  Tport__PutBatchReply *r = NULL;
+  Tport__PutBatchRequest q = TPORT__PUT_BATCH_REQUEST__INIT;
+  q.n_puts = q.n_payload_bytes = k;
+  q.puts = qp;
+  q.payload_bytes = lens;
+  size_t head = rc ? 0 : frame_head_size(&q.base);
+  tport_put_item *big = &pg->items[pg->idx[first]];
+  if (!rc && k == 1 && lent_alone(pg->c, big->nbytes)) {
+    rc = client_pack_lent(&pg->lent, TPORT__METHOD__METHOD_PUT_BATCH, &q.base, big->data,
+                          big->nbytes, out, err);
+    free(descs), free(qs), free(qp), free(lens);
+    return rc;
+  }
+  /* the message at its full size at once, the elements' bytes copied in */
+  if (!rc && nng_msg_alloc(out, head + total) != 0)
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte batch",
+                       head + total);
   if (!rc) {
-    Tport__PutBatchRequest q = TPORT__PUT_BATCH_REQUEST__INIT;
-    q.n_puts = q.n_payload_bytes = k;
-    q.puts = qp;
-    q.payload_bytes = lens;
-    rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_BATCH, &q.base, payload, total,
-                    &tport__put_batch_reply__descriptor, (ProtobufCMessage **)&r, NULL, &err);
+    uint8_t *body = nng_msg_body(*out);
+    frame_write_head(body, TPORT__METHOD__METHOD_PUT_BATCH, 0, &q.base);
+    for (size_t j = 0, at = head; j < k; j++) {
+      tport_put_item *it = &pg->items[pg->idx[first + j]];
+      if (it->nbytes)
+        memcpy(body + at, it->data, it->nbytes);
+      at += it->nbytes;
+    }
   }
+  free(descs), free(qs), free(qp), free(lens);
+  return rc;
+}
+
+/* Group g's reply: each element's result, or the group's error for all. */
+static int group_take(void *ctx, client_slot *s, tport_err *err)
+{
+  put_groups *pg = ctx;
+  size_t g = s->offset, first = pg->start[g], k = pg->start[g + 1] - first;
+  Tport__PutBatchReply *r = NULL;
+  tport_err ge;
+  int rc = client_unpack(TPORT__METHOD__METHOD_PUT_BATCH, s->reply,
+                         &tport__put_batch_reply__descriptor, (ProtobufCMessage **)&r, NULL, &ge);
   if (!rc && r->n_puts != k)
-    rc = tport_err_set(&err, TPORT_DATA_LOSS, "the server answered %zu of %zu elements",
+    rc = tport_err_set(&ge, TPORT_DATA_LOSS, "the server answered %zu of %zu elements",
                        r->n_puts, k);
   for (size_t j = 0; j < k; j++) {
-    tport_put_item *it = &items[idx[j]];
+    tport_put_item *it = &pg->items[pg->idx[first + j]];
+    tport_err_clear(&it->err);
     if (rc) {
-      it->err = err;
+      it->err = ge;
     } else if (element_status(r->puts[j]->status, &it->err) == TPORT_OK) {
       if (!r->puts[j]->info)
         tport_err_set(&it->err, TPORT_DATA_LOSS, "the server's reply describes no tensor");
@@ -116,48 +166,80 @@ static void put_group(tport_client *c, tport_put_item *items, const size_t *idx,
   }
   if (r)
     protobuf_c_message_free_unpacked(&r->base, NULL);
-  free(descs), free(qs), free(qp), free(lens), free(payload);
+  return TPORT_OK; /* the group's error is its elements': the others go on */
+}
+
+/* The small elements idx[0..k) in groups (BATCH_MAX_ELEMENTS, a chunk of
+ * bytes), the server's window of them in flight. */
+static void put_small(tport_client *c, tport_put_item *items, size_t *idx, size_t k,
+                      const atomic_bool *cancel)
+{
+  size_t *start = malloc((k + 1) * sizeof *start), ngroups = 0, bytes = 0;
+  tport_err err;
+  tport_err_set(&err, TPORT_INTERNAL, "the batch stopped before this element was answered");
+  int rc = start ? TPORT_OK : tport_err_set(&err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  for (size_t j = 0; !rc && j < k; j++) {
+    size_t n = items[idx[j]].nbytes;
+    bool alone = lent_alone(c, n) || (j > 0 && lent_alone(c, items[idx[j - 1]].nbytes));
+    if (j == 0 || alone || j - start[ngroups - 1] == BATCH_MAX_ELEMENTS ||
+        bytes + n > c->chunk_bytes) {
+      start[ngroups++] = j;
+      bytes = 0;
+    }
+    bytes += n;
+  }
+  if (!rc) {
+    start[ngroups] = k;
+    put_groups pg = {c, items, idx, start, ngroups,
+                     {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0}};
+    rc = client_run_window(c, ngroups, 1, group_make, group_take, &pg, NULL, NULL, cancel, &err);
+    client_lent_wait(c, &pg.lent); /* the caller's bytes are theirs again */
+  }
+  for (size_t j = 0; j < k; j++)
+    if (items[idx[j]].err.code == NOT_ANSWERED)
+      items[idx[j]].err = err; /* the window stopped before its group */
+  free(start);
+}
+
+/* Whether an element rides in a batch's request: a small one always; one
+ * of up to a chunk where no region would carry it faster alone. */
+static bool rides_in_batch(const tport_client *c, size_t nbytes)
+{
+  return client_batch_fits(c, nbytes) || (nbytes <= c->chunk_bytes && !atomic_load(&c->shm_auto));
 }
 
 int client_put_batch(tport_client *c, tport_put_item *items, size_t n, const atomic_bool *cancel,
                      tport_err *err)
 {
-  size_t *idx = malloc((n ? n : 1) * sizeof *idx);
+  size_t *idx = malloc((n ? n : 1) * sizeof *idx), k = 0;
   if (!idx)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a batch of %zu", n);
-  size_t k = 0, total = 0;
-  for (size_t i = 0; i <= n; i++) {
-    /* the group so far goes when it is full, or at the end */
-    bool fits = i < n && client_batch_fits(c, items[i].nbytes);
-    if (k && (i == n || (fits && (k == BATCH_MAX_ELEMENTS ||
-                                  total + items[i].nbytes > c->chunk_bytes)))) {
-      put_group(c, items, idx, k, total);
-      k = 0, total = 0;
-    }
-    if (i == n)
-      break;
+  for (size_t i = 0; i < n; i++) {
     tport_put_item *it = &items[i];
     tport_err_clear(&it->err);
     memset(&it->info, 0, sizeof it->info);
-    if (it->ndim < 0 || it->ndim > TPORT_MAX_DIMS) {
+    if (it->ndim < 0 || it->ndim > TPORT_MAX_DIMS)
       tport_err_set(&it->err, TPORT_INVALID_ARGUMENT, "ndim is %d: it must be in [0, %d]",
                     it->ndim, TPORT_MAX_DIMS);
-    } else if (cancelled(cancel, &it->err)) {
-      /* nothing sent */
-    } else if (fits) {
-      idx[k++] = i;
-      total += it->nbytes;
-    } else {
-      client_put_desc d = {.dtype = it->dtype,
-                           .ndim = it->ndim,
-                           .sizes = it->sizes,
-                           .strides = it->strides,
-                           .nbytes = it->nbytes,
-                           .data = it->data,
-                           .opts = it->opts,
-                           .cancel = cancel};
-      client_put(c, &d, &it->info, &it->err);
-    }
+    else if (rides_in_batch(c, it->nbytes))
+      idx[k++] = i, it->err.code = NOT_ANSWERED;
+  }
+  if (k)
+    put_small(c, items, idx, k, cancel);
+  /* the large ones, each as a put of its own */
+  for (size_t i = 0; i < n; i++) {
+    tport_put_item *it = &items[i];
+    if (it->err.code != TPORT_OK || rides_in_batch(c, it->nbytes) || cancelled(cancel, &it->err))
+      continue;
+    client_put_desc d = {.dtype = it->dtype,
+                         .ndim = it->ndim,
+                         .sizes = it->sizes,
+                         .strides = it->strides,
+                         .nbytes = it->nbytes,
+                         .data = it->data,
+                         .opts = it->opts,
+                         .cancel = cancel};
+    client_put(c, &d, &it->info, &it->err);
   }
   free(idx);
   return n ? batch_result(&items[0].err, sizeof *items, n, err) : TPORT_OK;

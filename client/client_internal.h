@@ -313,6 +313,20 @@ typedef struct client_get_desc {
   void *progress_arg;
   const atomic_bool *cancel; /* set: stop between chunks (NULL: never) */
 } client_get_desc;
+/* Requests that lend the caller's bytes (nng sends them from there, tcp
+ * and ipc) instead of copying them, and how many nng still holds. */
+typedef struct lent_chunks {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int outstanding;
+} lent_chunks;
+/* The request q with the n bytes at p lent to it as its payload (copied
+ * where nng cannot take them). */
+int client_pack_lent(lent_chunks *l, uint16_t method, const ProtobufCMessage *q, const void *p,
+                     size_t n, nng_msg **out, tport_err *err);
+/* Returns once nng holds none of l's bytes (closing the connection where
+ * a request is stuck in the transport a timeout later). */
+void client_lent_wait(tport_client *c, lent_chunks *l);
 /* A put of d's data or dev (not fill) by requests on the socket: with
  * region (the automatic one, locked by the caller, as large as the
  * tensor), each chunk is copied into it and named by its slice; dev is
