@@ -324,8 +324,12 @@ void tport_request_free(tport_request *req);
  *
  * n tensors in as few round trips as the server allows: small ones (under
  * 256 KiB, and each within the server's chunk) ride together in PutBatch
- * and GetBatch requests, larger ones go as a tport_put or tport_get of
- * their own would (the window, the automatic region).  Each element has its
+ * and GetBatch requests, with the server's window of such requests in
+ * flight; without a shared-memory region, a put's elements of up to a
+ * chunk do too (one of 256 KiB or more alone, its bytes lent to the
+ * request as tport_put lends them: they must not change until the call
+ * returns).  Larger ones go as a tport_put or tport_get of their own
+ * would (the window, the automatic region).  Each element has its
  * own result and error; one element's failure leaves the others alone.
  * Returns TPORT_OK when every element succeeded, else the status of the
  * first that failed (err: which, and how many failed), or an error of the
