@@ -262,6 +262,10 @@ static void get_element(tport_client *c, tport_get_item *it, const Tport__GetBeg
                        .alloc = it->buf == NULL,
                        .cancel = cancel};
   void *alloced = NULL;
+  if (deferred && b->nbytes <= c->chunk_bytes) {
+    it->err.code = NOT_ANSWERED; /* by get_deferred, with the others */
+    return;
+  }
   if (deferred) {
     if (client_get(c, &g, &alloced, &it->nbytes, &it->info, &it->err) == TPORT_OK)
       it->data = it->buf ? it->buf : alloced;
@@ -285,6 +289,70 @@ static void get_element(tport_client *c, tport_get_item *it, const Tport__GetBeg
   if (client_socket_get_rest(c, &g, b, &inl, NULL, &alloced, &it->nbytes, &it->info, &it->err) ==
       TPORT_OK)
     it->data = it->buf ? it->buf : alloced;
+}
+
+/* The deferred elements of up to a chunk: a GetBegin each (the tensor
+ * inline in its reply), the server's window of them in flight. */
+typedef struct deferred_gets {
+  tport_client *c;
+  tport_get_item *items;
+  size_t *idx;
+  const atomic_bool *cancel;
+} deferred_gets;
+
+static int deferred_make(void *ctx, size_t j, size_t one, nng_msg **out, tport_err *err)
+{
+  deferred_gets *d = ctx;
+  Tport__Ref w;
+  client_ref_to_wire(&d->items[d->idx[j]].ref, &w);
+  Tport__GetBeginRequest q = TPORT__GET_BEGIN_REQUEST__INIT;
+  q.ref = &w;
+  q.inline_max = d->c->chunk_bytes;
+  q.want_crc32c = d->c->verify;
+  return client_pack(TPORT__METHOD__METHOD_GET_BEGIN, &q.base, NULL, 0, out, err);
+}
+
+static int deferred_take(void *ctx, client_slot *s, tport_err *err)
+{
+  deferred_gets *d = ctx;
+  tport_get_item *it = &d->items[d->idx[s->offset]];
+  Tport__GetBeginReply *b;
+  client_payload inl = {0};
+  tport_err_clear(&it->err);
+  if (client_unpack(TPORT__METHOD__METHOD_GET_BEGIN, s->reply, &tport__get_begin_reply__descriptor,
+                    (ProtobufCMessage **)&b, &inl, &it->err))
+    return TPORT_OK; /* this element's error */
+  client_get_desc g = {.ref = &it->ref,
+                       .buf = it->buf,
+                       .cap = it->cap,
+                       .alloc = it->buf == NULL,
+                       .cancel = d->cancel};
+  void *alloced = NULL;
+  if (client_socket_get_rest(d->c, &g, b, &inl, NULL, &alloced, &it->nbytes, &it->info,
+                             &it->err) == TPORT_OK)
+    it->data = it->buf ? it->buf : alloced;
+  protobuf_c_message_free_unpacked(&b->base, NULL);
+  return TPORT_OK;
+}
+
+static void get_deferred(tport_client *c, tport_get_item *items, size_t k,
+                         const atomic_bool *cancel)
+{
+  size_t *idx = malloc((k ? k : 1) * sizeof *idx), n = 0;
+  tport_err err;
+  tport_err_set(&err, TPORT_INTERNAL, "the batch stopped before this element was answered");
+  for (size_t j = 0; idx && j < k; j++)
+    if (items[j].err.code == NOT_ANSWERED)
+      idx[n++] = j;
+  if (!idx)
+    tport_err_set(&err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  deferred_gets d = {c, items, idx, cancel};
+  if (n)
+    client_run_window(c, n, 1, deferred_make, deferred_take, &d, NULL, NULL, cancel, &err);
+  for (size_t j = 0; j < k; j++)
+    if (items[j].err.code == NOT_ANSWERED)
+      items[j].err = err;
+  free(idx);
 }
 
 /* One GetBatch of items[0..k). */
@@ -324,6 +392,7 @@ static void get_group(tport_client *c, tport_get_item *items, size_t k, const at
     else if (!cancelled(cancel, &items[j].err))
       get_element(c, &items[j], r->gets[j], r->n_deferred && r->deferred[j], &p, &at, cancel);
   }
+  get_deferred(c, items, k, cancel);
   if (r)
     protobuf_c_message_free_unpacked(&r->base, NULL);
   if (p.msg)
