@@ -153,8 +153,13 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
   pthread_mutex_init(&c->stage_mu, NULL);
   pthread_mutex_init(&c->ipc_mu, NULL);
   c->credits = 1; /* the Hello */
+  if (client_pool_init(c, err)) {
+    free(c);
+    return TPORT_RESOURCE_EXHAUSTED;
+  }
   int rv = nng_req0_open(&c->sock);
   if (rv) {
+    client_pool_join(c);
     free(c);
     return tport_err_set(err, TPORT_INTERNAL, "nng_req0_open: %s", nng_strerror(rv));
   }
@@ -166,6 +171,7 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
   int trc = dial(c, url, opts, err);
   if (trc) {
     close_socket(c->sock);
+    client_pool_join(c);
     free(c);
     return trc;
   }
@@ -180,6 +186,7 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
                : client_say_hello(c, &r, err);
   if (rc) {
     close_socket(c->sock);
+    client_pool_join(c);
     client_session_forget(c);
     free(c);
     return rc;
@@ -215,7 +222,12 @@ void tport_close(tport_client *c)
 {
   if (!c)
     return;
-  close_socket(c->sock);
+  /* requests in flight: none new, the queued ones cancelled, the running
+   * ones' waits ended by the socket's close; then their threads */
+  client_pool_stop(c);
+  nng_close(c->sock);
+  client_pool_join(c);
+  close_socket(c->sock); /* the reap drained once no thread uses nng */
   client_shm_close(c);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);

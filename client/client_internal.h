@@ -9,6 +9,8 @@
  *
  *   rpc.c, copy_pool.c, cuda_rt.c   a request's frame, slots, credits, one
  *                                   exchange; large copies; the CUDA runtime
+ *   request.c                       requests that complete later: the queue,
+ *                                   the library's threads, waits, cancel
  *   session.c                       the Hello, and the gate every request passes
  *   wire.c                          conversions to and from the wire's messages
  *   window.c                        a transfer's chunks with the window in flight
@@ -16,8 +18,10 @@
  *                                   one); device memory: the ring, CUDA IPC
  *   put_socket.c, get_socket.c      a put or a get by requests on the socket
  *   path.c                          which way a put or a get goes
+ *   batch.c                         many tensors: small ones in one request
  *   client.c, ops.c, dlpack.c       the API: connection, one-request calls, DLPack
  *   parse.c                         the API: sizes and durations (proto/units.c)
+ *   async.c                         the API's calls as requests (request.c)
  */
 #ifndef TPORT_CLIENT_INTERNAL_H
 #define TPORT_CLIENT_INTERNAL_H
@@ -84,6 +88,8 @@ struct tport_client {
   char *url, *tenant, *secret, *secret_file;
   pthread_mutex_t hello_mu;
   atomic_uint hello_pipe; /* 0: not yet said */
+  /* asynchronous requests: their queue and threads (request.c) */
+  struct client_pool *pool;
 };
 
 /* A request in flight on its own context. */
@@ -127,6 +133,48 @@ int client_exchange(tport_client *c, uint16_t method, const ProtobufCMessage *q,
                     ProtobufCMessage **out, client_payload *reply_payload, nng_pipe *reply_pipe,
                     tport_err *err);
 
+/* ---------------------------------------------------------------- request.c */
+
+/* A request's work, on a library thread: its status (err its error). */
+typedef int (*client_run_fn)(tport_request *r, tport_err *err);
+
+struct tport_request {
+  tport_client *client; /* until it completes */
+  client_run_fn run;
+  void *work; /* what run needs (async.c's), freed with the request */
+  void (*free_work)(void *);
+  tport_request_fn done;
+  void *done_arg;
+  atomic_bool cancel;
+  /* under request.c's lock */
+  int refs;
+  bool complete;
+  int status;
+  tport_err err;
+  /* under the client's pool lock */
+  struct tport_request *next;                /* the queue */
+  struct tport_request *live_prev, *live_next; /* queued or running */
+};
+
+/* The client's pool, no thread started yet / at tport_close: every request
+ * cancelled and no new one taken (stop), then its threads ended once the
+ * queue is empty (join; the socket closed between the two ends the running
+ * requests' waits). */
+int client_pool_init(tport_client *c, tport_err *err);
+void client_pool_stop(tport_client *c);
+void client_pool_join(tport_client *c);
+/* Queues a request running run(work) (free_work frees work, also when the
+ * request cannot be made) and starts a thread where none is idle. */
+int client_request_start(tport_client *c, client_run_fn run, void *work,
+                         void (*free_work)(void *), tport_request_fn done, void *done_arg,
+                         tport_request **out, tport_err *err);
+/* Takes up to max queued requests of run, oldest first, off the queue: the
+ * caller runs them and finishes each (client_request_finish). */
+size_t client_requests_take(tport_client *c, client_run_fn run, tport_request **out, size_t max);
+/* r has completed with status (e its error): its callback called, then
+ * its waiters woken, then the library's reference dropped. */
+void client_request_finish(tport_request *r, int status, const tport_err *e);
+
 /* ---------------------------------------------------------------- session.c */
 
 /* The Hello on the connection of the moment (answering a challenge when
@@ -169,10 +217,11 @@ typedef int (*window_make_fn)(void *ctx, size_t off, size_t len, nng_msg **out, 
 typedef int (*window_reply_fn)(void *ctx, client_slot *s, tport_err *err);
 /* Moves nbytes in chunks with up to the server's window of requests in
  * flight, each on its own context; chunks go out in order and their replies
- * are taken oldest first. */
+ * are taken oldest first.  Once *stop is set (stop not NULL) no chunk more
+ * is sent and it returns TPORT_CANCELLED (the request was cancelled). */
 int client_run_window(tport_client *c, size_t nbytes, size_t chunk, window_make_fn make,
                       window_reply_fn take, void *ctx, tport_progress_fn progress, void *arg,
-                      tport_err *err);
+                      const atomic_bool *stop, tport_err *err);
 
 /* ---------------------------------------------------------------- shm.c */
 
@@ -250,6 +299,7 @@ typedef struct client_put_desc {
   client_fill_fn fill;
   void *fill_arg;
   const tport_put_options *opts; /* NULL: the defaults (never NULL below path.c) */
+  const atomic_bool *cancel;     /* set: stop between chunks (NULL: never) */
 } client_put_desc;
 /* A get: the tensor, and where its bytes go -- buf (host memory of cap
  * bytes), dev (device memory of cap bytes), or a buffer malloc'd for them
@@ -264,7 +314,22 @@ typedef struct client_get_desc {
   const client_get_want *want;
   tport_progress_fn progress;
   void *progress_arg;
+  const atomic_bool *cancel; /* set: stop between chunks (NULL: never) */
 } client_get_desc;
+/* Requests that lend the caller's bytes (nng sends them from there, tcp
+ * and ipc) instead of copying them, and how many nng still holds. */
+typedef struct lent_chunks {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int outstanding;
+} lent_chunks;
+/* The request q with the n bytes at p lent to it as its payload (copied
+ * where nng cannot take them). */
+int client_pack_lent(lent_chunks *l, uint16_t method, const ProtobufCMessage *q, const void *p,
+                     size_t n, nng_msg **out, tport_err *err);
+/* Returns once nng holds none of l's bytes (closing the connection where
+ * a request is stuck in the transport a timeout later). */
+void client_lent_wait(tport_client *c, lent_chunks *l);
 /* A put of d's data or dev (not fill) by requests on the socket: with
  * region (the automatic one, locked by the caller, as large as the
  * tensor), each chunk is copied into it and named by its slice; dev is
@@ -278,6 +343,12 @@ int client_socket_put(tport_client *c, const client_put_desc *d, struct tport_sh
 int client_socket_get(tport_client *c, const client_get_desc *g, struct tport_shm *region,
                       void **alloced, size_t *nbytes, tport_tensor_info *info, size_t *region_want,
                       tport_err *err);
+/* The rest of a get whose GetBegin (or a batch's element of one) was
+ * answered by b, inl its inline bytes (msg may be NULL), region the one
+ * offered (NULL: none; a reply that says it wrote into one is DATA_LOSS). */
+int client_socket_get_rest(tport_client *c, const client_get_desc *g, const Tport__GetBeginReply *b,
+                           const client_payload *inl, const struct tport_shm *region,
+                           void **alloced, size_t *nbytes, tport_tensor_info *info, tport_err *err);
 
 /* ---------------------------------------------------------------- path.c */
 
@@ -286,5 +357,16 @@ int client_put(tport_client *c, const client_put_desc *d, tport_tensor_info *out
 /* tport_get of g, likewise: *alloced and *nbytes as client_socket_get's. */
 int client_get(tport_client *c, const client_get_desc *g, void **alloced, size_t *nbytes,
                tport_tensor_info *info, tport_err *err);
+
+/* ---------------------------------------------------------------- batch.c */
+
+/* Whether a put of nbytes rides in a batch's request (else goes alone). */
+bool client_batch_fits(const tport_client *c, size_t nbytes);
+/* tport_put_batch / tport_get_batch, stopped between elements and chunks
+ * once *cancel is set (NULL: never). */
+int client_put_batch(tport_client *c, tport_put_item *items, size_t n, const atomic_bool *cancel,
+                     tport_err *err);
+int client_get_batch(tport_client *c, tport_get_item *items, size_t n, const atomic_bool *cancel,
+                     tport_err *err);
 
 #endif

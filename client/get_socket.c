@@ -123,7 +123,11 @@ static int get_bytes(tport_client *c, const client_get_desc *g, const Tport__Get
 {
   size_t n = (size_t)b->nbytes;
   int rc = TPORT_OK;
-  if (b->shm) {
+  if (b->shm && !region) {
+    /* a hostile or broken server: no region was offered to write into */
+    rc = tport_err_set(err, TPORT_DATA_LOSS,
+                       "the server says it wrote the tensor into a region, but none was offered");
+  } else if (b->shm) {
     rc = client_shm_check_get(c, b, region, 0, tport_shm_size(region), err);
     if (!rc)
       copy_pool_copy(buf, tport_shm_data(region), n);
@@ -143,9 +147,37 @@ static int get_bytes(tport_client *c, const client_get_desc *g, const Tport__Get
       g->progress(g->progress_arg, n, n);
   } else if (n) {
     get_ctx gc = {b->transfer, buf, c->verify, stage};
-    rc = client_run_window(c, n, chunk, get_make, get_take, &gc, g->progress, g->progress_arg, err);
+    rc = client_run_window(c, n, chunk, get_make, get_take, &gc, g->progress, g->progress_arg,
+                           g->cancel, err);
   }
   return rc;
+}
+
+int client_socket_get_rest(tport_client *c, const client_get_desc *g, const Tport__GetBeginReply *b,
+                           const client_payload *inl, const struct tport_shm *region,
+                           void **alloced, size_t *nbytes, tport_tensor_info *info, tport_err *err)
+{
+  size_t n = (size_t)b->nbytes;
+  if (info)
+    client_info_from_wire(b->info, info);
+  uint8_t *buf = g->buf;
+  client_stage *stage = NULL;
+  size_t chunk = b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes;
+  int rc = get_destination(c, g, b, n, chunk, &buf, &stage, err);
+  if (!rc)
+    rc = get_bytes(c, g, b, inl, region, buf, stage, chunk, err);
+  if (stage)
+    rc = stage_end(stage, rc, err); /* the bytes are on the device */
+  if (rc) {
+    if (g->alloc)
+      free(buf);
+    return rc;
+  }
+  if (alloced)
+    *alloced = buf;
+  if (nbytes)
+    *nbytes = n;
+  return TPORT_OK;
 }
 
 int client_socket_get(tport_client *c, const client_get_desc *g, struct tport_shm *region,
@@ -159,30 +191,11 @@ int client_socket_get(tport_client *c, const client_get_desc *g, struct tport_sh
                   : get_begin(c, g->ref, &b, &inl, err);
   if (rc)
     return rc;
-  size_t n = (size_t)b->nbytes;
-  if (info)
-    client_info_from_wire(b->info, info);
-  uint8_t *buf = g->buf;
-  client_stage *stage = NULL;
-  size_t chunk = b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes;
-  rc = get_destination(c, g, b, n, chunk, &buf, &stage, err);
-  if (!rc)
-    rc = get_bytes(c, g, b, &inl, region, buf, stage, chunk, err);
-  if (stage)
-    rc = stage_end(stage, rc, err); /* the bytes are on the device */
+  rc = client_socket_get_rest(c, g, b, &inl, region, alloced, nbytes, info, err);
   /* a tensor too large for the region came by socket: next time it fits */
-  *region_want = b->shm ? 0 : n;
+  *region_want = b->shm ? 0 : (size_t)b->nbytes;
   if (inl.msg)
     nng_msg_free(inl.msg);
   protobuf_c_message_free_unpacked(&b->base, NULL);
-  if (rc) {
-    if (g->alloc)
-      free(buf);
-    return rc;
-  }
-  if (alloced)
-    *alloced = buf;
-  if (nbytes)
-    *nbytes = n;
-  return TPORT_OK;
+  return rc;
 }

@@ -29,12 +29,6 @@
  * after the client's timeout: the connection goes, and with it the tensors
  * put on it without a name (a server that has not read a whole request in
  * two timeouts is taken for gone; the dialer then connects anew). */
-typedef struct lent_chunks {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int outstanding;
-} lent_chunks;
-
 #ifdef TPORT_NNG_LENT_TAIL
 static void lent_chunk_done(void *arg)
 {
@@ -45,9 +39,7 @@ static void lent_chunk_done(void *arg)
   pthread_mutex_unlock(&l->mu);
 }
 
-/* The request of a chunk whose n bytes at p are lent, not copied; a copy
- * where nng cannot take them. */
-static int pack_lent(lent_chunks *l, uint16_t method, const ProtobufCMessage *q, const void *p,
+int client_pack_lent(lent_chunks *l, uint16_t method, const ProtobufCMessage *q, const void *p,
                      size_t n, nng_msg **out, tport_err *err)
 {
   int rc = client_pack(method, q, NULL, 0, out, err);
@@ -62,9 +54,15 @@ static int pack_lent(lent_chunks *l, uint16_t method, const ProtobufCMessage *q,
   nng_msg_free(*out);
   return client_pack(method, q, p, n, out, err);
 }
+#else
+int client_pack_lent(lent_chunks *l, uint16_t method, const ProtobufCMessage *q, const void *p,
+                     size_t n, nng_msg **out, tport_err *err)
+{
+  return client_pack(method, q, p, n, out, err); /* the system's nng lends nothing */
+}
 #endif
 
-static void lent_chunks_wait(tport_client *c, lent_chunks *l)
+void client_lent_wait(tport_client *c, lent_chunks *l)
 {
   struct timespec until = client_deadline_after(c->timeout_ms);
   pthread_mutex_lock(&l->mu);
@@ -138,7 +136,8 @@ static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
   }
 #ifdef TPORT_NNG_LENT_TAIL
   if (p->lent && !p->region && !p->stage)
-    return pack_lent(p->lent, TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, bytes, len, out, err);
+    return client_pack_lent(p->lent, TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, bytes, len, out,
+                            err);
 #endif
   return client_pack(TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, p->region ? NULL : bytes,
                      p->region ? 0 : len, out, err);
@@ -222,8 +221,8 @@ static int put_chunks(tport_client *c, const client_put_desc *d, const Tport__Re
   /* a server's chunks may differ from its Hello's: the ring follows them */
   if (!stage || (rc = stage_set_chunk(stage, chunk, err)) == TPORT_OK)
     rc = client_run_window(c, d->nbytes, chunk, put_make, put_take, &pc, d->opts->progress,
-                           d->opts->progress_arg, err);
-  lent_chunks_wait(c, &lent); /* the caller's bytes are theirs again */
+                           d->opts->progress_arg, d->cancel, err);
+  client_lent_wait(c, &lent); /* the caller's bytes are theirs again */
   pthread_cond_destroy(&lent.cv);
   pthread_mutex_destroy(&lent.mu);
   return rc;

@@ -137,7 +137,9 @@ int client_slot_open(tport_client *c, client_slot *s, tport_err *err)
     rv = nng_aio_alloc(&s->aio, NULL, NULL);
   if (rv) {
     nng_ctx_close(s->ctx);
-    return tport_err_set(err, TPORT_INTERNAL, "nng context: %s", nng_strerror(rv));
+    /* closed: the client is being closed (tport_close with requests in flight) */
+    return tport_err_set(err, rv == NNG_ECLOSED ? TPORT_UNAVAILABLE : TPORT_INTERNAL,
+                         "nng context: %s", nng_strerror(rv));
   }
   nng_aio_set_timeout(s->aio, c->timeout_ms);
   return TPORT_OK;

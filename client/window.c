@@ -1,6 +1,7 @@
 /*
  * window.c: a transfer's chunks with up to the server's window of requests
- * in flight -- the loop under every put and get that goes by the socket.
+ * in flight -- the loop under every put and get that goes by the socket,
+ * stopped between chunks by a cancelled request.
  * What a chunk's request says and what its reply means are the caller's
  * (make and take); this file only keeps the window full and the replies
  * in order.
@@ -12,7 +13,7 @@
  * are taken oldest first. */
 int client_run_window(tport_client *c, size_t nbytes, size_t chunk, window_make_fn make,
                       window_reply_fn take, void *ctx, tport_progress_fn progress, void *arg,
-                      tport_err *err)
+                      const atomic_bool *stop, tport_err *err)
 {
   client_slot slots[CLIENT_MAX_WINDOW];
   int nslots = 0, rc = TPORT_OK, head = 0, inflight = 0;
@@ -25,6 +26,8 @@ int client_run_window(tport_client *c, size_t nbytes, size_t chunk, window_make_
   if (nslots > 0)
     rc = TPORT_OK; /* fewer contexts than the window: still fine */
   while (!rc && (next < nbytes || inflight > 0)) {
+    if (stop && atomic_load(stop))
+      rc = tport_err_set(err, TPORT_CANCELLED, "cancelled after %zu of %zu bytes", done, nbytes);
     while (!rc && inflight < nslots && next < nbytes) {
       client_slot *s = &slots[(head + inflight) % nslots];
       nng_msg *m;

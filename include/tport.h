@@ -20,7 +20,8 @@
  *
  * Thread safety: a tport_client may be used by many threads at once; each
  * call runs on its own nng context over the client's one connection.
- * tport_close must not race with calls on the same client.
+ * tport_close must not race with calls on the same client.  Asynchronous
+ * requests (below) run on threads of libtport's own.
  *
  * Tensors put without a name live as long as the connection; named ones are
  * kept for the tenant (see tport_connect_options) until freed or until their
@@ -253,6 +254,130 @@ int tport_get_dlpack(tport_client *c, const tport_ref *ref, DLManagedTensor **ou
  * the values are in dst (device copies complete). */
 int tport_get_into_dlpack(tport_client *c, const tport_ref *ref, const DLTensor *dst,
                           tport_tensor_info *info, tport_err *err);
+
+/* ---- Asynchronous requests
+ *
+ * tport_put_async, tport_get_async, tport_to_async, tport_copy_async, the
+ * DLPack and batch variants return at once with a tport_request; the work
+ * runs on libtport's threads (a small pool per client, started on the first
+ * request: $TPORT_ASYNC_THREADS, default 4, at most 64), and many requests
+ * in flight on one client share its connection, its window of chunks and
+ * the server's limit of requests in flight.  Small puts waiting in the
+ * queue together go to the server as one batch (tport_put_batch).  The
+ * blocking calls run the same code on the calling thread.
+ *
+ * Buffers and results in flight: what a request reads (data, the DLTensor,
+ * the batch's items) and writes (buf, out, info, alias) are the caller's
+ * and must stay valid until the request completes -- after tport_cancel
+ * too: a cancelled request may still be reading or writing until it
+ * completes.  tport_request_free of a request in flight cancels it; the
+ * memory it used is the caller's again only once it has completed (wait
+ * first).  Options (names, devices) and sizes are copied: they need not
+ * outlive the call.
+ *
+ * Completion: tport_test polls, tport_wait waits (timeout_ms < 0: for ever;
+ * 0: a poll), tport_wait_any waits for the first of several; the waits
+ * return the request's status once complete (TPORT_DEADLINE_EXCEEDED while
+ * it is not: tport_test tells the two apart) and fill err with its error.  tport_cancel stops a put or get on the
+ * socket between chunks (a put is aborted on the server: nothing of it
+ * stays), and any request not yet started; it then completes with
+ * TPORT_CANCELLED.  A request that is already past the point of no return
+ * completes as it would have.  Each request is freed by tport_request_free
+ * (also after its client is closed).
+ *
+ * The completion callback (done, when not NULL) runs once, on one of the
+ * client's library threads, when the request's work is over (its results
+ * written) and before it counts as complete: a tport_wait that returns
+ * (or a tport_test that says true) has seen the callback return.  It may
+ * read the results, test or free any request (its own too), and issue new
+ * requests on any client.  It must not wait for a request that has not
+ * completed -- its own never has, inside its callback -- (tport_wait with
+ * a timeout other than 0, tport_wait_any) nor close the client: that
+ * request may need the very thread the callback runs on.  Keep it short:
+ * it holds up the requests queued behind it.
+ *
+ * tport_close with requests in flight: those not yet started complete with
+ * TPORT_CANCELLED, those running with an error (TPORT_UNAVAILABLE or
+ * TPORT_CANCELLED), their callbacks run, and tport_close returns once the
+ * library's threads have ended; the requests stay valid until freed.  No
+ * new request may be issued on a client being closed. */
+typedef struct tport_request tport_request;
+typedef void (*tport_request_fn)(tport_request *req, int status, void *arg);
+
+int tport_put_async(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes,
+                    const int64_t *strides, const void *data, size_t nbytes,
+                    const tport_put_options *opts, tport_tensor_info *out, tport_request_fn done,
+                    void *done_arg, tport_request **req, tport_err *err);
+int tport_get_async(tport_client *c, const tport_ref *ref, void *buf, size_t cap,
+                    tport_tensor_info *info, tport_request_fn done, void *done_arg,
+                    tport_request **req, tport_err *err);
+int tport_to_async(tport_client *c, const tport_ref *ref, const tport_to_options *opts,
+                   tport_tensor_info *out, bool *alias, tport_request_fn done, void *done_arg,
+                   tport_request **req, tport_err *err);
+int tport_copy_async(tport_client *c, const tport_ref *dst, const tport_ref *src,
+                     bool non_blocking, tport_request_fn done, void *done_arg, tport_request **req,
+                     tport_err *err);
+/* t (and its shape and strides) / dst must live until completion. */
+int tport_put_dlpack_async(tport_client *c, const DLTensor *t, const tport_put_options *opts,
+                           tport_tensor_info *out, tport_request_fn done, void *done_arg,
+                           tport_request **req, tport_err *err);
+int tport_get_into_dlpack_async(tport_client *c, const tport_ref *ref, const DLTensor *dst,
+                                tport_tensor_info *info, tport_request_fn done, void *done_arg,
+                                tport_request **req, tport_err *err);
+
+/* Whether req has completed (then tport_wait(req, 0, err) is its status). */
+bool tport_test(tport_request *req);
+int tport_wait(tport_request *req, int timeout_ms, tport_err *err);
+/* Waits for the first of reqs[0..n) to complete (NULL entries are
+ * skipped): *index is its index, and its status is returned.  No request
+ * completes within the timeout: TPORT_DEADLINE_EXCEEDED, *index -1. */
+int tport_wait_any(tport_request *const *reqs, size_t n, int timeout_ms, size_t *index,
+                   tport_err *err);
+void tport_cancel(tport_request *req);
+void tport_request_free(tport_request *req);
+
+/* ---- Batches
+ *
+ * n tensors in as few round trips as the server allows: small ones (under
+ * 256 KiB, and each within the server's chunk) ride together in PutBatch
+ * and GetBatch requests, with the server's window of such requests in
+ * flight; without a shared-memory region, a put's elements of up to a
+ * chunk do too (one of 256 KiB or more alone, its bytes lent to the
+ * request as tport_put lends them: they must not change until the call
+ * returns).  Larger ones go as a tport_put or tport_get of their own
+ * would (the window, the automatic region).  Each element has its
+ * own result and error; one element's failure leaves the others alone.
+ * Returns TPORT_OK when every element succeeded, else the status of the
+ * first that failed (err: which, and how many failed), or an error of the
+ * batch as a whole (the connection). */
+typedef struct tport_put_item {
+  tport_dtype dtype;
+  int ndim;
+  const int64_t *sizes, *strides; /* strides NULL: contiguous */
+  const void *data;
+  size_t nbytes;
+  const tport_put_options *opts; /* NULL: the defaults; progress is not called */
+  tport_tensor_info info;        /* out: the stored tensor */
+  tport_err err;                 /* out: TPORT_OK or this element's error */
+} tport_put_item;
+
+typedef struct tport_get_item {
+  tport_ref ref;
+  void *buf; /* cap bytes of the caller's; NULL: a buffer is allocated into data (free() it) */
+  size_t cap;
+  void *data;             /* out: the values (buf, or the allocated buffer) */
+  size_t nbytes;          /* out: how many bytes they are */
+  tport_tensor_info info; /* out */
+  tport_err err;          /* out */
+} tport_get_item;
+
+int tport_put_batch(tport_client *c, tport_put_item *items, size_t n, tport_err *err);
+int tport_get_batch(tport_client *c, tport_get_item *items, size_t n, tport_err *err);
+/* The same as requests: items (and what they point to) live until completion. */
+int tport_put_batch_async(tport_client *c, tport_put_item *items, size_t n, tport_request_fn done,
+                          void *done_arg, tport_request **req, tport_err *err);
+int tport_get_batch_async(tport_client *c, tport_get_item *items, size_t n, tport_request_fn done,
+                          void *done_arg, tport_request **req, tport_err *err);
 
 /* ---- Same-host shared memory
  *

@@ -36,6 +36,8 @@ static handler_fn handler_for(uint16_t method)
       [TPORT__METHOD__METHOD_STATS] = h_stats,
       [TPORT__METHOD__METHOD_SHM_REGISTER] = h_shm_register,
       [TPORT__METHOD__METHOD_SHM_RELEASE] = h_shm_release,
+      [TPORT__METHOD__METHOD_PUT_BATCH] = h_put_batch,
+      [TPORT__METHOD__METHOD_GET_BATCH] = h_get_batch,
   };
   return method < SERVER_METHODS ? table[method] : NULL;
 }
@@ -90,7 +92,7 @@ nng_msg *dispatch_request(server *s, srv_ctx *x)
                        "the request waited %lld ms in the queue (deadline %lu ms)",
                        (long long)(mono_ms() - queued_ms), s->cfg.deadline_ms);
   if (!rc && v.payload_len && v.method != TPORT__METHOD__METHOD_PUT_BEGIN &&
-      v.method != TPORT__METHOD__METHOD_PUT_CHUNK)
+      v.method != TPORT__METHOD__METHOD_PUT_CHUNK && v.method != TPORT__METHOD__METHOD_PUT_BATCH)
     rc = tport_err_set(&c.err, TPORT_INVALID_ARGUMENT,
                        "%s takes no payload: %zu bytes came after the request", md->name,
                        v.payload_len);

@@ -45,7 +45,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define METRICS_METHODS 20 /* the wire's methods 1..19; 0 is "unknown" */
+#define METRICS_METHODS 22 /* the wire's methods 1..21; 0 is "unknown" */
 #define METRICS_CODES 17   /* tport_status 0..16 */
 #define METRICS_BUCKETS 21 /* bounds 10 us .. 60 s, then +Inf */
 /* tport_tenant_bytes lists at most this many tenants (tport_tenants counts all) */

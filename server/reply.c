@@ -39,7 +39,7 @@ int call_reply_lent(call *c, ProtobufCMessage *reply, tport_storage *st, const v
   (void)st; /* the system's nng (TPORT_SYSTEM_NNG) lends nothing */
   return call_reply(c, reply, payload, n);
 #else
-  if (n < REPLY_LEND_MIN_BYTES || !c->srv->lends || !lends_pipe_takes_lent_bytes(c->pipe))
+  if (n < REPLY_LEND_MIN_BYTES || c->copy_payload || !c->srv->lends || !lends_pipe_takes_lent_bytes(c->pipe))
     return call_reply(c, reply, payload, n);
   int rc = pack_reply(&c->out, c->method, reply, NULL, 0);
   if (rc)

@@ -26,7 +26,7 @@
 #include "server.h"
 #include "transfers.h"
 
-#define SERVER_METHODS 20 /* 1..19 */
+#define SERVER_METHODS 22 /* 1..21 */
 
 /* IDLE: opened, neither receiving nor holding a request (a spare). */
 typedef enum { CTX_IDLE, CTX_RECV, CTX_WORK, CTX_SEND } ctx_state;
@@ -124,6 +124,9 @@ typedef struct call {
   nng_msg *out;
   tport_err err;
   int64_t arrived_ns; /* metrics_now_ns() when the request arrived in full */
+  /* an element of a batch (handlers_batch.c): its reply's payload is read
+   * back out of the message, so it is copied in, never lent */
+  bool copy_payload;
 } call;
 
 /* The contexts and the workers' queue, now (under qmu). */
@@ -227,5 +230,7 @@ int h_free(call *c);
 int h_sync(call *c);
 int h_shm_register(call *c);
 int h_shm_release(call *c);
+int h_put_batch(call *c);
+int h_get_batch(call *c);
 
 #endif

@@ -18,12 +18,13 @@
  *   raw        := len:u16le bytes[len]          sent as they are
  *   structured := method:u8 msg_len:u16le payload_len:u16le msg payload
  *
- * A structured op gets a valid frame header for method (1 + method % 17)
- * around the fuzzed protobuf message and payload.  Handles are 128 random
- * bits the fuzzer cannot guess, so when the message unpacks as the method's
- * request, every Ref whose handle is 1 to 15 bytes long gets instead the
- * handle[0]-th handle seen in an earlier reply of this input (GetChunk's
- * transfer id likewise), and the message is packed again.
+ * A structured op gets a valid frame header for method (1 + method % the
+ * number of methods) around the fuzzed protobuf message and payload.
+ * Handles are 128 random bits the fuzzer cannot guess, so when the message
+ * unpacks as the method's request, every Ref whose handle is 1 to 15 bytes
+ * long gets instead the handle[0]-th handle seen in an earlier reply of
+ * this input (GetChunk's transfer id likewise), and the message is packed
+ * again.  The elements of a batch keep theirs: their seeds name tensors.
  *
  * What counts as a finding, besides the sanitizers: a request with no reply
  * within REPLY_TIMEOUT_MS (the server must answer every request or drop the

@@ -61,7 +61,8 @@ def f_packed(num, vals):
 # tport.proto's numbers
 METHODS = dict(HELLO=1, DEVICES=2, PUT_BEGIN=3, PUT_CHUNK=4, PUT_COMMIT=5, PUT_ABORT=6,
                GET_BEGIN=7, GET_CHUNK=8, TO=9, COPY=10, VIEW=11, CONTIGUOUS=12, INFO=13,
-               LIST=14, FREE=15, SYNC=16, STATS=17)
+               LIST=14, FREE=15, SYNC=16, STATS=17, SHM_REGISTER=18, SHM_RELEASE=19,
+               PUT_BATCH=20, GET_BATCH=21)
 DTYPES = dict(bool=0, uint8=1, int8=2, int16=3, int32=4, int64=5, float16=6, bfloat16=7,
               float32=8, float64=9, complex64=10, complex128=11)
 MF = dict(contiguous=0, channels_last=1, channels_last_3d=2, preserve=3)
@@ -276,6 +277,38 @@ def put_one(dtype, sizes, device="", dtype_to=None, fmt="preserve", name="", kee
               tensor_bytes(dtype, sizes), conn=conn)
 
 
+def put_batch(elements):
+    """PutBatch of (desc, name, data) elements; returns (msg, payload)."""
+    msg = b"".join(f_msg(1, put_begin(d, name=name, device="sim:0", commit=True, keep=bool(name)))
+                   for d, name, _ in elements)
+    return msg + f_packed(2, [len(data) for _, _, data in elements]), b"".join(
+        data for _, _, data in elements)
+
+
+def get_batch(names, inline_max):
+    return b"".join(f_msg(1, get_begin(ref(name=n), inline_max)) for n in names)
+
+
+def batch_seeds():
+    bad_dtype = f_varint(1, 99) + f_packed(2, [4])
+    good = [(desc("float32", [3]), "ba", tensor_bytes("float32", [3])),
+            (bad_dtype, "bbad", b"\0" * 16),
+            (desc("int16", [2, 1500]), "bc", tensor_bytes("int16", [2, 1500]))]
+    msg, payload = put_batch(good)
+    short_msg, short_payload = put_batch(good[:1])
+    return {
+        # good elements beside a bad one; then by name, inline and by transfer
+        "put_batch_get_batch": op("PUT_BATCH", msg, payload) +
+        op("GET_BATCH", get_batch(["ba", "bbad", "bc", "missing"], 1 << 16)) +
+        op("GET_BATCH", get_batch(["bc", "ba"], 16)) +
+        op("GET_CHUNK", get_chunk(0, 0, 4096)),
+        # lengths that do not add up to the payload, and an element without commit
+        "put_batch_bad_lengths": op("PUT_BATCH", short_msg, short_payload + b"\0") +
+        op("PUT_BATCH", f_msg(1, put_begin(desc("uint8", [4]))) + f_packed(2, [4]), b"abcd") +
+        op("GET_BATCH", b""),
+    }
+
+
 def server_seeds():
     return {
         "hello_devices_stats_list": op("HELLO", hello("t1")) + op("DEVICES", b"") +
@@ -325,6 +358,7 @@ def server_seeds():
         "raw_frames": raw(b"\x00" * 5) + raw(b"TPRT\x02\x00\x00\x01\x00\x00\x00\x00") +
         raw(frame("STATS", b"")) + raw(frame("LIST", b"", flags=FRAME_REPLY), conn=1) +
         raw(struct.pack(">IBBHI", 0x54505254, 1, 0, 99, 0)),
+        **batch_seeds(),
     }
 
 

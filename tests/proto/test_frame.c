@@ -90,7 +90,7 @@ Test(frame, malformed)
 Test(frame, method_numbers_follow_the_service)
 {
   const ProtobufCServiceDescriptor *s = &tport__tensor_port__descriptor;
-  cr_assert_eq(s->n_methods, 19);
+  cr_assert_eq(s->n_methods, 21);
   cr_assert_str_eq(frame_method(TPORT__METHOD__METHOD_HELLO)->name, "Hello");
   cr_assert_str_eq(frame_method(TPORT__METHOD__METHOD_PUT_CHUNK)->name, "PutChunk");
   cr_assert_str_eq(frame_method(TPORT__METHOD__METHOD_GET_CHUNK)->name, "GetChunk");
@@ -99,7 +99,9 @@ Test(frame, method_numbers_follow_the_service)
   cr_assert_null(frame_method(0));
   cr_assert_str_eq(frame_method(TPORT__METHOD__METHOD_SHM_REGISTER)->name, "ShmRegister");
   cr_assert_str_eq(frame_method(TPORT__METHOD__METHOD_SHM_RELEASE)->name, "ShmRelease");
-  cr_assert_null(frame_method(20));
+  cr_assert_str_eq(frame_method(TPORT__METHOD__METHOD_PUT_BATCH)->name, "PutBatch");
+  cr_assert_str_eq(frame_method(TPORT__METHOD__METHOD_GET_BATCH)->name, "GetBatch");
+  cr_assert_null(frame_method(22));
   /* each method's name matches its enum value's name */
   const ProtobufCEnumDescriptor *e = &tport__method__descriptor;
   for (unsigned i = 1; i <= s->n_methods; i++) {

@@ -1,0 +1,298 @@
+/*
+ * request.c: requests that complete later -- each client's queue of them
+ * and the bounded pool of library threads that runs it, completion (the
+ * waits, the callback), cancel, and the end of them all at tport_close.
+ *
+ * What a request does is its run function's (async.c): this file calls
+ * nothing else of libtport's.  A thread runs one request at a time (or a
+ * run function takes the like requests queued behind it, to send them as
+ * one batch: client_requests_take).  Each request has two references, the
+ * caller's (tport_request_free) and the library's (dropped once it has
+ * completed and its callback returned): either may go first.  Completion
+ * state lives under one lock for every request of the process, so that a
+ * request outlives its client and tport_wait_any can wait on requests of
+ * several clients.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "client_internal.h"
+
+#define POOL_DEFAULT_THREADS 4
+#define POOL_MAX_THREADS 64
+
+static pthread_mutex_t done_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t done_cv = PTHREAD_COND_INITIALIZER;
+
+struct client_pool {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  tport_request *head, *tail; /* queued, oldest first */
+  tport_request *live;        /* queued or running (cancelled at close) */
+  pthread_t threads[POOL_MAX_THREADS];
+  int nthreads, idle, max;
+  bool closing;
+};
+
+static int pool_threads(void)
+{
+  const char *env = getenv("TPORT_ASYNC_THREADS");
+  long n = env ? strtol(env, NULL, 10) : POOL_DEFAULT_THREADS;
+  return n < 1 ? 1 : n > POOL_MAX_THREADS ? POOL_MAX_THREADS : (int)n;
+}
+
+int client_pool_init(tport_client *c, tport_err *err)
+{
+  struct client_pool *p = calloc(1, sizeof *p);
+  if (!p)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->cv, NULL);
+  p->max = pool_threads();
+  c->pool = p;
+  return TPORT_OK;
+}
+
+static void unlink_live(struct client_pool *p, tport_request *r)
+{
+  if (r->live_prev)
+    r->live_prev->live_next = r->live_next;
+  else
+    p->live = r->live_next;
+  if (r->live_next)
+    r->live_next->live_prev = r->live_prev;
+  r->live_prev = r->live_next = NULL;
+}
+
+static void release(tport_request *r)
+{
+  pthread_mutex_lock(&done_mu);
+  bool last = --r->refs == 0;
+  pthread_mutex_unlock(&done_mu);
+  if (!last)
+    return;
+  if (r->free_work)
+    r->free_work(r->work);
+  free(r);
+}
+
+void client_request_finish(tport_request *r, int status, const tport_err *e)
+{
+  struct client_pool *p = r->client->pool;
+  pthread_mutex_lock(&p->mu);
+  unlink_live(p, r);
+  pthread_mutex_unlock(&p->mu);
+  pthread_mutex_lock(&done_mu);
+  r->status = status;
+  if (status && e)
+    r->err = *e;
+  else
+    tport_err_set(&r->err, status, "%s", status ? tport_status_name(status) : "");
+  pthread_mutex_unlock(&done_mu);
+  /* the callback first: a wait that returns has seen it return, so that
+   * what it touches may go */
+  if (r->done)
+    r->done(r, status, r->done_arg);
+  pthread_mutex_lock(&done_mu);
+  r->complete = true;
+  pthread_cond_broadcast(&done_cv);
+  pthread_mutex_unlock(&done_mu);
+  release(r);
+}
+
+static void run_one(tport_request *r)
+{
+  tport_err e;
+  tport_err_clear(&e);
+  int rc = atomic_load(&r->cancel)
+               ? tport_err_set(&e, TPORT_CANCELLED, "cancelled before it started")
+               : r->run(r, &e);
+  client_request_finish(r, rc, &e);
+}
+
+static void *worker(void *arg)
+{
+  struct client_pool *p = arg;
+  pthread_mutex_lock(&p->mu);
+  for (;;) {
+    while (!p->head && !p->closing) {
+      p->idle++;
+      pthread_cond_wait(&p->cv, &p->mu);
+      p->idle--;
+    }
+    tport_request *r = p->head;
+    if (!r)
+      break; /* closing, and nothing left */
+    p->head = r->next;
+    if (!p->head)
+      p->tail = NULL;
+    pthread_mutex_unlock(&p->mu);
+    run_one(r);
+    pthread_mutex_lock(&p->mu);
+  }
+  pthread_mutex_unlock(&p->mu);
+  return NULL;
+}
+
+int client_request_start(tport_client *c, client_run_fn run, void *work,
+                         void (*free_work)(void *), tport_request_fn done, void *done_arg,
+                         tport_request **out, tport_err *err)
+{
+  tport_request *r = calloc(1, sizeof *r);
+  if (!r) {
+    if (free_work)
+      free_work(work);
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a request");
+  }
+  r->client = c;
+  r->run = run;
+  r->work = work;
+  r->free_work = free_work;
+  r->done = done;
+  r->done_arg = done_arg;
+  r->refs = 2;
+  atomic_init(&r->cancel, false);
+  struct client_pool *p = c->pool;
+  int rc = TPORT_OK;
+  pthread_mutex_lock(&p->mu);
+  if (p->closing)
+    rc = tport_err_set(err, TPORT_UNAVAILABLE, "the client is being closed");
+  /* a thread more while none is idle, up to the bound */
+  if (!rc && p->idle == 0 && p->nthreads < p->max) {
+    if (pthread_create(&p->threads[p->nthreads], NULL, worker, p) == 0)
+      p->nthreads++;
+    else if (p->nthreads == 0)
+      rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "cannot start a library thread");
+  }
+  if (!rc) {
+    if (p->tail)
+      p->tail->next = r;
+    else
+      p->head = r;
+    p->tail = r;
+    r->live_next = p->live;
+    if (p->live)
+      p->live->live_prev = r;
+    p->live = r;
+    pthread_cond_signal(&p->cv);
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (rc) {
+    if (free_work)
+      free_work(work);
+    free(r);
+    return rc;
+  }
+  *out = r;
+  return TPORT_OK;
+}
+
+size_t client_requests_take(tport_client *c, client_run_fn run, tport_request **out, size_t max)
+{
+  struct client_pool *p = c->pool;
+  size_t k = 0;
+  pthread_mutex_lock(&p->mu);
+  tport_request **at = &p->head, *last = NULL;
+  while (*at && k < max) {
+    tport_request *r = *at;
+    if (r->run == run && !atomic_load(&r->cancel)) {
+      *at = r->next;
+      out[k++] = r;
+    } else {
+      last = r;
+      at = &r->next;
+    }
+  }
+  /* the tail is the last request left, wherever the walk stopped */
+  for (tport_request *r = last ? last : p->head; r; r = r->next)
+    last = r;
+  p->tail = last;
+  pthread_mutex_unlock(&p->mu);
+  return k;
+}
+
+void client_pool_stop(tport_client *c)
+{
+  struct client_pool *p = c->pool;
+  pthread_mutex_lock(&p->mu);
+  p->closing = true;
+  for (tport_request *r = p->live; r; r = r->live_next)
+    atomic_store(&r->cancel, true);
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+void client_pool_join(tport_client *c)
+{
+  struct client_pool *p = c->pool;
+  for (int i = 0; i < p->nthreads; i++)
+    pthread_join(p->threads[i], NULL);
+  pthread_cond_destroy(&p->cv);
+  pthread_mutex_destroy(&p->mu);
+  free(p);
+  c->pool = NULL;
+}
+
+/* ---------------------------------------------------------------- the API */
+
+bool tport_test(tport_request *req)
+{
+  pthread_mutex_lock(&done_mu);
+  bool done = req->complete;
+  pthread_mutex_unlock(&done_mu);
+  return done;
+}
+
+/* Waits on done_cv (held) until until, or for ever (forever). */
+static bool wait_until(bool forever, const struct timespec *until)
+{
+  if (forever) {
+    pthread_cond_wait(&done_cv, &done_mu);
+    return true;
+  }
+  return pthread_cond_timedwait(&done_cv, &done_mu, until) != ETIMEDOUT;
+}
+
+int tport_wait_any(tport_request *const *reqs, size_t n, int timeout_ms, size_t *index,
+                   tport_err *err)
+{
+  struct timespec until = client_deadline_after(timeout_ms > 0 ? timeout_ms : 0);
+  pthread_mutex_lock(&done_mu);
+  for (;;) {
+    for (size_t i = 0; i < n; i++)
+      if (reqs[i] && reqs[i]->complete) {
+        int st = reqs[i]->status;
+        if (err)
+          *err = reqs[i]->err;
+        pthread_mutex_unlock(&done_mu);
+        if (index)
+          *index = i;
+        return st;
+      }
+    if (timeout_ms == 0 || !wait_until(timeout_ms < 0, &until))
+      break;
+  }
+  pthread_mutex_unlock(&done_mu);
+  if (index)
+    *index = (size_t)-1;
+  return tport_err_set(err, TPORT_DEADLINE_EXCEEDED, "no request completed within %d ms",
+                       timeout_ms);
+}
+
+int tport_wait(tport_request *req, int timeout_ms, tport_err *err)
+{
+  return tport_wait_any(&req, 1, timeout_ms, NULL, err);
+}
+
+void tport_cancel(tport_request *req)
+{
+  atomic_store(&req->cancel, true);
+}
+
+void tport_request_free(tport_request *req)
+{
+  if (!req)
+    return;
+  atomic_store(&req->cancel, true); /* one in flight stops: nobody wants it */
+  release(req);
+}

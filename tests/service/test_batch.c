@@ -1,0 +1,170 @@
+/* test_batch.c: tport_put_batch and tport_get_batch against a server in
+ * this process: a ResNet-sized state dict of 161 tensors round trip exact
+ * (small ones batched, large ones alone, gets inline and deferred), and
+ * errors per element beside good ones (a bad dtype, an element over the
+ * tenant's quota, a name that does not exist). */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "service_util.h"
+
+#define WAIT_MS 30000
+
+static server *srv;
+static char url[256];
+
+static void start(void)
+{
+  server_config cfg;
+  svc_config(&cfg);
+  cfg.tenant_quota_bytes = (size_t)64 << 20;
+  srv = svc_start_with(&cfg, url, sizeof url);
+}
+
+static void stop(void)
+{
+  server_stop(srv, 1000);
+}
+
+static tport_client *connect_plain(void)
+{
+  tport_connect_options o = {.timeout_ms = WAIT_MS, .no_shm = true};
+  tport_client *c;
+  tport_err err;
+  cr_assert_eq(tport_connect(url, &o, &c, &err), TPORT_OK, "%s", err.msg);
+  return c;
+}
+
+TestSuite(batch, .init = start, .fini = stop, .timeout = 120);
+
+/* 161 float32 tensors: mostly small (biases, norms), some of several
+ * chunks (the tests' server has 64 KiB chunks), one over 256 KiB. */
+static size_t numel_of(int i)
+{
+  if (i % 40 == 0)
+    return 80000; /* 320 KB: goes alone */
+  if (i % 7 == 0)
+    return 20000; /* 80 KB: batched put, deferred get (over a chunk) */
+  return 1 + (size_t)(i * 37 % 900);
+}
+
+Test(batch, state_dict_of_161_round_trip_exact)
+{
+  tport_client *c = connect_plain();
+  enum { N = 161 };
+  tport_put_item *puts = calloc(N, sizeof *puts);
+  tport_get_item *gets = calloc(N, sizeof *gets);
+  float **vals = calloc(N, sizeof *vals);
+  int64_t *sizes = calloc(N, sizeof *sizes);
+  tport_put_options *opts = calloc(N, sizeof *opts);
+  char(*names)[32] = calloc(N, sizeof *names);
+  for (int i = 0; i < N; i++) {
+    size_t n = numel_of(i);
+    vals[i] = malloc(n * sizeof(float));
+    for (size_t j = 0; j < n; j++)
+      vals[i][j] = (float)i + (float)j / 1024.0f;
+    sizes[i] = (int64_t)n;
+    snprintf(names[i], sizeof names[i], "sd/layer%d.weight", i);
+    tport_put_options_init(&opts[i]);
+    opts[i].name = names[i];
+    puts[i] = (tport_put_item){.dtype = TPORT_FLOAT32,
+                               .ndim = 1,
+                               .sizes = &sizes[i],
+                               .data = vals[i],
+                               .nbytes = n * sizeof(float),
+                               .opts = &opts[i]};
+  }
+  tport_err err;
+  cr_assert_eq(tport_put_batch(c, puts, N, &err), TPORT_OK, "%s", err.msg);
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(puts[i].err.code, TPORT_OK);
+    cr_assert_eq(puts[i].info.sizes[0], sizes[i]);
+    cr_assert_str_eq(puts[i].info.ref.name, names[i]);
+    tport_ref_name(&gets[i].ref, names[i]);
+    if (i % 2) { /* half into the caller's buffers, half allocated */
+      gets[i].buf = calloc(1, puts[i].nbytes);
+      gets[i].cap = puts[i].nbytes;
+    }
+  }
+  cr_assert_eq(tport_get_batch(c, gets, N, &err), TPORT_OK, "%s", err.msg);
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(gets[i].err.code, TPORT_OK, "%d: %s", i, gets[i].err.msg);
+    cr_assert_eq(gets[i].nbytes, puts[i].nbytes, "element %d", i);
+    cr_assert_eq(memcmp(gets[i].data, vals[i], gets[i].nbytes), 0, "element %d", i);
+    cr_assert_eq(gets[i].info.dtype, TPORT_FLOAT32);
+    cr_assert(gets[i].buf == NULL || gets[i].data == gets[i].buf);
+    if (!gets[i].buf)
+      free(gets[i].data);
+    free(vals[i]);
+  }
+  /* the same as requests */
+  tport_request *r;
+  cr_assert_eq(tport_get_batch_async(c, gets, N, NULL, NULL, &r, &err), TPORT_OK);
+  cr_assert_eq(tport_wait(r, WAIT_MS, &err), TPORT_OK, "%s", err.msg);
+  tport_request_free(r);
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(gets[i].nbytes, puts[i].nbytes);
+    if (!gets[i].buf)
+      free(gets[i].data);
+    free(gets[i].buf);
+  }
+  tport_close(c);
+  free(puts), free(gets), free(vals), free(sizes), free(opts), free(names);
+}
+
+Test(batch, errors_per_element)
+{
+  tport_client *c = connect_plain();
+  static float small[16], big[32 << 20]; /* big: 128 MiB, over the 64 MiB quota */
+  int64_t s16[1] = {16}, sbig[1] = {32 << 20};
+  tport_put_item puts[5] = {
+      {.dtype = TPORT_FLOAT32, .ndim = 1, .sizes = s16, .data = small, .nbytes = sizeof small},
+      {.dtype = (tport_dtype)99, .ndim = 1, .sizes = s16, .data = small, .nbytes = sizeof small},
+      {.dtype = TPORT_FLOAT32, .ndim = 1, .sizes = sbig, .data = big, .nbytes = sizeof big},
+      {.dtype = TPORT_FLOAT32, .ndim = 1, .sizes = s16, .data = small, .nbytes = 8}, /* short */
+      {.dtype = TPORT_FLOAT32, .ndim = 1, .sizes = s16, .data = small, .nbytes = sizeof small},
+  };
+  for (int i = 0; i < 16; i++)
+    small[i] = (float)i;
+  tport_err err;
+  int rc = tport_put_batch(c, puts, 5, &err);
+  cr_assert_eq(rc, TPORT_INVALID_ARGUMENT, "the first failure's: %s", err.msg);
+  cr_assert(strstr(err.msg, "3 of 5") != NULL, "%s", err.msg);
+  cr_assert_eq(puts[0].err.code, TPORT_OK);
+  cr_assert_eq(puts[1].err.code, TPORT_INVALID_ARGUMENT, "%s", puts[1].err.msg);
+  cr_assert_eq(puts[2].err.code, TPORT_RESOURCE_EXHAUSTED, "%s", puts[2].err.msg);
+  cr_assert_neq(puts[3].err.code, TPORT_OK);
+  cr_assert_eq(puts[4].err.code, TPORT_OK);
+  /* gets: the two stored, and a name that is not there */
+  tport_get_item gets[3] = {{.ref = puts[0].info.ref}, {.ref = puts[4].info.ref}};
+  tport_ref_name(&gets[2].ref, "no-such-tensor");
+  float back[16];
+  gets[1].buf = back;
+  gets[1].cap = sizeof back;
+  rc = tport_get_batch(c, gets, 3, &err);
+  cr_assert_eq(rc, TPORT_NOT_FOUND, "%s", err.msg);
+  cr_assert_eq(gets[0].err.code, TPORT_OK);
+  cr_assert_eq(memcmp(gets[0].data, small, sizeof small), 0);
+  free(gets[0].data);
+  cr_assert_eq(gets[1].err.code, TPORT_OK);
+  cr_assert_eq(memcmp(back, small, sizeof small), 0);
+  cr_assert_eq(gets[2].err.code, TPORT_NOT_FOUND);
+  cr_assert_null(gets[2].data);
+  /* a buffer too small for its tensor fails that element only */
+  float tiny[2];
+  tport_get_item two[2] = {{.ref = puts[0].info.ref, .buf = tiny, .cap = sizeof tiny},
+                           {.ref = puts[4].info.ref, .buf = back, .cap = sizeof back}};
+  cr_assert_eq(tport_get_batch(c, two, 2, &err), TPORT_OUT_OF_RANGE, "%s", err.msg);
+  cr_assert_eq(two[1].err.code, TPORT_OK);
+  tport_close(c);
+}
+
+Test(batch, empty_batches)
+{
+  tport_client *c = connect_plain();
+  tport_err err;
+  cr_assert_eq(tport_put_batch(c, NULL, 0, &err), TPORT_OK);
+  cr_assert_eq(tport_get_batch(c, NULL, 0, &err), TPORT_OK);
+  tport_close(c);
+}

@@ -1,0 +1,119 @@
+/* test_hostile_server.c: libtport against a server that lies -- a fake
+ * tportd (a raw nng REP socket speaking the frame format) whose replies are
+ * well-formed frames saying what a real server never would.  Every lie must
+ * cost the client an error for that call, never a crash. */
+#include <criterion/criterion.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "frame.h"
+#include "tport.h"
+
+typedef struct fake {
+  nng_socket sock;
+  pthread_t thread;
+  char url[64];
+} fake;
+
+static void reply(nng_socket s, uint16_t method, const ProtobufCMessage *m)
+{
+  nng_msg *out;
+  cr_assert_eq(nng_msg_alloc(&out, frame_head_size(m)), 0);
+  frame_write_head(nng_msg_body(out), method, FRAME_FLAG_REPLY, m);
+  cr_assert_eq(nng_sendmsg(s, out, 0), 0);
+}
+
+/* A GetBegin's reply that says the bytes are in a region, though the
+ * client offered none (it has no shm socket from this server): an empty
+ * tensor with its CRC32C, which a verifying client reads from the region. */
+static void lie_about_region(nng_socket s)
+{
+  Tport__Status ok = TPORT__STATUS__INIT;
+  int64_t sizes[1] = {0};
+  Tport__TensorDesc d = TPORT__TENSOR_DESC__INIT;
+  d.dtype = TPORT__DTYPE__DTYPE_UINT8;
+  d.n_sizes = 1;
+  d.sizes = sizes;
+  Tport__TensorInfo info = TPORT__TENSOR_INFO__INIT;
+  info.desc = &d;
+  Tport__GetBeginReply r = TPORT__GET_BEGIN_REPLY__INIT;
+  r.status = &ok;
+  r.info = &info;
+  r.chunk_bytes = 64 << 10;
+  r.crc32c_set = true;
+  r.shm = true;
+  reply(s, TPORT__METHOD__METHOD_GET_BEGIN, &r.base);
+}
+
+static void *serve(void *arg)
+{
+  fake *f = arg;
+  nng_msg *m;
+  while (nng_recvmsg(f->sock, &m, 0) == 0) {
+    frame_view v;
+    uint16_t method = frame_parse(nng_msg_body(m), nng_msg_len(m), &v, NULL) ? 0 : v.method;
+    nng_msg_free(m);
+    Tport__Status ok = TPORT__STATUS__INIT;
+    if (method == TPORT__METHOD__METHOD_HELLO) {
+      Tport__HelloReply h = TPORT__HELLO_REPLY__INIT;
+      h.status = &ok;
+      h.protocol_version = FRAME_VERSION;
+      h.max_chunk_bytes = 64 << 10;
+      h.max_inflight_chunks = 4;
+      h.max_outstanding = 8;
+      reply(f->sock, method, &h.base);
+    } else if (method == TPORT__METHOD__METHOD_GET_BEGIN) {
+      lie_about_region(f->sock);
+    } else {
+      Tport__Status bad = TPORT__STATUS__INIT;
+      bad.code = TPORT__CODE__CODE_UNIMPLEMENTED;
+      bad.message = "the fake knows no more";
+      Tport__ErrorReply e = TPORT__ERROR_REPLY__INIT;
+      e.status = &bad;
+      reply(f->sock, method, &e.base);
+    }
+  }
+  return NULL;
+}
+
+static void fake_start(fake *f)
+{
+  static int seq;
+  snprintf(f->url, sizeof f->url, "inproc://fake-server-%d", seq++);
+  cr_assert_eq(nng_rep0_open(&f->sock), 0);
+  cr_assert_eq(nng_listen(f->sock, f->url, NULL, 0), 0);
+  cr_assert_eq(pthread_create(&f->thread, NULL, serve, f), 0);
+}
+
+static void fake_stop(fake *f)
+{
+  nng_close(f->sock);
+  pthread_join(f->thread, NULL);
+}
+
+/* Before the fix, get_bytes read the region's size through a NULL region. */
+Test(hostile_server, get_reply_names_a_region_never_offered, .timeout = 30)
+{
+  fake f;
+  fake_start(&f);
+  tport_connect_options o = {.timeout_ms = 5000, .no_shm = true, .verify = true};
+  tport_client *c;
+  tport_err err;
+  cr_assert_eq(tport_connect(f.url, &o, &c, &err), TPORT_OK, "%s", err.msg);
+  tport_ref ref;
+  tport_ref_name(&ref, "t");
+  uint8_t buf[16];
+  int rc = tport_get(c, &ref, buf, sizeof buf, NULL, NULL, NULL, &err);
+  cr_expect_eq(rc, TPORT_DATA_LOSS, "%d %s", rc, err.msg);
+  cr_expect(strstr(err.msg, "region") != NULL, "%s", err.msg);
+  /* the same through a buffer the library allocates */
+  void *p = NULL;
+  size_t n = 0;
+  cr_expect_eq(tport_get_alloc(c, &ref, &p, &n, NULL, &err), TPORT_DATA_LOSS, "%s", err.msg);
+  cr_expect_null(p);
+  tport_close(c);
+  fake_stop(&f);
+}
