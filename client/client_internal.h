@@ -124,6 +124,12 @@ int client_exchange(tport_client *c, uint16_t method, const ProtobufCMessage *q,
                     ProtobufCMessage **out, client_payload *reply_payload, nng_pipe *reply_pipe,
                     tport_err *err);
 
+/* The same for a request (no payload) that waits for a name on the
+ * server: its reply may take wait_ms longer than the client's timeout. */
+int client_exchange_waiting(tport_client *c, uint32_t wait_ms, uint16_t method,
+                            const ProtobufCMessage *q, const ProtobufCMessageDescriptor *d,
+                            ProtobufCMessage **out, client_payload *reply_payload, tport_err *err);
+
 /* ---------------------------------------------------------------- session.c */
 
 /* The Hello on the connection of the moment (answering a challenge when
@@ -139,6 +145,10 @@ int client_credits_take(tport_client *c, int k, tport_err *err);
 int client_rpc(tport_client *c, uint16_t method, const ProtobufCMessage *q, const void *payload,
                size_t n, const ProtobufCMessageDescriptor *d, ProtobufCMessage **out,
                client_payload *reply_payload, tport_err *err);
+/* client_rpc of a request (no payload) that may wait wait_ms for a name. */
+int client_rpc_waiting(tport_client *c, uint32_t wait_ms, uint16_t method,
+                       const ProtobufCMessage *q, const ProtobufCMessageDescriptor *d,
+                       ProtobufCMessage **out, client_payload *reply_payload, tport_err *err);
 
 /* ---------------------------------------------------------------- wire.c */
 
@@ -220,7 +230,7 @@ void client_shm_close(tport_client *c);
 /* GetBegin with the automatic region r offered: the server writes the
  * tensor there when it fits and is not small (reply's shm), else answers
  * as an ordinary GetBegin. */
-int client_shm_get_begin(tport_client *c, const tport_ref *ref, struct tport_shm *r,
+int client_shm_get_begin(tport_client *c, const tport_ref *ref, uint32_t wait_ms, struct tport_shm *r,
                          Tport__GetBeginReply **out, client_payload *payload, tport_err *err);
 /* The bytes a get wrote at offset of r (at most cap): checked against the
  * reply (and its CRC32C with verify). */
@@ -261,6 +271,7 @@ typedef struct client_get_desc {
   const client_get_want *want;
   tport_progress_fn progress;
   void *progress_arg;
+  uint32_t wait_ms; /* a ref by name not there yet: the server waits this long */
 } client_get_desc;
 /* A put of d's data or dev (not fill) by requests on the socket: with
  * region (the automatic one, locked by the caller, as large as the
