@@ -437,8 +437,10 @@ void reg_counts(registry *r, reg_stats *out)
   pthread_mutex_lock(&r->mu);
   out->tensors = r->count;
   out->uploads = r->uploads;
-  for (reg_tenant *t = r->tenants; t; t = t->hh.next)
+  for (reg_tenant *t = r->tenants; t; t = t->hh.next) {
     out->bytes += tenant_held(t);
+    out->waiters += t->nwaiters;
+  }
   out->sessions = r->nsessions;
   out->tenants = r->ntenants;
   for (reg_session *s = r->sessions; s; s = s->hh.next)
@@ -455,6 +457,7 @@ void reg_tenant_counts(registry *r, uint32_t pipe, reg_stats *out)
     out->tensors = s->tn->tensors;
     out->bytes = tenant_held(s->tn);
     out->uploads = s->tn->uploads;
+    out->waiters = s->tn->nwaiters;
   }
   pthread_mutex_unlock(&r->mu);
 }

@@ -326,7 +326,7 @@ typedef struct reg_waiter {
 } reg_waiter;
 /* Waiters one connection / one tenant may have registered: past them a
  * wait is RESOURCE_EXHAUSTED at once (each holds a request's context). */
-#define REG_WAITERS_PER_SESSION 64
+#define REG_WAITERS_PER_SESSION 16
 #define REG_WAITERS_PER_TENANT 1024
 /* The ready tensor named name of the pipe's tenant into *out (a reference),
  * or, when there is none (absent, or still uploading), w registered for it
@@ -344,6 +344,7 @@ int reg_list(registry *r, uint32_t pipe, reg_entry ***out, size_t *n);
 
 typedef struct reg_stats {
   uint64_t tensors, uploads, bytes; /* of the tenant, or of everyone */
+  uint64_t waiters;                 /* requests waiting for a name, likewise */
   uint64_t sessions, tenants;       /* server-wide only */
   uint64_t sessions_via[REG_VIAS];  /* server-wide only */
 } reg_stats;
