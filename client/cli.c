@@ -61,10 +61,14 @@ static void usage(FILE *o)
              "                speed ($TPORT_SHM=0 too)\n"
              "  --json        machine-readable output\n\n"
              "commands (a REF is a handle or a name):\n"
-             "  put FILE.npy [--name N] [--device D] [--dtype T] [--memory-format F] [--ttl S]\n"
-             "               [--non-blocking]\n"
-             "  get REF OUT.npy                 values in logical C order\n"
-             "  info REF\n"
+             "  put FILE.npy [--name N [--replace]] [--device D] [--dtype T] [--memory-format F]\n"
+             "               [--ttl S] [--non-blocking]\n"
+             "               --replace: swap the name to this tensor once it is complete\n"
+             "               (readers get the old one or the new one, never a part)\n"
+             "  get REF OUT.npy [--wait S]      values in logical C order\n"
+             "  info REF [--wait S]\n"
+             "               --wait: a name no tensor holds yet is waited for on the server,\n"
+             "               up to S (5s, 500ms; at most its --deadline), then exit 1\n"
              "  view REF --sizes A,B,.. --strides X,Y,.. [--offset K] [--name N]\n"
              "  to REF [--device D] [--dtype T] [--memory-format F] [--copy] [--non-blocking]\n"
              "         [--exact-format] [--name N]\n"
@@ -173,6 +177,8 @@ enum {
   O_STRIDES,
   O_OFFSET,
   O_SECRET_FILE,
+  O_WAIT,
+  O_REPLACE,
 };
 
 static const char *url_opt, *tenant_opt, *secret_file_opt;
@@ -193,6 +199,8 @@ static const struct option cmd_opts[] = {
     {"sizes", required_argument, NULL, O_SIZES},
     {"strides", required_argument, NULL, O_STRIDES},
     {"offset", required_argument, NULL, O_OFFSET},
+    {"wait", required_argument, NULL, O_WAIT},
+    {"replace", no_argument, NULL, O_REPLACE},
     {0, 0, 0, 0},
 };
 
@@ -202,6 +210,8 @@ typedef struct cmd_args {
   tport_dtype dtype;
   tport_memory_format format;
   uint64_t ttl_ms;
+  uint32_t wait_ms; /* get, info: wait this long for the name */
+  bool replace;     /* put --name: replace the tensor of that name */
   int nsizes, nstrides;
   int64_t sizes[TPORT_MAX_DIMS], strides[TPORT_MAX_DIMS], offset;
   bool has_sizes, has_strides;
@@ -240,6 +250,18 @@ static int parse_cmd(int argc, char **argv, cmd_args *a, tport_err *err)
       a->ttl_ms = ms;
       break;
     }
+    case O_WAIT: {
+      uint64_t ms; /* as --ttl: 5s, 500ms; a bare number is seconds */
+      if (units_parse_duration_ms(optarg, UNITS_S, "--wait", &ms, err))
+        return 2;
+      if (ms > UINT32_MAX)
+        return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--wait '%s': at most %u ms", optarg,
+                             UINT32_MAX),
+               2;
+      a->wait_ms = (uint32_t)ms;
+      break;
+    }
+    case O_REPLACE: a->replace = true; break;
     case O_NONBLOCKING: a->nonblocking = true; break;
     case O_COPY: a->copy = true; break;
     case O_EXACT: a->exact = true; break;
@@ -302,6 +324,7 @@ static int cmd_put(tport_client *c, const cmd_args *a, tport_err *err)
   o.name = a->name;
   o.device = a->device;
   o.ttl_ms = a->ttl_ms;
+  o.replace = a->replace;
   o.has_dtype = a->has_dtype;
   o.dtype = a->dtype;
   o.memory_format = a->has_format ? a->format : TPORT_MF_PRESERVE;
@@ -322,7 +345,7 @@ static int cmd_get(tport_client *c, const cmd_args *a, tport_err *err)
   int rc;
   if ((rc = refarg(a->pos[0], &r, err)))
     return rc;
-  if ((rc = tport_info(c, &r, &info, err)))
+  if ((rc = tport_info_wait(c, &r, a->wait_ms, &info, err)))
     return rc;
   void *buf = malloc((size_t)info.nbytes + 1);
   if (!buf)
@@ -341,7 +364,7 @@ static int cmd_info(tport_client *c, const cmd_args *a, tport_err *err)
   tport_tensor_info info;
   tport_ref r;
   int rc;
-  if ((rc = refarg(a->pos[0], &r, err)) || (rc = tport_info(c, &r, &info, err)))
+  if ((rc = refarg(a->pos[0], &r, err)) || (rc = tport_info_wait(c, &r, a->wait_ms, &info, err)))
     return rc;
   print_info(&info, -1);
   return 0;
