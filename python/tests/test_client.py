@@ -146,9 +146,9 @@ def test_devices_and_stats(client):
     assert sim0.peers == ("sim:1",) and sim0.managed_memory
     for d in devs[1:1 + len(cuda)]:
         assert d.total_bytes > 0 and d.managed_memory and d.name and d.compute_capability
-    client.put(np.ones(5))
+    held = client.put(np.ones(5))  # an unnamed tensor lives as long as its object
     st = client.stats()
-    assert isinstance(st, dict) and st["tensors"] >= 1
+    assert isinstance(st, dict) and st["tensors"] >= 1 and held.numel() == 5
     assert all(isinstance(k, str) and isinstance(v, int) for k, v in st.items())
 
 
