@@ -202,7 +202,7 @@ int tport_info(tport_client *c, const tport_ref *ref, tport_tensor_info *out, tp
  * waits on the server, holding no thread there, and this call blocks (up to
  * wait_ms beyond the client's timeout).  A name that exists answers at
  * once; wait_ms 0 or a ref by handle is the call without _wait.  A
- * connection may have 64 requests waiting, a tenant 1024: past that,
+ * connection may have 16 requests waiting, a tenant 1024: past that,
  * TPORT_RESOURCE_EXHAUSTED at once.  A stopping server answers
  * TPORT_UNAVAILABLE. */
 int tport_info_wait(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
