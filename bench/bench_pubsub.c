@@ -165,8 +165,8 @@ static double round_of(bool pipeline, const char *url)
 
 static pid_t spawn_tportd(const char *exe, const char *ipc, const char *tcp)
 {
-  char *argv[] = {(char *)exe,   "--listen",  (char *)ipc, "--listen", (char *)tcp,
-                  "--devices",   "cpu",       "--log-level", "1",      NULL};
+  char *argv[] = {(char *)exe, "--listen", (char *)ipc,   "--listen", (char *)tcp,
+                  "--devices", "cpu",      "--log-level", "1",        NULL};
   setenv("TPORT_SHM_SOCKET", "off", 1);
   setenv("TPORT_HTTP_LISTEN", "off", 1);
   pid_t pid;

@@ -230,8 +230,9 @@ void client_shm_close(tport_client *c);
 /* GetBegin with the automatic region r offered: the server writes the
  * tensor there when it fits and is not small (reply's shm), else answers
  * as an ordinary GetBegin. */
-int client_shm_get_begin(tport_client *c, const tport_ref *ref, uint32_t wait_ms, struct tport_shm *r,
-                         Tport__GetBeginReply **out, client_payload *payload, tport_err *err);
+int client_shm_get_begin(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
+                         struct tport_shm *r, Tport__GetBeginReply **out, client_payload *payload,
+                         tport_err *err);
 /* The bytes a get wrote at offset of r (at most cap): checked against the
  * reply (and its CRC32C with verify). */
 int client_shm_check_get(tport_client *c, const Tport__GetBeginReply *b, const struct tport_shm *r,

@@ -87,8 +87,8 @@ static int get_begin(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
   q.want_crc32c = c->verify;
   q.wait_ms = wait_ms;
   return client_rpc_waiting(c, wait_ms, TPORT__METHOD__METHOD_GET_BEGIN, &q.base,
-                            &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out,
-                            payload, err);
+                            &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload,
+                            err);
 }
 
 /* Where the tensor of b (n bytes) goes: a buffer made for it (alloc), or

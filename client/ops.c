@@ -33,8 +33,8 @@ int tport_info(tport_client *c, const tport_ref *ref, tport_tensor_info *out, tp
   return rc;
 }
 
-int tport_info_wait(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
-                    tport_tensor_info *out, tport_err *err)
+int tport_info_wait(tport_client *c, const tport_ref *ref, uint32_t wait_ms, tport_tensor_info *out,
+                    tport_err *err)
 {
   Tport__Ref w;
   client_ref_to_wire(ref, &w);
@@ -155,8 +155,7 @@ int tport_free(tport_client *c, const tport_ref *ref, tport_err *err)
   return call_status(c, TPORT__METHOD__METHOD_FREE, &q.base, &tport__free_reply__descriptor, err);
 }
 
-int tport_free_many(tport_client *c, const tport_ref *refs, size_t n, size_t *freed,
-                    tport_err *err)
+int tport_free_many(tport_client *c, const tport_ref *refs, size_t n, size_t *freed, tport_err *err)
 {
   if (freed)
     *freed = 0;
@@ -176,8 +175,8 @@ int tport_free_many(tport_client *c, const tport_ref *refs, size_t n, size_t *fr
     q.n_refs = k;
     q.refs = pw;
     Tport__FreeReply *r;
-    rc = client_rpc(c, TPORT__METHOD__METHOD_FREE, &q.base, NULL, 0,
-                    &tport__free_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
+    rc = client_rpc(c, TPORT__METHOD__METHOD_FREE, &q.base, NULL, 0, &tport__free_reply__descriptor,
+                    (ProtobufCMessage **)&r, NULL, err);
     if (!rc) {
       if (freed)
         *freed += r->freed;

@@ -9,8 +9,8 @@
  * redial is session.c's, above it.
  */
 #include <nng/nng.h>
-#include <stdlib.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 

@@ -263,8 +263,8 @@ static int get_begin_shm(tport_client *c, const tport_ref *ref, uint32_t wait_ms
   q.memory_format = (Tport__MemoryFormat)(fmt >= 0 ? fmt : 0);
   q.wait_ms = wait_ms;
   return client_rpc_waiting(c, wait_ms, TPORT__METHOD__METHOD_GET_BEGIN, &q.base,
-                            &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out,
-                            payload, err);
+                            &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload,
+                            err);
 }
 
 /* The bytes a get wrote into the region: as many as it said, with the

@@ -205,8 +205,8 @@ int tport_info(tport_client *c, const tport_ref *ref, tport_tensor_info *out, tp
  * connection may have 16 requests waiting, a tenant 1024: past that,
  * TPORT_RESOURCE_EXHAUSTED at once.  A stopping server answers
  * TPORT_UNAVAILABLE. */
-int tport_info_wait(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
-                    tport_tensor_info *out, tport_err *err);
+int tport_info_wait(tport_client *c, const tport_ref *ref, uint32_t wait_ms, tport_tensor_info *out,
+                    tport_err *err);
 /* tport_get / tport_get_alloc that wait for the name as tport_info_wait
  * does, in the same request (the get's first). */
 int tport_get_wait(tport_client *c, const tport_ref *ref, uint32_t wait_ms, void *buf, size_t cap,

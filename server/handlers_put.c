@@ -212,7 +212,7 @@ static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_
   shm_count_transfer(s->shm);
   reg_entry *e;
   rc = (q->replace ? reg_add_replacing : reg_add)(&s->reg, c->pipe, final, NULL, q->name, q->keep,
-                                                   q->ttl_ms, 0, &paid, &e, &c->err);
+                                                  q->ttl_ms, 0, &paid, &e, &c->err);
   if (rc)
     return rc; /* final freed with the entry that could not be */
   return put_begin_reply(c, e, final);
@@ -442,7 +442,7 @@ int h_put_begin(call *c)
   }
   reg_entry *e;
   rc = (q->replace ? reg_add_replacing : reg_add)(&s->reg, c->pipe, NULL, up, q->name, q->keep,
-                                                   q->ttl_ms, put.reserve, &paid, &e, &c->err);
+                                                  q->ttl_ms, put.reserve, &paid, &e, &c->err);
   if (rc)
     return rc;
   tport_tensor *final = NULL;

@@ -253,8 +253,8 @@ int h_free(call *c)
   if (q->ref && !q->n_refs) {
     /* one ref alone: NOT_FOUND when there is none, as always */
     reg_entry *e;
-    int rc = reg_find(&c->srv->reg, c->pipe, q->ref->handle.data, q->ref->handle.len,
-                      q->ref->name, &e, NULL, &c->err);
+    int rc = reg_find(&c->srv->reg, c->pipe, q->ref->handle.data, q->ref->handle.len, q->ref->name,
+                      &e, NULL, &c->err);
     if (rc)
       return rc;
     reg_remove(&c->srv->reg, e);

@@ -167,8 +167,7 @@ static int name_holder(reg_tenant *tn, const char *name, bool replace, reg_entry
 
 /* e takes its name from holder (NULL: none), which leaves the registry in
  * the same step (onto *dead).  mu held. */
-static int name_take(registry *r, reg_entry *e, reg_entry *holder, reg_entry **dead,
-                     tport_err *err)
+static int name_take(registry *r, reg_entry *e, reg_entry *holder, reg_entry **dead, tport_err *err)
 {
   if (holder)
     entry_unlink(r, holder, dead);
@@ -195,10 +194,9 @@ static int add_check(registry *r, reg_session *s, const reg_entry *e, const tpor
   if (rc)
     return rc;
   if (tn->tensors - (*holder != NULL) >= r->limits.max_tensors)
-    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
-                         "tenant '%s' holds %llu tensors: its limit is %llu", tn->name,
-                         (unsigned long long)tn->tensors,
-                         (unsigned long long)r->limits.max_tensors);
+    return tport_err_set(
+        err, TPORT_RESOURCE_EXHAUSTED, "tenant '%s' holds %llu tensors: its limit is %llu",
+        tn->name, (unsigned long long)tn->tensors, (unsigned long long)r->limits.max_tensors);
   if (add > tenant_left(r, tn) || reserve > tenant_left(r, tn) - add)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
                          "tenant '%s' would hold %zu more bytes than its %zu: its quota is %zu",
@@ -233,9 +231,9 @@ static void add_link(registry *r, reg_session *s, reg_entry *e, bool keep, uint6
   tn->uploads += e->up != NULL;
 }
 
-static int add_entry(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up,
-                     const char *name, bool keep, uint64_t ttl_ms, size_t reserve,
-                     reg_reservation *paid, bool replace, reg_entry **out, tport_err *err)
+static int add_entry(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
+                     bool keep, uint64_t ttl_ms, size_t reserve, reg_reservation *paid,
+                     bool replace, reg_entry **out, tport_err *err)
 {
   int rc = TPORT_OK;
   bool named = name && *name;
@@ -312,9 +310,9 @@ int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const c
   return add_entry(r, pipe, t, up, name, keep, ttl_ms, reserve, paid, false, out, err);
 }
 
-int reg_add_replacing(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up,
-                      const char *name, bool keep, uint64_t ttl_ms, size_t reserve,
-                      reg_reservation *paid, reg_entry **out, tport_err *err)
+int reg_add_replacing(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
+                      bool keep, uint64_t ttl_ms, size_t reserve, reg_reservation *paid,
+                      reg_entry **out, tport_err *err)
 {
   return add_entry(r, pipe, t, up, name, keep, ttl_ms, reserve, paid, true, out, err);
 }

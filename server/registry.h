@@ -266,9 +266,9 @@ int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const c
  * they let go), in the same step that the new one takes the name, so a
  * reader by name finds the one or the other.  A name held by an upload of
  * a put without replace is ALREADY_EXISTS. */
-int reg_add_replacing(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up,
-                      const char *name, bool keep, uint64_t ttl_ms, size_t reserve,
-                      reg_reservation *paid, reg_entry **out, tport_err *err);
+int reg_add_replacing(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
+                      bool keep, uint64_t ttl_ms, size_t reserve, reg_reservation *paid,
+                      reg_entry **out, tport_err *err);
 /* Finds a tensor by handle bytes or name, for the pipe's tenant; NOT_FOUND
  * otherwise (another tenant's handle included).  *state (when not NULL) is
  * the entry's state read under the lock: the only way a caller may look at
@@ -332,8 +332,8 @@ typedef struct reg_waiter {
  * or, when there is none (absent, or still uploading), w registered for it
  * and *out NULL.  RESOURCE_EXHAUSTED past the bounds above, ABORTED when
  * the connection is gone, INVALID_ARGUMENT for a name over the limit. */
-int reg_find_or_wait(registry *r, uint32_t pipe, const char *name, reg_waiter *w,
-                     reg_entry **out, tport_err *err);
+int reg_find_or_wait(registry *r, uint32_t pipe, const char *name, reg_waiter *w, reg_entry **out,
+                     tport_err *err);
 /* w no longer registered (a no-op when it is not): true when it was. */
 bool reg_unwait(registry *r, reg_waiter *w);
 

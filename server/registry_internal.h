@@ -113,9 +113,9 @@ void entry_owner_unlink(reg_entry *e);
 void entry_unlink(registry *r, reg_entry *e, reg_entry **dead);
 /* e kept for its tenant: it expires after ttl_ms (0: the default TTL). */
 void entry_set_expiry(registry *r, reg_entry *e, uint64_t ttl_ms);
-/* registry_waiters.c (called by the three above, calls none of them): every waiter of the pipe's session unregistered
- * (it is closing) into wake/arg (up to max; returns how many: call again
- * while it fills max), and the same for the waiters of name in t. */
+/* registry_waiters.c (called by the three above, calls none of them): every waiter of the pipe's
+ * session unregistered (it is closing) into wake/arg (up to max; returns how many: call again while
+ * it fills max), and the same for the waiters of name in t. */
 size_t waiters_take_session(registry *r, reg_session *s, void (**wake)(void *), void **arg,
                             size_t max);
 /* Wakes every waiter of name in tn (the lock NOT held: it is taken in

@@ -150,8 +150,7 @@ static int commit_take_name(registry *r, reg_entry *e, reg_entry **dead, tport_e
   HASH_FIND(hh_name, e->tn->names, e->name, strlen(e->name), holder);
   if (holder && holder->state != REG_READY)
     return tport_err_set(err, TPORT_ALREADY_EXISTS,
-                         "a tensor named '%s' is being uploaded by a put without replace",
-                         e->name);
+                         "a tensor named '%s' is being uploaded by a put without replace", e->name);
   if (holder)
     entry_unlink(r, holder, dead);
   reg_oom = false;

@@ -40,8 +40,8 @@ static void waiter_unlink(reg_waiter *w, reg_session *s)
   w->prev = w->next = NULL;
 }
 
-int reg_find_or_wait(registry *r, uint32_t pipe, const char *name, reg_waiter *w,
-                     reg_entry **out, tport_err *err)
+int reg_find_or_wait(registry *r, uint32_t pipe, const char *name, reg_waiter *w, reg_entry **out,
+                     tport_err *err)
 {
   *out = NULL;
   size_t len = name ? strlen(name) : 0;

@@ -57,10 +57,10 @@ typedef struct srv_ctx {
    * waiter is woken or its timer ends, then queued and handled again */
   nng_aio *timer;
   reg_waiter waiter;
-  int64_t first_ms;      /* mono_ms() of its arrival: its wait counts from there */
-  int64_t park_until_ms; /* set by dispatch_request: park till then (0: answered) */
-  bool wake_pending;     /* woken before it was parked: queue it again at once */
-  bool again;            /* handled before (parked since): counted once */
+  int64_t first_ms;           /* mono_ms() of its arrival: its wait counts from there */
+  int64_t park_until_ms;      /* set by dispatch_request: park till then (0: answered) */
+  bool wake_pending;          /* woken before it was parked: queue it again at once */
+  bool again;                 /* handled before (parked since): counted once */
   struct srv_ctx *all_next;   /* every context opened (server.ctxs) */
   struct srv_ctx *spare_next; /* the idle ones (server.spare) */
 } srv_ctx;

@@ -110,8 +110,7 @@ Test(wait, a_name_that_exists_answers_at_once_and_none_times_out)
   cr_assert_eq(tport_info_wait(c, &ref, 20000, &info, &err), 0, "%s", err.msg);
   cr_assert_eq(info.sizes[0], 8);
   tport_ref_name(&ref, "never");
-  cr_assert_eq(tport_info_wait(c, &ref, 200, &info, &err), TPORT_DEADLINE_EXCEEDED, "%s",
-               err.msg);
+  cr_assert_eq(tport_info_wait(c, &ref, 200, &info, &err), TPORT_DEADLINE_EXCEEDED, "%s", err.msg);
   cr_assert(strstr(err.msg, "never"), "%s", err.msg);
   /* without a wait it is NOT_FOUND, as ever */
   cr_assert_eq(tport_info_wait(c, &ref, 0, &info, &err), TPORT_NOT_FOUND, "%s", err.msg);
