@@ -14,7 +14,7 @@ def waiting(client, n, seconds=20):
 
     deadline = time.time() + seconds
     while time.time() < deadline:
-        if client.stats().get("requests_waiting") == n:
+        if client.stats().get("waiting_for_names") == n:
             return True
         time.sleep(0.01)
     return False

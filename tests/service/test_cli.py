@@ -178,7 +178,7 @@ try:
     waiting = subprocess.Popen([TPORT, "--url", url, "get", "later", out, "--wait", "20s"],
                                stderr=subprocess.PIPE, text=True)
     for _ in range(400):
-        if tjson("stats").get("requests_waiting") == 1:
+        if tjson("stats").get("waiting_for_names") == 1:
             break
         time.sleep(0.05)
     tport("put", ones, "--name", "later")

@@ -32,7 +32,7 @@ static void waiting_until(int64_t want)
 {
   tport_client *op = svc_connect(url, SVC_OPERATOR);
   int64_t n = -1;
-  for (int i = 0; i < 20000 && (n = svc_counter(op, "requests_waiting")) != want; i++)
+  for (int i = 0; i < 20000 && (n = svc_counter(op, "waiting_for_names")) != want; i++)
     usleep(1000);
   tport_close(op);
   cr_assert_eq(n, want, "requests waiting: %lld, expected %lld", (long long)n, (long long)want);
