@@ -62,13 +62,9 @@ static void usage(FILE *o)
              "  --json        machine-readable output\n\n"
              "commands (a REF is a handle or a name):\n"
              "  put FILE.npy [--name N [--replace]] [--device D] [--dtype T] [--memory-format F]\n"
-             "               [--ttl S] [--non-blocking]\n"
-             "               --replace: swap the name to this tensor once it is complete\n"
-             "               (readers get the old one or the new one, never a part)\n"
+             "               [--ttl S] [--non-blocking]  (--replace: swap the name, once whole)\n"
              "  get REF OUT.npy [--wait S]      values in logical C order\n"
-             "  info REF [--wait S]\n"
-             "               --wait: a name no tensor holds yet is waited for on the server,\n"
-             "               up to S (5s, 500ms; at most its --deadline), then exit 1\n"
+             "  info REF [--wait S]             (--wait: for a name not there yet, up to S)\n"
              "  view REF --sizes A,B,.. --strides X,Y,.. [--offset K] [--name N]\n"
              "  to REF [--device D] [--dtype T] [--memory-format F] [--copy] [--non-blocking]\n"
              "         [--exact-format] [--name N]\n"
@@ -177,8 +173,7 @@ enum {
   O_STRIDES,
   O_OFFSET,
   O_SECRET_FILE,
-  O_WAIT,
-  O_REPLACE,
+  O_WAIT, O_REPLACE,
 };
 
 static const char *url_opt, *tenant_opt, *secret_file_opt;
@@ -206,12 +201,10 @@ static const struct option cmd_opts[] = {
 
 typedef struct cmd_args {
   const char *name, *device;
-  bool has_dtype, has_format, nonblocking, copy, exact;
+  bool has_dtype, has_format, nonblocking, copy, exact, replace;
   tport_dtype dtype;
   tport_memory_format format;
-  uint64_t ttl_ms;
-  uint32_t wait_ms; /* get, info: wait this long for the name */
-  bool replace;     /* put --name: replace the tensor of that name */
+  uint64_t ttl_ms, wait_ms;
   int nsizes, nstrides;
   int64_t sizes[TPORT_MAX_DIMS], strides[TPORT_MAX_DIMS], offset;
   bool has_sizes, has_strides;
@@ -243,22 +236,12 @@ static int parse_cmd(int argc, char **argv, cmd_args *a, tport_err *err)
         return 2;
       a->has_format = true;
       break;
-    case O_TTL: {
-      uint64_t ms; /* proto/units.c: 30s, 10m, 1.5h; a bare number is seconds */
-      if (units_parse_duration_ms(optarg, UNITS_S, "--ttl", &ms, err))
-        return 2;
-      a->ttl_ms = ms;
-      break;
-    }
+    case O_TTL:
     case O_WAIT: {
-      uint64_t ms; /* as --ttl: 5s, 500ms; a bare number is seconds */
-      if (units_parse_duration_ms(optarg, UNITS_S, "--wait", &ms, err))
+      uint64_t ms; /* proto/units.c: 30s, 10m, 1.5h; a bare number is seconds */
+      if (units_parse_duration_ms(optarg, UNITS_S, ch == O_TTL ? "--ttl" : "--wait", &ms, err))
         return 2;
-      if (ms > UINT32_MAX)
-        return tport_err_set(err, TPORT_INVALID_ARGUMENT, "--wait '%s': at most %u ms", optarg,
-                             UINT32_MAX),
-               2;
-      a->wait_ms = (uint32_t)ms;
+      *(ch == O_TTL ? &a->ttl_ms : &a->wait_ms) = ch == O_WAIT && ms > UINT32_MAX ? UINT32_MAX : ms;
       break;
     }
     case O_REPLACE: a->replace = true; break;
@@ -345,7 +328,7 @@ static int cmd_get(tport_client *c, const cmd_args *a, tport_err *err)
   int rc;
   if ((rc = refarg(a->pos[0], &r, err)))
     return rc;
-  if ((rc = tport_info_wait(c, &r, a->wait_ms, &info, err)))
+  if ((rc = tport_info_wait(c, &r, (uint32_t)a->wait_ms, &info, err)))
     return rc;
   void *buf = malloc((size_t)info.nbytes + 1);
   if (!buf)
@@ -364,7 +347,8 @@ static int cmd_info(tport_client *c, const cmd_args *a, tport_err *err)
   tport_tensor_info info;
   tport_ref r;
   int rc;
-  if ((rc = refarg(a->pos[0], &r, err)) || (rc = tport_info_wait(c, &r, a->wait_ms, &info, err)))
+  if ((rc = refarg(a->pos[0], &r, err)) ||
+      (rc = tport_info_wait(c, &r, (uint32_t)a->wait_ms, &info, err)))
     return rc;
   print_info(&info, -1);
   return 0;
