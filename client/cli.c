@@ -117,6 +117,7 @@ static int cmd_put(tport_client *c, const cli_args *a, tport_err *err)
   o.name = a->name;
   o.device = a->device;
   o.ttl_ms = a->ttl_ms;
+  o.replace = a->replace;
   o.has_dtype = a->has_dtype;
   o.dtype = a->dtype;
   o.memory_format = a->has_format ? a->format : TPORT_MF_PRESERVE;
@@ -137,7 +138,7 @@ static int cmd_get(tport_client *c, const cli_args *a, tport_err *err)
   int rc;
   if ((rc = refarg(a->pos[0], &r, err)))
     return rc;
-  if ((rc = tport_info(c, &r, &info, err)))
+  if ((rc = tport_info_wait(c, &r, a->wait_ms, &info, err)))
     return rc;
   void *buf = malloc((size_t)info.nbytes + 1);
   if (!buf)
@@ -156,7 +157,7 @@ static int cmd_info(tport_client *c, const cli_args *a, tport_err *err)
   tport_tensor_info info;
   tport_ref r;
   int rc;
-  if ((rc = refarg(a->pos[0], &r, err)) || (rc = tport_info(c, &r, &info, err)))
+  if ((rc = refarg(a->pos[0], &r, err)) || (rc = tport_info_wait(c, &r, a->wait_ms, &info, err)))
     return rc;
   print_info(&info, -1);
   return 0;

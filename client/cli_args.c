@@ -34,6 +34,8 @@ enum {
   O_SIZES,
   O_STRIDES,
   O_OFFSET,
+  O_WAIT,
+  O_REPLACE,
   O_COUNT
 };
 
@@ -68,6 +70,8 @@ static const cli_option options[O_COUNT] = {
     [O_SIZES] = {"sizes", required_argument, "view"},
     [O_STRIDES] = {"strides", required_argument, "view"},
     [O_OFFSET] = {"offset", required_argument, "view"},
+    [O_WAIT] = {"wait", required_argument, "get info"},
+    [O_REPLACE] = {"replace", no_argument, "put"},
 };
 
 /* getopt_long's values: past every character, so that none is taken for
@@ -100,17 +104,17 @@ void cli_usage(FILE *o)
              "                speed ($TPORT_SHM=0 too)\n"
              "  --json        machine-readable output\n\n"
              "commands (a REF is a handle or a name):\n"
-             "  put FILE.npy [--name N] [--device D] [--dtype T] [--memory-format F] [--ttl S]\n"
-             "               [--non-blocking]\n"
-             "  get REF OUT.npy                 values in logical C order\n"
-             "  info REF\n"
+             "  put FILE.npy [--name N [--replace]] [--device D] [--dtype T] [--memory-format F]\n"
+             "               [--ttl S] [--non-blocking]  (--replace: swap the name, once whole)\n"
+             "  get REF OUT.npy [--wait S]      values in logical C order\n"
+             "  info REF [--wait S]             (--wait: for a name not there yet, up to S)\n"
              "  view REF --sizes A,B,.. --strides X,Y,.. [--offset K] [--name N]\n"
              "  to REF [--device D] [--dtype T] [--memory-format F] [--copy] [--non-blocking]\n"
              "         [--exact-format] [--name N] [--ttl S]\n"
              "  copy DST SRC [--non-blocking]\n"
              "  contiguous REF [--memory-format F] [--name N]\n"
              "  ls | rm REF | devices | stats\n\n"
-             "--ttl takes a duration (30s, 10m, 1.5h; a bare number is seconds).\n"
+             "--ttl and --wait take a duration (30s, 10m, 1.5h; a bare number is seconds).\n"
              "bfloat16 tensors travel in .npy files as '<u2' bit patterns.\n"
              "Exit status: 0 done, 1 failed, 2 a usage error.\n");
 }
@@ -185,6 +189,13 @@ static int apply_option(cli_args *a, int id, const char *v, tport_err *err)
     return memory_format_parse(v, "--memory-format", &a->format, err);
   case O_TTL: /* proto/units.c: 30s, 10m, 1.5h; a bare number is seconds */
     return units_parse_duration_ms(v, UNITS_S, "--ttl", &a->ttl_ms, err);
+  case O_WAIT: {
+    uint64_t ms;
+    int rc = units_parse_duration_ms(v, UNITS_S, "--wait", &ms, err);
+    a->wait_ms = ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms; /* the server caps it anyway */
+    return rc;
+  }
+  case O_REPLACE: a->replace = true; return 0;
   case O_SIZES:
     a->has_sizes = true;
     return parse_dims(v, a->sizes, &a->nsizes)

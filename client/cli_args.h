@@ -28,10 +28,11 @@ typedef struct cli_args {
   int npos;
   /* the commands' own */
   const char *name, *device;
-  bool has_dtype, has_format, nonblocking, copy, exact;
+  bool has_dtype, has_format, nonblocking, copy, exact, replace;
   tport_dtype dtype;
   tport_memory_format format;
   uint64_t ttl_ms;
+  uint32_t wait_ms; /* get, info: for a name not there yet */
   int nsizes, nstrides;
   int64_t sizes[TPORT_MAX_DIMS], strides[TPORT_MAX_DIMS], offset;
   bool has_sizes, has_strides;

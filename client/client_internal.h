@@ -174,6 +174,11 @@ size_t client_requests_take(tport_client *c, client_run_fn run, tport_request **
 /* r has completed with status (e its error): its callback called, then
  * its waiters woken, then the library's reference dropped. */
 void client_request_finish(tport_request *r, int status, const tport_err *e);
+/* The same for a request (no payload) that waits for a name on the
+ * server: its reply may take wait_ms longer than the client's timeout. */
+int client_exchange_waiting(tport_client *c, uint32_t wait_ms, uint16_t method,
+                            const ProtobufCMessage *q, const ProtobufCMessageDescriptor *d,
+                            ProtobufCMessage **out, client_payload *reply_payload, tport_err *err);
 
 /* ---------------------------------------------------------------- session.c */
 
@@ -190,6 +195,10 @@ int client_credits_take(tport_client *c, int k, tport_err *err);
 int client_rpc(tport_client *c, uint16_t method, const ProtobufCMessage *q, const void *payload,
                size_t n, const ProtobufCMessageDescriptor *d, ProtobufCMessage **out,
                client_payload *reply_payload, tport_err *err);
+/* client_rpc of a request (no payload) that may wait wait_ms for a name. */
+int client_rpc_waiting(tport_client *c, uint32_t wait_ms, uint16_t method,
+                       const ProtobufCMessage *q, const ProtobufCMessageDescriptor *d,
+                       ProtobufCMessage **out, client_payload *reply_payload, tport_err *err);
 
 /* ---------------------------------------------------------------- wire.c */
 
@@ -272,8 +281,9 @@ void client_shm_close(tport_client *c);
 /* GetBegin with the automatic region r offered: the server writes the
  * tensor there when it fits and is not small (reply's shm), else answers
  * as an ordinary GetBegin. */
-int client_shm_get_begin(tport_client *c, const tport_ref *ref, struct tport_shm *r,
-                         Tport__GetBeginReply **out, client_payload *payload, tport_err *err);
+int client_shm_get_begin(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
+                         struct tport_shm *r, Tport__GetBeginReply **out, client_payload *payload,
+                         tport_err *err);
 /* The bytes a get wrote at offset of r (at most cap): checked against the
  * reply (and its CRC32C with verify). */
 int client_shm_check_get(tport_client *c, const Tport__GetBeginReply *b, const struct tport_shm *r,
@@ -315,6 +325,7 @@ typedef struct client_get_desc {
   tport_progress_fn progress;
   void *progress_arg;
   const atomic_bool *cancel; /* set: stop between chunks (NULL: never) */
+  uint32_t wait_ms; /* a ref by name not there yet: the server waits this long */
 } client_get_desc;
 /* Requests that lend the caller's bytes (nng sends them from there, tcp
  * and ipc) instead of copying them, and how many nng still holds. */

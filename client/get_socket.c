@@ -76,8 +76,8 @@ static int get_take(void *vctx, client_slot *s, tport_err *err)
   return rc;
 }
 
-static int get_begin(tport_client *c, const tport_ref *ref, Tport__GetBeginReply **out,
-                     client_payload *payload, tport_err *err)
+static int get_begin(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
+                     Tport__GetBeginReply **out, client_payload *payload, tport_err *err)
 {
   Tport__Ref w;
   client_ref_to_wire(ref, &w);
@@ -85,8 +85,10 @@ static int get_begin(tport_client *c, const tport_ref *ref, Tport__GetBeginReply
   q.ref = &w;
   q.inline_max = c->chunk_bytes; /* small tensors come back in the reply */
   q.want_crc32c = c->verify;
-  return client_rpc(c, TPORT__METHOD__METHOD_GET_BEGIN, &q.base, NULL, 0,
-                    &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload, err);
+  q.wait_ms = wait_ms;
+  return client_rpc_waiting(c, wait_ms, TPORT__METHOD__METHOD_GET_BEGIN, &q.base,
+                            &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload,
+                            err);
 }
 
 /* Where the tensor of b (n bytes) goes: a buffer made for it (alloc), or
@@ -187,8 +189,8 @@ int client_socket_get(tport_client *c, const client_get_desc *g, struct tport_sh
   Tport__GetBeginReply *b;
   client_payload inl = {0};
   *region_want = 0;
-  int rc = region ? client_shm_get_begin(c, g->ref, region, &b, &inl, err)
-                  : get_begin(c, g->ref, &b, &inl, err);
+  int rc = region ? client_shm_get_begin(c, g->ref, g->wait_ms, region, &b, &inl, err)
+                  : get_begin(c, g->ref, g->wait_ms, &b, &inl, err);
   if (rc)
     return rc;
   rc = client_socket_get_rest(c, g, b, &inl, region, alloced, nbytes, info, err);

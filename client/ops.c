@@ -33,6 +33,24 @@ int tport_info(tport_client *c, const tport_ref *ref, tport_tensor_info *out, tp
   return rc;
 }
 
+int tport_info_wait(tport_client *c, const tport_ref *ref, uint32_t wait_ms, tport_tensor_info *out,
+                    tport_err *err)
+{
+  Tport__Ref w;
+  client_ref_to_wire(ref, &w);
+  Tport__InfoRequest q = TPORT__INFO_REQUEST__INIT;
+  q.ref = &w;
+  q.wait_ms = wait_ms;
+  Tport__InfoReply *r;
+  int rc = client_rpc_waiting(c, wait_ms, TPORT__METHOD__METHOD_INFO, &q.base,
+                              &tport__info_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
+  if (!rc) {
+    client_info_from_wire(r->info, out);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  return rc;
+}
+
 int tport_to(tport_client *c, const tport_ref *ref, const tport_to_options *o,
              tport_tensor_info *out, bool *alias, tport_err *err)
 {
@@ -135,6 +153,39 @@ int tport_free(tport_client *c, const tport_ref *ref, tport_err *err)
   Tport__FreeRequest q = TPORT__FREE_REQUEST__INIT;
   q.ref = &w;
   return call_status(c, TPORT__METHOD__METHOD_FREE, &q.base, &tport__free_reply__descriptor, err);
+}
+
+int tport_free_many(tport_client *c, const tport_ref *refs, size_t n, size_t *freed, tport_err *err)
+{
+  if (freed)
+    *freed = 0;
+  if (n && !refs)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "refs is NULL");
+  size_t per = n < TPORT_FREE_MAX_REFS ? n : TPORT_FREE_MAX_REFS;
+  Tport__Ref *w = calloc(per ? per : 1, sizeof *w);
+  Tport__Ref **pw = calloc(per ? per : 1, sizeof *pw);
+  int rc = w && pw ? TPORT_OK : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  for (size_t done = 0; !rc && done < n; done += per) {
+    size_t k = n - done < per ? n - done : per;
+    for (size_t i = 0; i < k; i++) {
+      client_ref_to_wire(&refs[done + i], &w[i]);
+      pw[i] = &w[i];
+    }
+    Tport__FreeRequest q = TPORT__FREE_REQUEST__INIT;
+    q.n_refs = k;
+    q.refs = pw;
+    Tport__FreeReply *r;
+    rc = client_rpc(c, TPORT__METHOD__METHOD_FREE, &q.base, NULL, 0, &tport__free_reply__descriptor,
+                    (ProtobufCMessage **)&r, NULL, err);
+    if (!rc) {
+      if (freed)
+        *freed += r->freed;
+      protobuf_c_message_free_unpacked(&r->base, NULL);
+    }
+  }
+  free(w);
+  free(pw);
+  return rc;
 }
 
 int tport_sync(tport_client *c, const tport_ref *ref, tport_err *err)

@@ -126,7 +126,8 @@ int client_put(tport_client *c, const client_put_desc *d, tport_tensor_info *out
 int client_get(tport_client *c, const client_get_desc *g, void **alloced, size_t *nbytes,
                tport_tensor_info *info, tport_err *err)
 {
-  /* device memory: on the same host, by CUDA IPC; else through the ring */
+  /* device memory: on the same host, by CUDA IPC; else through the ring
+   * (no wait: only the host gets of tport_get_wait take one) */
   if (g->dev) {
     bool used = false;
     int rc = client_ipc_get(c, g->ref, g->dev, g->cap, g->want, info, &used, err);
@@ -171,5 +172,19 @@ int tport_get_alloc(tport_client *c, const tport_ref *ref, void **buf, size_t *n
                     tport_tensor_info *info, tport_err *err)
 {
   client_get_desc g = {.ref = ref, .alloc = true};
+  return client_get(c, &g, buf, nbytes, info, err);
+}
+
+int tport_get_wait(tport_client *c, const tport_ref *ref, uint32_t wait_ms, void *buf, size_t cap,
+                   tport_tensor_info *info, tport_err *err)
+{
+  client_get_desc g = {.ref = ref, .buf = buf, .cap = cap, .wait_ms = wait_ms};
+  return client_get(c, &g, NULL, NULL, info, err);
+}
+
+int tport_get_alloc_wait(tport_client *c, const tport_ref *ref, uint32_t wait_ms, void **buf,
+                         size_t *nbytes, tport_tensor_info *info, tport_err *err)
+{
+  client_get_desc g = {.ref = ref, .alloc = true, .wait_ms = wait_ms};
   return client_get(c, &g, buf, nbytes, info, err);
 }

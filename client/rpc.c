@@ -9,6 +9,7 @@
  * redial is session.c's, above it.
  */
 #include <nng/nng.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -194,7 +195,9 @@ int client_slot_finish(client_slot *s, tport_err *err)
   return TPORT_OK;
 }
 
-int client_exchange(tport_client *c, uint16_t method, const ProtobufCMessage *q,
+/* client_exchange, whose reply may come wait_ms later than the client's
+ * timeout (the server holds a request that waits for a name). */
+static int exchange(tport_client *c, uint32_t wait_ms, uint16_t method, const ProtobufCMessage *q,
                     const void *payload, size_t n, const ProtobufCMessageDescriptor *d,
                     ProtobufCMessage **out, client_payload *reply_payload, nng_pipe *reply_pipe,
                     tport_err *err)
@@ -204,6 +207,10 @@ int client_exchange(tport_client *c, uint16_t method, const ProtobufCMessage *q,
   int rc = client_slot_open(c, &s, err);
   if (rc)
     return rc;
+  if (wait_ms)
+    nng_aio_set_timeout(s.aio, (nng_duration)((int64_t)c->timeout_ms + wait_ms > INT32_MAX
+                                                  ? INT32_MAX
+                                                  : c->timeout_ms + (int64_t)wait_ms));
   rc = client_pack(method, q, payload, n, &m, err);
   if (!rc) {
     client_slot_send(&s, m);
@@ -220,4 +227,19 @@ int client_exchange(tport_client *c, uint16_t method, const ProtobufCMessage *q,
   }
   client_slot_close(&s);
   return rc;
+}
+
+int client_exchange(tport_client *c, uint16_t method, const ProtobufCMessage *q,
+                    const void *payload, size_t n, const ProtobufCMessageDescriptor *d,
+                    ProtobufCMessage **out, client_payload *reply_payload, nng_pipe *reply_pipe,
+                    tport_err *err)
+{
+  return exchange(c, 0, method, q, payload, n, d, out, reply_payload, reply_pipe, err);
+}
+
+int client_exchange_waiting(tport_client *c, uint32_t wait_ms, uint16_t method,
+                            const ProtobufCMessage *q, const ProtobufCMessageDescriptor *d,
+                            ProtobufCMessage **out, client_payload *reply_payload, tport_err *err)
+{
+  return exchange(c, wait_ms, method, q, NULL, 0, d, out, reply_payload, NULL, err);
 }

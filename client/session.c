@@ -207,3 +207,15 @@ int client_rpc(tport_client *c, uint16_t method, const ProtobufCMessage *q, cons
   client_credits_give(c, 1);
   return rc;
 }
+
+int client_rpc_waiting(tport_client *c, uint32_t wait_ms, uint16_t method,
+                       const ProtobufCMessage *q, const ProtobufCMessageDescriptor *d,
+                       ProtobufCMessage **out, client_payload *reply_payload, tport_err *err)
+{
+  int rc = client_credits_take(c, 1, err);
+  if (rc)
+    return rc;
+  rc = client_exchange_waiting(c, wait_ms, method, q, d, out, reply_payload, err);
+  client_credits_give(c, 1);
+  return rc;
+}

@@ -246,9 +246,9 @@ int tport_put_shm(tport_client *c, tport_shm *r, size_t offset, tport_dtype dtyp
 
 /* GetBegin into a slice of r; with fallback, a tensor that does not fit
  * (or fits inline) comes back the ordinary way instead: *in_region says. */
-static int get_begin_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t offset,
-                         size_t cap, bool fallback, int fmt, Tport__GetBeginReply **out,
-                         client_payload *payload, tport_err *err)
+static int get_begin_shm(tport_client *c, const tport_ref *ref, uint32_t wait_ms, tport_shm *r,
+                         size_t offset, size_t cap, bool fallback, int fmt,
+                         Tport__GetBeginReply **out, client_payload *payload, tport_err *err)
 {
   Tport__Ref w;
   client_ref_to_wire(ref, &w);
@@ -261,8 +261,10 @@ static int get_begin_shm(tport_client *c, const tport_ref *ref, tport_shm *r, si
   q.shm_fallback = fallback;
   q.memory_format_set = fmt >= 0;
   q.memory_format = (Tport__MemoryFormat)(fmt >= 0 ? fmt : 0);
-  return client_rpc(c, TPORT__METHOD__METHOD_GET_BEGIN, &q.base, NULL, 0,
-                    &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload, err);
+  q.wait_ms = wait_ms;
+  return client_rpc_waiting(c, wait_ms, TPORT__METHOD__METHOD_GET_BEGIN, &q.base,
+                            &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload,
+                            err);
 }
 
 /* The bytes a get wrote into the region: as many as it said, with the
@@ -294,7 +296,7 @@ static int get_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t o
   if (rc)
     return rc;
   Tport__GetBeginReply *b;
-  if ((rc = get_begin_shm(c, ref, r, offset, cap, false, fmt, &b, NULL, err)) != TPORT_OK)
+  if ((rc = get_begin_shm(c, ref, 0, r, offset, cap, false, fmt, &b, NULL, err)) != TPORT_OK)
     return rc;
   if (!b->shm)
     rc = tport_err_set(err, TPORT_INTERNAL, "the server did not write into the region");
@@ -396,8 +398,8 @@ void client_shm_close(tport_client *c)
   c->shm_cache = NULL; /* it was one of them */
 }
 
-int client_shm_get_begin(tport_client *c, const tport_ref *ref, tport_shm *r,
+int client_shm_get_begin(tport_client *c, const tport_ref *ref, uint32_t wait_ms, tport_shm *r,
                          Tport__GetBeginReply **out, client_payload *payload, tport_err *err)
 {
-  return get_begin_shm(c, ref, r, 0, r->nbytes, true, -1, out, payload, err);
+  return get_begin_shm(c, ref, wait_ms, r, 0, r->nbytes, true, -1, out, payload, err);
 }

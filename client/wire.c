@@ -29,6 +29,7 @@ void client_put_request(tport_client *c, tport_dtype dtype, int ndim, const int6
   q->desc = desc;
   q->name = (char *)(opts->name ? opts->name : "");
   q->ttl_ms = opts->ttl_ms;
+  q->replace = opts->replace;
   q->device = (char *)(opts->device ? opts->device : "");
   q->dtype_set = opts->has_dtype;
   q->dtype = (Tport__DType)opts->dtype;

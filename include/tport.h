@@ -122,6 +122,13 @@ typedef struct tport_put_options {
   bool non_blocking;                 /* return before the device copies end */
   tport_progress_fn progress;
   void *progress_arg;
+  /* With name: replace the tensor of that name, if any, once this one is
+   * complete -- in one step: a reader by name gets the old tensor or the
+   * new one, never a part of either (publishing "the latest weights").
+   * The old one's handle goes; a get already reading it finishes; its
+   * bytes leave the tenant's quota at the swap (the quota holds both while
+   * the new one uploads).  Without it an existing name is ALREADY_EXISTS. */
+  bool replace;
 } tport_put_options;
 
 /* Fills o with the defaults (memory_format PRESERVE, everything else off). */
@@ -203,6 +210,26 @@ int tport_get_alloc(tport_client *c, const tport_ref *ref, void **buf, size_t *n
                     tport_tensor_info *info, tport_err *err);
 
 int tport_info(tport_client *c, const tport_ref *ref, tport_tensor_info *out, tport_err *err);
+/* Waiting for a name (a consumer of what a producer publishes, like Redis
+ * BLPOP): with a ref by name that no ready tensor holds yet (none, or one
+ * still uploading), the server answers once one is -- a put's commit, a
+ * replace -- or TPORT_DEADLINE_EXCEEDED after wait_ms (counted on the
+ * server from the request's arrival, and at most its --deadline, 30 s by
+ * default: wait again for longer).  The client does not poll: the request
+ * waits on the server, holding no thread there, and this call blocks (up to
+ * wait_ms beyond the client's timeout).  A name that exists answers at
+ * once; wait_ms 0 or a ref by handle is the call without _wait.  A
+ * connection may have 16 requests waiting, a tenant 1024: past that,
+ * TPORT_RESOURCE_EXHAUSTED at once.  A stopping server answers
+ * TPORT_UNAVAILABLE. */
+int tport_info_wait(tport_client *c, const tport_ref *ref, uint32_t wait_ms, tport_tensor_info *out,
+                    tport_err *err);
+/* tport_get / tport_get_alloc that wait for the name as tport_info_wait
+ * does, in the same request (the get's first). */
+int tport_get_wait(tport_client *c, const tport_ref *ref, uint32_t wait_ms, void *buf, size_t cap,
+                   tport_tensor_info *info, tport_err *err);
+int tport_get_alloc_wait(tport_client *c, const tport_ref *ref, uint32_t wait_ms, void **buf,
+                         size_t *nbytes, tport_tensor_info *info, tport_err *err);
 int tport_to(tport_client *c, const tport_ref *ref, const tport_to_options *opts,
              tport_tensor_info *out, bool *alias, tport_err *err);
 int tport_copy(tport_client *c, const tport_ref *dst, const tport_ref *src, bool non_blocking,
@@ -213,6 +240,13 @@ int tport_view(tport_client *c, const tport_ref *ref, int ndim, const int64_t *s
 int tport_contiguous(tport_client *c, const tport_ref *ref, tport_memory_format fmt,
                      const char *name, tport_tensor_info *out, bool *alias, tport_err *err);
 int tport_free(tport_client *c, const tport_ref *ref, tport_err *err);
+/* Frees n tensors in as few requests as it can (up to TPORT_FREE_MAX_REFS
+ * each): every one that exists is freed, and one that does not (freed
+ * already, gone with its TTL or connection, replaced) is skipped, not an
+ * error.  *freed (may be NULL): how many were. */
+#define TPORT_FREE_MAX_REFS 1024
+int tport_free_many(tport_client *c, const tport_ref *refs, size_t n, size_t *freed,
+                    tport_err *err);
 /* Waits for the tensor's pending device work (ref NULL: all work). */
 int tport_sync(tport_client *c, const tport_ref *ref, tport_err *err);
 int tport_list(tport_client *c, tport_tensor_info **out, size_t *n, tport_err *err);

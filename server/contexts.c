@@ -6,11 +6,15 @@
  * the message and queues the context for a worker -> WORK (a worker parses,
  * dispatches and builds the reply) -> SEND (nng_ctx_send pending) -> its
  * callback re-arms RECV.  Callbacks only move messages and queue work; they
- * never block and never touch the engine.
+ * never block and never touch the engine.  A request that waits for a name
+ * goes WORK -> PARKED (no worker holds it) -> WORK again, queued by its
+ * timer or by the registry's wake, and is handled anew: found, timed out,
+ * or parked again.  A wake that comes late only queues it once more.
  */
 #include <nng/nng.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "log.h"
 #include "server_internal.h"
@@ -26,6 +30,8 @@ static void ctx_recv(srv_ctx *x)
 }
 
 static void ctx_cb(void *arg);
+static void ctx_timer_cb(void *arg);
+static void ctx_wake(void *arg);
 
 /* One more context, idle (qmu held).  NULL when nng or memory refuses. */
 srv_ctx *ctx_open(server *s)
@@ -35,11 +41,19 @@ srv_ctx *ctx_open(server *s)
     return NULL;
   x->srv = s;
   x->state = CTX_IDLE;
+  x->waiter.wake = ctx_wake;
+  x->waiter.arg = x;
   if (nng_aio_alloc(&x->aio, ctx_cb, x) != 0) {
     free(x);
     return NULL;
   }
+  if (nng_aio_alloc(&x->timer, ctx_timer_cb, x) != 0) {
+    nng_aio_free(x->aio);
+    free(x);
+    return NULL;
+  }
   if (nng_ctx_open(&x->ctx, s->sock) != 0) {
+    nng_aio_free(x->timer);
     nng_aio_free(x->aio);
     free(x);
     return NULL;
@@ -160,6 +174,10 @@ static void ctx_received(server *s, srv_ctx *x)
   x->pipe = nng_msg_get_pipe(x->msg);
   x->queued_ms = mono_ms();
   x->arrived_ns = metrics_now_ns();
+  x->first_ms = x->queued_ms;
+  x->park_until_ms = 0;
+  x->wake_pending = false;
+  x->again = false;
   x->method = 0;
   x->state = CTX_WORK;
   x->chunk = CHUNK_NONE;
@@ -197,7 +215,8 @@ static void ctx_received(server *s, srv_ctx *x)
     }
   }
   if (!refuse) {
-    fq_push(s->fq, tenant, &x->fq);
+    memcpy(x->tenant, tenant, sizeof x->tenant);
+    fq_push(s->fq, x->tenant, &x->fq);
     pthread_cond_signal(&s->qcv);
   }
   pthread_mutex_unlock(&s->qmu);
@@ -263,6 +282,92 @@ static void ctx_cb(void *arg)
     return;
   }
   case CTX_WORK:
+  case CTX_PARKED: /* its timer has an aio of its own */
   case CTX_IDLE: return;
   }
+}
+
+/* ---------------------------------------------------------------- waits */
+
+/* x back in the workers' queue, to be handled anew (qmu held). */
+static void ctx_requeue(server *s, srv_ctx *x)
+{
+  x->state = CTX_WORK;
+  x->wake_pending = false;
+  x->again = true;
+  x->queued_ms = mono_ms();
+  fq_push(s->fq, x->tenant, &x->fq);
+  pthread_cond_signal(&s->qcv);
+}
+
+void ctx_park(server *s, srv_ctx *x)
+{
+  pthread_mutex_lock(&s->qmu);
+  if (x->fq.owner) {
+    fq_done(s->fq, &x->fq); /* its tenant's running slot goes with the worker */
+    if (fq_queued(s->fq))
+      pthread_cond_signal(&s->qcv);
+  }
+  int64_t left = x->park_until_ms - mono_ms();
+  x->park_until_ms = 0;
+  if (x->wake_pending || atomic_load(&s->draining) || s->stopping || left <= 0) {
+    /* woken between its lookup and now: the wake is not lost */
+    reg_unwait(&s->reg, &x->waiter);
+    ctx_requeue(s, x);
+  } else {
+    x->state = CTX_PARKED;
+    nng_sleep_aio((nng_duration)left, x->timer);
+  }
+  pthread_mutex_unlock(&s->qmu);
+}
+
+/* The registry's wake (a name published, the connection closing): on the
+ * publishing thread, without the registry's lock.  A parked x is queued
+ * by its timer's callback (cancelled here: it never runs inline); one not
+ * parked yet is queued as soon as it parks. */
+static void ctx_wake(void *arg)
+{
+  srv_ctx *x = arg;
+  server *s = x->srv;
+  pthread_mutex_lock(&s->qmu);
+  if (x->state == CTX_PARKED)
+    nng_aio_cancel(x->timer);
+  else
+    x->wake_pending = true;
+  pthread_mutex_unlock(&s->qmu);
+}
+
+/* A parked request's timer: its time is up, or it was cancelled by a wake
+ * or by the server draining.  Either way it is handled again (a late
+ * callback of an earlier wait finds x no longer parked, and does nothing). */
+static void ctx_timer_cb(void *arg)
+{
+  srv_ctx *x = arg;
+  server *s = x->srv;
+  pthread_mutex_lock(&s->qmu);
+  if (x->state != CTX_PARKED) {
+    pthread_mutex_unlock(&s->qmu);
+    return;
+  }
+  reg_unwait(&s->reg, &x->waiter);
+  if (s->stopping) {
+    /* no worker takes it any more: the context is done (its message is
+     * freed with it) */
+    reg_request_leave(&s->reg, nng_pipe_id(x->pipe));
+    x->state = CTX_IDLE;
+    if (--s->busy == 0)
+      pthread_cond_broadcast(&s->idle);
+  } else {
+    ctx_requeue(s, x);
+  }
+  pthread_mutex_unlock(&s->qmu);
+}
+
+void ctx_wake_parked(server *s)
+{
+  pthread_mutex_lock(&s->qmu);
+  for (srv_ctx *x = s->ctxs; x; x = x->all_next)
+    if (x->state == CTX_PARKED)
+      nng_aio_cancel(x->timer);
+  pthread_mutex_unlock(&s->qmu);
 }

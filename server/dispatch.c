@@ -63,12 +63,15 @@ nng_msg *dispatch_request(server *s, srv_ctx *x)
   int64_t queued_ms = x->queued_ms;
   call c = {.srv = s,
             .pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(req)),
-            .arrived_ns = x->arrived_ns};
+            .arrived_ns = x->arrived_ns,
+            .waiter = &x->waiter,
+            .first_ms = x->first_ms};
   tport_err_clear(&c.err);
   frame_view v;
   const uint8_t *body = nng_msg_body(req);
   size_t len = nng_msg_len(req);
-  atomic_fetch_add(&s->bytes_in, len);
+  if (!x->again)
+    atomic_fetch_add(&s->bytes_in, len);
   int rc = frame_parse(body, len, &v, &c.err);
   if (!rc) {
     c.method = v.method;
@@ -99,7 +102,8 @@ nng_msg *dispatch_request(server *s, srv_ctx *x)
   if (!rc)
     rc = frame_unpack(&v, md->input, &c.req, &c.err);
   if (!rc) {
-    atomic_fetch_add(&s->requests[v.method], 1);
+    if (!x->again)
+      atomic_fetch_add(&s->requests[v.method], 1);
     c.payload = v.payload;
     c.payload_len = v.payload_len;
     /* the deadline covers the time queued and the time running */
@@ -107,6 +111,11 @@ nng_msg *dispatch_request(server *s, srv_ctx *x)
     rc = handler_for(v.method)(&c);
     engine_set_deadline(0);
     protobuf_c_message_free_unpacked(c.req, NULL);
+  }
+  if (!rc && c.park_until_ms && !c.out) {
+    /* waiting for a name: no reply yet (the worker parks x) */
+    x->park_until_ms = c.park_until_ms;
+    return NULL;
   }
   int code = TPORT_OK;
   if (rc || !c.out) {

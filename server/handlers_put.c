@@ -211,7 +211,8 @@ static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_
   atomic_fetch_add(&s->bytes_in, len);
   shm_count_transfer(s->shm);
   reg_entry *e;
-  rc = reg_add(&s->reg, c->pipe, final, NULL, q->name, q->keep, q->ttl_ms, 0, &paid, &e, &c->err);
+  rc = (q->replace ? reg_add_replacing : reg_add)(&s->reg, c->pipe, final, NULL, q->name, q->keep,
+                                                  q->ttl_ms, 0, &paid, &e, &c->err);
   if (rc)
     return rc; /* final freed with the entry that could not be */
   return put_begin_reply(c, e, final);
@@ -440,8 +441,8 @@ int h_put_begin(call *c)
     return rc;
   }
   reg_entry *e;
-  rc = reg_add(&s->reg, c->pipe, NULL, up, q->name, q->keep, q->ttl_ms, put.reserve, &paid, &e,
-               &c->err);
+  rc = (q->replace ? reg_add_replacing : reg_add)(&s->reg, c->pipe, NULL, up, q->name, q->keep,
+                                                  q->ttl_ms, put.reserve, &paid, &e, &c->err);
   if (rc)
     return rc;
   tport_tensor *final = NULL;

@@ -350,6 +350,7 @@ int h_stats(call *c)
   COUNTER("tensors", rs.tensors);
   COUNTER("uploads_in_progress", rs.uploads);
   COUNTER("tensor_bytes", rs.bytes);
+  COUNTER("waiting_for_names", rs.waiters);
   COUNTER("quota_bytes", s->cfg.tenant_quota_bytes);
   COUNTER("max_tensors", s->cfg.max_tensors);
   COUNTER("max_tensor_bytes", s->cfg.max_tensor_bytes);

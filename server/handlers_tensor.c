@@ -19,9 +19,9 @@ int h_info(call *c)
   Tport__InfoRequest *q = (Tport__InfoRequest *)c->req;
   reg_entry *e;
   tport_tensor *t;
-  int rc = wire_find(c, q->ref, "ref", &e, &t);
-  if (rc)
-    return rc;
+  int rc = wire_find_wait(c, q->ref, q->wait_ms, &e, &t);
+  if (rc || !e)
+    return rc; /* !e: waiting for the name */
   rc = reply_info(c, e, t);
   reg_put(&c->srv->reg, e);
   return rc;
@@ -224,20 +224,52 @@ int h_list(call *c)
   return rc;
 }
 
+/* Refs one Free may name (ref and refs together). */
+#define FREE_MAX_REFS 1024
+
+/* Frees the tensor of ref, if it exists (true). */
+static bool free_one(call *c, const Tport__Ref *ref)
+{
+  reg_entry *e;
+  tport_err ignored;
+  if (!ref || reg_find(&c->srv->reg, c->pipe, ref->handle.data, ref->handle.len, ref->name, &e,
+                       NULL, &ignored))
+    return false;
+  reg_remove(&c->srv->reg, e);
+  reg_put(&c->srv->reg, e);
+  return true;
+}
+
 int h_free(call *c)
 {
   Tport__FreeRequest *q = (Tport__FreeRequest *)c->req;
-  if (!q->ref)
+  if (!q->ref && !q->n_refs)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "ref is missing");
-  reg_entry *e;
-  int rc = reg_find(&c->srv->reg, c->pipe, q->ref->handle.data, q->ref->handle.len, q->ref->name,
-                    &e, NULL, &c->err);
-  if (rc)
-    return rc;
-  reg_remove(&c->srv->reg, e);
-  reg_put(&c->srv->reg, e);
+  if (q->n_refs > FREE_MAX_REFS - (q->ref != NULL))
+    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                         "refs names %zu tensors: one Free frees at most %d", q->n_refs,
+                         FREE_MAX_REFS);
+  uint32_t freed = 0;
+  if (q->ref && !q->n_refs) {
+    /* one ref alone: NOT_FOUND when there is none, as always */
+    reg_entry *e;
+    int rc = reg_find(&c->srv->reg, c->pipe, q->ref->handle.data, q->ref->handle.len, q->ref->name,
+                      &e, NULL, &c->err);
+    if (rc)
+      return rc;
+    reg_remove(&c->srv->reg, e);
+    reg_put(&c->srv->reg, e);
+    freed = 1;
+  } else {
+    /* several: each that exists (a collector's frees race the TTL and the
+     * names' replacements) */
+    freed += free_one(c, q->ref);
+    for (size_t i = 0; i < q->n_refs; i++)
+      freed += free_one(c, q->refs[i]);
+  }
   Tport__FreeReply r = TPORT__FREE_REPLY__INIT;
   r.status = wire_ok();
+  r.freed = freed;
   return call_reply(c, &r.base, NULL, 0);
 }
 

@@ -154,9 +154,9 @@ int h_get_begin(call *c)
   server *s = c->srv;
   reg_entry *e;
   tport_tensor *t;
-  int rc = wire_find(c, q->ref, "ref", &e, &t);
-  if (rc)
-    return rc;
+  int rc = wire_find_wait(c, q->ref, q->wait_ms, &e, &t);
+  if (rc || !e)
+    return rc; /* !e: waiting for the name */
   size_t want = tensor_nbytes(t);
   rc = wire_check_bytes(c, "the get", tensor_numel(t), tport_dtype_size(t->dtype));
   /* into a region -- unless, with shm_fallback, the tensor is small enough

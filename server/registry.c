@@ -82,8 +82,9 @@ void entry_owner_unlink(reg_entry *e)
 void entry_unlink(registry *r, reg_entry *e, reg_entry **dead)
 {
   HASH_DELETE(hh, r->by_handle, e);
-  if (e->name[0])
+  if (e->holds_name)
     HASH_DELETE(hh_name, e->tn->names, e);
+  e->holds_name = false;
   if (e->prev)
     e->prev->next = e->next;
   else
@@ -148,9 +149,91 @@ void entry_set_expiry(registry *r, reg_entry *e, uint64_t ttl_ms)
   e->expires_ms = ttl ? reg_now_ms() + (int64_t)ttl : 0; /* ttl <= max_ttl: no overflow */
 }
 
-int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
-            bool keep, uint64_t ttl_ms, size_t reserve, reg_reservation *paid, reg_entry **out,
-            tport_err *err)
+/* The name's holder, for an entry about to take it: none (*holder NULL),
+ * or one that a replace swaps out (ready).  ALREADY_EXISTS otherwise. */
+static int name_holder(reg_tenant *tn, const char *name, bool replace, reg_entry **holder,
+                       tport_err *err)
+{
+  *holder = find_name(tn, name);
+  if (!*holder)
+    return TPORT_OK;
+  if (!replace)
+    return tport_err_set(err, TPORT_ALREADY_EXISTS, "a tensor named '%s' already exists", name);
+  if ((*holder)->state != REG_READY)
+    return tport_err_set(err, TPORT_ALREADY_EXISTS,
+                         "a tensor named '%s' is being uploaded by a put without replace", name);
+  return TPORT_OK;
+}
+
+/* e takes its name from holder (NULL: none), which leaves the registry in
+ * the same step (onto *dead).  mu held. */
+static int name_take(registry *r, reg_entry *e, reg_entry *holder, reg_entry **dead, tport_err *err)
+{
+  if (holder)
+    entry_unlink(r, holder, dead);
+  reg_oom = false;
+  HASH_ADD(hh_name, e->tn->names, name, strlen(e->name), e);
+  if (reg_oom)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a name");
+  e->holds_name = true;
+  return TPORT_OK;
+}
+
+/* The checks and charge of reg_add, under the lock; *holder the entry a
+ * replace swaps out. */
+static int add_check(registry *r, reg_session *s, const reg_entry *e, const tport_storage *st,
+                     bool take_name, bool replace, size_t reserve, reg_entry **holder,
+                     tport_err *err)
+{
+  *holder = NULL;
+  reg_tenant *tn = s ? s->tn : NULL;
+  size_t add = tn ? tenant_charge_cost(tn, st) : 0;
+  if (!s)
+    return tport_err_set(err, TPORT_ABORTED, "the connection is closing");
+  int rc = take_name ? name_holder(tn, e->name, replace, holder, err) : TPORT_OK;
+  if (rc)
+    return rc;
+  if (tn->tensors - (*holder != NULL) >= r->limits.max_tensors)
+    return tport_err_set(
+        err, TPORT_RESOURCE_EXHAUSTED, "tenant '%s' holds %llu tensors: its limit is %llu",
+        tn->name, (unsigned long long)tn->tensors, (unsigned long long)r->limits.max_tensors);
+  if (add > tenant_left(r, tn) || reserve > tenant_left(r, tn) - add)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                         "tenant '%s' would hold %zu more bytes than its %zu: its quota is %zu",
+                         tn->name, add > SIZE_MAX - reserve ? SIZE_MAX : add + reserve,
+                         tenant_held(tn), r->limits.tenant_quota_bytes);
+  if (!tenant_charge(tn, st))
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for an entry");
+  return TPORT_OK;
+}
+
+/* e into the registry's lists and its session's (or kept for its tenant). */
+static void add_link(registry *r, reg_session *s, reg_entry *e, bool keep, uint64_t ttl_ms)
+{
+  reg_tenant *tn = s->tn;
+  tn->refs++;
+  tn->tensors++;
+  if (!e->up && (e->name[0] || keep)) {
+    entry_set_expiry(r, e, ttl_ms);
+  } else {
+    e->owner = s;
+    e->snext = s->owned;
+    if (s->owned)
+      s->owned->sprev = e;
+    s->owned = e;
+  }
+  e->next = r->entries;
+  if (r->entries)
+    r->entries->prev = e;
+  r->entries = e;
+  r->count++;
+  r->uploads += e->up != NULL;
+  tn->uploads += e->up != NULL;
+}
+
+static int add_entry(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
+                     bool keep, uint64_t ttl_ms, size_t reserve, reg_reservation *paid,
+                     bool replace, reg_entry **out, tport_err *err)
 {
   int rc = TPORT_OK;
   bool named = name && *name;
@@ -179,74 +262,59 @@ int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const c
   if (up) {
     up->keep = named || keep;
     up->ttl_ms = ttl_ms;
+    up->replace = named && replace;
   }
+  /* an upload with replace takes its name at its commit */
+  bool take_name = named && !(up && replace);
   const tport_storage *st = up ? up->landing->storage : t->storage;
+  reg_entry *dead = NULL, *holder;
   pthread_mutex_lock(&r->mu);
   /* what was reserved for it becomes its charge: given back and charged in
    * one step under the lock, so the check below counts it once */
   reservation_drop(r, paid);
   reg_session *s = session_find(r, pipe);
-  reg_tenant *tn = s ? s->tn : NULL;
-  size_t add = tn ? tenant_charge_cost(tn, st) : 0;
-  if (!s) {
-    rc = tport_err_set(err, TPORT_ABORTED, "the connection is closing");
-  } else if (named && find_name(tn, name)) {
-    rc = tport_err_set(err, TPORT_ALREADY_EXISTS, "a tensor named '%s' already exists", name);
-  } else if (tn->tensors >= r->limits.max_tensors) {
-    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
-                       "tenant '%s' holds %llu tensors: its limit is %llu", tn->name,
-                       (unsigned long long)tn->tensors, (unsigned long long)r->limits.max_tensors);
-  } else if (add > tenant_left(r, tn) || reserve > tenant_left(r, tn) - add) {
-    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
-                       "tenant '%s' would hold %zu more bytes than its %zu: its quota is %zu",
-                       tn->name, add > SIZE_MAX - reserve ? SIZE_MAX : add + reserve,
-                       tenant_held(tn), r->limits.tenant_quota_bytes);
-  } else if (!tenant_charge(tn, st)) {
-    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for an entry");
-  }
+  rc = add_check(r, s, e, st, take_name, replace, reserve, &holder, err);
   if (!rc) {
+    e->tn = s->tn;
     reg_oom = false;
     HASH_ADD(hh, r->by_handle, handle, REG_HANDLE_BYTES, e);
-    if (!reg_oom && named) {
-      HASH_ADD(hh_name, tn->names, name, strlen(e->name), e);
-      if (reg_oom)
-        HASH_DELETE(hh, r->by_handle, e);
-    }
-    if (reg_oom) {
-      tenant_uncharge(tn, st);
+    if (reg_oom)
       rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for an entry");
-    }
+    else if (take_name && (rc = name_take(r, e, holder, &dead, err)) != TPORT_OK)
+      HASH_DELETE(hh, r->by_handle, e);
+    if (rc)
+      tenant_uncharge(s->tn, st);
   }
   if (rc) {
     pthread_mutex_unlock(&r->mu);
+    entry_free_dead(r, dead);
     entry_free(r, e); /* releases t or up */
     return rc;
   }
-  e->tn = tn;
-  tn->refs++;
-  tn->tensors++;
   e->charged = st;
   e->reserved = reserve;
-  tn->bytes += reserve;
-  if (!up && (named || keep)) {
-    entry_set_expiry(r, e, ttl_ms);
-  } else {
-    e->owner = s;
-    e->snext = s->owned;
-    if (s->owned)
-      s->owned->sprev = e;
-    s->owned = e;
-  }
-  e->next = r->entries;
-  if (r->entries)
-    r->entries->prev = e;
-  r->entries = e;
-  r->count++;
-  r->uploads += up != NULL;
-  tn->uploads += up != NULL;
+  s->tn->bytes += reserve;
+  add_link(r, s, e, keep, ttl_ms);
   pthread_mutex_unlock(&r->mu);
+  entry_free_dead(r, dead);
+  if (take_name && !up)
+    waiters_wake_name(r, e->tn, e->name);
   *out = e;
   return TPORT_OK;
+}
+
+int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
+            bool keep, uint64_t ttl_ms, size_t reserve, reg_reservation *paid, reg_entry **out,
+            tport_err *err)
+{
+  return add_entry(r, pipe, t, up, name, keep, ttl_ms, reserve, paid, false, out, err);
+}
+
+int reg_add_replacing(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
+                      bool keep, uint64_t ttl_ms, size_t reserve, reg_reservation *paid,
+                      reg_entry **out, tport_err *err)
+{
+  return add_entry(r, pipe, t, up, name, keep, ttl_ms, reserve, paid, true, out, err);
 }
 
 int reg_find(registry *r, uint32_t pipe, const uint8_t *handle, size_t handle_len, const char *name,
@@ -367,8 +435,10 @@ void reg_counts(registry *r, reg_stats *out)
   pthread_mutex_lock(&r->mu);
   out->tensors = r->count;
   out->uploads = r->uploads;
-  for (reg_tenant *t = r->tenants; t; t = t->hh.next)
+  for (reg_tenant *t = r->tenants; t; t = t->hh.next) {
     out->bytes += tenant_held(t);
+    out->waiters += t->nwaiters;
+  }
   out->sessions = r->nsessions;
   out->tenants = r->ntenants;
   for (reg_session *s = r->sessions; s; s = s->hh.next)
@@ -385,6 +455,7 @@ void reg_tenant_counts(registry *r, uint32_t pipe, reg_stats *out)
     out->tensors = s->tn->tensors;
     out->bytes = tenant_held(s->tn);
     out->uploads = s->tn->uploads;
+    out->waiters = s->tn->nwaiters;
   }
   pthread_mutex_unlock(&r->mu);
 }

@@ -66,6 +66,9 @@ typedef struct reg_upload {
   /* what commit makes of the entry: kept for the tenant (named or keep) */
   bool keep;
   uint64_t ttl_ms;
+  /* named with replace: the name is taken at the commit, from whatever
+   * tensor holds it then (reg_add_replacing) */
+  bool replace;
 } reg_upload;
 
 struct reg_tenant;
@@ -84,6 +87,7 @@ typedef struct reg_entry {
   size_t reserved;              /* bytes reserved beyond it */
   int refs;                     /* the registry's own plus one per holder */
   bool removed;
+  bool holds_name; /* in its tenant's names (an upload with replace is not, till its commit) */
   UT_hash_handle hh;      /* by handle */
   UT_hash_handle hh_name; /* by name, in its tenant */
   struct reg_entry *prev, *next;   /* every entry */
@@ -255,6 +259,16 @@ extern void (*reg_test_entry_free)(registry *r);
 int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
             bool keep, uint64_t ttl_ms, size_t reserve, reg_reservation *paid, reg_entry **out,
             tport_err *err);
+/* reg_add that takes the name from the tensor holding it, if any (a put
+ * with replace): a ready t swaps at once; an upload holds no name until
+ * reg_commit_end, which swaps then.  Swapped: the old entry leaves the
+ * registry (its handle and its charge go; holders keep its memory until
+ * they let go), in the same step that the new one takes the name, so a
+ * reader by name finds the one or the other.  A name held by an upload of
+ * a put without replace is ALREADY_EXISTS. */
+int reg_add_replacing(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
+                      bool keep, uint64_t ttl_ms, size_t reserve, reg_reservation *paid,
+                      reg_entry **out, tport_err *err);
 /* Finds a tensor by handle bytes or name, for the pipe's tenant; NOT_FOUND
  * otherwise (another tenant's handle included).  *state (when not NULL) is
  * the entry's state read under the lock: the only way a caller may look at
@@ -292,6 +306,37 @@ int reg_commit_end(registry *r, reg_entry *e, tport_tensor *final, tport_err *er
 /* COMMITTING -> RECEIVING: the commit failed; it may be tried again. */
 void reg_commit_fail(registry *r, reg_entry *e);
 
+/* ---------------------------------------------------------------- waiters
+ *
+ * A request waiting for a name to exist (Info, GetBegin with wait_ms): it
+ * holds no thread.  Its waiter is registered under the lock that publishes
+ * names, so a publish after the lookup always wakes it; wake(arg) is then
+ * called once, without the registry's lock, on the publishing thread (or
+ * the one closing its connection).  A wake says only "look again": the
+ * waiter is no longer registered, and the request looks the name up anew
+ * (it may be gone again).  A waiter lives in its request's context, which
+ * outlives the registry's use of it: reg_unwait before reusing it. */
+typedef struct reg_waiter {
+  char name[REG_NAME_MAX];
+  struct reg_tenant *tn; /* NULL: not registered */
+  uint32_t pipe;
+  void (*wake)(void *arg);
+  void *arg;
+  struct reg_waiter *prev, *next; /* its tenant's */
+} reg_waiter;
+/* Waiters one connection / one tenant may have registered: past them a
+ * wait is RESOURCE_EXHAUSTED at once (each holds a request's context). */
+#define REG_WAITERS_PER_SESSION 16
+#define REG_WAITERS_PER_TENANT 1024
+/* The ready tensor named name of the pipe's tenant into *out (a reference),
+ * or, when there is none (absent, or still uploading), w registered for it
+ * and *out NULL.  RESOURCE_EXHAUSTED past the bounds above, ABORTED when
+ * the connection is gone, INVALID_ARGUMENT for a name over the limit. */
+int reg_find_or_wait(registry *r, uint32_t pipe, const char *name, reg_waiter *w, reg_entry **out,
+                     tport_err *err);
+/* w no longer registered (a no-op when it is not): true when it was. */
+bool reg_unwait(registry *r, reg_waiter *w);
+
 /* Removes expired entries. */
 int reg_expire(registry *r, int64_t now_ms);
 /* Entries of the pipe's tenant (references held; reg_put each, free the array). */
@@ -299,6 +344,7 @@ int reg_list(registry *r, uint32_t pipe, reg_entry ***out, size_t *n);
 
 typedef struct reg_stats {
   uint64_t tensors, uploads, bytes; /* of the tenant, or of everyone */
+  uint64_t waiters;                 /* requests waiting for a name, likewise */
   uint64_t sessions, tenants;       /* server-wide only */
   uint64_t sessions_via[REG_VIAS];  /* server-wide only */
 } reg_stats;

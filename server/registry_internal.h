@@ -53,6 +53,8 @@ typedef struct reg_tenant {
   int refs;         /* sessions, entries and transfers that name it */
   reg_charge *charges;
   reg_entry *names; /* hash (hh_name) */
+  reg_waiter *waiters; /* list: requests waiting for one of its names */
+  uint64_t nwaiters;
   UT_hash_handle hh;
 } reg_tenant;
 
@@ -70,6 +72,7 @@ typedef struct reg_session {
   char peer[REG_PEER_MAX];
   int inflight_chunks, outstanding, transfers;
   int reservations; /* reg_reservations holding bytes of its tenant */
+  int waiters;      /* reg_waiters registered (they hold its tenant) */
   reg_entry *owned; /* list (sprev/snext) */
   UT_hash_handle hh;
 } reg_session;
@@ -110,5 +113,14 @@ void entry_owner_unlink(reg_entry *e);
 void entry_unlink(registry *r, reg_entry *e, reg_entry **dead);
 /* e kept for its tenant: it expires after ttl_ms (0: the default TTL). */
 void entry_set_expiry(registry *r, reg_entry *e, uint64_t ttl_ms);
+/* registry_waiters.c (called by the three above, calls none of them): every waiter of the pipe's
+ * session unregistered (it is closing) into wake/arg (up to max; returns how many: call again while
+ * it fills max), and the same for the waiters of name in t. */
+size_t waiters_take_session(registry *r, reg_session *s, void (**wake)(void *), void **arg,
+                            size_t max);
+/* Wakes every waiter of name in tn (the lock NOT held: it is taken in
+ * rounds, and the wakes are called without it).  tn stays valid: the
+ * caller holds an entry of it. */
+void waiters_wake_name(registry *r, reg_tenant *tn, const char *name);
 
 #endif

@@ -68,9 +68,14 @@ void reg_session_peer(registry *r, uint32_t pipe, char *buf, size_t len)
 void reg_session_close(registry *r, uint32_t pipe)
 {
   reg_entry *dead = NULL;
+  /* its requests waiting for names are woken to find the session gone */
+  void (*wake[REG_WAITERS_PER_SESSION])(void *);
+  void *arg[REG_WAITERS_PER_SESSION];
+  size_t nwake = 0;
   pthread_mutex_lock(&r->mu);
   reg_session *s = session_find(r, pipe);
   if (s) {
+    nwake = waiters_take_session(r, s, wake, arg, REG_WAITERS_PER_SESSION);
     while (s->owned)
       entry_unlink(r, s->owned, &dead);
     HASH_DEL(r->sessions, s);
@@ -79,6 +84,8 @@ void reg_session_close(registry *r, uint32_t pipe)
     free(s);
   }
   pthread_mutex_unlock(&r->mu);
+  for (size_t i = 0; i < nwake; i++)
+    wake[i](arg[i]);
   entry_free_dead(r, dead);
 }
 
@@ -100,7 +107,7 @@ int reg_session_set_tenant(registry *r, uint32_t pipe, const char *tenant, tport
     rc = tport_err_set(err, TPORT_PERMISSION_DENIED,
                        "this connection is tenant '%s': a connection's tenant is set once",
                        s->tn->name);
-  } else if (s->owned || s->transfers || s->reservations) {
+  } else if (s->owned || s->transfers || s->reservations || s->waiters) {
     rc = tport_err_set(err, TPORT_PERMISSION_DENIED,
                        "this connection already holds tensors of tenant '%s'", s->tn->name);
   } else {

@@ -3,6 +3,8 @@
  * claimed and received (RECEIVING), the commit (COMMITTING), and the entry
  * made ready with its final tensor.
  */
+#include <string.h>
+
 #include "registry_internal.h"
 
 /* ---------------------------------------------------------------- uploads */
@@ -140,8 +142,28 @@ int reg_commit_begin(registry *r, reg_entry *e, tport_tensor **landing, to_optio
   return rc;
 }
 
+/* A commit with replace takes its name now, from whatever ready tensor
+ * holds it (onto *dead).  mu held. */
+static int commit_take_name(registry *r, reg_entry *e, reg_entry **dead, tport_err *err)
+{
+  reg_entry *holder;
+  HASH_FIND(hh_name, e->tn->names, e->name, strlen(e->name), holder);
+  if (holder && holder->state != REG_READY)
+    return tport_err_set(err, TPORT_ALREADY_EXISTS,
+                         "a tensor named '%s' is being uploaded by a put without replace", e->name);
+  if (holder)
+    entry_unlink(r, holder, dead);
+  reg_oom = false;
+  HASH_ADD(hh_name, e->tn->names, name, strlen(e->name), e);
+  if (reg_oom)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a name");
+  e->holds_name = true;
+  return TPORT_OK;
+}
+
 int reg_commit_end(registry *r, reg_entry *e, tport_tensor *final, tport_err *err)
 {
+  reg_entry *dead = NULL;
   pthread_mutex_lock(&r->mu);
   if (e->removed) {
     pthread_mutex_unlock(&r->mu);
@@ -152,11 +174,17 @@ int reg_commit_end(registry *r, reg_entry *e, tport_tensor *final, tport_err *er
   reg_tenant *tn = e->tn;
   /* the tenant now pays for the stored tensor's storage, not the landing's
    * nor the reservation (charged before uncharged: they may be one storage) */
-  if (!tenant_charge(tn, final->storage)) {
+  int rc = TPORT_OK;
+  if (!tenant_charge(tn, final->storage))
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for an entry");
+  else if (up->replace && (rc = commit_take_name(r, e, &dead, err)) != TPORT_OK)
+    tenant_uncharge(tn, final->storage);
+  if (rc) {
     up->state = UP_RECEIVING;
     pthread_mutex_unlock(&r->mu);
+    entry_free_dead(r, dead);
     tensor_release(final);
-    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for an entry");
+    return rc;
   }
   tenant_uncharge(tn, e->charged);
   e->charged = final->storage;
@@ -171,8 +199,12 @@ int reg_commit_end(registry *r, reg_entry *e, tport_tensor *final, tport_err *er
     entry_owner_unlink(e);
     entry_set_expiry(r, e, up->ttl_ms);
   }
+  bool named = e->holds_name;
   pthread_mutex_unlock(&r->mu);
+  entry_free_dead(r, dead);
   reg_upload_free(up);
+  if (named)
+    waiters_wake_name(r, tn, e->name); /* the caller holds e, and e its tenant */
   return TPORT_OK;
 }
 

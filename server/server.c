@@ -406,6 +406,7 @@ void server_stop(server *s, unsigned long grace_ms)
    * would be lost with them. */
   atomic_store(&s->ready, false);
   atomic_store(&s->draining, true);
+  ctx_wake_parked(s); /* waits end now: answered UNAVAILABLE within the grace */
   pthread_mutex_lock(&s->qmu);
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
@@ -432,8 +433,10 @@ void server_stop(server *s, unsigned long grace_ms)
   http_stop(s->http); /* no longer serving: /healthz goes too */
   s->http = NULL;
   /* no context is opened from here on (ctx_post_receives sees stopping) */
-  for (srv_ctx *x = s->ctxs; x; x = x->all_next)
+  for (srv_ctx *x = s->ctxs; x; x = x->all_next) {
     nng_aio_stop(x->aio);
+    nng_aio_stop(x->timer);
+  }
   for (int i = 0; i < s->nworkers; i++)
     pthread_join(s->workers[i], NULL);
   for (srv_ctx *x = s->ctxs; x; x = x->all_next) {
@@ -454,7 +457,9 @@ void server_stop(server *s, unsigned long grace_ms)
   while (s->ctxs) {
     srv_ctx *x = s->ctxs;
     s->ctxs = x->all_next;
+    reg_unwait(&s->reg, &x->waiter);
     nng_aio_free(x->aio);
+    nng_aio_free(x->timer);
     if (x->msg)
       nng_msg_free(x->msg);
     free(x);

@@ -28,8 +28,10 @@
 
 #define SERVER_METHODS 22 /* 1..21 */
 
-/* IDLE: opened, neither receiving nor holding a request (a spare). */
-typedef enum { CTX_IDLE, CTX_RECV, CTX_WORK, CTX_SEND } ctx_state;
+/* IDLE: opened, neither receiving nor holding a request (a spare).
+ * PARKED: holding a request that waits for a name (wait_ms): no worker,
+ * only its timer and its registry waiter, either of which requeues it. */
+typedef enum { CTX_IDLE, CTX_RECV, CTX_WORK, CTX_SEND, CTX_PARKED } ctx_state;
 
 /* One nng context: a request slot with its own async state machine. */
 typedef struct srv_ctx {
@@ -50,6 +52,15 @@ typedef struct srv_ctx {
   uint16_t method;    /* of the reply being sent (0: unknown) */
   int64_t send_ns;    /* when a get's reply was handed to nng (0: not timed) */
   fq_node fq;         /* in the workers' queue, under its tenant */
+  char tenant[REG_TENANT_MAX]; /* what it is queued under (again, when a wait wakes) */
+  /* a request that waits for a name: it is parked (CTX_PARKED) until its
+   * waiter is woken or its timer ends, then queued and handled again */
+  nng_aio *timer;
+  reg_waiter waiter;
+  int64_t first_ms;           /* mono_ms() of its arrival: its wait counts from there */
+  int64_t park_until_ms;      /* set by dispatch_request: park till then (0: answered) */
+  bool wake_pending;          /* woken before it was parked: queue it again at once */
+  bool again;                 /* handled before (parked since): counted once */
   struct srv_ctx *all_next;   /* every context opened (server.ctxs) */
   struct srv_ctx *spare_next; /* the idle ones (server.spare) */
 } srv_ctx;
@@ -127,6 +138,11 @@ typedef struct call {
   /* an element of a batch (handlers_batch.c): its reply's payload is read
    * back out of the message, so it is copied in, never lent */
   bool copy_payload;
+  /* waiting for a name: the context's waiter and first arrival; a handler
+   * that registered the waiter sets park_until_ms and gives no reply */
+  reg_waiter *waiter;
+  int64_t first_ms;
+  int64_t park_until_ms;
 } call;
 
 /* The contexts and the workers' queue, now (under qmu). */
@@ -186,6 +202,13 @@ void ctx_post_receives(struct server *s);
 void ctx_finish(struct server *s, srv_ctx *x, nng_msg *reply);
 /* The method of a request frame, read from its header (0: too short). */
 uint16_t frame_method_of(nng_msg *m);
+/* x's request waits for a name till x->park_until_ms (its waiter is
+ * registered): it leaves its worker and is queued again when woken or
+ * at the time (at once when woken already, or the server is draining). */
+void ctx_park(struct server *s, srv_ctx *x);
+/* The server is draining: every parked request is queued again now (the
+ * handlers then answer UNAVAILABLE instead of waiting). */
+void ctx_wake_parked(struct server *s);
 
 /* workers.c: the workers' queue and --workers threads, started. */
 int workers_start(struct server *s, const server_config *cfg, tport_err *err);

@@ -56,6 +56,36 @@ int wire_find(call *c, const Tport__Ref *ref, const char *field, reg_entry **e, 
   return TPORT_OK;
 }
 
+int wire_find_wait(call *c, const Tport__Ref *ref, uint32_t wait_ms, reg_entry **e,
+                   tport_tensor **t)
+{
+  *e = NULL;
+  if (!wait_ms || !ref || ref->handle.len || !ref->name || !*ref->name)
+    return wire_find(c, ref, "ref", e, t);
+  server *s = c->srv;
+  uint64_t wait = wait_ms < s->cfg.deadline_ms ? wait_ms : s->cfg.deadline_ms;
+  int64_t until = c->first_ms + (int64_t)wait;
+  if (mono_ms() >= until) {
+    int rc = wire_find(c, ref, "ref", e, t);
+    if (rc == TPORT_NOT_FOUND || rc == TPORT_FAILED_PRECONDITION)
+      rc = tport_err_set(&c->err, TPORT_DEADLINE_EXCEEDED,
+                         "no tensor named '%.100s' was ready within %llu ms", ref->name,
+                         (unsigned long long)wait);
+    return rc;
+  }
+  if (atomic_load(&s->draining))
+    return tport_err_set(&c->err, TPORT_UNAVAILABLE,
+                         "the server is stopping: it waits for no name");
+  int rc = reg_find_or_wait(&s->reg, c->pipe, ref->name, c->waiter, e, &c->err);
+  if (rc)
+    return rc;
+  if (*e)
+    *t = (*e)->tensor;
+  else
+    c->park_until_ms = until;
+  return TPORT_OK;
+}
+
 int wire_device(const char *s, const char *field, tport_device fallback, tport_device *out,
                 tport_err *err)
 {

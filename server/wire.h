@@ -20,6 +20,15 @@ void wire_fill_info(wire_info *wi, const reg_entry *e, const tport_tensor *t);
 /* Finds a ready tensor by ref: NOT_FOUND, or FAILED_PRECONDITION while it uploads.
  * On success *e holds a reference (reg_put it) and *t is its tensor. */
 int wire_find(call *c, const Tport__Ref *ref, const char *field, reg_entry **e, tport_tensor **t);
+/* wire_find, waiting for a ref by name that finds no ready tensor (absent,
+ * or still uploading) up to wait_ms from the request's arrival (at most
+ * --deadline): the request's waiter is registered and *e is NULL with
+ * TPORT_OK -- the handler returns at once, without a reply, and is run
+ * again when the name is published or the time is up (then
+ * DEADLINE_EXCEEDED).  A ref by handle, or wait_ms 0, is wire_find.  A
+ * draining server answers UNAVAILABLE instead of waiting. */
+int wire_find_wait(call *c, const Tport__Ref *ref, uint32_t wait_ms, reg_entry **e,
+                   tport_tensor **t);
 /* A device string from the wire: empty means `fallback`. */
 int wire_device(const char *s, const char *field, tport_device fallback, tport_device *out,
                 tport_err *err);

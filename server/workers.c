@@ -38,6 +38,10 @@ static void *worker_main(void *arg)
       if (server_test_before_handle)
         server_test_before_handle(s, (uint32_t)nng_pipe_id(x->pipe), frame_method_of(x->msg));
       reply = dispatch_request(s, x);
+      if (x->park_until_ms) {
+        ctx_park(s, x); /* it keeps its request until handled again */
+        continue;
+      }
     }
     if (x->chunk == CHUNK_COUNTED)
       reg_chunk_leave(&s->reg, nng_pipe_id(x->pipe));

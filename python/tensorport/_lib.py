@@ -116,6 +116,7 @@ class PutOptions(ctypes.Structure):
         ("non_blocking", ctypes.c_bool),
         ("progress", PROGRESS_FN),
         ("progress_arg", ctypes.c_void_p),
+        ("replace", ctypes.c_bool),
     ]
 
 
@@ -225,6 +226,7 @@ _PROTOTYPES = {
          _c.c_void_p, _P(Err)],
     ),
     "tport_info": (_c.c_int, [_c.c_void_p, _P(Ref), _P(TensorInfoC), _P(Err)]),
+    "tport_info_wait": (_c.c_int, [_c.c_void_p, _P(Ref), _c.c_uint32, _P(TensorInfoC), _P(Err)]),
     "tport_to": (
         _c.c_int,
         [_c.c_void_p, _P(Ref), _P(ToOptions), _P(TensorInfoC), _P(_c.c_bool), _P(Err)],
@@ -240,6 +242,7 @@ _PROTOTYPES = {
         [_c.c_void_p, _P(Ref), _c.c_int, _c.c_char_p, _P(TensorInfoC), _P(_c.c_bool), _P(Err)],
     ),
     "tport_free": (_c.c_int, [_c.c_void_p, _P(Ref), _P(Err)]),
+    "tport_free_many": (_c.c_int, [_c.c_void_p, _P(Ref), _c.c_size_t, _P(_c.c_size_t), _P(Err)]),
     "tport_sync": (_c.c_int, [_c.c_void_p, _P(Ref), _P(Err)]),
     "tport_list": (_c.c_int, [_c.c_void_p, _P(_P(TensorInfoC)), _P(_c.c_size_t), _P(Err)]),
     "tport_devices": (

@@ -15,8 +15,8 @@ import threading
 import weakref
 from typing import Optional, Tuple
 
-from . import _dlpack, _lib, _names
-from .errors import FailedPrecondition, InvalidArgument, error_for
+from . import _dlpack, _lib, _lifetime, _names
+from .errors import FailedPrecondition, InvalidArgument, NotFound, error_for
 from .tensor import Tensor, TensorInfo
 from .units import _duration_ms
 
@@ -80,6 +80,23 @@ def _timeout_ms(timeout):
     if ms > 2**31 - 1:
         raise InvalidArgument("timeout is %r: at most 24 days" % (timeout,))
     return ms
+
+
+# A get by name looks the name up, then reads that tensor by its handle: a
+# replace in between (put(replace=True)) takes the handle away, and the get
+# begins again with what the name holds then, up to this many times.
+_GET_TRIES = 20
+
+
+def _wait_ms(wait):
+    """A wait in seconds (or a timedelta) as the server's wait_ms (0: none)."""
+    if wait is None:
+        return 0
+    if isinstance(wait, datetime.timedelta):
+        wait = wait.total_seconds()
+    if not wait >= 0:
+        raise InvalidArgument("wait is %r seconds: it must not be negative" % (wait,))
+    return min(int(round(wait * 1000)), 2**32 - 1)
 
 
 def _info_from_c(c):
@@ -219,6 +236,7 @@ class Client:
         self._local = threading.local()
         self._handles = []  # main connection first; a keeping one (put(keep=True)) may follow
         self._keeper = None
+        self._lifetime = _lifetime.Lifetime()  # what this client made: freed when dropped
         self._handle = self._connect(self.keep)
         self._handles.append(self._handle)
         self._finalizer = weakref.finalize(self, _close_handles, lib, self._handles)
@@ -265,6 +283,8 @@ class Client:
     def _call(self, fn, *args):
         """libtport's ``fn(handle, *args, &err)`` inside the client's lifetime
         guard; a failure raises the error class of its code."""
+        if self._lifetime.due():
+            self.flush_frees()
         err = _lib.Err()
         self._enter()
         try:
@@ -272,6 +292,28 @@ class Client:
         finally:
             self._exit()
         self._check(rc, err)
+
+    def flush_frees(self):
+        """Frees on the server, in one request, the tensors this client made whose
+        Tensor objects Python has garbage-collected since (see ``put``); returns how
+        many were freed.  The client does this by itself before a request once 64
+        are queued, and before ``list()`` and ``stats()``."""
+        handles = self._lifetime.take()
+        if not handles:
+            return 0
+        refs = (_lib.Ref * len(handles))()
+        for i, h in enumerate(handles):
+            ctypes.memmove(refs[i].handle, h, _lib.HANDLE_BYTES)
+        freed = ctypes.c_size_t()
+        err = _lib.Err()
+        self._enter()
+        try:
+            rc = self._lib.tport_free_many(self._handle, refs, len(handles), ctypes.byref(freed),
+                                           ctypes.byref(err))
+        finally:
+            self._exit()
+        self._check(rc, err)
+        return freed.value
 
     def _keeping_handle(self):
         """The connection that keeps what it makes (the main one when keep=True)."""
@@ -334,25 +376,48 @@ class Client:
                     err)
         return r
 
-    def _tensor(self, c):
+    def _tensor(self, c, made=False):
+        """The Tensor of c: one this call made (made) on the client's own connection
+        without a name is freed when Python drops it; one it made before is the
+        same object again."""
         info, handle = _info_from_c(c)
-        return Tensor(self, info, handle)
+        if made and info.name is None and not self.keep:
+            return self._lifetime.adopt(Tensor(self, info, handle))
+        return self._lifetime.existing(handle) or Tensor(self, info, handle)
 
-    def _info_c(self, ref):
+    def _info_c(self, ref, wait=None):
         r = self._ref(ref)
         out = _lib.TensorInfoC()
-        self._call("tport_info", ctypes.byref(r), ctypes.byref(out))
+        ms = _wait_ms(wait)
+        if ms:
+            self._call("tport_info_wait", ctypes.byref(r), ms, ctypes.byref(out))
+        else:
+            self._call("tport_info", ctypes.byref(r), ctypes.byref(out))
         return out
 
-    def _info_of(self, ref):
-        return _info_from_c(self._info_c(ref))[0]
+    def _info_of(self, ref, wait=None):
+        return _info_from_c(self._info_c(ref, wait))[0]
 
-    def _resolve(self, ref):
+    def info(self, ref, *, wait=None):
+        """The :class:`TensorInfo` of a tensor (a Tensor, a handle or a name).
+
+        ``wait`` (seconds): a name that no tensor holds yet is waited for -- on
+        the server, which answers as soon as a put (or a replace) publishes it,
+        without polling -- and DeadlineExceeded is raised after ``wait`` seconds
+        (at most the server's ``--deadline``, 30 s by default).  A name that
+        exists answers at once.
+        """
+        if isinstance(ref, Tensor):
+            return ref._info
+        return self._info_of(ref, wait)
+
+    def _resolve(self, ref, wait=None):
         """(tport_ref by handle, TensorInfo): a Tensor needs no round trip (a handle's
-        dtype and shape never change); a name is looked up once."""
+        dtype and shape never change); a name is looked up once (waited for up to
+        ``wait`` seconds)."""
         if isinstance(ref, Tensor):
             return self._ref(ref), ref._info
-        info = self._info_of(ref)
+        info = self._info_of(ref, wait)
         r = _lib.Ref()
         ctypes.memmove(r.handle, bytes.fromhex(info.ref), _lib.HANDLE_BYTES)
         return r, info
@@ -360,7 +425,7 @@ class Client:
     # ------------------------------------------------------------ put and get
 
     def put(self, obj, *, name=None, device=None, dtype=None, memory_format=None, ttl=None,
-            keep=False, non_blocking=False, managed=False, progress=None):
+            keep=False, non_blocking=False, managed=False, progress=None, replace=False):
         """Uploads a host tensor; returns the :class:`Tensor` the server made.
 
         ``obj``: a NumPy array, a CPU or CUDA torch.Tensor (any strides,
@@ -376,7 +441,14 @@ class Client:
         bfloat16 bit patterns (tensorport has no uint16).
 
         ``name`` (and ``ttl``: seconds, a timedelta or "10m") keeps it for the tenant under that
-        name; ``keep=True`` keeps it without a name.  ``device`` (default
+        name; ``keep=True`` keeps it without a name.  With ``replace=True`` a
+        tensor already of that name is replaced once this one is complete, in one
+        step: a reader by name gets the old tensor or the new one, never a part
+        (publishing "the latest weights"); without it an existing name raises
+        AlreadyExists.  An unnamed tensor without ``keep`` lives as long as the
+        returned Tensor object: once Python collects it, the client frees it on
+        the server (batched, see ``flush_frees``), as Ray frees an object when
+        its last reference goes.  ``device`` (default
         cpu), ``dtype`` and ``memory_format`` convert it on the server;
         ``managed`` allocates unified memory on a GPU; ``non_blocking``
         returns before the device copies end (later calls on it wait for
@@ -388,6 +460,7 @@ class Client:
         self._lib.tport_put_options_init(ctypes.byref(o))
         o.name = _enc(name) if name else None
         o.ttl_ms = _ttl_ms(ttl)
+        o.replace = bool(replace)
         o.device = _enc(_names.device_name(device))
         if dtype is not None:
             o.has_dtype, o.dtype = True, _names.DTYPE_NUMBER[_names.dtype_name(dtype)]
@@ -402,6 +475,8 @@ class Client:
         out = _lib.TensorInfoC()
         err = _lib.Err()
         rc = -1
+        if self._lifetime.due():
+            self.flush_frees()
         self._enter()
         try:
             h = self._keeping_handle() if keep else self._handle
@@ -413,7 +488,7 @@ class Client:
             if rc:
                 prog.close()
         self._check(rc, err)
-        t = self._tensor(out)
+        t = self._tensor(out, made=not keep)
         try:
             prog.finish()
         except BaseException:
@@ -444,7 +519,7 @@ class Client:
         self._check(rc, err)
         prog.finish()
 
-    def get(self, ref, *, progress=None, out=None):
+    def get(self, ref, *, progress=None, out=None, wait=None):
         """Downloads a tensor (a Tensor, a handle or a name) as a NumPy array.
 
         The values in logical C order, writable, in the tensor's dtype;
@@ -456,10 +531,35 @@ class Client:
         and of the dtype ``get`` would return), a torch.Tensor or anything
         ``get_into`` takes; the values are written into it (checked before a
         byte is written) and ``out`` is returned.
+
+        ``wait`` (seconds), with a name: wait for it as ``info(name, wait=)``
+        does.  A get by name reads the tensor the name holds when it begins; a
+        replace meanwhile (``put(replace=True)``) never mixes the two.
         """
+        for tries in range(_GET_TRIES):
+            try:
+                return self._get(ref, progress, out, wait)
+            except NotFound:
+                # by name: the tensor found was replaced before its bytes were
+                # read (its handle went); the name holds the next one
+                if isinstance(ref, Tensor) or tries == _GET_TRIES - 1 or not self._replaced(ref):
+                    raise
+
+    def _replaced(self, name):
+        """True when name (not a handle) names a tensor now."""
+        if len(name) == 2 * _lib.HANDLE_BYTES and all(ch in "0123456789abcdefABCDEF"
+                                                       for ch in name):
+            return False
+        try:
+            self._info_of(name)
+            return True
+        except NotFound:
+            return False
+
+    def _get(self, ref, progress, out, wait):
         import numpy as np
 
-        r, info = self._resolve(ref)
+        r, info = self._resolve(ref, wait)
         dtype = _names.numpy_dtype(info.dtype)
         if out is not None:
             if not isinstance(out, np.ndarray):
@@ -543,6 +643,7 @@ class Client:
 
     def list(self):
         """This tenant's tensors (those of this connection and those kept), as Tensors."""
+        self.flush_frees()
         p = ctypes.POINTER(_lib.TensorInfoC)()
         n = ctypes.c_size_t()
         self._call("tport_list", ctypes.byref(p), ctypes.byref(n))
@@ -555,6 +656,9 @@ class Client:
         """Frees a tensor (a Tensor, a handle or a name) on the server."""
         r = self._ref(ref)
         self._call("tport_free", ctypes.byref(r))
+        mine = ref if isinstance(ref, Tensor) else self._lifetime.existing(bytes(r.handle))
+        if mine is not None:
+            self._lifetime.forget(mine)
 
     def sync(self, ref=None):
         """Waits for a tensor's pending device work (a non_blocking put or to), or for all
@@ -586,6 +690,7 @@ class Client:
     def stats(self):
         """The server's counters, a dict name -> int (a tenant's own; an operator's
         (``--admin``) the server's)."""
+        self.flush_frees()
         p = ctypes.POINTER(_lib.CounterC)()
         n = ctypes.c_size_t()
         self._call("tport_stats", ctypes.byref(p), ctypes.byref(n))
@@ -597,7 +702,7 @@ class Client:
     # ------------------------------------------------------------ Tensor's methods
 
     def _result(self, src, out, alias):
-        t = self._tensor(out)
+        t = self._tensor(out, made=not alias)
         return src if alias and t._handle == src._handle else t
 
     def _to(self, t, device, dtype, memory_format, copy, non_blocking, exact_format, name, ttl):
@@ -649,7 +754,7 @@ class Client:
         out = _lib.TensorInfoC()
         self._call("tport_view", ctypes.byref(r), len(shape), sz, st, int(storage_offset),
                    _enc(name) if name else None, ctypes.byref(out))
-        return self._tensor(out)
+        return self._tensor(out, made=True)
 
     def _copy(self, dst, src, non_blocking):
         tmp = None

@@ -13,10 +13,12 @@ NumPy and PyTorch take a Tensor where they take an array: ``np.asarray(t)``
 ``numel()``, ``element_size()`` and ``is_contiguous(memory_format)`` read as
 PyTorch's.
 
-Lifetime is the server's, not Python's: dropping a Tensor object frees
-nothing.  An unnamed tensor lives until ``free()`` or until its client
-closes; a named one (or one put with ``keep=True``) lives for the tenant
-until freed or until its time to live ends.
+Lifetime, as in Ray: an unnamed tensor a client made (``put`` without
+``name`` or ``keep``, an unnamed ``to``/``view``/``contiguous`` result) is
+freed on the server once Python garbage-collects its Tensor object (the
+frees are batched: ``Client.flush_frees``), or by ``free()``, or when its
+client closes; a named one (or one put with ``keep=True``) lives for the
+tenant until freed or until its time to live ends, whatever Python holds.
 """
 import dataclasses
 from typing import Optional, Tuple
@@ -69,6 +71,7 @@ class Tensor:
         self._client = client
         self._info = info
         self._handle = handle
+        self._finalizer = None  # set when its client frees it on collection
 
     # ------------------------------------------------------------ description
 

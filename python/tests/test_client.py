@@ -152,9 +152,9 @@ def test_devices_and_stats(client):
     with tp.Client(client.url, tenant="ops") as ops:
         assert all(isinstance(d.free_bytes, int) for d in ops.devices())
         assert ops.devices()[names.index("sim:0")].free_bytes > 0
-    client.put(np.ones(5))
+    held = client.put(np.ones(5))  # an unnamed tensor lives as long as its object
     st = client.stats()
-    assert isinstance(st, dict) and st["tensors"] >= 1
+    assert isinstance(st, dict) and st["tensors"] >= 1 and held.numel() == 5
     assert all(isinstance(k, str) and isinstance(v, int) for k, v in st.items())
 
 

@@ -86,12 +86,12 @@ def hello(tenant=""):
 
 
 def put_begin(d, name="", device="", dtype=None, fmt="preserve", commit=False, keep=False,
-              non_blocking=False, managed=False, ttl_ms=0):
+              non_blocking=False, managed=False, ttl_ms=0, replace=False):
     m = f_msg(1, d) + f_bytes(2, name) + f_varint(3, ttl_ms) + f_bytes(4, device)
     if dtype is not None:
         m += f_varint(5, DTYPES[dtype]) + f_varint(9, 1)
     return (m + f_varint(6, MF[fmt]) + f_varint(7, managed) + f_varint(8, non_blocking) +
-            f_varint(10, keep) + f_varint(11, commit))
+            f_varint(10, keep) + f_varint(11, commit) + f_varint(15, replace))
 
 
 def put_chunk(r, offset):
@@ -106,8 +106,16 @@ def only_ref(r):  # PutAbort, Info, Free
     return f_msg(1, r)
 
 
-def get_begin(r, inline_max=0):
-    return f_msg(1, r) + f_varint(2, inline_max)
+def info_wait(r, wait_ms):
+    return f_msg(1, r) + f_varint(2, wait_ms)
+
+
+def free_refs(*refs):  # FreeRequest.refs: many at once
+    return b"".join(f_msg(2, r) for r in refs)
+
+
+def get_begin(r, inline_max=0, wait_ms=0):
+    return f_msg(1, r) + f_varint(2, inline_max) + f_varint(8, wait_ms)
 
 
 def get_chunk(transfer_slot, offset, length):
@@ -258,11 +266,11 @@ def raw(data, conn=0):
 
 
 def put_multi(dtype, sizes, device="", dtype_to=None, fmt="preserve", name="", chunk=4096,
-              slot=0, async_chunks=False):
+              slot=0, async_chunks=False, replace=False):
     """PutBegin, its chunks (4 KiB: the harness's server), PutCommit."""
     data = tensor_bytes(dtype, sizes)
     ops = op("PUT_BEGIN", put_begin(desc(dtype, sizes), name=name, device=device,
-                                    dtype=dtype_to, fmt=fmt))
+                                    dtype=dtype_to, fmt=fmt, replace=replace))
     for k, off in enumerate(range(0, len(data), chunk)):
         ops += op("PUT_CHUNK", put_chunk(ref(slot), off), data[off:off + chunk],
                   ctx=k % 2 if async_chunks else 0, async_=async_chunks)
@@ -271,9 +279,10 @@ def put_multi(dtype, sizes, device="", dtype_to=None, fmt="preserve", name="", c
     return ops + op("PUT_COMMIT", put_commit(ref(slot)))
 
 
-def put_one(dtype, sizes, device="", dtype_to=None, fmt="preserve", name="", keep=False, conn=0):
+def put_one(dtype, sizes, device="", dtype_to=None, fmt="preserve", name="", keep=False, conn=0,
+            replace=False):
     return op("PUT_BEGIN", put_begin(desc(dtype, sizes), name=name, device=device, dtype=dtype_to,
-                                     fmt=fmt, commit=True, keep=keep),
+                                     fmt=fmt, commit=True, keep=keep, replace=replace),
               tensor_bytes(dtype, sizes), conn=conn)
 
 
@@ -355,6 +364,19 @@ def server_seeds():
         op("PUT_COMMIT", put_commit(ref(0)), ctx=1, async_=True),
         "empty_tensor": op("PUT_BEGIN", put_begin(desc("float32", [0, 3]), device="sim:0")) +
         op("PUT_COMMIT", put_commit(ref(0))) + op("GET_BEGIN", get_begin(ref(0), 0)),
+        # issue 21: a wait woken by a put on another connection, a wait that
+        # times out (the harness's deadline is 200 ms), a replace, many frees
+        "wait_woken_by_put": op("HELLO", hello("w")) + op("HELLO", hello("w"), conn=1) +
+        op("INFO", info_wait(ref(name="n"), 150), ctx=0, async_=True) +
+        op("GET_BEGIN", get_begin(ref(name="n"), 1 << 16, wait_ms=150), ctx=1, async_=True) +
+        put_one("float32", [4, 4], name="n", conn=1) +
+        op("INFO", info_wait(ref(name="never"), 20)) +
+        op("FREE", free_refs(ref(name="n"), ref(name="never"), ref(0))),
+        "replace_named": put_one("int32", [16], name="r", keep=True) +
+        put_one("int32", [16], name="r", replace=True) +
+        put_multi("int32", [3000], name="r", slot=2, replace=True) +
+        op("GET_BEGIN", get_begin(ref(name="r"), 1 << 20)) +
+        op("FREE", free_refs(ref(0), ref(1), ref(2))),
         "raw_frames": raw(b"\x00" * 5) + raw(b"TPRT\x02\x00\x00\x01\x00\x00\x00\x00") +
         raw(frame("STATS", b"")) + raw(frame("LIST", b"", flags=FRAME_REPLY), conn=1) +
         raw(struct.pack(">IBBHI", 0x54505254, 1, 0, 99, 0)),

@@ -230,6 +230,32 @@ try:
         e = tport(*args, ok=False)
         check(e.returncode == 2 and named in e.stderr,
               "tport %s: exit %d: %s" % (" ".join(args), e.returncode, e.stderr))
+    # --replace swaps a name; without it an existing name is refused
+    ones, twos = os.path.join(tmp, "ones.npy"), os.path.join(tmp, "twos.npy")
+    np.save(ones, np.ones(1000, np.float32))
+    np.save(twos, np.full(1000, 2, np.float32))
+    tport("put", ones, "--name", "latest")
+    e = tport("--json", "put", twos, "--name", "latest", ok=False)
+    check(json.loads(e.stdout or "{}").get("error") == "ALREADY_EXISTS", "no --replace: %s" % e.stdout)
+    tport("put", twos, "--name", "latest", "--replace")
+    out = os.path.join(tmp, "latest.npy")
+    tport("get", "latest", out)
+    check(np.array_equal(np.load(out), np.full(1000, 2, np.float32)), "--replace swapped the name")
+    # --wait: a consumer started before its producer gets what it publishes
+    waiting = subprocess.Popen([TPORT, "--url", url, "get", "later", out, "--wait", "20s"],
+                               stderr=subprocess.PIPE, text=True)
+    for _ in range(400):
+        if tjson("stats").get("waiting_for_names") == 1:
+            break
+        time.sleep(0.05)
+    tport("put", ones, "--name", "later")
+    check(waiting.wait(timeout=60) == 0 and np.array_equal(np.load(out), np.ones(1000, np.float32)),
+          "get --wait woken by the put: %s" % waiting.stderr.read())
+    e = tport("--json", "info", "never", "--wait", "300ms", ok=False)
+    check(e.returncode == 1 and json.loads(e.stdout or "{}").get("error") == "DEADLINE_EXCEEDED",
+          "info --wait that times out: exit %d %s" % (e.returncode, e.stdout))
+    e = tport("get", "never", out, "--wait", "soon", ok=False)
+    check(e.returncode == 2 and "--wait" in e.stderr, "--wait soon: exit %d %s" % (e.returncode, e.stderr))
 finally:
     server.terminate()
     rc = server.wait(timeout=30)
