@@ -86,6 +86,12 @@ struct tport_client {
    * be refused, or served as tenant "default".  What it needs (owned; the
    * secret cleansed at close), and the connection it was last said on. */
   char *url, *tenant, *secret, *secret_file;
+  /* the open slots of every thread, library threads' requests included:
+   * tport_close ends their waits (client_slots_abort) before it closes the
+   * socket -- nng 1.5.2 panics on a context closed while its socket closes */
+  pthread_mutex_t slots_mu;
+  struct client_slot *slots;
+  bool closing; /* no slot opens or sends any more (slots_mu) */
   pthread_mutex_t hello_mu;
   atomic_uint hello_pipe; /* 0: not yet said */
   /* asynchronous requests: their queue and threads (request.c) */
@@ -100,6 +106,8 @@ typedef struct client_slot {
   nng_msg *reply;
   size_t offset, len; /* the chunk it carries */
   enum { SLOT_IDLE, SLOT_SENDING, SLOT_RECEIVING } phase;
+  bool refused; /* a send not started: the client is closing */
+  struct client_slot *prev, *next; /* the client's open slots (slots_mu) */
 } client_slot;
 
 /* A reply's raw payload; msg owns the bytes (nng_msg_free it). */
@@ -124,6 +132,9 @@ int client_credits_wait(tport_client *c, int k, tport_err *err);
 void client_credits_give(tport_client *c, int k);
 int client_slot_open(tport_client *c, client_slot *s, tport_err *err);
 void client_slot_close(client_slot *s);
+/* tport_close: no slot opens or sends from now on, and every wait of an
+ * open one ends (UNAVAILABLE). */
+void client_slots_abort(tport_client *c);
 void client_slot_send(client_slot *s, nng_msg *m);
 int client_slot_finish(client_slot *s, tport_err *err);
 /* One request and its reply on a slot of its own, credits not taken

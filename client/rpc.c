@@ -129,25 +129,60 @@ static int nng_to_status(int rv)
   }
 }
 
+static int closing_error(tport_err *err)
+{
+  return tport_err_set(err, TPORT_UNAVAILABLE, "the client is closing");
+}
+
 int client_slot_open(tport_client *c, client_slot *s, tport_err *err)
 {
   memset(s, 0, sizeof *s);
   s->owner = c;
-  int rv = nng_ctx_open(&s->ctx, c->sock);
+  pthread_mutex_lock(&c->slots_mu);
+  int rv = c->closing ? NNG_ECLOSED : nng_ctx_open(&s->ctx, c->sock);
   if (!rv)
     rv = nng_aio_alloc(&s->aio, NULL, NULL);
-  if (rv) {
-    nng_ctx_close(s->ctx);
-    /* closed: the client is being closed (tport_close with requests in flight) */
-    return tport_err_set(err, rv == NNG_ECLOSED ? TPORT_UNAVAILABLE : TPORT_INTERNAL,
-                         "nng context: %s", nng_strerror(rv));
+  if (!rv) {
+    nng_aio_set_timeout(s->aio, c->timeout_ms);
+    s->next = c->slots;
+    if (c->slots)
+      c->slots->prev = s;
+    c->slots = s;
   }
-  nng_aio_set_timeout(s->aio, c->timeout_ms);
+  pthread_mutex_unlock(&c->slots_mu);
+  if (rv) {
+    if (s->ctx.id)
+      nng_ctx_close(s->ctx);
+    memset(s, 0, sizeof *s);
+    /* closed: the client is being closed (tport_close with requests in flight) */
+    return rv == NNG_ECLOSED ? closing_error(err)
+                             : tport_err_set(err, TPORT_INTERNAL, "nng context: %s", nng_strerror(rv));
+  }
   return TPORT_OK;
+}
+
+void client_slots_abort(tport_client *c)
+{
+  pthread_mutex_lock(&c->slots_mu);
+  c->closing = true;
+  for (client_slot *s = c->slots; s; s = s->next)
+    nng_aio_abort(s->aio, NNG_ECLOSED);
+  pthread_mutex_unlock(&c->slots_mu);
 }
 
 void client_slot_close(client_slot *s)
 {
+  if (s->owner && s->aio) {
+    tport_client *c = s->owner;
+    pthread_mutex_lock(&c->slots_mu);
+    if (s->prev)
+      s->prev->next = s->next;
+    else
+      c->slots = s->next;
+    if (s->next)
+      s->next->prev = s->prev;
+    pthread_mutex_unlock(&c->slots_mu);
+  }
   if (s->aio) {
     /* a request abandoned midway: stop it, and free the message it still holds
      * (a send that did not complete, or a reply that arrived unread) */
@@ -166,15 +201,37 @@ void client_slot_close(client_slot *s)
   memset(s, 0, sizeof *s);
 }
 
+/* Starts s's next operation unless the client is closing (the check and the
+ * start under slots_mu: client_slots_abort sees every wait it must end). */
+static bool slot_start(client_slot *s, bool send)
+{
+  tport_client *c = s->owner;
+  pthread_mutex_lock(&c->slots_mu);
+  bool go = !c->closing;
+  if (go && send)
+    nng_ctx_send(s->ctx, s->aio);
+  else if (go)
+    nng_ctx_recv(s->ctx, s->aio);
+  pthread_mutex_unlock(&c->slots_mu);
+  return go;
+}
+
 void client_slot_send(client_slot *s, nng_msg *m)
 {
   s->phase = SLOT_SENDING;
   nng_aio_set_msg(s->aio, m);
-  nng_ctx_send(s->ctx, s->aio);
+  if (!slot_start(s, true)) {
+    nng_aio_set_msg(s->aio, NULL);
+    nng_msg_free(m);
+    s->phase = SLOT_IDLE;
+    s->refused = true;
+  }
 }
 
 int client_slot_finish(client_slot *s, tport_err *err)
 {
+  if (s->refused)
+    return closing_error(err);
   nng_aio_wait(s->aio);
   int rv = nng_aio_result(s->aio);
   if (rv) {
@@ -183,7 +240,10 @@ int client_slot_finish(client_slot *s, tport_err *err)
     return tport_err_set(err, nng_to_status(rv), "sending the request: %s", nng_strerror(rv));
   }
   s->phase = SLOT_RECEIVING;
-  nng_ctx_recv(s->ctx, s->aio);
+  if (!slot_start(s, false)) {
+    s->phase = SLOT_IDLE;
+    return closing_error(err);
+  }
   nng_aio_wait(s->aio);
   rv = nng_aio_result(s->aio);
   s->phase = SLOT_IDLE;

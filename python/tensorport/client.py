@@ -89,14 +89,11 @@ _GET_TRIES = 20
 
 
 def _wait_ms(wait):
-    """A wait in seconds (or a timedelta) as the server's wait_ms (0: none)."""
+    """A wait in seconds, a timedelta or a string ("5s", as ``tport --wait``
+    takes it) as the server's wait_ms (0: none)."""
     if wait is None:
         return 0
-    if isinstance(wait, datetime.timedelta):
-        wait = wait.total_seconds()
-    if not wait >= 0:
-        raise InvalidArgument("wait is %r seconds: it must not be negative" % (wait,))
-    return min(int(round(wait * 1000)), 2**32 - 1)
+    return min(_duration_ms(wait, "wait"), 2**32 - 1)
 
 
 def _info_from_c(c):

@@ -40,6 +40,8 @@ def test_get_and_info_wait_for_a_later_put(server):
             c.info("w-never", wait=0.2)
         with pytest.raises(tp.DeadlineExceeded):
             c.get("w-never", wait=0.1)
+        with pytest.raises(tp.DeadlineExceeded):  # the units' strings, as tport --wait
+            c.info("w-never", wait="150ms")
         with pytest.raises(tp.NotFound):
             c.get("w-never")
         with pytest.raises(tp.InvalidArgument):
