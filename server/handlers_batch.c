@@ -216,6 +216,10 @@ static void get_element(call *c, const Tport__GetBeginRequest *g, bool defer, si
     refuse_element(el, TPORT_INVALID_ARGUMENT, "a batch's gets name no region (shm)");
     return;
   }
+  if (g->wait_ms) { /* an element is no context of its own: it cannot park */
+    refuse_element(el, TPORT_INVALID_ARGUMENT, "a batch's gets wait for no name (wait_ms)");
+    return;
+  }
   if (defer && (maybe_defer(c, g, *budget, el, deferred), *deferred))
     return;
   Tport__GetBeginRequest one = *g;

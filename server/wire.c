@@ -60,7 +60,8 @@ int wire_find_wait(call *c, const Tport__Ref *ref, uint32_t wait_ms, reg_entry *
                    tport_tensor **t)
 {
   *e = NULL;
-  if (!wait_ms || !ref || ref->handle.len || !ref->name || !*ref->name)
+  /* no waiter: a call that cannot park (a batch's element) looks once */
+  if (!wait_ms || !c->waiter || !ref || ref->handle.len || !ref->name || !*ref->name)
     return wire_find(c, ref, "ref", e, t);
   server *s = c->srv;
   uint64_t wait = wait_ms < s->cfg.deadline_ms ? wait_ms : s->cfg.deadline_ms;

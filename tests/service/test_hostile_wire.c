@@ -757,3 +757,48 @@ Test(hostile, absurd_values_are_refused_by_name)
   free(gdata);
   server_stop(s, 1000);
 }
+
+/* A GetBatch element that asks to wait for a name: an element is no
+ * context of its own and cannot park.  It made tportd follow a NULL waiter
+ * (found by review) wherever --deadline was longer than the host's uptime,
+ * and failed every such element at once elsewhere; now the element alone is
+ * refused by name, the others answered. */
+Test(hostile, a_batch_get_that_waits_for_a_name_is_refused_alone)
+{
+  char url[128];
+  server_config cfg;
+  config(&cfg);
+  cfg.deadline_ms = 1000ul * 3600 * 24 * 365 * 30; /* past any uptime */
+  server *s = start(&cfg, url, sizeof url);
+  rawc r;
+  raw_open(&r, url);
+  char msg[256];
+  uint8_t v16[16], hv[16];
+  fill(v16, 16, 3);
+  raw_put(&r, v16, 16, NULL, NULL, hv);
+  Tport__Ref there = mkref(hv, 16, NULL), missing = mkref(NULL, 0, "never-put");
+  Tport__GetBeginRequest g[2], *gp[2] = {&g[0], &g[1]};
+  get_begin_req(&g[0], &missing, 1 << 20);
+  g[0].wait_ms = UINT32_MAX;
+  get_begin_req(&g[1], &there, 1 << 20);
+  Tport__GetBatchRequest q = TPORT__GET_BATCH_REQUEST__INIT;
+  q.n_gets = 2;
+  q.gets = gp;
+  ProtobufCMessage *out = NULL;
+  int code = raw_call(&r, TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0,
+                      &tport__get_batch_reply__descriptor, msg, &out, NULL);
+  cr_assert_eq(code, TPORT_OK, "GetBatch: %d %s", code, msg);
+  Tport__GetBatchReply *b = (Tport__GetBatchReply *)out;
+  cr_assert_eq(b->n_gets, 2);
+  cr_expect_eq(b->gets[0]->status->code, TPORT_INVALID_ARGUMENT, "the waiting element: %d %s",
+               b->gets[0]->status->code, b->gets[0]->status->message);
+  cr_expect_neq(strstr(b->gets[0]->status->message, "wait"), NULL, "%s",
+                b->gets[0]->status->message);
+  cr_expect_eq(b->gets[1]->status->code, TPORT_OK, "the other element: %s",
+               b->gets[1]->status->message);
+  protobuf_c_message_free_unpacked(out, NULL);
+  /* the server still answers */
+  cr_expect_eq(raw_get_begin(&r, &there, 1 << 20, msg, NULL), TPORT_OK, "%s", msg);
+  raw_close(&r);
+  server_stop(s, 1000);
+}
