@@ -57,6 +57,10 @@ static void log_failure(server *s, const call *c)
             tport_status_name(c->err.code), "error", c->err.msg, NULL);
 }
 
+/* The largest request that may wait for a name (its Ref and a few fields;
+ * a name is at most 256 bytes): what a parked request holds. */
+#define WAIT_REQUEST_MAX 4096
+
 nng_msg *dispatch_request(server *s, srv_ctx *x)
 {
   nng_msg *req = x->msg;
@@ -111,6 +115,15 @@ nng_msg *dispatch_request(server *s, srv_ctx *x)
     rc = handler_for(v.method)(&c);
     engine_set_deadline(0);
     protobuf_c_message_free_unpacked(c.req, NULL);
+  }
+  if (!rc && c.park_until_ms && !c.out && x->held_bytes > WAIT_REQUEST_MAX) {
+    /* a parked request keeps its body counted against --request-memory for
+     * as long as it waits: a large one (unknown fields) would hold the
+     * other tenants' requests out (found by review) */
+    reg_unwait(&s->reg, &x->waiter);
+    rc = tport_err_set(&c.err, TPORT_INVALID_ARGUMENT,
+                       "a request that waits for a name is at most %d bytes: this one is %zu",
+                       WAIT_REQUEST_MAX, x->held_bytes);
   }
   if (!rc && c.park_until_ms && !c.out) {
     /* waiting for a name: no reply yet (the worker parks x) */

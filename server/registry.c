@@ -295,10 +295,13 @@ static int add_entry(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up
   e->reserved = reserve;
   s->tn->bytes += reserve;
   add_link(r, s, e, keep, ttl_ms);
+  reg_tenant *wake_tn = take_name && !up ? e->tn : NULL;
+  if (wake_tn)
+    wake_tn->refs++; /* dropped by waiters_wake_name */
   pthread_mutex_unlock(&r->mu);
   entry_free_dead(r, dead);
-  if (take_name && !up)
-    waiters_wake_name(r, e->tn, e->name);
+  if (wake_tn)
+    waiters_wake_name(r, wake_tn, e->name);
   *out = e;
   return TPORT_OK;
 }

@@ -119,8 +119,10 @@ void entry_set_expiry(registry *r, reg_entry *e, uint64_t ttl_ms);
 size_t waiters_take_session(registry *r, reg_session *s, void (**wake)(void *), void **arg,
                             size_t max);
 /* Wakes every waiter of name in tn (the lock NOT held: it is taken in
- * rounds, and the wakes are called without it).  tn stays valid: the
- * caller holds an entry of it. */
+ * rounds, and the wakes are called without it), then drops a reference to
+ * tn the caller took under the lock (tn->refs++): the entry that published
+ * the name may lose its tenant meanwhile (a Free, its time to live, its
+ * session's close), and the tenant with it (found by review). */
 void waiters_wake_name(registry *r, reg_tenant *tn, const char *name);
 
 #endif

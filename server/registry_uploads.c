@@ -200,11 +200,13 @@ int reg_commit_end(registry *r, reg_entry *e, tport_tensor *final, tport_err *er
     entry_set_expiry(r, e, up->ttl_ms);
   }
   bool named = e->holds_name;
+  if (named)
+    tn->refs++; /* dropped by waiters_wake_name */
   pthread_mutex_unlock(&r->mu);
   entry_free_dead(r, dead);
   reg_upload_free(up);
   if (named)
-    waiters_wake_name(r, tn, e->name); /* the caller holds e, and e its tenant */
+    waiters_wake_name(r, tn, e->name); /* the caller holds e, and so its name */
   return TPORT_OK;
 }
 

@@ -127,6 +127,9 @@ void waiters_wake_name(registry *r, reg_tenant *tn, const char *name)
     for (size_t i = 0; i < n; i++)
       wake[i](arg[i]);
     if (n < WAKE_ROUND)
-      return;
+      break;
   }
+  pthread_mutex_lock(&r->mu);
+  tenant_unref(r, tn);
+  pthread_mutex_unlock(&r->mu);
 }
