@@ -108,7 +108,10 @@ def future_sink(fut):
 
     def sink(result, exc, cancelled):
         if cancelled:
+            # Future.cancel wakes result() but not concurrent.futures.wait():
+            # set_running_or_notify_cancel tells its waiters (as an executor does)
             concurrent.futures.Future.cancel(fut)
+            fut.set_running_or_notify_cancel()
         elif exc is not None:
             fut.set_exception(exc)
         else:
