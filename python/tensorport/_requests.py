@@ -29,9 +29,9 @@ def put(client, obj, sink, *, name=None, device=None, dtype=None, memory_format=
     out = _lib.TensorInfoC()
     if client._lifetime.due():
         client.flush_frees()
-    h = client._keeping_handle() if keep else client._handle
 
     def start(done, arg, req, err):
+        h = client._keeping_handle() if keep else client._handle
         return client._lib.tport_put_dlpack_async(h, ex.address, ctypes.byref(o),
                                                   ctypes.byref(out), done, arg, req, err)
 
@@ -66,7 +66,8 @@ def get(client, ref, sink):
                                                ctypes.c_void_p(a.ctypes.data), a.nbytes, None,
                                                done, arg, req, err)
 
-        return _futures.issue(client, start, what, (r,), lambda: a, sink)
+        # ref too: a Tensor collected meanwhile would be freed under the get
+        return _futures.issue(client, start, what, (ref, r), lambda: a, sink)
     item = _lib.GetItem()
     item.ref = r
 
@@ -103,4 +104,4 @@ def copy(client, dst, src, sink, non_blocking=False):
         return client._lib.tport_copy_async(client._handle, ctypes.byref(d), ctypes.byref(s),
                                             bool(non_blocking), done, arg, req, err)
 
-    return _futures.issue(client, start, "copy", (d, s), lambda: None, sink)
+    return _futures.issue(client, start, "copy", (dst, src, d, s), lambda: None, sink)

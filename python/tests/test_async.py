@@ -81,6 +81,19 @@ def test_many_futures_in_flight(server):
             assert np.array_equal(g.result(60), x)
 
 
+def test_a_tensor_dropped_while_its_get_runs_is_not_freed_under_it(server):
+    with tp.Client(server.url, tenant="fut-drop", shm=False) as c:
+        x = np.arange(1 << 20, dtype=np.int32)
+        busy = c.put(np.ones(64 << 20, np.uint8))
+        for _ in range(3):
+            ahead = [c.get_async(busy) for _ in range(8)]  # the library threads are busy
+            f = c.get_async(c.put(x))  # the Tensor is garbage at once
+            gc.collect()
+            c.flush_frees()  # would free it on the server before its get starts
+            assert np.array_equal(f.result(60), x)
+            concurrent.futures.wait(ahead, 60)
+
+
 def test_an_error_resolves_the_future_with_its_class(server):
     with tp.Client(server.url, tenant="fut") as c:
         f = c.get_async("fut-no-such-name")
