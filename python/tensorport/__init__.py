@@ -12,6 +12,8 @@ A thin layer over libtport (the C client, loaded with ctypes: see
 semantics exactly, aliasing included; errors are :class:`Error` subclasses
 named for their gRPC status.
 """
+from ._batch import BatchError
+from ._futures import TransferFuture
 from ._lib import LibraryNotFoundError, library_path
 from ._names import DTYPES
 from .client import DEFAULT_URL, Client, DeviceInfo, DeviceList
@@ -28,6 +30,8 @@ MEMORY_FORMATS = ("contiguous", "channels_last", "channels_last_3d", "preserve")
 __all__ = [
     "Client",
     "Tensor",
+    "TransferFuture",
+    "BatchError",
     "TensorInfo",
     "DeviceInfo",
     "DeviceList",

@@ -199,6 +199,40 @@ DLManagedTensor._fields_ = [
     ("deleter", DL_DELETER),
 ]
 
+# void (*tport_request_fn)(tport_request *req, int status, void *arg)
+REQUEST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+
+
+class PutItem(ctypes.Structure):
+    """tport_put_item: one element of tport_put_batch."""
+
+    _fields_ = [
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("sizes", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("data", ctypes.c_void_p),
+        ("nbytes", ctypes.c_size_t),
+        ("opts", ctypes.POINTER(PutOptions)),
+        ("info", TensorInfoC),
+        ("err", Err),
+    ]
+
+
+class GetItem(ctypes.Structure):
+    """tport_get_item: one element of tport_get_batch."""
+
+    _fields_ = [
+        ("ref", Ref),
+        ("buf", ctypes.c_void_p),
+        ("cap", ctypes.c_size_t),
+        ("data", ctypes.c_void_p),
+        ("nbytes", ctypes.c_size_t),
+        ("info", TensorInfoC),
+        ("err", Err),
+    ]
+
+
 # ---------------------------------------------------------------- prototypes
 
 _P = ctypes.POINTER
@@ -259,6 +293,31 @@ _PROTOTYPES = {
         _c.c_int,
         [_c.c_void_p, _P(Ref), _c.c_void_p, _P(TensorInfoC), _P(Err)],
     ),
+    "tport_put_dlpack_async": (
+        _c.c_int,
+        [_c.c_void_p, _c.c_void_p, _P(PutOptions), _P(TensorInfoC), REQUEST_FN, _c.c_void_p,
+         _P(_c.c_void_p), _P(Err)],
+    ),
+    "tport_get_async": (
+        _c.c_int,
+        [_c.c_void_p, _P(Ref), _c.c_void_p, _c.c_size_t, _P(TensorInfoC), REQUEST_FN,
+         _c.c_void_p, _P(_c.c_void_p), _P(Err)],
+    ),
+    "tport_copy_async": (
+        _c.c_int,
+        [_c.c_void_p, _P(Ref), _P(Ref), _c.c_bool, REQUEST_FN, _c.c_void_p, _P(_c.c_void_p),
+         _P(Err)],
+    ),
+    "tport_put_batch": (_c.c_int, [_c.c_void_p, _P(PutItem), _c.c_size_t, _P(Err)]),
+    "tport_get_batch": (_c.c_int, [_c.c_void_p, _P(GetItem), _c.c_size_t, _P(Err)]),
+    "tport_get_batch_async": (
+        _c.c_int,
+        [_c.c_void_p, _P(GetItem), _c.c_size_t, REQUEST_FN, _c.c_void_p, _P(_c.c_void_p),
+         _P(Err)],
+    ),
+    "tport_wait": (_c.c_int, [_c.c_void_p, _c.c_int, _P(Err)]),
+    "tport_cancel": (None, [_c.c_void_p]),
+    "tport_request_free": (None, [_c.c_void_p]),
 }
 
 # ---------------------------------------------------------------- loading

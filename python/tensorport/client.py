@@ -9,13 +9,14 @@ waits for the calls in flight, and calls after it raise FailedPrecondition.
 """
 import ctypes
 import dataclasses
+import datetime
 import os
 import sys
 import threading
 import weakref
 from typing import Optional, Tuple
 
-from . import _dlpack, _lib, _lifetime, _names
+from . import _batch, _dlpack, _futures, _lib, _lifetime, _names, _requests
 from .errors import FailedPrecondition, InvalidArgument, NotFound, error_for
 from .tensor import Tensor, TensorInfo
 from .units import _duration_ms
@@ -337,6 +338,9 @@ class Client:
         if getattr(self._local, "depth", 0):
             raise FailedPrecondition("close() from inside a call on the same client "
                                      "(a progress callback?)")
+        if _futures.in_callback():
+            raise FailedPrecondition("close() inside a future's done-callback: it runs on a "
+                                     "libtport thread, which closing must wait for")
         with self._cv:
             if self._closed:
                 return
@@ -453,20 +457,9 @@ class Client:
         a tqdm bar.
         """
         ex = _dlpack.export(obj)
-        o = _lib.PutOptions()
-        self._lib.tport_put_options_init(ctypes.byref(o))
-        o.name = _enc(name) if name else None
-        o.ttl_ms = _ttl_ms(ttl)
-        o.replace = bool(replace)
-        o.device = _enc(_names.device_name(device))
-        if dtype is not None:
-            o.has_dtype, o.dtype = True, _names.DTYPE_NUMBER[_names.dtype_name(dtype)]
-        elif ex.is_bool:
-            o.has_dtype, o.dtype = True, _names.DTYPE_NUMBER["bool"]
-        if memory_format is not None:
-            o.memory_format = _names.FORMAT_NUMBER[_names.format_name(memory_format)]
-        o.managed = bool(managed)
-        o.non_blocking = bool(non_blocking)
+        o = self._put_options(ex.is_bool, name=name, device=device, dtype=dtype,
+                              memory_format=memory_format, ttl=ttl, non_blocking=non_blocking,
+                              managed=managed, replace=replace)
         prog = _Progress(progress, "put")
         o.progress = prog.cfunc
         out = _lib.TensorInfoC()
@@ -495,6 +488,25 @@ class Client:
                 pass
             raise
         return t
+
+    def _put_options(self, is_bool, *, name=None, device=None, dtype=None, memory_format=None,
+                     ttl=None, non_blocking=False, managed=False, replace=False):
+        """The tport_put_options of put's arguments (is_bool: bool values sent as uint8)."""
+        o = _lib.PutOptions()
+        self._lib.tport_put_options_init(ctypes.byref(o))
+        o.name = _enc(name) if name else None
+        o.ttl_ms = _ttl_ms(ttl)
+        o.replace = bool(replace)
+        o.device = _enc(_names.device_name(device))
+        if dtype is not None:
+            o.has_dtype, o.dtype = True, _names.DTYPE_NUMBER[_names.dtype_name(dtype)]
+        elif is_bool:
+            o.has_dtype, o.dtype = True, _names.DTYPE_NUMBER["bool"]
+        if memory_format is not None:
+            o.memory_format = _names.FORMAT_NUMBER[_names.format_name(memory_format)]
+        o.managed = bool(managed)
+        o.non_blocking = bool(non_blocking)
+        return o
 
     def _get_managed(self, r):
         """tport_get_dlpack: the address of a DLManagedTensor this caller now owns."""
@@ -631,6 +643,50 @@ class Client:
     def _get_capsule(self, ref):
         r, _ = self._resolve(ref)
         return _dlpack.capsule_from_managed(self._get_managed(r))
+
+    # ------------------------------------------------------------ futures and batches
+
+    def _future(self, issue):
+        fut = _futures.TransferFuture()
+        fut._request = issue(_futures.future_sink(fut))
+        return fut
+
+    def put_async(self, obj, *, name=None, device=None, dtype=None, memory_format=None,
+                  ttl=None, keep=False, non_blocking=False, managed=False, replace=False):
+        """``put`` as a request that runs on libtport's threads: returns at once with a
+        :class:`concurrent.futures.Future` (a ``TransferFuture``) whose result is the
+        :class:`Tensor`.  Many requests in flight share the client's connection.
+        ``obj`` must not change until the future is done.  Arguments as ``put``'s
+        (no ``progress``).  ``future.cancel()`` stops it between chunks (nothing of
+        it stays on the server); see ``TransferFuture``."""
+        return self._future(lambda sink: _requests.put(
+            self, obj, sink, name=name, device=device, dtype=dtype, memory_format=memory_format,
+            ttl=ttl, keep=keep, non_blocking=non_blocking, managed=managed, replace=replace))
+
+    def get_async(self, ref):
+        """``get`` as a request: a Future whose result is the NumPy array.  A Tensor is
+        read into a fresh array; a name or handle is looked up and read in one request."""
+        return self._future(lambda sink: _requests.get(self, ref, sink))
+
+    def copy_async(self, dst, src, *, non_blocking=False):
+        """``dst.copy_(src)`` as a request (both Tensors, handles or names): a Future of None."""
+        return self._future(lambda sink: _requests.copy(self, dst, src, sink, non_blocking))
+
+    def put_dict(self, d, prefix="", *, device=None, dtype=None, ttl=None, replace=False):
+        """Puts a state dict -- ``{key: torch.Tensor or numpy array}`` -- as tensors named
+        ``prefix + key``, in one batch (tport_put_batch: small tensors share round
+        trips); returns ``{key: Tensor}``.  ``device``, ``dtype``, ``ttl`` and
+        ``replace`` as ``put``'s, for every tensor.  Host tensors only (a CUDA one
+        raises, naming ``.cpu()``).  When any element fails, the ones that were put
+        are freed and a :class:`BatchError` names every failed key with its error."""
+        return _batch.put_dict(self, d, prefix, device=device, dtype=dtype, ttl=ttl,
+                               replace=replace)
+
+    def get_dict(self, prefix="", *, as_torch=False):
+        """The tenant's tensors named ``prefix...``, fetched in one batch
+        (tport_get_batch): ``{name without prefix: numpy array}`` (torch tensors with
+        ``as_torch=True``).  A :class:`BatchError` names every key that failed."""
+        return _batch.get_dict(self, prefix, as_torch=as_torch)
 
     # ------------------------------------------------------------ tensors
 

@@ -20,6 +20,8 @@ STRUCTS = {
     "tport_to_options": _lib.ToOptions,
     "tport_device_info": _lib.DeviceInfoC,
     "tport_counter": _lib.CounterC,
+    "tport_put_item": _lib.PutItem,
+    "tport_get_item": _lib.GetItem,
     "DLDevice": _lib.DLDevice,
     "DLDataType": _lib.DLDataType,
     "DLTensor": _lib.DLTensor,

@@ -126,3 +126,11 @@ def test_an_alias_in_python_keeps_its_tensor(server):
         del explicit
         gc.collect()
         assert c.flush_frees() == 0, "an explicit free is not queued again"
+
+
+def test_a_wait_may_be_a_timedelta(server):
+    import datetime
+
+    with tp.Client(server.url, tenant="wait") as c:
+        with pytest.raises(tp.DeadlineExceeded):
+            c.info("w-td-never", wait=datetime.timedelta(milliseconds=100))

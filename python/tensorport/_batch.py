@@ -1,0 +1,149 @@
+"""_batch: state dicts over tport_put_batch and tport_get_batch.
+
+``put_dict`` describes every value (a host torch.Tensor or NumPy array, made
+C-contiguous) as a tport_put_item named ``prefix + key``; ``get_dict`` lists
+the tenant's names under a prefix and reads them all into fresh arrays in
+one tport_get_batch.  libtport sends the small ones together and the large
+ones each as its own put or get, all within the client's window.
+
+Errors are per element.  A put_dict is all or nothing: when an element
+fails, the elements that were put are freed again (with ``replace``, the
+names they replaced are then empty) and one :class:`BatchError` names every
+failed key.  A get_dict raises the same for the keys it could not read.
+"""
+import ctypes
+import sys
+
+from . import _lib, _names
+from .errors import Error, InvalidArgument, error_for
+
+
+class BatchError(Error):
+    """Some elements of a batch failed: ``.errors`` is ``{key: Error}`` (every failed
+    key); ``.code``/``.status`` are the first failure's."""
+
+    def __init__(self, what, errors):
+        first = next(iter(errors.values()))
+        super().__init__("%s: %d of the elements failed: %s" % (
+            what, len(errors), "; ".join("%s: %s" % (k, e) for k, e in errors.items())),
+            first.code)
+        self.errors = errors
+
+    def __reduce__(self):
+        return (BatchError, ("batch", self.errors))
+
+
+def _host_values(key, v):
+    """(dtype name, shape, address, nbytes, keepalive) of a state dict value."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(v, torch.Tensor):
+        if v.device.type != "cpu":
+            raise InvalidArgument("%s is on %s: put_dict takes host tensors (give "
+                                  "t.cpu(), or put it alone with put())" % (key, v.device))
+        t = v.detach().resolve_conj().resolve_neg().contiguous()
+        name = str(t.dtype)[6:]
+        if name not in _names.DTYPE_NUMBER:
+            raise InvalidArgument("%s is %s: tensorport has %s"
+                                  % (key, t.dtype, ", ".join(_names.DTYPES)))
+        return name, tuple(t.shape), t.data_ptr(), t.numel() * t.element_size(), t
+    import numpy as np
+
+    a = np.ascontiguousarray(v)
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
+    name = _names.numpy_to_name(a.dtype)
+    if name is None:
+        raise InvalidArgument("%s is %s: tensorport has %s"
+                              % (key, a.dtype, ", ".join(_names.DTYPES)))
+    return name, a.shape, a.ctypes.data, a.nbytes, a
+
+
+def _failures(items, keys):
+    return {k: error_for(it.err.code, it.err.msg.decode("utf-8", "replace"))
+            for k, it in zip(keys, items) if it.err.code}
+
+
+def put_dict(client, d, prefix, *, device=None, dtype=None, ttl=None, replace=False):
+    """Client.put_dict (see there)."""
+    if not isinstance(prefix, str):
+        raise InvalidArgument("prefix is a %s: a str" % type(prefix).__name__)
+    keys = list(d)
+    if not keys:
+        return {}
+    for k in keys:
+        if not isinstance(k, str):
+            raise InvalidArgument("state dict key %r is not a str" % (k,))
+    items = (_lib.PutItem * len(keys))()
+    keep = []
+    for i, k in enumerate(keys):
+        name, shape, address, nbytes, owner = _host_values(k, d[k])
+        o = client._put_options(False, name=prefix + k, device=device, dtype=dtype, ttl=ttl,
+                                replace=replace)
+        sizes = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        it = items[i]
+        it.dtype = _names.DTYPE_NUMBER[name]
+        it.ndim = len(shape)
+        it.sizes = ctypes.cast(sizes, ctypes.POINTER(ctypes.c_int64))
+        it.data = address
+        it.nbytes = nbytes
+        it.opts = ctypes.pointer(o)
+        keep.append((owner, o, sizes))
+    rc, err = _run(client, "tport_put_batch", items, len(keys))
+    failed = _failures(items, keys)
+    if not failed:
+        client._check(rc, err)  # a failure of the batch as a whole
+        return {k: client._tensor(items[i].info) for i, k in enumerate(keys)}
+    done = [i for i, it in enumerate(items) if not it.err.code]
+    if done:
+        refs = (_lib.Ref * len(done))()
+        for j, i in enumerate(done):
+            ctypes.memmove(refs[j].handle, items[i].info.ref.handle, _lib.HANDLE_BYTES)
+        # all or nothing; a failure to free is not reported: the batch's is
+        _run(client, "tport_free_many", refs, len(done), ctypes.byref(ctypes.c_size_t()))
+    raise BatchError("put_dict", failed)
+
+
+def _run(client, fn, *args):
+    """fn(handle, *args, &err) in the client's guard: (status, err) without raising
+    (the per-element errors tell more than the batch's status)."""
+    err = _lib.Err()
+    client._enter()
+    try:
+        rc = getattr(client._lib, fn)(client._handle, *args, ctypes.byref(err))
+    finally:
+        client._exit()
+    return rc, err
+
+
+def get_dict(client, prefix, *, as_torch=False):
+    """Client.get_dict (see there)."""
+    import numpy as np
+
+    if not isinstance(prefix, str):
+        raise InvalidArgument("prefix is a %s: a str" % type(prefix).__name__)
+    found = sorted((t for t in client.list() if t.name and t.name.startswith(prefix)),
+                   key=lambda t: t.name)
+    if not found:
+        return {}
+    if as_torch:
+        import torch
+    items = (_lib.GetItem * len(found))()
+    outs = []
+    for i, t in enumerate(found):
+        if as_torch:
+            a = torch.empty(t.shape, dtype=_names.torch_dtype(t.dtype))
+            address, nbytes = a.data_ptr(), a.numel() * a.element_size()
+        else:
+            a = np.empty(t.shape, _names.numpy_dtype(t.dtype))
+            address, nbytes = a.ctypes.data, a.nbytes
+        ctypes.memmove(items[i].ref.handle, t._handle, _lib.HANDLE_BYTES)
+        items[i].buf = address
+        items[i].cap = nbytes
+        outs.append(a)
+    keys = [t.name[len(prefix):] for t in found]
+    rc, err = _run(client, "tport_get_batch", items, len(found))
+    failed = _failures(items, keys)
+    if failed:
+        raise BatchError("get_dict", failed)
+    client._check(rc, err)
+    return dict(zip(keys, outs))

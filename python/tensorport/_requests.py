@@ -1,0 +1,107 @@
+"""_requests: put, get and copy issued as libtport asynchronous requests.
+
+Each function issues one request on a client and returns its
+:class:`~tensorport._futures._Request`; ``sink(result, exc, cancelled)``
+receives the outcome on a library thread (``Client.put_async`` makes it a
+concurrent future, ``aio.Client`` hands it to an event loop).  The results
+are those of the blocking calls: a :class:`~tensorport.Tensor` for a put, a
+NumPy array for a get, None for a copy.
+"""
+import ctypes
+import weakref
+
+from . import _dlpack, _futures, _lib, _names
+from .errors import InvalidArgument, error_for
+from .tensor import Tensor
+
+_libc_free = ctypes.CDLL(None).free
+_libc_free.argtypes = [ctypes.c_void_p]
+_libc_free.restype = None
+
+
+def put(client, obj, sink, *, name=None, device=None, dtype=None, memory_format=None, ttl=None,
+        keep=False, non_blocking=False, managed=False, replace=False):
+    """tport_put_dlpack_async of obj, with ``Client.put``'s options (no progress)."""
+    ex = _dlpack.export(obj)
+    o = client._put_options(ex.is_bool, name=name, device=device, dtype=dtype,
+                            memory_format=memory_format, ttl=ttl, non_blocking=non_blocking,
+                            managed=managed, replace=replace)
+    out = _lib.TensorInfoC()
+    if client._lifetime.due():
+        client.flush_frees()
+
+    def start(done, arg, req, err):
+        h = client._keeping_handle() if keep else client._handle
+        return client._lib.tport_put_dlpack_async(h, ex.address, ctypes.byref(o),
+                                                  ctypes.byref(out), done, arg, req, err)
+
+    return _futures.issue(client, start, "put" + (" of %r" % name if name else ""),
+                          (ex, o, out), lambda: client._tensor(out, made=not keep), sink)
+
+
+def _owned_array(address, nbytes, dtype, shape):
+    """A NumPy array over nbytes that libtport malloc'd at address, freed with the array."""
+    import numpy as np
+
+    buf = (ctypes.c_uint8 * nbytes).from_address(address or 0)
+    if address:
+        weakref.finalize(buf, _libc_free, address)
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+def get(client, ref, sink):
+    """A get of ref as a NumPy array.  A Tensor's shape is known: tport_get_async
+    into a fresh array.  A name or handle: a one-element tport_get_batch_async,
+    which looks it up and reads it in the same request, into memory libtport
+    allocates (the array owns it)."""
+    import numpy as np
+
+    r = client._ref(ref)
+    what = "get of %r" % (ref.ref if isinstance(ref, Tensor) else ref)
+    if isinstance(ref, Tensor):
+        a = np.empty(ref.shape, _names.numpy_dtype(ref.dtype))
+
+        def start(done, arg, req, err):
+            return client._lib.tport_get_async(client._handle, ctypes.byref(r),
+                                               ctypes.c_void_p(a.ctypes.data), a.nbytes, None,
+                                               done, arg, req, err)
+
+        # ref too: a Tensor collected meanwhile would be freed under the get
+        return _futures.issue(client, start, what, (ref, r), lambda: a, sink)
+    item = _lib.GetItem()
+    item.ref = r
+
+    def start(done, arg, req, err):
+        return client._lib.tport_get_batch_async(client._handle, ctypes.byref(item), 1, done,
+                                                 arg, req, err)
+
+    def finish():
+        from .client import _info_from_c
+
+        info, _ = _info_from_c(item.info)
+        return _owned_array(item.data, item.nbytes, _names.numpy_dtype(info.dtype), info.shape)
+
+    def explain():
+        """The element's own error (its message, which the batch's status lacks)."""
+        if item.data:
+            _libc_free(item.data)
+            item.data = None
+        if not item.err.code:
+            return None
+        return error_for(item.err.code, item.err.msg.decode("utf-8", "replace"))
+
+    return _futures.issue(client, start, what, (item,), finish, sink, explain)
+
+
+def copy(client, dst, src, sink, non_blocking=False):
+    """tport_copy_async: dst's values become src's (both Tensors, handles or names)."""
+    if not isinstance(src, (Tensor, str)):
+        raise InvalidArgument("copy_async's src is a %s: a Tensor, a handle or a name "
+                              "(put it first)" % type(src).__name__)
+    d, s = client._ref(dst), client._ref(src)
+
+    def start(done, arg, req, err):
+        return client._lib.tport_copy_async(client._handle, ctypes.byref(d), ctypes.byref(s),
+                                            bool(non_blocking), done, arg, req, err)
+
+    return _futures.issue(client, start, "copy", (dst, src, d, s), lambda: None, sink)
