@@ -35,7 +35,9 @@ so="$(find "$prefix" -name 'libtport.so.*.*' | head -1)"
 [ -n "$so" ] || fail "no libtport.so installed"
 others="$(nm -D --defined-only "$so" | awk '{print $3}' | grep -v '^tport_' | head -5 || true)"
 [ -z "$others" ] || fail "libtport.so exports more than tport_*: $(echo $others)"
-nm -D --defined-only "$so" | grep -q ' tport_connect$' || fail "libtport.so does not export tport_connect"
+# grep without -q reads all of nm's output: -q exits at the first match, and
+# nm's SIGPIPE then fails the pipeline under pipefail (a false failure)
+nm -D --defined-only "$so" | grep ' tport_connect$' >/dev/null || fail "libtport.so does not export tport_connect"
 
 cat >"$tmp/app.c" <<'EOF'
 /* a new user's first program: put a tensor, get it back */
@@ -90,7 +92,7 @@ run() { # $1: a program; it must print OK
 }
 
 not_linked_to_libtport() {
-  if readelf -d "$1" | grep -q 'NEEDED.*libtport'; then fail "$1 needs libtport.so"; fi
+  if readelf -d "$1" | grep 'NEEDED.*libtport' >/dev/null; then fail "$1 needs libtport.so"; fi
 }
 
 check_tree() { # $1: an installed tree (maybe moved from where it was installed)
