@@ -134,6 +134,17 @@ int cu_kernel(int dev, be_stream *s, const plan *p, void *dst, tport_dtype dt, c
   int rc = cu_guard_enter(dev, &g, err);
   if (rc)
     return rc;
+  size_t es = tport_dtype_size(dt);
+  if (dt == st && !flags && p->ndim == 1 && p->strides[0][0] == (int64_t)es &&
+      p->strides[1][0] == (int64_t)es) {
+    /* a dense copy of the same dtype is a byte copy: the runtime's own
+     * (16-byte accesses whatever the dtype; cast_vec moves a uint8 tensor
+     * 4 bytes at a time, 0.72x of this on an H200) */
+    cudaError_t ce = cudaMemcpyAsync(dst, src, (size_t)p->shape[0] * es, cudaMemcpyDeviceToDevice,
+                                     cu_stream_of(s));
+    cu_guard_exit(&g);
+    return ce == cudaSuccess ? TPORT_OK : cu_fail(ce, "cudaMemcpyAsync (device to device)", err);
+  }
   rc = cuda_jit_copy(dev, cu_stream_of(s), p, dst, dt, src, st, flags, err);
   cu_guard_exit(&g);
   return rc;
