@@ -34,15 +34,20 @@
 extern "C" {
 #endif
 
-#define CUDA_JIT_BLOCK 256 /* threads per block of copy and cast_vec */
-#define CUDA_JIT_VEC 4     /* elements per vector of cast_vec (VEC) */
-#define CUDA_JIT_UNROLL 4  /* vectors per thread and step of cast_vec (UNROLL) */
-/* The transpose: a block of CUDA_JIT_TILE x CUDA_JIT_ROWS threads moves a
- * tile of CUDA_JIT_TILE2 x CUDA_JIT_TILE2 elements (TILE, pairs per thread)
- * where the source has at most 4 bytes, else CUDA_JIT_TILE x CUDA_JIT_TILE. */
+#define CUDA_JIT_BLOCK 256     /* threads per block of copy */
+#define CUDA_JIT_CAST_BLOCK 128 /* threads per block of cast_vec */
+/* Elements per vector of cast_vec (VEC): 8 where both dtypes have at most 4
+ * bytes, else 4; both pointers aligned to a whole vector. */
+#define CUDA_JIT_VEC(ds, ss) ((ds) <= 4 && (ss) <= 4 ? 8 : 4)
+/* The transpose (TILE, TP, ROWS): where the source has at most 4 bytes, a
+ * block of (CUDA_JIT_TILE4 / 4) x CUDA_JIT_ROWS4 threads moves a tile of
+ * CUDA_JIT_TILE4 x CUDA_JIT_TILE4 elements in runs of 4; else a block of
+ * CUDA_JIT_TILE x CUDA_JIT_ROWS threads moves CUDA_JIT_TILE x CUDA_JIT_TILE
+ * elements one by one. */
 #define CUDA_JIT_TILE 32
-#define CUDA_JIT_TILE2 64
 #define CUDA_JIT_ROWS 8
+#define CUDA_JIT_TILE4 64
+#define CUDA_JIT_ROWS4 32
 /* Cap of grid x: more blocks would only add threads that the grid-stride
  * loops do not need. */
 #define CUDA_JIT_MAX_BLOCKS (65535 * 32)

@@ -135,25 +135,27 @@ int cuda_jit_plan_launch(const plan *p, tport_dtype dt, const void *dst, tport_d
     return TPORT_OK;
   }
   const size_t ds = tport_dtype_size(dt), ss = tport_dtype_size(st);
-  /* copy.cu's TILE: sources of up to 4 bytes move pairs in 64 x 64 tiles */
-  const uint64_t tile = ss <= 4 ? CUDA_JIT_TILE2 : CUDA_JIT_TILE;
+  /* copy.cu's TILE: sources of up to 4 bytes move runs of 4 in 64 x 64 tiles */
+  const uint64_t tile = ss <= 4 ? CUDA_JIT_TILE4 : CUDA_JIT_TILE;
+  const uint64_t vec = CUDA_JIT_VEC(ds, ss);
   const uint64_t tiles0 = p->ndim >= 2 ? ((uint64_t)p->shape[0] + tile - 1) / tile : 0,
                  tiles1 = p->ndim >= 2 ? ((uint64_t)p->shape[1] + tile - 1) / tile : 0;
   uint64_t extra = 0; /* what a loop index reaches past numel - 1 + threads */
   if (p->ndim == 1 && p->strides[0][0] == (int64_t)ds && p->strides[1][0] == (int64_t)ss &&
-      numel >= CUDA_JIT_VEC && (uintptr_t)dst % (CUDA_JIT_VEC * ds) == 0 &&
-      (uintptr_t)src % (CUDA_JIT_VEC * ss) == 0) {
-    /* dense and aligned: UNROLL vectors of VEC elements per thread */
-    const uint64_t nvec = (uint64_t)numel / CUDA_JIT_VEC;
+      (uint64_t)numel >= vec && (uintptr_t)dst % (vec * ds) == 0 &&
+      (uintptr_t)src % (vec * ss) == 0) {
+    /* dense and aligned: a vector of VEC elements per thread and step */
+    const uint64_t nvec = (uint64_t)numel / vec;
     L.kernel = CUDA_JIT_CAST_VEC;
-    L.grid[0] = blocks_for(nvec, CUDA_JIT_BLOCK * CUDA_JIT_UNROLL, lim->max_grid[0]);
-    /* its loop counts vectors in steps of UNROLL x threads: nvec - 1 + that
-     * step, which passes numel - 1 + threads where nvec is small */
-    const uint64_t step = (uint64_t)L.grid[0] * CUDA_JIT_BLOCK * CUDA_JIT_UNROLL,
-                   plain = (uint64_t)numel + (uint64_t)L.grid[0] * CUDA_JIT_BLOCK;
+    L.grid[0] = blocks_for(nvec, CUDA_JIT_CAST_BLOCK, lim->max_grid[0]);
+    /* its loop counts vectors in steps of the grid's threads: up to
+     * nvec - 1 + that step, never past numel - 1 + threads; kept as a bound
+     * of its own should the two part */
+    const uint64_t step = (uint64_t)L.grid[0] * CUDA_JIT_CAST_BLOCK,
+                   plain = (uint64_t)numel + (uint64_t)L.grid[0] * CUDA_JIT_CAST_BLOCK;
     extra = nvec + step > plain ? nvec + step - plain : 0;
     L.grid[1] = L.grid[2] = 1;
-    L.block[0] = CUDA_JIT_BLOCK;
+    L.block[0] = CUDA_JIT_CAST_BLOCK;
     L.block[1] = L.block[2] = 1;
   } else if (p->ndim >= 2 && p->strides[0][0] == (int64_t)ds && p->strides[1][1] == (int64_t)ss &&
              p->strides[1][0] != (int64_t)ss && p->shape[0] >= 4 && p->shape[1] >= 4 &&
@@ -164,8 +166,8 @@ int cuda_jit_plan_launch(const plan *p, tport_dtype dt, const void *dst, tport_d
     L.grid[0] = (unsigned)tiles1;
     L.grid[1] = (unsigned)tiles0;
     L.grid[2] = outer < lim->max_grid[2] ? (unsigned)outer : lim->max_grid[2];
-    L.block[0] = CUDA_JIT_TILE; /* 32 threads along x, whatever the tile */
-    L.block[1] = CUDA_JIT_ROWS;
+    L.block[0] = ss <= 4 ? CUDA_JIT_TILE4 / 4 : CUDA_JIT_TILE; /* TILE / TP */
+    L.block[1] = ss <= 4 ? CUDA_JIT_ROWS4 : CUDA_JIT_ROWS;
     L.block[2] = 1;
   } else {
     /* the grid-stride loop covers what the grid does not */

@@ -78,6 +78,19 @@ __device__ inline float f16_to_f32(u16 h)
 
 __device__ inline u16 f16_from_f32(float f)
 {
+#ifdef __CUDA_ARCH__
+  /* on a device, the hardware's conversion: IEEE round to nearest even, as
+   * the arithmetic below (ftz is off: NVRTC's default), 0.78 -> 0.97x a D2D
+   * copy for a float32 -> float16 cast on an H200; a NaN as the host gives
+   * it (the hardware's is canonical).  The host emulation of tests/gpu/emu
+   * runs the arithmetic; test_cuda compares the device with the host bit
+   * for bit. */
+  if (f != f)
+    return (u16)(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7E00u);
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
   float base = (fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
   const u32 w = __float_as_uint(f);
   const u32 shl1_w = w + w;
@@ -89,6 +102,7 @@ __device__ inline u16 f16_from_f32(float f)
   const u32 bits = __float_as_uint(base);
   const u32 nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
   return (u16)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+#endif
 }
 
 __device__ inline float bf16_to_f32(u16 b) { return __uint_as_float((u32)b << 16); }
@@ -323,38 +337,39 @@ __device__ inline bool aligned(const void *p, unsigned long long a)
 // The tiled transpose for plans whose dst is dense along plan dim 0 and whose
 // src is dense along plan dim 1 (contiguous <-> channels_last(3d) and their
 // kin, the batched [N, C, HW] <-> [N, HW, C] among them).  A block of
-// 32 x ROWS threads moves a TILE x TILE tile: it reads it with src-coalesced
-// loads into shared memory (a padded row: TILE + 1, so that neither phase
-// has more than 2-way bank conflicts) and writes it with dst-coalesced
-// stores, the cast fused in between (tile_t holds the loaded value; store()
-// converts, once per element).
+// (TILE / TP) x ROWS threads moves a TILE x TILE tile: it reads it with
+// src-coalesced loads into shared memory (a padded row: TILE + 1) and writes
+// it with dst-coalesced stores, the cast fused in between (tile_t holds the
+// loaded value; store() converts, once per element).
 //
 // TP: elements per thread and access along each dim.  Sources of up to 4
 // bytes (tile_t of 4 bytes at most: 64 x 65 x 4 = 16.6 KB of shared memory)
-// move pairs: each thread loads two adjacent src elements with one 2 x SS
-// access and stores two adjacent dst elements with one 2 x DS access (8-byte
-// loads and 4-byte stores for float32 -> float16), 16 elements per thread,
-// 64 x 64 per block: four times the bytes in flight of a 32 x 32 tile, and
-// half the load/store instructions.  A pair that is not aligned to its
-// width (an odd storage offset or stride) or that the tile's edge cuts
+// move runs of 4: each thread loads 4 adjacent src elements with one 4 x SS
+// access (16 bytes for float32) and stores 4 adjacent dst elements with one
+// 4 x DS access, in blocks of 16 x 32 threads (two loads and two stores each).
+// On an H200 this moved NCHW <-> NHWC float32 at 0.81x a D2D copy of the same
+// bytes, where pairs in blocks of 32 x 8 did 0.59x and runs of 4 in blocks of
+// 16 x 16 0.78x (bench/RESULTS.md, 2026-11-27).  A run that is not aligned to
+// its width (an odd storage offset or stride) or that the tile's edge cuts
 // goes element by element.  Wider sources move 32 x 32 tiles element by
-// element (32 x 33 x 16 = 16.9 KB for complex128).  engine/cuda_jit.c
-// mirrors TILE (cuda_jit_plan_launch).
+// element in blocks of 32 x 8 (32 x 33 x 16 = 16.9 KB for complex128).
+// engine/cuda/cuda_launch.c mirrors TILE, TP and ROWS (the launch).
 //
 // blockIdx.x: tiles along dim 1, blockIdx.y: tiles along dim 0, blockIdx.z:
 // the outer dims (2..ndim-1), grid-strided; a plan of 3 dims or fewer (the
 // batched 2-D transpose) steps its one outer dim without a division.  Index
 // arithmetic in idx: 32-bit where the plan allows it, which roughly halves
 // the registers 64-bit arithmetic takes.
-#define TP (SS <= 4 ? 2 : 1)
-#define TILE (32 * TP)
-#define ROWS 8
-static_assert(TP == 1 || sizeof(tile_t) <= 4, "a tile of pairs holds 4-byte values at most");
-struct alignas(2 * SS) src_pair {
-  char b[2 * SS];
+#define TP (SS <= 4 ? 4 : 1)
+#define TILE (TP == 4 ? 64 : 32)
+#define ROWS (TP == 4 ? 32 : 8)
+static_assert(TP == 1 || sizeof(tile_t) <= 4, "a tile of runs holds 4-byte values at most");
+static_assert(TILE == TP * (TP == 4 ? 16 : 32) && TILE % ROWS == 0, "the block covers the tile");
+struct alignas(TP * SS) src_run {
+  char b[TP * SS];
 };
-struct alignas(2 * DS) dst_pair {
-  char b[2 * DS];
+struct alignas(TP * DS) dst_run {
+  char b[TP * DS];
 };
 
 extern "C" __global__ void tport_transpose(Params p)
@@ -385,8 +400,10 @@ extern "C" __global__ void tport_transpose(Params p)
         soff = iadd(soff, imul(k, (idx)p.src_stride[d]));
       }
     }
-    // load: consecutive threads read consecutive src elements (along dim 1),
-    // every load of the thread issued before the first shared store
+    // load: consecutive threads read consecutive runs of src (along dim 1),
+    // every load of the thread issued before the first shared store.  The
+    // index of the last element of a run is i1 + TP - 1, below n1 + TILE:
+    // within the narrow index's reach (engine/cuda/cuda_launch.c).
     tile_t v[TILE / ROWS][TP];
     const idx i1 = iadd(i1b, (idx)(TP * tx));
 #pragma unroll
@@ -397,15 +414,17 @@ extern "C" __global__ void tport_transpose(Params p)
         v[r][k] = tile_t();
       if (i0 < n0 && i1 < n1) {
         const char *sp = p.src + iadd(soff, iadd(imul(i0, ss0), imul(i1, (idx)SS)));
-#if TP == 2
-        if (iadd(i1, 1) < n1 && aligned(sp, 2 * SS)) {
-          const src_pair s2 = *(const src_pair *)sp;
-          v[r][0] = tile_load(s2.b);
-          v[r][1] = tile_load(s2.b + SS);
+#if TP > 1
+        if (iadd(i1, (idx)(TP - 1)) < n1 && aligned(sp, TP * SS)) {
+          const src_run s = *(const src_run *)sp;
+#pragma unroll
+          for (int k = 0; k < TP; k++)
+            v[r][k] = tile_load(s.b + k * SS);
         } else {
-          v[r][0] = tile_load(sp);
-          if (iadd(i1, 1) < n1)
-            v[r][1] = tile_load(sp + SS);
+#pragma unroll
+          for (int k = 0; k < TP; k++)
+            if (iadd(i1, (idx)k) < n1)
+              v[r][k] = tile_load(sp + k * SS);
         }
 #else
         v[r][0] = tile_load(sp);
@@ -418,7 +437,7 @@ extern "C" __global__ void tport_transpose(Params p)
       for (int k = 0; k < TP; k++)
         tile[ty + r * ROWS][TP * tx + k] = v[r][k];
     __syncthreads();
-    // store: consecutive threads write consecutive dst elements (along dim 0)
+    // store: consecutive threads write consecutive runs of dst (along dim 0)
     const idx i0 = iadd(i0b, (idx)(TP * tx));
 #pragma unroll
     for (int r = 0; r < TILE / ROWS; r++) {
@@ -427,40 +446,40 @@ extern "C" __global__ void tport_transpose(Params p)
       if (j1 >= n1 || i0 >= n0)
         continue;
       char *dp = p.dst + iadd(doff, iadd(imul(i0, (idx)DS), imul(j1, ds1)));
-#if TP == 2
-      if (iadd(i0, 1) < n0 && aligned(dp, 2 * DS)) {
-        dst_pair d2;
-        tile_store(d2.b, tile[TP * tx][c]);
-        tile_store(d2.b + DS, tile[TP * tx + 1][c]);
-        post_ops(d2.b, p.flags);
-        post_ops(d2.b + DS, p.flags);
-        *(dst_pair *)dp = d2;
+#if TP > 1
+      if (iadd(i0, (idx)(TP - 1)) < n0 && aligned(dp, TP * DS)) {
+        dst_run d;
+#pragma unroll
+        for (int k = 0; k < TP; k++) {
+          tile_store(d.b + k * DS, tile[TP * tx + k][c]);
+          post_ops(d.b + k * DS, p.flags);
+        }
+        *(dst_run *)dp = d;
         continue;
       }
 #endif
-      tile_store(dp, tile[TP * tx][c]);
-      post_ops(dp, p.flags);
-#if TP == 2
-      if (iadd(i0, 1) < n0) {
-        tile_store(dp + DS, tile[TP * tx + 1][c]);
-        post_ops(dp + DS, p.flags);
-      }
-#endif
+#pragma unroll
+      for (int k = 0; k < TP; k++)
+        if (iadd(i0, (idx)k) < n0) {
+          tile_store(dp + k * DS, tile[TP * tx + k][c]);
+          post_ops(dp + k * DS, p.flags);
+        }
     }
     __syncthreads();
   }
 }
 
 // The dense 1-D case (both operands contiguous, pointers aligned to VEC
-// elements): each thread moves UNROLL vectors of VEC elements per step of its
-// grid-stride loop, every load issued before the first store (16-byte loads
-// for a float32 source, UNROLL of them in flight per thread), each vector
-// converted in registers and stored at once; a block's UNROLL x blockDim
-// vectors are adjacent, and the threads of a warp touch adjacent vectors.
-// The last numel % VEC elements go one by one.  engine/cuda_jit.c mirrors
-// VEC and UNROLL (the grid, and the reach of the narrow index).
-#define VEC 4
-#define UNROLL 4
+// elements): each thread moves one vector of VEC elements per step of its
+// grid-stride loop, converted in registers and stored at once; the threads of
+// a warp touch adjacent vectors.  VEC is 8 where both dtypes have at most 4
+// bytes (32-byte loads and 16-byte stores for float32 -> bfloat16), else 4;
+// in blocks of 128 threads.  On an H200 this cast float32 -> bfloat16 at
+// 0.97x a D2D copy of the same bytes, where 4 vectors of 4 per thread in
+// blocks of 256 did 0.89x (bench/RESULTS.md, 2026-11-27).  The last
+// numel % VEC elements go one by one.  engine/cuda/cuda_launch.c mirrors VEC
+// and the block (the grid, and the reach of the narrow index).
+#define VEC (SS <= 4 && DS <= 4 ? 8 : 4)
 struct alignas(VEC * SS) src_vec {
   char b[VEC * SS];
 };
@@ -472,31 +491,19 @@ extern "C" __global__ void tport_cast_vec(Params p)
 {
   const idx n = (idx)p.numel, nvec = (idx)(n / VEC);
   const idx bd = (idx)blockDim.x;
-  const idx step = imul(imul((idx)gridDim.x, bd), (idx)UNROLL);
+  const idx step = imul((idx)gridDim.x, bd);
   const idx t = iadd(imul((idx)blockIdx.x, bd), (idx)threadIdx.x);
   const src_vec *src = (const src_vec *)p.src;
   dst_vec *dst = (dst_vec *)p.dst;
-  for (idx b = imul(imul((idx)blockIdx.x, bd), (idx)UNROLL); b < nvec; b = iadd(b, step)) {
-    src_vec sv[UNROLL];
+  for (idx i = t; i < nvec; i = iadd(i, step)) {
+    const src_vec sv = src[i];
+    dst_vec dv;
 #pragma unroll
-    for (int u = 0; u < UNROLL; u++) {
-      const idx i = iadd(b, iadd(imul((idx)u, bd), (idx)threadIdx.x));
-      if (i < nvec)
-        sv[u] = src[i];
+    for (int k = 0; k < VEC; k++) {
+      convert(dv.b + k * DS, sv.b + k * SS);
+      post_ops(dv.b + k * DS, p.flags);
     }
-#pragma unroll
-    for (int u = 0; u < UNROLL; u++) {
-      const idx i = iadd(b, iadd(imul((idx)u, bd), (idx)threadIdx.x));
-      if (i < nvec) {
-        dst_vec dv;
-#pragma unroll
-        for (int k = 0; k < VEC; k++) {
-          convert(dv.b + k * DS, sv[u].b + k * SS);
-          post_ops(dv.b + k * DS, p.flags);
-        }
-        dst[i] = dv;
-      }
-    }
+    dst[i] = dv;
   }
   if (t < (idx)(n % VEC)) {
     const idx e = iadd(imul(nvec, (idx)VEC), t);

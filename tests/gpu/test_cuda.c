@@ -257,6 +257,38 @@ Test(cuda, transfers_and_kernels)
   tensor_release(h);
 }
 
+/* float32 -> float16 on a device rounds by the hardware's conversion
+ * (copy.cu), the host by arithmetic (kernels/cpu/half.h): the same bits for
+ * every sign, exponent and top 10 bits of mantissa, each with the low 13
+ * bits that decide a normal result's rounding (0, 1, just below, at and just
+ * above half, all ones); a subnormal result's rounding bits lie higher, in
+ * the enumerated part.  NaNs with payloads, infinities, +-0 among them. */
+Test(cuda, float16_rounding_matches_the_cpu_everywhere)
+{
+  need_gpu(1);
+  static const uint32_t low[] = {0, 1, 0x0FFF, 0x1000, 0x1001, 0x1FFF, 0x0800};
+  enum { NLOW = sizeof low / sizeof low[0] };
+  const int64_t n = (int64_t)NLOW << 19;
+  tport_tensor *h = host_empty(TPORT_FLOAT32, 1, (int64_t[]){n});
+  uint32_t *w = (uint32_t *)h->storage->ptr;
+  for (int64_t hi = 0; hi < (1 << 19); hi++)
+    for (int k = 0; k < NLOW; k++)
+      w[hi * NLOW + k] = ((uint32_t)hi << 13) | low[k];
+  tport_tensor *want = to(h, (to_options){.has_dtype = true, .dtype = TPORT_FLOAT16});
+  tport_tensor *d = to(h, (to_options){.has_device = true, .device = G0});
+  tport_tensor *d16 = to(d, (to_options){.has_dtype = true, .dtype = TPORT_FLOAT16});
+  uint8_t *a = read_all(want), *b = read_all(d16);
+  int64_t k = first_diff(a, b, n, 2);
+  cr_assert_eq(k, -1, "float32 %08x: cpu %04x, cuda %04x", k < 0 ? 0 : w[k],
+               k < 0 ? 0 : ((uint16_t *)a)[k], k < 0 ? 0 : ((uint16_t *)b)[k]);
+  free(a);
+  free(b);
+  tensor_release(d16);
+  tensor_release(d);
+  tensor_release(want);
+  tensor_release(h);
+}
+
 /* complex -> bool is true when either part is nonzero, NaN included (PyTorch
  * 2.x; 1.13 read the real part alone), by the device kernel and on either
  * side of a transfer (non_blocking picks which), through a conj view too. */

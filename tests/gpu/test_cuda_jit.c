@@ -234,18 +234,18 @@ Test(cuda_jit_plan, the_same_edges_at_16_bits)
   p.shape[0] = 65536 - threads_of(&L) + 1;
   L = launch(&p, U8, A, U8, A, &lim16);
   cr_assert(L.wide);
-  /* the transpose: its grid's threads count too (2 x 2 x 4 blocks of 256:
-   * tiles of 64 x 64 for a 1-byte source) */
-  p = mk(3, (int64_t[]){65, 65, 14}, (int64_t[]){1, 65, 4225}, (int64_t[]){65, 1, 4225});
+  /* the transpose: its grid's threads count too (2 x 2 x 4 blocks of
+   * 16 x 32: tiles of 64 x 64 in runs of 4 for a 1-byte source) */
+  p = mk(3, (int64_t[]){65, 65, 13}, (int64_t[]){1, 65, 4225}, (int64_t[]){65, 1, 4225});
   L = launch(&p, U8, A, U8, A, &lim16);
   cr_assert_eq(L.kernel, CUDA_JIT_TRANSPOSE);
-  cr_assert_eq(L.grid[2], 4, "14 outer slices in 4 z blocks");
-  cr_assert_eq(threads_of(&L), 2 * 2 * 4 * 256);
-  cr_assert_not(L.wide, "59150 - 1 + 4096 <= 65535");
-  p.shape[2] = 15;
+  cr_assert_eq(L.grid[2], 4, "13 outer slices in 4 z blocks");
+  cr_assert_eq(threads_of(&L), 2 * 2 * 4 * 512);
+  cr_assert_not(L.wide, "54925 - 1 + 8192 <= 65535");
+  p.shape[2] = 14;
   L = launch(&p, U8, A, U8, A, &lim16);
   cr_assert_eq(L.kernel, CUDA_JIT_TRANSPOSE);
-  cr_assert(L.wide, "63375 - 1 + 4096 > 65535, though every byte offset fits");
+  cr_assert(L.wide, "59150 - 1 + 8192 > 65535, though every byte offset fits");
 }
 
 /* Every narrow decision, brute-forced: the grid-stride loop of tport_copy in
@@ -275,12 +275,23 @@ Test(cuda_jit_plan, a_narrow_loop_visits_every_element_once)
 
 Test(cuda_jit_plan, kernel_choice)
 {
-  /* dense and aligned: cast_vec, UNROLL vectors of VEC elements per thread */
+  /* dense and aligned: cast_vec, a vector of VEC (8: both dtypes of at most
+   * 4 bytes) elements per thread, blocks of 128 */
   plan p = mk(1, (int64_t[]){16384}, (int64_t[]){2}, (int64_t[]){4});
-  cuda_jit_launch L = launch(&p, TPORT_FLOAT16, A, F32, A + 16, &lim32);
+  cuda_jit_launch L = launch(&p, TPORT_FLOAT16, A, F32, A + 32, &lim32);
   cr_assert_eq(L.kernel, CUDA_JIT_CAST_VEC);
-  cr_assert_eq(L.grid[0], 16384 / 4 / 4 / 256);
-  cr_assert_eq(L.block[0], 256);
+  cr_assert_eq(L.grid[0], 16384 / 8 / 128);
+  cr_assert_eq(L.block[0], 128);
+  /* both pointers aligned to a whole vector: 32 bytes of float32, 16 of float16 */
+  cr_assert_eq(launch(&p, TPORT_FLOAT16, A + 16, F32, A + 32, &lim32).kernel, CUDA_JIT_CAST_VEC);
+  cr_assert_eq(launch(&p, TPORT_FLOAT16, A + 8, F32, A, &lim32).kernel, CUDA_JIT_COPY);
+  cr_assert_eq(launch(&p, TPORT_FLOAT16, A, F32, A + 16, &lim32).kernel, CUDA_JIT_COPY);
+  /* VEC 4 where a dtype is wider: 4 float64 (32 bytes) */
+  p = mk(1, (int64_t[]){16384}, (int64_t[]){4}, (int64_t[]){8});
+  L = launch(&p, F32, A + 16, TPORT_FLOAT64, A + 32, &lim32);
+  cr_assert_eq(L.kernel, CUDA_JIT_CAST_VEC);
+  cr_assert_eq(L.grid[0], 16384 / 4 / 128);
+  p = mk(1, (int64_t[]){16384}, (int64_t[]){2}, (int64_t[]){4});
   /* misaligned dst (2 elements in) or src: the generic copy */
   cr_assert_eq(launch(&p, TPORT_FLOAT16, A + 4, F32, A, &lim32).kernel, CUDA_JIT_COPY);
   cr_assert_eq(launch(&p, TPORT_FLOAT16, A, F32, A + 4, &lim32).kernel, CUDA_JIT_COPY);
@@ -301,8 +312,8 @@ Test(cuda_jit_plan, kernel_choice)
   cr_assert_eq(p.ndim, 3);
   L = launch(&p, TPORT_FLOAT16, A, F32, A, &lim32);
   cr_assert_eq(L.kernel, CUDA_JIT_TRANSPOSE);
-  cr_assert_eq(L.block[0], 32);
-  cr_assert_eq(L.block[1], 8);
+  cr_assert_eq(L.block[0], 16, "runs of 4 across a tile of 64");
+  cr_assert_eq(L.block[1], 32);
   cr_assert_eq(L.grid[0], 1, "30 along dim 1: one tile");
   cr_assert_eq(L.grid[1], 1, "8 along dim 0: one tile");
   cr_assert_eq(L.grid[2], 2, "N");

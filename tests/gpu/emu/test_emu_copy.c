@@ -26,7 +26,7 @@ static const emu_layout layouts[] = {
     {"3 elements (under one vector)", 1, {3}, {1}, {1}, 0, 0, C},
     {"dst one element off", 1, {1001}, {1}, {1}, 1, 0, C},
     {"src one element off", 1, {1001}, {1}, {1}, 0, 1, C},
-    {"both 4 elements off (aligned again)", 1, {1001}, {1}, {1}, 4, 4, V},
+    {"both 8 elements off (aligned again)", 1, {1001}, {1}, {1}, 8, 8, V},
     {"2-d contiguous", 2, {37, 45}, {45, 1}, {45, 1}, 0, 0, V},
     {"transposed src, edge tiles", 2, {45, 37}, {37, 1}, {1, 45}, 0, 0, T},
     {"transposed dst, edge tiles", 2, {45, 37}, {1, 45}, {37, 1}, 0, 0, T},

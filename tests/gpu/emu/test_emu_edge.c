@@ -42,9 +42,10 @@ static bool narrow_and_right(const emu_layout *l, tport_dtype dt, tport_dtype st
   return !wide;
 }
 
-/* With 3 blocks of 256 threads the loops' index reaches numel - 1 + 768:
- * 16 bits hold it up to numel 64768.  With 1-byte elements the byte offsets
- * are the element indices, so the loop is what meets the edge. */
+/* With 3 blocks of 256 threads the copy's index reaches numel - 1 + 768:
+ * 16 bits hold it up to numel 64768 (cast_vec's 3 blocks of 128: 65152).
+ * With 1-byte elements the byte offsets are the element indices, so the
+ * loop is what meets the edge. */
 Test(emu_edge, the_narrow_index_is_used_exactly_while_the_loop_fits, .timeout = 300)
 {
   const int64_t edge = 65536 - 3 * 256;
@@ -53,9 +54,10 @@ Test(emu_edge, the_narrow_index_is_used_exactly_while_the_loop_fits, .timeout = 
   l = one_d("copy, in place, past the edge", edge + 1, 1, C);
   cr_assert_not(narrow_and_right(&l, TPORT_INT8, TPORT_INT8, true, 3), "%s: planned narrow",
                 l.name);
-  l = one_d("cast_vec, in place, at the edge", edge, 0, V);
+  const int64_t vec_edge = 65536 - 3 * 128;
+  l = one_d("cast_vec, in place, at the edge", vec_edge, 0, V);
   cr_assert(narrow_and_right(&l, TPORT_INT8, TPORT_INT8, true, 3), "%s: planned wide", l.name);
-  l = one_d("cast_vec, in place, past the edge", edge + 1, 0, V);
+  l = one_d("cast_vec, in place, past the edge", vec_edge + 1, 0, V);
   cr_assert_not(narrow_and_right(&l, TPORT_INT8, TPORT_INT8, true, 3), "%s: planned narrow",
                 l.name);
   /* uint8 <- int64: the source's byte offsets (8 per element) meet the edge first */
@@ -78,29 +80,31 @@ Test(emu_edge, the_narrow_index_is_used_exactly_while_the_loop_fits, .timeout = 
   cr_assert_not(narrow_and_right(&l, TPORT_FLOAT32, TPORT_FLOAT32, true, 3), "%s", l.name);
 }
 
-/* The transpose, 2 x 2 tiles of 64 x 64 by z outer slices: 1024 threads per
- * slice, 9216 elements; the narrow index while numel - 1 + threads fits. */
+/* The transpose, 2 x 2 tiles of 64 x 64 (blocks of 16 x 32 threads) by z
+ * outer slices: 2048 threads per slice, 9216 elements; the narrow index
+ * while numel - 1 + threads fits (5 slices: 46080 - 1 + 10240 = 56319;
+ * 6 slices: 55296 - 1 + 12288 = 67583). */
 Test(emu_edge, the_transpose_takes_the_narrow_index_by_the_same_rule, .timeout = 300)
 {
   emu_layout l = {
-      "batched transpose, 6 slices", 3, {6, 96, 96}, {9216, 96, 1}, {9216, 1, 96}, 0, 0, T};
+      "batched transpose, 5 slices", 3, {5, 96, 96}, {9216, 96, 1}, {9216, 1, 96}, 0, 0, T};
   cr_assert(narrow_and_right(&l, TPORT_INT8, TPORT_INT8, false, 3), "%s: planned wide", l.name);
-  l.name = "batched transpose, 7 slices";
-  l.shape[0] = 7;
+  l.name = "batched transpose, 6 slices";
+  l.shape[0] = 6;
   cr_assert_not(narrow_and_right(&l, TPORT_INT8, TPORT_INT8, false, 3), "%s", l.name);
 }
 
-/* cast_vec at the edge of its own loop: with a grid of 1 block, a step is
- * UNROLL x 256 vectors, which passes numel + 256 for small numel: at 16 bits
- * the vector index reaches nvec - 1 + 1024, checked by the planner too. */
+/* cast_vec at the edge of its own loop: a thread moves one vector per step of
+ * the grid's threads, so its vector index reaches nvec - 1 + threads, never
+ * past numel - 1 + threads, the bound the planner holds it to. */
 Test(emu_edge, cast_vec_plans_the_reach_of_its_vector_loop, .timeout = 300)
 {
   emu_layout l = one_d("cast_vec, 1 block, in place", 4000, 0, V);
   cr_assert(narrow_and_right(&l, TPORT_FLOAT32, TPORT_FLOAT32, true, 1), "%s: planned wide",
             l.name);
-  /* at 10 bits (no variant has them; the planner's rule alone), 700
-   * elements: numel - 1 + threads is 955, which fits, but the vector loop's
-   * 175 - 1 + 1024 does not */
+  /* at 10 bits (no variant has them; the planner's rule alone), one block
+   * of 128 threads: 700 elements reach 699 + 128, which fits; 1000 reach
+   * 999 + 128, which does not, and fit 11 bits */
   const cuda_jit_limits lim = {.max_grid = {1, 1, 1}, .narrow_bits = 10};
   static _Alignas(64) char buf[64];
   int64_t shape[1] = {700}, st[1] = {1};
@@ -109,16 +113,16 @@ Test(emu_edge, cast_vec_plans_the_reach_of_its_vector_loop, .timeout = 300)
   cuda_jit_launch L;
   cr_assert_eq(cuda_jit_plan_launch(&p, TPORT_UINT8, buf, TPORT_UINT8, buf, &lim, &L), 0);
   cr_assert_eq(L.kernel, V);
-  cr_assert(L.wide, "174 + 1024 passes 10 bits");
-  shape[0] = 4;
+  cr_assert_eq(L.grid[0] * L.block[0], 128);
+  cr_assert_not(L.wide, "699 + 128 fits 10 bits");
+  shape[0] = 1000;
   plan_build(&p, 1, shape, 2, (const int64_t *const[]){st, st});
   cr_assert_eq(cuda_jit_plan_launch(&p, TPORT_UINT8, buf, TPORT_UINT8, buf, &lim, &L), 0);
-  cr_assert(L.wide, "the loop's one step, 1024, passes 10 bits (3 + 256 does not)");
+  cr_assert_eq(L.kernel, V);
+  cr_assert(L.wide, "999 + 128 passes 10 bits");
   const cuda_jit_limits lim11 = {.max_grid = {1, 1, 1}, .narrow_bits = 11};
-  shape[0] = 700;
-  plan_build(&p, 1, shape, 2, (const int64_t *const[]){st, st});
   cr_assert_eq(cuda_jit_plan_launch(&p, TPORT_UINT8, buf, TPORT_UINT8, buf, &lim11, &L), 0);
-  cr_assert_not(L.wide, "174 + 1024 fits 11 bits");
+  cr_assert_not(L.wide, "999 + 128 fits 11 bits");
 }
 
 /* The emulation sees the bug the rule prevents: one element past the edge,
@@ -170,10 +174,13 @@ Test(emu_edge, the_real_edge_is_planned_from_the_grid_too)
         cr_assert_eq(L.wide, n > edge, "numel %lld, offset %lld: wide %d", (long long)n,
                      (long long)off, L.wide);
       } else {
-        /* cast_vec's grid: a block per UNROLL x 256 vectors (16 elements a
-         * thread), well under the cap, so its loop fits: narrow */
+        /* cast_vec's grid: a block per 128 vectors of 8, capped at 65535 x
+         * 32 blocks (a quarter of the copy's threads), so its loop fits:
+         * narrow */
         const uint64_t t = (uint64_t)L.grid[0] * L.block[0];
-        cr_assert_eq(t, ((uint64_t)n / 4 + 1023) / 1024 * 256, "numel %lld", (long long)n);
+        uint64_t blocks = ((uint64_t)n / 8 + 127) / 128;
+        blocks = blocks < 65535u * 32 ? blocks : 65535u * 32;
+        cr_assert_eq(t, blocks * 128, "numel %lld", (long long)n);
         cr_assert_not(L.wide, "numel %lld: %llu threads", (long long)n, (unsigned long long)t);
       }
     }
