@@ -199,6 +199,7 @@ const backend_ops backend_cpu = {
     .memcpy_async = cpu_memcpy,
     .memcpy_peer_async = cpu_memcpy_peer,
     .copy_kernel = cpu_copy_kernel,
+    .copy_kernel_blocks = true,
     .launch_host_func = cpu_host_func,
     .event_create = cpu_event_create,
     .event_destroy = cpu_event_destroy,

@@ -240,6 +240,9 @@ static size_t plan_extent(const plan *p, int op, size_t esize)
   return (size_t)last + esize;
 }
 
+/* Kernels enqueued, all devices (Stats: sim_kernel_launches). */
+static atomic_uint_least64_t kernel_launches;
+
 static int sim_kernel(int dev, be_stream *s, const plan *p, void *dst, tport_dtype dt,
                       const void *src, tport_dtype st, unsigned flags, tport_err *err)
 {
@@ -258,6 +261,7 @@ static int sim_kernel(int dev, be_stream *s, const plan *p, void *dst, tport_dty
   sim_op *op = sim_new_op(OP_KERNEL, err);
   if (!op)
     return TPORT_RESOURCE_EXHAUSTED;
+  atomic_fetch_add_explicit(&kernel_launches, 1, memory_order_relaxed);
   op->u.kernel.p = *p;
   op->u.kernel.dst = d;
   op->u.kernel.src = sp;
@@ -340,6 +344,10 @@ static size_t sim_stats(be_stat *out, size_t max)
   for (int d = 0; d < sim_count() && n < max; d++, n++) {
     snprintf(out[n].name, sizeof out[n].name, "sim%d_bytes_peak", d);
     out[n].value = (int64_t)sim_bytes_peak(d);
+  }
+  if (sim_count() > 0 && n < max) {
+    snprintf(out[n].name, sizeof out[n].name, "sim_kernel_launches");
+    out[n++].value = (int64_t)atomic_load_explicit(&kernel_launches, memory_order_relaxed);
   }
   if (sim_count() > 0 && n + 2 <= max) {
     snprintf(out[n].name, sizeof out[n].name, "sim_host_allocs");

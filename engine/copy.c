@@ -142,7 +142,8 @@ static bool past_deadline(void)
 /* Runs the kernel of plan p in pieces along its outermost dimension (each
  * about ENGINE_PIECE_ELEMS elements), checking the thread's deadline before
  * each: the same elements, in the same per-element way, so the bits are
- * those of one launch. */
+ * those of one launch.  Only where the backend's kernel blocks (the cpu's):
+ * an enqueueing backend would pass every check before the first piece ran. */
 static int kernel_in_pieces(const backend_ops *be, int dev, be_stream *s, const plan *p, char *dst,
                             tport_dtype dt, const char *src, tport_dtype st, unsigned flags,
                             tport_err *err)
@@ -150,6 +151,12 @@ static int kernel_in_pieces(const backend_ops *be, int dev, be_stream *s, const 
   int64_t numel = plan_numel(p);
   if (!deadline_ms || p->ndim == 0 || numel <= ENGINE_PIECE_ELEMS)
     return be->copy_kernel(dev, s, p, dst, dt, src, st, flags, err);
+  if (!be->copy_kernel_blocks) { /* one check, one launch */
+    if (past_deadline())
+      return tport_err_set(err, TPORT_DEADLINE_EXCEEDED,
+                           "the request ran past its deadline (before its copy was enqueued)");
+    return be->copy_kernel(dev, s, p, dst, dt, src, st, flags, err);
+  }
   int outer = p->ndim - 1;
   int64_t rows = p->shape[outer], per_row = numel / rows;
   int64_t step = ENGINE_PIECE_ELEMS / per_row > 0 ? ENGINE_PIECE_ELEMS / per_row : 1;

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "conformance.h"
@@ -506,4 +507,32 @@ Test(sim, copies_between_devices_keep_work_on_its_device)
   engine_synchronize_all();
   for (int dev = 0; dev < 3; dev++)
     cr_assert_eq(sim_bytes_in_use(dev), 0, "sim:%d: nothing leaked", dev);
+}
+
+/* A device's copy under a deadline is one launch: an enqueueing backend
+ * passes every deadline check before the first piece runs, so pieces would
+ * only add launches (64 for a 1 GiB copy on an H200: a quarter of a
+ * millisecond).  Past the deadline it is refused before it is enqueued. */
+Test(sim, a_device_copy_under_a_deadline_is_one_launch)
+{
+  const tport_device g = {TPORT_DEV_SIM, 0};
+  int64_t n = ENGINE_PIECE_ELEMS + 4096; /* two pieces' worth on the cpu */
+  tport_tensor *a, *b;
+  tport_err e;
+  cr_assert_eq(tensor_empty(g, TPORT_UINT8, 1, &n, TPORT_MF_CONTIGUOUS, 0, &a, &e), 0, "%s", e.msg);
+  cr_assert_eq(tensor_empty(g, TPORT_INT8, 1, &n, TPORT_MF_CONTIGUOUS, 0, &b, &e), 0, "%s", e.msg);
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  engine_set_deadline((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + 600000);
+  int64_t before = backend_stat(&backend_sim, "sim_kernel_launches");
+  cr_assert_eq(tensor_copy_(b, a, false, &e), 0, "%s", e.msg);
+  cr_assert_eq(backend_stat(&backend_sim, "sim_kernel_launches") - before, 1);
+  engine_set_deadline(1); /* long past */
+  cr_assert_eq(tensor_copy_(b, a, false, &e), TPORT_DEADLINE_EXCEEDED);
+  cr_assert(strstr(e.msg, "deadline"), "%s", e.msg);
+  engine_set_deadline(0);
+  cr_assert_eq(backend_stat(&backend_sim, "sim_kernel_launches") - before, 1);
+  cr_assert_eq(tensor_sync(b, &e), 0, "%s", e.msg);
+  tensor_release(a);
+  tensor_release(b);
 }
