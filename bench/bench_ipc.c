@@ -10,13 +10,18 @@
  * tport-bench-gpu does (bench/run gpu turns them into ratios), or one
  * {"skipped": REASON} line without a GPU.
  *
- *   tport-bench-ipc [--mib N] [--reps R]    (tportd: beside this program)
+ * With --phases, one more line {"phases": true, ...}: the medians of each
+ * request (put, get, free), the copy alone, a 4 KiB put and an info, so
+ * that a request's fixed cost shows beside its copy.
+ *
+ *   tport-bench-ipc [--mib N] [--reps R] [--phases]    (tportd: beside this program)
  */
 #define _GNU_SOURCE
 #include <cuda_runtime_api.h>
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,9 +68,12 @@ int main(int argc, char **argv)
 {
   size_t mib = 1024;
   int reps = 5;
+  bool phases = false;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--mib") == 0 && i + 1 < argc)
       mib = (size_t)atoi(argv[++i]);
+    else if (strcmp(argv[i], "--phases") == 0)
+      phases = true;
     else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
       reps = atoi(argv[++i]) < 1 ? 1 : atoi(argv[i]) > 64 ? 64 : atoi(argv[i]);
   }
@@ -112,7 +120,7 @@ int main(int argc, char **argv)
   tport_put_options po;
   tport_put_options_init(&po);
   po.device = "cuda:0";
-  double tp[64], tg[64], tb[64];
+  double tp[64], tg[64], tb[64], tf[64], ti[64], ts[64];
   for (int r = 0; r <= reps; r++) { /* rep 0 warms up (the open, the first allocations) */
     tport_tensor_info info;
     double t0 = bench_now();
@@ -122,15 +130,58 @@ int main(int argc, char **argv)
     if (tport_get_into_dlpack(c, &info.ref, &d, NULL, &err))
       die("tport_get_into_dlpack", err.msg);
     double t2 = bench_now();
-    tport_free(c, &info.ref, NULL);
+    /* the baseline alone: the free below is a request of its own */
     cudaMemcpy(dst, src, n, cudaMemcpyDeviceToDevice);
     cudaDeviceSynchronize();
     double t3 = bench_now();
+    tport_free(c, &info.ref, NULL);
+    double t4 = bench_now();
     if (r > 0) {
       tp[r - 1] = t1 - t0;
       tg[r - 1] = t2 - t1;
       tb[r - 1] = t3 - t2;
+      tf[r - 1] = t4 - t3;
     }
+  }
+  if (phases) {
+    /* what a request costs beside its copy: an info (no device work) and a
+     * 4 KiB put by IPC from the same allocation */
+    int64_t small_shape[1] = {4096};
+    DLTensor small = t;
+    small.shape = small_shape;
+    for (int r = 0; r <= reps; r++) {
+      tport_tensor_info info;
+      double t0 = bench_now();
+      if (tport_put_dlpack(c, &small, &po, &info, &err))
+        die("tport_put_dlpack (4 KiB)", err.msg);
+      double t1 = bench_now();
+      if (tport_info(c, &info.ref, &info, &err))
+        die("tport_info", err.msg);
+      double t2 = bench_now();
+      tport_free(c, &info.ref, NULL);
+      if (r > 0) {
+        ts[r - 1] = t1 - t0;
+        ti[r - 1] = t2 - t1;
+      }
+    }
+    /* the client's own calls per request (client/cuda_ipc.c resolve) */
+    double th[64], tsync[64];
+    for (int r = 0; r < reps; r++) {
+      cudaIpcMemHandle_t hd;
+      double t0 = bench_now();
+      cudaIpcGetMemHandle(&hd, src);
+      double t1 = bench_now();
+      cudaStreamSynchronize(NULL);
+      double t2 = bench_now();
+      th[r] = t1 - t0;
+      tsync[r] = t2 - t1;
+    }
+    printf("{\"phases\": true, \"ipc_handle_s\": %.6f, \"stream_sync_s\": %.6f}\n",
+           bench_median(th, reps), bench_median(tsync, reps));
+    printf("{\"phases\": true, \"bytes\": %zu, \"put_s\": %.6f, \"get_s\": %.6f, "
+           "\"d2d_s\": %.6f, \"free_s\": %.6f, \"put_4KiB_s\": %.6f, \"info_s\": %.6f}\n",
+           n, bench_median(tp, reps), bench_median(tg, reps), bench_median(tb, reps),
+           bench_median(tf, reps), bench_median(ts, reps), bench_median(ti, reps));
   }
   double base = bench_median(tb, reps);
   line("put_cuda_ipc", n, bench_median(tp, reps), "d2d_cudaMemcpy", base);
