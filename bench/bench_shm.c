@@ -21,7 +21,11 @@
  *    and vs memcpy split evenly across as many fresh threads.
  * Each put's tensor is freed after it, as a loader's batches are.
  *
- *   tport-bench-shm [--reps R] [--mib N,...]
+ * With --device D (cuda:0, sim:0): every tensor lives on D (the server's
+ * devices are cpu and D's type) and each row's name ends in _D (cuda0):
+ * the region to and from a GPU, the automatic region's copy included.
+ *
+ *   tport-bench-shm [--reps R] [--mib N,...] [--device D]
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -89,12 +93,30 @@ int main(int argc, char **argv)
 {
   int reps = 7;
   char mibs[64] = "16,256";
+  const char *device = NULL;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--reps"))
       reps = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--mib"))
       snprintf(mibs, sizeof mibs, "%s", argv[i + 1]);
+    else if (!strcmp(argv[i], "--device"))
+      device = argv[i + 1];
   }
+  /* the rows' suffix and the server's device list */
+  char suffix[32] = "", devices[64] = "cpu";
+  if (device) {
+    char type[16];
+    snprintf(type, sizeof type, "%.*s", (int)strcspn(device, ":"), device);
+    snprintf(devices, sizeof devices, "cpu,%s", type);
+    snprintf(suffix, sizeof suffix, "_");
+    for (const char *q = device; *q && strlen(suffix) + 1 < sizeof suffix; q++)
+      if (*q != ':')
+        strncat(suffix, q, 1);
+  }
+  tport_put_options po;
+  tport_put_options_init(&po);
+  po.device = device;
+  const tport_put_options *opts = device ? &po : NULL;
   if (reps < 1 || reps > 1000)
     reps = 7;
   char dir[] = "/tmp/tport-bench-shm-XXXXXX";
@@ -107,7 +129,7 @@ int main(int argc, char **argv)
   config_defaults(&cfg);
   cfg.listen[0] = strdup(url);
   cfg.nlisten = 1;
-  cfg.devices = strdup("cpu");
+  cfg.devices = strdup(devices);
   cfg.log_level = 0;
   cfg.shm_socket = strdup(sock);
   cfg.shm_socket_set = true;
@@ -144,15 +166,15 @@ int main(int argc, char **argv)
     memset(tport_shm_data(out), 0, n);
     tport_tensor_info info, kept;
     /* a tensor to get, and a warm-up of every path (first touches) */
-    if (tport_put_shm(c, in, 0, TPORT_UINT8, 1, &sz, NULL, NULL, &kept, &err))
+    if (tport_put_shm(c, in, 0, TPORT_UINT8, 1, &sz, NULL, opts, &kept, &err))
       die("put_shm", &err);
     for (int w = 0; w < 2; w++) {
-      if (tport_put_shm(c, in, 0, TPORT_UINT8, 1, &sz, NULL, NULL, &info, &err) ||
+      if (tport_put_shm(c, in, 0, TPORT_UINT8, 1, &sz, NULL, opts, &info, &err) ||
           tport_free(c, &info.ref, &err) ||
           tport_get_shm(c, &kept.ref, out, 0, n, NULL, NULL, &err) ||
-          tport_put(c, TPORT_UINT8, 1, &sz, NULL, user, n, NULL, &info, &err) ||
+          tport_put(c, TPORT_UINT8, 1, &sz, NULL, user, n, opts, &info, &err) ||
           tport_free(c, &info.ref, &err) ||
-          tport_put(plain, TPORT_UINT8, 1, &sz, NULL, user, n, NULL, &info, &err) ||
+          tport_put(plain, TPORT_UINT8, 1, &sz, NULL, user, n, opts, &info, &err) ||
           tport_free(plain, &info.ref, &err) ||
           tport_get(c, &kept.ref, back, n, NULL, NULL, NULL, &err) ||
           tport_get(plain, &kept.ref, back, n, NULL, NULL, NULL, &err))
@@ -172,7 +194,7 @@ int main(int argc, char **argv)
           b2[r] = bench_now() - t0;
         } else {
           double t0 = bench_now();
-          if (tport_put_shm(c, in, 0, TPORT_UINT8, 1, &sz, NULL, NULL, &info, &err))
+          if (tport_put_shm(c, in, 0, TPORT_UINT8, 1, &sz, NULL, opts, &info, &err))
             die("put_shm", &err);
           v[r] = bench_now() - t0;
           tport_free(c, &info.ref, NULL);
@@ -184,9 +206,9 @@ int main(int argc, char **argv)
       }
     }
     char name[64];
-    snprintf(name, sizeof name, "put_shm_%zuMiB_vs_memcpy", mib);
+    snprintf(name, sizeof name, "put_shm_%zuMiB_vs_memcpy%s", mib, suffix);
     emit(name, n, v, b, reps, "memcpy");
-    snprintf(name, sizeof name, "get_shm_%zuMiB_vs_memcpy", mib);
+    snprintf(name, sizeof name, "get_shm_%zuMiB_vs_memcpy%s", mib, suffix);
     emit(name, n, v2, b2, reps, "memcpy");
     /* automatic region vs the socket (ipc://), the order swapped every rep */
     for (int r = 0; r < reps; r++) {
@@ -194,7 +216,7 @@ int main(int argc, char **argv)
         bool shm = (k == 0) == (r % 2 == 0);
         tport_client *who = shm ? c : plain;
         double t0 = bench_now();
-        if (tport_put(who, TPORT_UINT8, 1, &sz, NULL, user, n, NULL, &info, &err))
+        if (tport_put(who, TPORT_UINT8, 1, &sz, NULL, user, n, opts, &info, &err))
           die("put", &err);
         (shm ? v : b)[r] = bench_now() - t0;
         tport_free(who, &info.ref, NULL);
@@ -204,9 +226,9 @@ int main(int argc, char **argv)
         (shm ? v2 : b2)[r] = bench_now() - t0;
       }
     }
-    snprintf(name, sizeof name, "put_auto_shm_%zuMiB_vs_ipc", mib);
+    snprintf(name, sizeof name, "put_auto_shm_%zuMiB_vs_ipc%s", mib, suffix);
     emit(name, n, v, b, reps, "ipc");
-    snprintf(name, sizeof name, "get_auto_shm_%zuMiB_vs_ipc", mib);
+    snprintf(name, sizeof name, "get_auto_shm_%zuMiB_vs_ipc%s", mib, suffix);
     emit(name, n, v2, b2, reps, "ipc");
     /* automatic region vs an explicit one filled in place, the order
      * swapped every rep */
@@ -214,8 +236,8 @@ int main(int argc, char **argv)
       for (int k = 0; k < 2; k++) {
         bool automatic = (k == 0) == (r % 2 == 0);
         double t0 = bench_now();
-        if (automatic ? tport_put(c, TPORT_UINT8, 1, &sz, NULL, user, n, NULL, &info, &err)
-                      : tport_put_shm(c, in, 0, TPORT_UINT8, 1, &sz, NULL, NULL, &info, &err))
+        if (automatic ? tport_put(c, TPORT_UINT8, 1, &sz, NULL, user, n, opts, &info, &err)
+                      : tport_put_shm(c, in, 0, TPORT_UINT8, 1, &sz, NULL, opts, &info, &err))
           die("put", &err);
         (automatic ? v : b)[r] = bench_now() - t0;
         tport_free(c, &info.ref, NULL);
@@ -226,9 +248,9 @@ int main(int argc, char **argv)
         (automatic ? v2 : b2)[r] = bench_now() - t0;
       }
     }
-    snprintf(name, sizeof name, "put_auto_shm_%zuMiB_vs_put_shm", mib);
+    snprintf(name, sizeof name, "put_auto_shm_%zuMiB_vs_put_shm%s", mib, suffix);
     emit(name, n, v, b, reps, "put_shm");
-    snprintf(name, sizeof name, "get_auto_shm_%zuMiB_vs_get_shm", mib);
+    snprintf(name, sizeof name, "get_auto_shm_%zuMiB_vs_get_shm%s", mib, suffix);
     emit(name, n, v2, b2, reps, "get_shm");
     /* the copy alone: the pool vs one memcpy (v, b) and vs as many fresh
      * threads (v2 reused for the pool's second timing, b2) */
@@ -246,9 +268,9 @@ int main(int argc, char **argv)
     }
     if (memcmp(dst, user, n))
       die("the copy came out wrong", NULL);
-    snprintf(name, sizeof name, "copy_pool_%zuMiB_vs_memcpy", mib);
+    snprintf(name, sizeof name, "copy_pool_%zuMiB_vs_memcpy%s", mib, suffix);
     emit(name, n, v, b, reps, "memcpy");
-    snprintf(name, sizeof name, "copy_pool_%zuMiB_vs_threads", mib);
+    snprintf(name, sizeof name, "copy_pool_%zuMiB_vs_threads%s", mib, suffix);
     emit(name, n, v2, b2, reps, "memcpy_split_fresh_threads");
     tport_free(c, &kept.ref, NULL);
     tport_shm_release(in, NULL);
