@@ -25,7 +25,10 @@
  * devices are cpu and D's type) and each row's name ends in _D (cuda0):
  * the region to and from a GPU, the automatic region's copy included.
  *
- *   tport-bench-shm [--reps R] [--mib N,...] [--device D]
+ * --chunk-mib sets the server's chunk size (--chunk-bytes), which bounds
+ * the slices of a put through the automatic region.
+ *
+ *   tport-bench-shm [--reps R] [--mib N,...] [--device D] [--chunk-mib C]
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -94,6 +97,7 @@ int main(int argc, char **argv)
   int reps = 7;
   char mibs[64] = "16,256";
   const char *device = NULL;
+  size_t chunk_mib = 0; /* the server's default */
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--reps"))
       reps = atoi(argv[i + 1]);
@@ -101,6 +105,8 @@ int main(int argc, char **argv)
       snprintf(mibs, sizeof mibs, "%s", argv[i + 1]);
     else if (!strcmp(argv[i], "--device"))
       device = argv[i + 1];
+    else if (!strcmp(argv[i], "--chunk-mib"))
+      chunk_mib = (size_t)atoi(argv[i + 1]);
   }
   /* the rows' suffix and the server's device list */
   char suffix[32] = "", devices[64] = "cpu";
@@ -130,6 +136,8 @@ int main(int argc, char **argv)
   cfg.listen[0] = strdup(url);
   cfg.nlisten = 1;
   cfg.devices = strdup(devices);
+  if (chunk_mib)
+    cfg.chunk_bytes = chunk_mib << 20;
   cfg.log_level = 0;
   cfg.shm_socket = strdup(sock);
   cfg.shm_socket_set = true;

@@ -8,10 +8,12 @@
 /* Copies of fewer bytes are one memcpy: below this, waking threads costs
  * more than it saves. */
 #define COPY_POOL_MIN_BYTES ((size_t)4 << 20)
-/* Threads by default: the CPUs this process may run on, at most this many
- * (a copy saturates memory with a few; more only take the server's and the
- * application's cores). */
-#define COPY_POOL_DEFAULT_MAX 8
+/* Threads by default: the CPUs this process may run on, at most this many.
+ * On a 16-core GPU host (2026-11-27, bench/RESULTS.md) 8 threads copied
+ * 256 MiB at 31 GB/s and 16 at 49 GB/s (one memcpy: 9 GB/s); the threads
+ * run only while a copy does, so the cap is what the memory gives, not
+ * what the server's cores could spare. */
+#define COPY_POOL_DEFAULT_MAX 16
 /* TPORT_COPY_THREADS is clamped to this. */
 #define COPY_POOL_MAX_THREADS 64
 /* No piece is smaller than this (except the last): a thread's piece must
