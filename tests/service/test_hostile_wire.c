@@ -802,3 +802,50 @@ Test(hostile, a_batch_get_that_waits_for_a_name_is_refused_alone)
   raw_close(&r);
   server_stop(s, 1000);
 }
+
+/* A request that waits for a name holds its body (counted against
+ * --request-memory) for as long as it waits: one padded with unknown fields
+ * would hold other tenants' requests out for the whole wait.  Past 4 KiB
+ * it is refused at once; a plain one parks and times out as asked. */
+Test(hostile, a_request_that_waits_for_a_name_is_small)
+{
+  char url[128];
+  server *s = start_default(url, sizeof url);
+  rawc r;
+  raw_open(&r, url);
+  char msg[256];
+  Tport__Ref missing = mkref(NULL, 0, "never-put");
+  /* an unknown length-delimited field: protobuf-c packs its data as is,
+   * the length's varint first (4998 = 0x86 0x27) */
+  static uint8_t pad[5000] = {0x86, 0x27};
+  ProtobufCMessageUnknownField unknown = {.tag = 1000,
+                                          .wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED,
+                                          .len = sizeof pad,
+                                          .data = pad};
+  Tport__InfoRequest q = TPORT__INFO_REQUEST__INIT;
+  q.ref = &missing;
+  q.wait_ms = 60000;
+  q.base.n_unknown_fields = 1;
+  q.base.unknown_fields = &unknown;
+  int64_t t0 = now_ms();
+  ProtobufCMessage *out = NULL;
+  int code = raw_call(&r, TPORT__METHOD__METHOD_INFO, &q.base, NULL, 0,
+                      &tport__info_reply__descriptor, msg, &out, NULL);
+  cr_assert_eq(code, TPORT_INVALID_ARGUMENT, "a padded waiting Info: %d %s", code, msg);
+  cr_expect_neq(strstr(msg, "at most 4096 bytes"), NULL, "%s", msg);
+  cr_expect_lt(now_ms() - t0, 30000, "refused at once, not after its wait");
+  if (out)
+    protobuf_c_message_free_unpacked(out, NULL);
+  /* the same request without the padding parks, and times out as asked */
+  q.base.n_unknown_fields = 0;
+  q.base.unknown_fields = NULL;
+  q.wait_ms = 200;
+  out = NULL;
+  code = raw_call(&r, TPORT__METHOD__METHOD_INFO, &q.base, NULL, 0, &tport__info_reply__descriptor,
+                  msg, &out, NULL);
+  cr_assert_eq(code, TPORT_DEADLINE_EXCEEDED, "a plain waiting Info: %d %s", code, msg);
+  if (out)
+    protobuf_c_message_free_unpacked(out, NULL);
+  raw_close(&r);
+  server_stop(s, 1000);
+}
