@@ -165,16 +165,30 @@ static int name_holder(reg_tenant *tn, const char *name, bool replace, reg_entry
   return TPORT_OK;
 }
 
-/* e takes its name from holder (NULL: none), which leaves the registry in
- * the same step (onto *dead).  mu held. */
-static int name_take(registry *r, reg_entry *e, reg_entry *holder, reg_entry **dead, tport_err *err)
+/* Tests: name adds still to fail as an allocation failure would. */
+static atomic_int failing_name_adds;
+
+void reg_test_fail_name_adds(int n)
 {
-  if (holder)
-    entry_unlink(r, holder, dead);
-  reg_oom = false;
-  HASH_ADD(hh_name, e->tn->names, name, strlen(e->name), e);
+  atomic_store(&failing_name_adds, n);
+}
+
+int name_take(registry *r, reg_entry *e, reg_entry *holder, reg_entry **dead, tport_err *err)
+{
+  /* e joins the table before holder leaves it (uthash keeps a key twice
+   * for that moment, and deletes by the entry, not the key): an add that
+   * fails for memory rolls itself back, so the old tensor keeps its name
+   * -- holder unlinked first, it was lost (found by review) */
+  int fail = atomic_load(&failing_name_adds);
+  while (fail > 0 && !atomic_compare_exchange_weak(&failing_name_adds, &fail, fail - 1))
+    ;
+  reg_oom = fail > 0;
+  if (!reg_oom)
+    HASH_ADD(hh_name, e->tn->names, name, strlen(e->name), e);
   if (reg_oom)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a name");
+  if (holder)
+    entry_unlink(r, holder, dead);
   e->holds_name = true;
   return TPORT_OK;
 }

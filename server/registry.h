@@ -121,6 +121,9 @@ typedef struct registry {
 void reg_init(registry *r, const reg_limits *limits);
 /* Frees every entry, session and tenant (the server is stopping). */
 void reg_destroy(registry *r);
+/* Tests: the next n names a tensor takes fail as the name table's
+ * allocation failing would (RESOURCE_EXHAUSTED, nothing changed). */
+void reg_test_fail_name_adds(int n);
 
 /* A connection arrived (the pipe's ADD_PRE event: before its first
  * request): its session, of tenant "default".  False when max_sessions

@@ -111,6 +111,9 @@ void entry_owner_unlink(reg_entry *e);
 /* Unlinks e, stops charging its tenant and drops the registry's reference;
  * the last one puts e on *dead. */
 void entry_unlink(registry *r, reg_entry *e, reg_entry **dead);
+/* e takes its name from holder (NULL: none), which leaves the registry in
+ * the same step (onto *dead); on failure neither changes. */
+int name_take(registry *r, reg_entry *e, reg_entry *holder, reg_entry **dead, tport_err *err);
 /* e kept for its tenant: it expires after ttl_ms (0: the default TTL). */
 void entry_set_expiry(registry *r, reg_entry *e, uint64_t ttl_ms);
 /* registry_waiters.c (called by the three above, calls none of them): every waiter of the pipe's

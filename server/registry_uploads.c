@@ -151,14 +151,7 @@ static int commit_take_name(registry *r, reg_entry *e, reg_entry **dead, tport_e
   if (holder && holder->state != REG_READY)
     return tport_err_set(err, TPORT_ALREADY_EXISTS,
                          "a tensor named '%s' is being uploaded by a put without replace", e->name);
-  if (holder)
-    entry_unlink(r, holder, dead);
-  reg_oom = false;
-  HASH_ADD(hh_name, e->tn->names, name, strlen(e->name), e);
-  if (reg_oom)
-    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a name");
-  e->holds_name = true;
-  return TPORT_OK;
+  return name_take(r, e, holder, dead, err);
 }
 
 int reg_commit_end(registry *r, reg_entry *e, tport_tensor *final, tport_err *err)

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "hostile_util.h"
+#include "registry.h"
 #include "service_util.h"
 
 static server *srv;
@@ -273,4 +274,39 @@ Test(replace, a_free_of_too_many_refs_is_refused)
   free(w);
   free(pw);
   raw_close(&r);
+}
+
+/* A replace whose new name cannot be added (the name table's allocation
+ * failing: uthash rolls the add back) leaves the old tensor under its
+ * name; the old holder was unlinked first and lost (found by review).  At
+ * once (one request) and at the commit of a chunked put alike. */
+Test(replace, a_failed_swap_keeps_the_old_tensor)
+{
+  tport_client *c = svc_connect(url, "r-oom");
+  tport_err err;
+  tport_ref ref;
+  tport_ref_name(&ref, "kept");
+  const int64_t sizes[2] = {4, 1 << 18}; /* one request; several chunks */
+  for (int k = 0; k < 2; k++) {
+    int64_t n = sizes[k];
+    float *v = malloc((size_t)n * sizeof *v);
+    cr_assert_eq(put_value(c, "kept", 1.0f, n, true, NULL, &err), 0, "%s", err.msg);
+    reg_test_fail_name_adds(1);
+    int rc = put_value(c, "kept", 2.0f, n, true, NULL, &err);
+    reg_test_fail_name_adds(0);
+    cr_assert_eq(rc, TPORT_RESOURCE_EXHAUSTED, "%lld floats: %d %s", (long long)n, rc, err.msg);
+    cr_assert_eq(tport_get(c, &ref, v, (size_t)n * sizeof *v, NULL, NULL, NULL, &err), 0,
+                 "%lld floats: the old tensor went with the failed swap: %s", (long long)n,
+                 err.msg);
+    cr_assert(v[0] == 1.0f && v[n - 1] == 1.0f, "%lld floats: %g", (long long)n, v[0]);
+    cr_assert_eq(svc_counter(c, "tensors"), 1, "%lld floats", (long long)n);
+    /* and the next replace swaps */
+    cr_assert_eq(put_value(c, "kept", 3.0f, n, true, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(tport_get(c, &ref, v, (size_t)n * sizeof *v, NULL, NULL, NULL, &err), 0, "%s",
+                 err.msg);
+    cr_assert(v[0] == 3.0f, "%g", v[0]);
+    cr_assert_eq(tport_free(c, &ref, &err), 0, "%s", err.msg);
+    free(v);
+  }
+  tport_close(c);
 }
