@@ -233,6 +233,23 @@ static int start_read(tensor_reader *r, size_t off, size_t n, bool wait, tport_s
   return TPORT_OK;
 }
 
+/* Starts reads of n bytes (the last one shorter) from ahead_next up to
+ * until, while slots are free; never waits for the pool (a read it cannot
+ * start is skipped: the reader asks for it when it wants it).  mu held. */
+static void read_ahead_until(tensor_reader *r, size_t n, size_t until)
+{
+  while (r->nahead < READER_AHEAD && r->ahead_next < until) {
+    size_t len = r->nbytes - r->ahead_next < n ? r->nbytes - r->ahead_next : n;
+    ahead_slot *sl = &r->ahead[r->nahead];
+    if (start_read(r, r->ahead_next, len, false, &sl->st, NULL))
+      break;
+    sl->off = r->ahead_next;
+    sl->n = len;
+    r->nahead++;
+    r->ahead_next += len;
+  }
+}
+
 /* Takes the block read ahead for exactly [off, off + n), if there is one,
  * and reads ahead the chunks after it: a series of reads of one length
  * (a get's chunks) finds each block copying or copied before it asks.
@@ -255,17 +272,22 @@ static tport_storage *take_and_read_ahead(tensor_reader *r, size_t off, size_t n
     r->ahead_next = off + n;
   /* off + n + READER_AHEAD * n, without overflow: off + n <= nbytes */
   size_t until = r->nbytes - (off + n) > READER_AHEAD * n ? off + n + READER_AHEAD * n : r->nbytes;
-  while (r->nahead < READER_AHEAD && r->ahead_next < until) {
-    size_t len = r->nbytes - r->ahead_next < n ? r->nbytes - r->ahead_next : n;
-    ahead_slot *sl = &r->ahead[r->nahead];
-    if (start_read(r, r->ahead_next, len, false, &sl->st, NULL))
-      break;
-    sl->off = r->ahead_next;
-    sl->n = len;
-    r->nahead++;
-    r->ahead_next += len;
-  }
+  read_ahead_until(r, n, until);
   return st;
+}
+
+void reader_read_ahead(tensor_reader *r, size_t n)
+{
+  if (!r || r->host || !n || !r->nbytes)
+    return;
+  n = n < r->nbytes ? n : r->nbytes;
+  n = n < READER_MAX_CHUNK ? n : READER_MAX_CHUNK;
+  pthread_mutex_lock(&r->mu);
+  if (!r->ahead_n) { /* no read yet: they will be of n bytes from 0 */
+    r->ahead_n = n;
+    read_ahead_until(r, n, r->nbytes / n > READER_AHEAD ? READER_AHEAD * n : r->nbytes);
+  }
+  pthread_mutex_unlock(&r->mu);
 }
 
 /* Bytes [off, off + n) of a host reader's tensor: its storage, lent

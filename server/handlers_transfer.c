@@ -202,6 +202,10 @@ int h_get_begin(call *c)
   }
   if (!rc)
     rc = stage_for_get(c, t, g);
+  /* a device's first chunks start copying now, charged as a chunk's are:
+   * the client's first GetChunk finds its block copied or copying */
+  if (!rc && keep && g->from_device)
+    reader_read_ahead(g->reader, g->chunk);
   if (!rc && RAND_bytes(g->id, TRANSFER_ID_BYTES) != 1)
     rc = tport_err_set(&c->err, TPORT_INTERNAL, "cannot create a transfer id");
   const uint8_t *payload = NULL;

@@ -54,6 +54,13 @@ size_t reader_max_read(const tensor_reader *r);
  * values.  Thread-safe. */
 int reader_read(tensor_reader *r, size_t off, size_t n, tport_storage **held,
                 const uint8_t **bytes, tport_err *err);
+/* Starts copying the first reads of n bytes (a get's chunks: 0, n, ...)
+ * from a device before they are asked for, so that the round trip between
+ * the reply naming the transfer and its first chunk request overlaps the
+ * first copies; only before any read, never waiting for the pool, nothing
+ * for a host reader.  The calling thread's allocation guard is asked for
+ * the blocks (ENGINE_ALLOC_READAHEAD) as a read's are. */
+void reader_read_ahead(tensor_reader *r, size_t n);
 /* Blocks the reader has lent that have not come back yet (0 from the host). */
 int reader_blocks_out(const tensor_reader *r);
 /* Drops the reader (blocks still lent come back to the pool on their own). */

@@ -219,6 +219,60 @@ Test(readback, a_series_of_chunks_is_read_ahead_and_served_in_any_order)
   tensor_release(t);
 }
 
+/* A get's first chunks start copying when its transfer is made, before the
+ * first is asked for (reader_read_ahead): READER_AHEAD blocks out at once,
+ * each then served as it was read, and the series reads on ahead as
+ * before.  Only before any read; nothing for a host reader. */
+Test(readback, the_first_chunks_are_read_ahead_before_they_are_asked_for)
+{
+  tport_tensor *t = iota_on_sim(1000, 1000); /* 4,000,000 bytes */
+  tport_err e;
+  tensor_reader *r;
+  cr_assert_eq(reader_open(t, 8, &r, &e), 0);
+  const size_t chunk = 300000, n = 4000000;
+  cr_assert_eq(reader_blocks_out(r), 0);
+  reader_read_ahead(r, chunk);
+  cr_assert_eq(reader_blocks_out(r), READER_AHEAD, "the first chunks are copying");
+  reader_read_ahead(r, chunk); /* a second call starts nothing more */
+  cr_assert_eq(reader_blocks_out(r), READER_AHEAD);
+  for (size_t off = 0; off < n; off += chunk) {
+    size_t len = n - off < chunk ? n - off : chunk;
+    tport_storage *held;
+    const uint8_t *p;
+    cr_assert_eq(reader_read(r, off, len, &held, &p, &e), 0, "%s", e.msg);
+    const float *f = (const float *)p;
+    cr_assert_eq(f[0], (float)(off / 4), "chunk at %zu", off);
+    cr_assert_eq(f[len / 4 - 1], (float)((off + len) / 4 - 1), "chunk at %zu", off);
+    storage_release(held);
+    /* the read itself and READER_AHEAD after it, fewer near the end */
+    cr_assert_leq(reader_blocks_out(r), READER_AHEAD + 1);
+  }
+  reader_close(r);
+  tensor_release(t);
+  /* a tensor smaller than the chunk: one read of all of it */
+  t = iota_on_sim(10, 10);
+  cr_assert_eq(reader_open(t, 8, &r, &e), 0);
+  reader_read_ahead(r, chunk);
+  cr_assert_eq(reader_blocks_out(r), 1);
+  tport_storage *held;
+  const uint8_t *p;
+  cr_assert_eq(reader_read(r, 0, 400, &held, &p, &e), 0, "%s", e.msg);
+  cr_assert_eq(((const float *)p)[99], 99.0f);
+  storage_release(held);
+  reader_close(r);
+  tensor_release(t);
+  /* from the host: nothing to read ahead */
+  float h[4] = {1, 2, 3, 4};
+  tport_tensor *ht;
+  cr_assert_eq(tensor_wrap_host(h, sizeof h, TPORT_FLOAT32, 1, (int64_t[]){4}, NULL, 0, &ht, &e),
+               0);
+  cr_assert_eq(reader_open(ht, 8, &r, &e), 0);
+  reader_read_ahead(r, 8);
+  cr_assert_eq(reader_blocks_out(r), 0);
+  reader_close(r);
+  tensor_release(ht);
+}
+
 Test(readback, a_block_outlives_its_reader_and_comes_home_from_a_deferred_release)
 {
   tport_tensor *t = iota_on_sim(256, 1024); /* 1 MiB */
