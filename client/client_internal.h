@@ -323,15 +323,17 @@ typedef struct client_put_desc {
   const atomic_bool *cancel;     /* set: stop between chunks (NULL: never) */
 } client_put_desc;
 /* A get: the tensor, and where its bytes go -- buf (host memory of cap
- * bytes), dev (device memory of cap bytes), or a buffer malloc'd for them
- * (alloc); want, when not NULL, the tensor the destination is (checked
- * before a byte is written). */
+ * bytes), dev (device memory of cap bytes), or a buffer made for them
+ * (alloc: malloc'd, or with alloc_blocks from get_blocks.h, freed with
+ * get_block_free); want, when not NULL, the tensor the destination is
+ * (checked before a byte is written). */
 typedef struct client_get_desc {
   const tport_ref *ref;
   void *buf;
   const struct client_devmem *dev;
   size_t cap;
   bool alloc;
+  bool alloc_blocks;
   const client_get_want *want;
   tport_progress_fn progress;
   void *progress_arg;

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "client_internal.h"
+#include "get_blocks.h"
 #include "cuda_stage.h"
 
 static int dtype_from_dl(DLDataType t, tport_dtype *out, tport_err *err)
@@ -259,7 +260,7 @@ typedef struct dl_holder {
 
 static void dl_delete(DLManagedTensor *self)
 {
-  free(self->dl_tensor.data);
+  get_block_free(self->dl_tensor.data); /* kept for the next get */
   free(self);
 }
 
@@ -268,12 +269,15 @@ int tport_get_dlpack(tport_client *c, const tport_ref *ref, DLManagedTensor **ou
   void *buf = NULL;
   size_t n;
   tport_tensor_info info;
-  int rc = tport_get_alloc(c, ref, &buf, &n, &info, err);
+  /* into a buffer of get_blocks.h: a pipeline's gets of one size reuse
+   * one, where fresh memory would fault in page by page */
+  client_get_desc g = {.ref = ref, .alloc = true, .alloc_blocks = true};
+  int rc = client_get(c, &g, &buf, &n, &info, err);
   if (rc)
     return rc;
   dl_holder *h = calloc(1, sizeof *h);
   if (!h) {
-    free(buf);
+    get_block_free(buf);
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   }
   memcpy(h->shape, info.sizes, sizeof(int64_t) * (size_t)info.ndim);

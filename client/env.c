@@ -1,6 +1,8 @@
 /* env.c: libtport's TPORT_* variables (env.h). */
 #include "env.h"
 
+#include "tport.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +37,23 @@ int client_env_count(const char *var, uint64_t *n, tport_err *err)
   return TPORT_OK;
 }
 
+int client_env_size(const char *var, uint64_t *bytes, bool *set, tport_err *err)
+{
+  const char *v = getenv(var);
+  *bytes = 0;
+  *set = false;
+  if (!v || !*v)
+    return TPORT_OK;
+  tport_err why;
+  int rc = tport_parse_size(v, var, bytes, &why);
+  if (rc) /* named as the other variables are: VAR='value' */
+    return tport_err_set(err, rc, "%s='%.64s': %s", var, v,
+                         strncmp(why.msg, var, strlen(var)) == 0 ? why.msg + strlen(var) + 2
+                                                                 : why.msg);
+  *set = true;
+  return TPORT_OK;
+}
+
 int client_env_check(tport_err *err)
 {
   bool on;
@@ -44,5 +63,7 @@ int client_env_check(tport_err *err)
     rc = client_env_flag("TPORT_CUDA_IPC", true, &on, err);
   if (!rc)
     rc = client_env_count("TPORT_COPY_THREADS", &n, err);
+  if (!rc)
+    rc = client_env_size("TPORT_GET_CACHE_BYTES", &n, &on, err);
   return rc;
 }

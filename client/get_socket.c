@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "client_internal.h"
+#include "get_blocks.h"
 #include "copy_pool.h"
 #include "crc32c.h"
 #include "cuda_stage.h"
@@ -100,7 +101,7 @@ static int get_destination(tport_client *c, const client_get_desc *g, const Tpor
 {
   int rc = TPORT_OK;
   if (g->alloc) {
-    *buf = malloc(n ? n : 1);
+    *buf = g->alloc_blocks ? get_block_alloc(n) : malloc(n ? n : 1);
     if (!*buf)
       rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "cannot allocate %zu bytes", n);
   } else if (g->want && (rc = client_want_mismatch(g->want, b->info, err)) != TPORT_OK) {
@@ -171,7 +172,9 @@ int client_socket_get_rest(tport_client *c, const client_get_desc *g, const Tpor
   if (stage)
     rc = stage_end(stage, rc, err); /* the bytes are on the device */
   if (rc) {
-    if (g->alloc)
+    if (g->alloc && g->alloc_blocks)
+      get_block_free(buf);
+    else if (g->alloc)
       free(buf);
     return rc;
   }

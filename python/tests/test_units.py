@@ -58,7 +58,9 @@ def test_timeout_takes_a_string(server):
 @pytest.mark.parametrize("var,value", [("TPORT_SHM", "off"), ("TPORT_CUDA_IPC", "no"),
                                        ("TPORT_COPY_THREADS", "many"),
                                        ("TPORT_COPY_THREADS", "0"),
-                                       ("TPORT_COPY_THREADS", "-2")])
+                                       ("TPORT_COPY_THREADS", "-2"),
+                                       ("TPORT_GET_CACHE_BYTES", "lots"),
+                                       ("TPORT_GET_CACHE_BYTES", "-1")])
 def test_a_wrong_variable_fails_connect(server, monkeypatch, var, value):
     # once a value that did not parse meant the default without a word
     monkeypatch.setenv(var, value)

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "client_internal.h"
+#include "get_blocks.h"
 #include "service_util.h"
 #include "shm.h"
 
@@ -419,6 +420,53 @@ Test(shm, conversions_match_the_socket_path)
     cr_assert_eq(mb[k], (int32_t)(k * 7 - 1000));
   free(mb);
   tport_shm_release(r, NULL);
+  tport_close(plain);
+  tport_close(c);
+  stop(s);
+}
+
+/* tport_get_dlpack's buffers (Python's Client.get) come from get_blocks.h:
+ * one freed by the DLManagedTensor's deleter serves the next get of a
+ * similar size (no fresh memory to fault in), through the region and by
+ * socket alike, each time with the new tensor's bytes whole. */
+Test(shm, a_dlpack_get_reuses_the_buffer_of_the_one_before)
+{
+  char url[96];
+  server *s = start(url, sizeof url, 0);
+  tport_client *c = connect_as(url, "t", false), *plain = connect_as(url, "t", true);
+  size_t n = (size_t)5 << 20;
+  uint8_t *a = malloc(n), *b = malloc(n);
+  fill(a, n, TPORT_UINT8, 3);
+  fill(b, n, TPORT_UINT8, 4);
+  int64_t sz = (int64_t)n;
+  tport_err err;
+  tport_tensor_info ia, ib;
+  cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, a, n, NULL, &ia, &err), 0, "%s", err.msg);
+  cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, b, n, NULL, &ib, &err), 0, "%s", err.msg);
+  get_blocks_empty();
+  engine_cache_stats st0, st1;
+  get_blocks_get_stats(&st0);
+  void *first = NULL;
+  tport_client *who[2] = {c, plain};
+  for (int k = 0; k < 4; k++) {
+    const tport_tensor_info *i = k % 2 ? &ib : &ia;
+    const uint8_t *want = k % 2 ? b : a;
+    DLManagedTensor *dl;
+    cr_assert_eq(tport_get_dlpack(who[k / 2], &i->ref, &dl, &err), 0, "%s", err.msg);
+    cr_assert_eq(memcmp(dl->dl_tensor.data, want, n), 0, "get %d: the bytes", k);
+    if (k == 0)
+      first = dl->dl_tensor.data;
+    else
+      cr_assert_eq(dl->dl_tensor.data, first, "get %d: a fresh buffer, not the one freed", k);
+    dl->deleter(dl);
+  }
+  get_blocks_get_stats(&st1);
+  cr_assert_eq(st1.misses - st0.misses, 1, "one buffer mapped");
+  cr_assert_eq(st1.hits - st0.hits, 3, "and reused three times");
+  cr_assert_geq(st1.cached_bytes, n, "kept after the last deleter");
+  cr_assert_eq(st1.in_use_bytes, st0.in_use_bytes);
+  free(a);
+  free(b);
   tport_close(plain);
   tport_close(c);
   stop(s);
