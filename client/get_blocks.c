@@ -23,7 +23,7 @@ static block_cache blocks = {BLOCK_CACHE_INIT,
                              .map = block_cache_map_huge,
                              .unmap = block_cache_unmap_huge,
                              .ram_divisor = 16,
-                             .max_limit = (size_t)2 << 30,
+                             .max_limit = (size_t)1 << 30,
                              .limit_from_env = limit_from_env};
 
 void *get_block_alloc(size_t bytes)

@@ -9,7 +9,7 @@
  * keeps the server's blocks for the same reason.  Buffers of 1 MiB or more
  * are mapped 2 MiB aligned with huge pages asked for and kept up to
  * TPORT_GET_CACHE_BYTES (default a sixteenth of physical memory, at most
- * 2 GiB; 0 keeps none); smaller ones are malloc's.  A kept buffer holds an
+ * 1 GiB; 0 keeps none); smaller ones are malloc's.  A kept buffer holds an
  * earlier get's bytes until a get overwrites it whole.  Thread-safe. */
 #ifndef TPORT_CLIENT_GET_BLOCKS_H
 #define TPORT_CLIENT_GET_BLOCKS_H

@@ -372,7 +372,9 @@ struct alignas(TP * DS) dst_run {
   char b[TP * DS];
 };
 
-extern "C" __global__ void tport_transpose(Params p)
+// the block's threads bound the registers the compiler may give each (a
+// block of 512 threads launches only with at most 128 each)
+extern "C" __global__ void __launch_bounds__((TILE / TP) * ROWS) tport_transpose(Params p)
 {
   __shared__ tile_t tile[TILE][TILE + 1];
   const idx n0 = (idx)p.shape[0], n1 = (idx)p.shape[1];

@@ -50,6 +50,7 @@
 
 #define __global__
 #define __device__
+#define __launch_bounds__(...)
 #define __host__
 #define __forceinline__ inline
 #define __shared__ static
