@@ -213,7 +213,7 @@ int main(int argc, char **argv)
         }
       }
     }
-    char name[64];
+    char name[128];
     snprintf(name, sizeof name, "put_shm_%zuMiB_vs_memcpy%s", mib, suffix);
     emit(name, n, v, b, reps, "memcpy");
     snprintf(name, sizeof name, "get_shm_%zuMiB_vs_memcpy%s", mib, suffix);
