@@ -37,7 +37,7 @@ void get_block_free(void *p)
     free(p); /* a small one, from aligned_alloc */
 }
 
-void get_blocks_get_stats(engine_cache_stats *out)
+void get_blocks_get_stats(block_cache_stats *out)
 {
   block_cache_get_stats(&blocks, out);
 }

@@ -16,13 +16,13 @@
 
 #include <stddef.h>
 
-#include "engine_stats.h"
+#include "block_cache.h"
 
 #define GET_BLOCKS_MIN_BYTES ((size_t)1 << 20)
 
 void *get_block_alloc(size_t bytes);
 void get_block_free(void *p);
-void get_blocks_get_stats(engine_cache_stats *out);
+void get_blocks_get_stats(block_cache_stats *out);
 /* Releases every kept buffer. */
 void get_blocks_empty(void);
 

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "block_cache.h"
+
 /* A pool of pinned blocks (staging.h: the staging pool and the read-back
  * pool). */
 typedef struct engine_pool_stats {
@@ -21,13 +23,9 @@ typedef struct engine_pool_stats {
   uint64_t bytes_allocated; /* all pinned bytes owned by the pool */
 } engine_pool_stats;
 
-/* A cache of host blocks (host_cache.h: large host blocks, pinned ones). */
-typedef struct engine_cache_stats {
-  uint64_t hits, misses; /* large allocations served from the cache / mapped fresh */
-  size_t cached_bytes;   /* held for reuse */
-  size_t in_use_bytes;   /* large blocks handed out */
-  size_t limit_bytes;
-} engine_cache_stats;
+/* A cache of host blocks (host_cache.h: large host blocks, pinned ones):
+ * hits, misses, cached_bytes, in_use_bytes, limit_bytes. */
+typedef block_cache_stats engine_cache_stats;
 
 /* One counter of a backend: its kernel cache ("kernel_cache_hits"), its
  * allocator per device ("cuda0_bytes_in_use"), the sim's host allocations. */

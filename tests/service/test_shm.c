@@ -444,7 +444,7 @@ Test(shm, a_dlpack_get_reuses_the_buffer_of_the_one_before)
   cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, a, n, NULL, &ia, &err), 0, "%s", err.msg);
   cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, b, n, NULL, &ib, &err), 0, "%s", err.msg);
   get_blocks_empty();
-  engine_cache_stats st0, st1;
+  block_cache_stats st0, st1;
   get_blocks_get_stats(&st0);
   void *first = NULL;
   tport_client *who[2] = {c, plain};

@@ -238,10 +238,10 @@ void block_cache_empty(block_cache *c)
   unmap_list(c, drop);
 }
 
-void block_cache_get_stats(block_cache *c, engine_cache_stats *out)
+void block_cache_get_stats(block_cache *c, block_cache_stats *out)
 {
   pthread_mutex_lock(&c->mu);
-  *out = (engine_cache_stats){.hits = c->hits,
+  *out = (block_cache_stats){.hits = c->hits,
                             .misses = c->misses,
                             .cached_bytes = c->cached,
                             .in_use_bytes = c->in_use,

@@ -6,8 +6,9 @@
  * blocks (host_cache.c) and libtport's of the buffers a get hands over
  * (client/get_blocks.c) are instances: what differs is how a block is
  * mapped and unmapped, how sizes round, from what size on blocks are kept
- * and the default limit.  Stateless apart from the instances, so that
- * libtport and the engine may each carry a copy.
+ * and the default limit.  Here, in the layer both may use (DESIGN.md's
+ * layout), and stateless apart from the instances, so that libtport and
+ * the engine may each carry a copy.
  *
  * An instance is a block_cache initialized with BLOCK_CACHE_INIT and the
  * fields below; the oldest cached blocks go first past its limit.  Blocks
@@ -21,9 +22,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine_stats.h"
 
 #define BLOCK_CACHE_HUGE ((size_t)2 << 20) /* x86-64's huge page: sizes round up to it */
+
+typedef struct block_cache_stats {
+  uint64_t hits, misses; /* large allocations served from the cache / mapped fresh */
+  size_t cached_bytes;   /* held for reuse */
+  size_t in_use_bytes;   /* large blocks handed out */
+  size_t limit_bytes;
+} block_cache_stats;
 
 typedef struct bc_block bc_block;
 
@@ -52,7 +59,7 @@ void *block_cache_alloc(block_cache *c, size_t bytes);
 bool block_cache_free(block_cache *c, void *p);
 void block_cache_set_limit(block_cache *c, size_t bytes);
 void block_cache_empty(block_cache *c);
-void block_cache_get_stats(block_cache *c, engine_cache_stats *out);
+void block_cache_get_stats(block_cache *c, block_cache_stats *out);
 
 /* Sizes rounded up to BLOCK_CACHE_HUGE; blocks mapped 2 MiB aligned with
  * transparent huge pages asked for (from the sanitizer's allocator under
