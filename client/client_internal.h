@@ -66,6 +66,7 @@ struct tport_client {
    * that user as well as of this one or root (transport_shm_send_to) */
   _Atomic uid_t server_uid;
   atomic_bool shm_auto; /* read before shm_mu is taken; turned off under it */
+  atomic_bool get_expect; /* the last Hello's get_expect: GetBegin checks expect_* */
   pthread_mutex_t shm_mu;
   struct tport_shm *shm_cache;
   int64_t shm_retry_ms; /* a region refused for now (quota): not asked again before this */

@@ -376,24 +376,33 @@ int client_ipc_get(tport_client *c, const tport_ref *ref, const client_devmem *m
       return rc;
     Tport__Ref w;
     client_ref_to_wire(ref, &w);
-    /* the server writes before the reply says what it wrote: the tensor
-     * is checked first, so that a wrong destination gets nothing */
-    Tport__InfoRequest iq = TPORT__INFO_REQUEST__INIT;
-    iq.ref = &w;
-    Tport__InfoReply *ir;
-    if ((rc = client_rpc(c, TPORT__METHOD__METHOD_INFO, &iq.base, NULL, 0,
-                         &tport__info_reply__descriptor, (ProtobufCMessage **)&ir, NULL, err)) !=
-        TPORT_OK)
-      return rc;
-    rc = client_want_mismatch(want, ir->info, err);
-    if (!rc && ir->info && (uint64_t)ir->info->nbytes != cap)
-      rc = tport_err_set(err, TPORT_DATA_LOSS,
-                         "the tensor is %lld bytes: its sizes and dtype say %zu",
-                         (long long)ir->info->nbytes, cap);
-    protobuf_c_message_free_unpacked(&ir->base, NULL);
-    if (rc)
-      return rc;
     Tport__GetBeginRequest q = TPORT__GET_BEGIN_REQUEST__INIT;
+    /* the server writes before the reply says what it wrote: the tensor is
+     * checked first, so that a wrong destination gets nothing -- by the
+     * server itself where it says it checks (one round trip), else by an
+     * Info before the get */
+    if (want && atomic_load(&c->get_expect)) {
+      q.expect_set = true;
+      q.expect_dtype = (Tport__DType)want->dtype;
+      q.n_expect_sizes = (size_t)want->ndim;
+      q.expect_sizes = (int64_t *)want->sizes;
+    } else {
+      Tport__InfoRequest iq = TPORT__INFO_REQUEST__INIT;
+      iq.ref = &w;
+      Tport__InfoReply *ir;
+      if ((rc = client_rpc(c, TPORT__METHOD__METHOD_INFO, &iq.base, NULL, 0,
+                           &tport__info_reply__descriptor, (ProtobufCMessage **)&ir, NULL, err)) !=
+          TPORT_OK)
+        return rc;
+      rc = want ? client_want_mismatch(want, ir->info, err) : TPORT_OK;
+      if (!rc && ir->info && (uint64_t)ir->info->nbytes != cap)
+        rc = tport_err_set(err, TPORT_DATA_LOSS,
+                           "the tensor is %lld bytes: its sizes and dtype say %zu",
+                           (long long)ir->info->nbytes, cap);
+      protobuf_c_message_free_unpacked(&ir->base, NULL);
+      if (rc)
+        return rc;
+    }
     q.ref = &w;
     q.shm = &slice;
     Tport__GetBeginReply *b;

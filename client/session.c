@@ -157,6 +157,8 @@ int client_say_hello(tport_client *c, Tport__HelloReply **out, tport_err *err)
   }
   if (!rc) {
     atomic_store(&c->hello_pipe, (unsigned)nng_pipe_id(c->reply_pipe));
+    /* said again on every Hello: a redial may reach an older server */
+    atomic_store(&c->get_expect, r && r->get_expect);
     uint64_t uid;
     atomic_store(&c->server_uid,
                  nng_pipe_get_uint64(c->reply_pipe, NNG_OPT_IPC_PEER_UID, &uid) == 0

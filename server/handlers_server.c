@@ -25,6 +25,7 @@ static int hello_reply(call *c, int code, const char *msg, const uint8_t *challe
   st.message = (char *)msg;
   r.status = code ? &st : wire_ok();
   r.protocol_version = PROTOCOL_VERSION;
+  r.get_expect = true; /* h_get_begin checks expect_* first */
   r.server = "tportd "
              "0.1.0";
   if (challenge) {

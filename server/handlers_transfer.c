@@ -148,6 +148,32 @@ static int get_into_region(call *c, const Tport__GetBeginRequest *q, reg_entry *
   return call_reply(c, &r.base, NULL, 0);
 }
 
+/* GetBeginRequest.expect_*: the tensor the client's destination is, checked
+ * before a byte is written anywhere (a CUDA IPC slice is the client's own
+ * memory); the messages are libtport's own check's (client/wire.c). */
+static int check_expect(call *c, const Tport__GetBeginRequest *q, const tport_tensor *t)
+{
+  tport_dtype want;
+  int rc = wire_dtype((int)q->expect_dtype, "expect_dtype", &want, &c->err);
+  if (rc)
+    return rc;
+  bool bool_as_u8 = want == TPORT_UINT8 && t->dtype == TPORT_BOOL; /* DLPack has no bool */
+  if (t->dtype != want && !bool_as_u8)
+    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                         "the tensor's dtype is %d: the destination's is %d (tport_dtype)",
+                         (int)t->dtype, (int)want);
+  if (q->n_expect_sizes != (size_t)t->layout.ndim)
+    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                         "the tensor has %d dimensions: the destination has %zu", t->layout.ndim,
+                         q->n_expect_sizes);
+  for (int d = 0; d < t->layout.ndim; d++)
+    if (q->expect_sizes[d] != t->layout.sizes[d])
+      return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                           "the tensor's sizes[%d] is %lld: the destination's is %lld", d,
+                           (long long)t->layout.sizes[d], (long long)q->expect_sizes[d]);
+  return TPORT_OK;
+}
+
 int h_get_begin(call *c)
 {
   Tport__GetBeginRequest *q = (Tport__GetBeginRequest *)c->req;
@@ -157,6 +183,10 @@ int h_get_begin(call *c)
   int rc = wire_find_wait(c, q->ref, q->wait_ms, &e, &t);
   if (rc || !e)
     return rc; /* !e: waiting for the name */
+  if (q->expect_set && (rc = check_expect(c, q, t)) != TPORT_OK) {
+    reg_put(&s->reg, e);
+    return rc;
+  }
   size_t want = tensor_nbytes(t);
   rc = wire_check_bytes(c, "the get", tensor_numel(t), tport_dtype_size(t->dtype));
   /* into a region -- unless, with shm_fallback, the tensor is small enough

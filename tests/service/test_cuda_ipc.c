@@ -273,6 +273,55 @@ Test(cuda_ipc, a_slice_inside_an_allocation_and_a_conversion)
   tport_close(c);
 }
 
+/* A get into GPU memory by CUDA IPC is one round trip: the server checks
+ * the destination (GetBegin's expect_*) before it writes a byte, where
+ * once an Info went first.  A destination of other sizes or dtype gets
+ * nothing, by the server's check or, with a server that does not say it
+ * checks (get_expect off, as an older tportd), by the Info as before. */
+Test(cuda_ipc, a_get_into_gpu_memory_is_checked_by_the_server_in_one_round_trip)
+{
+  tport_client *c = connect_as(NULL);
+  size_t n = 4096;
+  uint8_t *want = pattern(n, 11);
+  uint8_t *src = dev_alloc(n, want);
+  tport_tensor_info info = put_dev(c, src, n, "sim:0"); /* uint8 [4096] */
+  cr_assert(atomic_load(&c->get_expect), "tportd's Hello says it checks expect_*");
+  uint8_t *dst = dev_alloc(n, NULL);
+  uint8_t *zero = calloc(1, n);
+  cr_assert_eq(rt.memcpy_(dst, zero, n, H2D), 0);
+  tport_err err = {0};
+  for (int old = 0; old < 2; old++) {
+    atomic_store(&c->get_expect, !old);
+    /* of other sizes, then of another dtype, of the same bytes: nothing written */
+    int64_t rows[2] = {64, 64}, one[1] = {1024};
+    DLTensor wrong[2] = {dl_of(dst, 2, rows, U8), dl_of(dst, 1, one, (DLDataType){kDLInt, 32, 1})};
+    const char *why[2] = {"dimensions", "dtype"};
+    for (int k = 0; k < 2; k++) {
+      int64_t infos = counter("requests_Info"), gets = counter("requests_GetBegin");
+      cr_assert_eq(tport_get_into_dlpack(c, &info.ref, &wrong[k], NULL, &err),
+                   TPORT_INVALID_ARGUMENT, "old %d, case %d: %s", old, k, err.msg);
+      cr_assert_neq(strstr(err.msg, why[k]), NULL, "%s", err.msg);
+      cr_assert_eq(counter("requests_Info") - infos, old, "old %d: Infos", old);
+      cr_assert_eq(counter("requests_GetBegin") - gets, 1 - old, "old %d: GetBegins", old);
+      expect_dev(dst, zero, n);
+    }
+    int64_t shape[1] = {(int64_t)n};
+    DLTensor right = dl_of(dst, 1, shape, U8);
+    int64_t infos = counter("requests_Info"), opens = counter("cuda_ipc_opens");
+    cr_assert_eq(tport_get_into_dlpack(c, &info.ref, &right, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(counter("requests_Info") - infos, old, "old %d: an Info first", old);
+    cr_assert_eq(counter("cuda_ipc_opens"), opens, "the destination was open already");
+    expect_dev(dst, want, n);
+    cr_assert_eq(rt.memcpy_(dst, zero, n, H2D), 0);
+  }
+  tport_free(c, &info.ref, NULL);
+  rt.free_(src);
+  rt.free_(dst);
+  free(zero);
+  free(want);
+  tport_close(c);
+}
+
 Test(cuda_ipc, many_puts_from_one_allocation_open_it_once)
 {
   tport_client *c = connect_as(NULL);
