@@ -183,12 +183,10 @@ int h_get_begin(call *c)
   int rc = wire_find_wait(c, q->ref, q->wait_ms, &e, &t);
   if (rc || !e)
     return rc; /* !e: waiting for the name */
-  if (q->expect_set && (rc = check_expect(c, q, t)) != TPORT_OK) {
-    reg_put(&s->reg, e);
-    return rc;
-  }
   size_t want = tensor_nbytes(t);
-  rc = wire_check_bytes(c, "the get", tensor_numel(t), tport_dtype_size(t->dtype));
+  rc = q->expect_set ? check_expect(c, q, t) : TPORT_OK; /* before a byte is written */
+  if (!rc)
+    rc = wire_check_bytes(c, "the get", tensor_numel(t), tport_dtype_size(t->dtype));
   /* into a region -- unless, with shm_fallback, the tensor is small enough
    * for the reply or too large for the slice: then the ordinary way */
   bool small = want <= q->inline_max && want <= s->cfg.chunk_bytes;
