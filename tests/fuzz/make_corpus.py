@@ -114,8 +114,12 @@ def free_refs(*refs):  # FreeRequest.refs: many at once
     return b"".join(f_msg(2, r) for r in refs)
 
 
-def get_begin(r, inline_max=0, wait_ms=0):
-    return f_msg(1, r) + f_varint(2, inline_max) + f_varint(8, wait_ms)
+def get_begin(r, inline_max=0, wait_ms=0, expect=None):
+    # expect: (dtype, sizes), GetBeginRequest.expect_* (checked before a byte is written)
+    m = f_msg(1, r) + f_varint(2, inline_max) + f_varint(8, wait_ms)
+    if expect:
+        m += f_varint(9, DTYPES[expect[0]]) + f_packed(10, expect[1]) + f_varint(11, 1)
+    return m
 
 
 def get_chunk(transfer_slot, offset, length):
@@ -377,6 +381,13 @@ def server_seeds():
         put_multi("int32", [3000], name="r", slot=2, replace=True) +
         op("GET_BEGIN", get_begin(ref(name="r"), 1 << 20)) +
         op("FREE", free_refs(ref(0), ref(1), ref(2))),
+        # the destination a get expects: right, then other sizes, dtype, rank
+        "get_expect": put_one("bool", [2, 3], device="sim:0") +
+        op("GET_BEGIN", get_begin(ref(0), 1 << 16, expect=("bool", [2, 3]))) +
+        op("GET_BEGIN", get_begin(ref(0), 1 << 16, expect=("uint8", [2, 3]))) +
+        op("GET_BEGIN", get_begin(ref(0), 1 << 16, expect=("uint8", [3, 2]))) +
+        op("GET_BEGIN", get_begin(ref(0), 1 << 16, expect=("float32", [2, 3]))) +
+        op("GET_BEGIN", get_begin(ref(0), 0, expect=("bool", [2, 3, 1]))),
         "raw_frames": raw(b"\x00" * 5) + raw(b"TPRT\x02\x00\x00\x01\x00\x00\x00\x00") +
         raw(frame("STATS", b"")) + raw(frame("LIST", b"", flags=FRAME_REPLY), conn=1) +
         raw(struct.pack(">IBBHI", 0x54505254, 1, 0, 99, 0)),
