@@ -177,6 +177,7 @@ int tport_put_dlpack_async(tport_client *c, const DLTensor *t, const tport_put_o
 
 typedef struct get_work {
   tport_ref ref;
+  uint32_t wait_ms; /* an info that waits for its name */
   void *buf;
   size_t cap;
   const DLTensor *dl; /* a DLPack get */
@@ -229,6 +230,25 @@ int tport_get_into_dlpack_async(tport_client *c, const tport_ref *ref, const DLT
     return TPORT_RESOURCE_EXHAUSTED;
   w->dl = dst;
   return client_request_start(c, run_get_dlpack, w, free, done, done_arg, req, err);
+}
+
+static int run_info(tport_request *r, tport_err *err)
+{
+  get_work *w = r->work;
+  return tport_info_wait(r->client, &w->ref, w->wait_ms, w->info, err);
+}
+
+int tport_info_async(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
+                     tport_tensor_info *out, tport_request_fn done, void *done_arg,
+                     tport_request **req, tport_err *err)
+{
+  if (!out)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "tport_info_async: out is NULL");
+  get_work *w = new_get(ref, out, err);
+  if (!w)
+    return TPORT_RESOURCE_EXHAUSTED;
+  w->wait_ms = wait_ms;
+  return client_request_start(c, run_info, w, free, done, done_arg, req, err);
 }
 
 /* ---------------------------------------------------------------- to, copy */

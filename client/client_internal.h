@@ -160,7 +160,8 @@ struct tport_request {
   atomic_bool cancel;
   /* under request.c's lock */
   int refs;
-  bool complete;
+  bool finished; /* status and err final: its callback may be running */
+  bool complete; /* and the callback has returned */
   int status;
   tport_err err;
   /* under the client's pool lock */

@@ -88,6 +88,7 @@ void client_request_finish(tport_request *r, int status, const tport_err *e)
     r->err = *e;
   else
     tport_err_set(&r->err, status, "%s", status ? tport_status_name(status) : "");
+  r->finished = true;
   pthread_mutex_unlock(&done_mu);
   /* the callback first: a wait that returns has seen it return, so that
    * what it touches may go */
@@ -282,6 +283,14 @@ int tport_wait_any(tport_request *const *reqs, size_t n, int timeout_ms, size_t 
 int tport_wait(tport_request *req, int timeout_ms, tport_err *err)
 {
   return tport_wait_any(&req, 1, timeout_ms, NULL, err);
+}
+
+const tport_err *tport_request_error(const tport_request *req)
+{
+  pthread_mutex_lock(&done_mu);
+  bool finished = req->finished;
+  pthread_mutex_unlock(&done_mu);
+  return finished ? &req->err : NULL; /* never written again */
 }
 
 void tport_cancel(tport_request *req)

@@ -351,6 +351,12 @@ int tport_to_async(tport_client *c, const tport_ref *ref, const tport_to_options
 int tport_copy_async(tport_client *c, const tport_ref *dst, const tport_ref *src,
                      bool non_blocking, tport_request_fn done, void *done_arg, tport_request **req,
                      tport_err *err);
+/* tport_info_wait as a request (wait_ms 0: tport_info): the consumer of a
+ * name that waits for it without holding a thread of its own -- the
+ * request holds one of the library's pool while the server waits. */
+int tport_info_async(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
+                     tport_tensor_info *out, tport_request_fn done, void *done_arg,
+                     tport_request **req, tport_err *err);
 /* t (and its shape and strides) / dst must live until completion. */
 int tport_put_dlpack_async(tport_client *c, const DLTensor *t, const tport_put_options *opts,
                            tport_tensor_info *out, tport_request_fn done, void *done_arg,
@@ -367,6 +373,11 @@ int tport_wait(tport_request *req, int timeout_ms, tport_err *err);
  * completes within the timeout: TPORT_DEADLINE_EXCEEDED, *index -1. */
 int tport_wait_any(tport_request *const *reqs, size_t n, int timeout_ms, size_t *index,
                    tport_err *err);
+/* The request's error (code TPORT_OK when it succeeded; the message the
+ * blocking call would have given), readable from when its callback is
+ * called -- inside the callback too -- until tport_request_free; NULL
+ * before. */
+const tport_err *tport_request_error(const tport_request *req);
 void tport_cancel(tport_request *req);
 void tport_request_free(tport_request *req);
 

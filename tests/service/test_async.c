@@ -367,3 +367,79 @@ Test(async, close_with_requests_in_flight)
   cr_assert_gt(failed, 0, "close cancels what has not run");
   free(src);
 }
+
+/* The callback reads the request's own error: the message the blocking
+ * call gives, not only the status. */
+static void note_error(tport_request *req, int status, void *arg)
+{
+  tport_err *seen = arg;
+  const tport_err *e = tport_request_error(req);
+  cr_assert_not_null(e, "the error is readable inside the callback");
+  cr_assert_eq(e->code, status);
+  *seen = *e;
+}
+
+Test(async, a_failed_request_tells_its_error_to_its_callback)
+{
+  tport_client *c = connect_plain();
+  tport_ref r = {0};
+  snprintf(r.name, sizeof r.name, "no-such-tensor-here");
+  tport_tensor_info info;
+  tport_err seen = {0}, err;
+  tport_request *req;
+  cr_assert_eq(tport_info_async(c, &r, 0, &info, note_error, &seen, &req, &err), TPORT_OK, "%s",
+               err.msg);
+  cr_assert_eq(tport_wait(req, WAIT_MS, &err), TPORT_NOT_FOUND, "%s", err.msg);
+  cr_assert_eq(seen.code, TPORT_NOT_FOUND);
+  cr_assert(strstr(seen.msg, "no-such-tensor-here"), "the message names the tensor: %s",
+            seen.msg);
+  cr_assert_str_eq(tport_request_error(req)->msg, err.msg, "the same after the wait");
+  tport_request_free(req);
+  /* one that succeeded: TPORT_OK */
+  uint8_t v = 1;
+  int64_t sizes[1] = {1};
+  cr_assert_eq(tport_put_async(c, TPORT_UINT8, 1, sizes, NULL, &v, 1, NULL, &info, NULL, NULL,
+                               &req, &err),
+               TPORT_OK);
+  cr_assert_eq(tport_wait(req, WAIT_MS, &err), TPORT_OK, "%s", err.msg);
+  cr_assert_eq(tport_request_error(req)->code, TPORT_OK);
+  tport_request_free(req);
+  tport_close(c);
+}
+
+Test(async, an_info_that_waits_for_its_name_wakes_when_it_is_put)
+{
+  tport_client *c = connect_plain(), *producer = connect_plain();
+  tport_ref r = {0};
+  snprintf(r.name, sizeof r.name, "published-later");
+  tport_tensor_info info, made;
+  tport_err err;
+  tport_request *req;
+  cr_assert_eq(tport_info_async(c, &r, WAIT_MS, &info, NULL, NULL, &req, &err), TPORT_OK);
+  /* nothing holds the name: the request waits on the server */
+  cr_assert_eq(tport_wait(req, 50, &err), TPORT_DEADLINE_EXCEEDED);
+  cr_assert_not(tport_test(req));
+  cr_assert_null(tport_request_error(req), "no error before it has finished");
+  int32_t v[6] = {1, 2, 3, 4, 5, 6};
+  int64_t sizes[2] = {2, 3};
+  tport_put_options o;
+  tport_put_options_init(&o);
+  o.name = "published-later";
+  cr_assert_eq(tport_put(producer, TPORT_INT32, 2, sizes, NULL, v, sizeof v, &o, &made, &err),
+               TPORT_OK, "%s", err.msg);
+  cr_assert_eq(tport_wait(req, WAIT_MS, &err), TPORT_OK, "%s", err.msg);
+  cr_assert_eq(memcmp(info.ref.handle, made.ref.handle, TPORT_HANDLE_BYTES), 0);
+  cr_assert_eq(info.dtype, TPORT_INT32);
+  cr_assert_eq(info.ndim, 2);
+  cr_assert_eq(info.sizes[1], 3);
+  tport_request_free(req);
+  /* and one that is never put times out on the server */
+  snprintf(r.name, sizeof r.name, "never-published");
+  cr_assert_eq(tport_info_async(c, &r, 100, &info, NULL, NULL, &req, &err), TPORT_OK);
+  cr_assert_eq(tport_wait(req, WAIT_MS, &err), TPORT_DEADLINE_EXCEEDED, "%s", err.msg);
+  cr_assert(tport_test(req), "it completed: the server's wait ran out");
+  tport_request_free(req);
+  cr_assert_eq(tport_info_async(c, &r, 0, NULL, NULL, NULL, &req, &err), TPORT_INVALID_ARGUMENT);
+  tport_close(producer);
+  tport_close(c);
+}
