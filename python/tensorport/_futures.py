@@ -19,9 +19,9 @@ library thread, so ``TransferFuture.result()`` of an unfinished future and
 ``Client.close()`` refuse to run inside one (FailedPrecondition) instead of
 deadlocking.
 
-The callback knows a failed request's status but not libtport's message for
-it (the request's error is readable only once the callback has returned), so
-a failure is raised as the status's class with a message naming the request.
+A failure is raised as the status's class with libtport's message for it
+(tport_request_error, readable inside the callback), after the request's
+name.
 """
 import concurrent.futures
 import ctypes
@@ -51,7 +51,7 @@ def _on_done(req, status, number):
         with _registry_lock:
             r = _registry.pop(number, None)
         if r is not None:
-            r.complete(status)
+            r.complete(status, req)
     except BaseException:  # noqa: B902 -- nothing may unwind into libtport
         pass
     finally:
@@ -120,6 +120,15 @@ def future_sink(fut):
     return sink
 
 
+def _message(req, status):
+    """libtport's message for the request req that failed with status."""
+    lib = _lib.load()
+    e = lib.tport_request_error(req) if req else None
+    if e and e.contents.msg:
+        return e.contents.msg.decode("utf-8", "replace")
+    return lib.tport_status_name(status).decode()
+
+
 class _Request:
     """One request in flight: what it keeps alive, how its result is built, its sink."""
 
@@ -153,15 +162,14 @@ class _Request:
             elif self.cancel_asked:
                 lib.tport_cancel(req)
 
-    def complete(self, status):
+    def complete(self, status, req):
         result = exc = None
         cancelled = status == CANCELLED and self.cancel_asked
         try:
             if status:
                 exc = self.explain() if self.explain else None
                 if exc is None:
-                    exc = error_for(status, "%s: %s" % (
-                        self.what, _lib.load().tport_status_name(status).decode()))
+                    exc = error_for(status, "%s: %s" % (self.what, _message(req, status)))
             else:
                 result = self.finish()
         except BaseException as e:  # noqa: B902 -- handed to the future, never to C

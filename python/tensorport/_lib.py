@@ -315,6 +315,17 @@ _PROTOTYPES = {
         [_c.c_void_p, _P(GetItem), _c.c_size_t, REQUEST_FN, _c.c_void_p, _P(_c.c_void_p),
          _P(Err)],
     ),
+    "tport_info_async": (
+        _c.c_int,
+        [_c.c_void_p, _P(Ref), _c.c_uint32, _P(TensorInfoC), REQUEST_FN, _c.c_void_p,
+         _P(_c.c_void_p), _P(Err)],
+    ),
+    "tport_to_async": (
+        _c.c_int,
+        [_c.c_void_p, _P(Ref), _P(ToOptions), _P(TensorInfoC), _P(_c.c_bool), REQUEST_FN,
+         _c.c_void_p, _P(_c.c_void_p), _P(Err)],
+    ),
+    "tport_request_error": (_P(Err), [_c.c_void_p]),
     "tport_wait": (_c.c_int, [_c.c_void_p, _c.c_int, _P(Err)]),
     "tport_cancel": (None, [_c.c_void_p]),
     "tport_request_free": (None, [_c.c_void_p]),

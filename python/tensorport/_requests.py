@@ -1,16 +1,18 @@
-"""_requests: put, get and copy issued as libtport asynchronous requests.
+"""_requests: put, get, info, to and copy issued as libtport asynchronous requests.
 
 Each function issues one request on a client and returns its
 :class:`~tensorport._futures._Request`; ``sink(result, exc, cancelled)``
 receives the outcome on a library thread (``Client.put_async`` makes it a
 concurrent future, ``aio.Client`` hands it to an event loop).  The results
-are those of the blocking calls: a :class:`~tensorport.Tensor` for a put, a
-NumPy array for a get, None for a copy.
+are those of the blocking calls: a :class:`~tensorport.Tensor` for a put
+and a ``to``, a NumPy array for a get, a TensorInfo for an info, None for a
+copy.
 """
 import ctypes
 import weakref
 
-from . import _dlpack, _futures, _lib, _names
+from . import _dlpack, _futures, _lib, _names, _tensor_ops
+from ._convert import _info_from_c, _wait_ms
 from .errors import InvalidArgument, error_for
 from .tensor import Tensor
 
@@ -76,8 +78,6 @@ def get(client, ref, sink):
                                                  arg, req, err)
 
     def finish():
-        from .client import _info_from_c
-
         info, _ = _info_from_c(item.info)
         return _owned_array(item.data, item.nbytes, _names.numpy_dtype(info.dtype), info.shape)
 
@@ -105,3 +105,37 @@ def copy(client, dst, src, sink, non_blocking=False):
                                             bool(non_blocking), done, arg, req, err)
 
     return _futures.issue(client, start, "copy", (dst, src, d, s), lambda: None, sink)
+
+
+def info(client, ref, sink, wait=None):
+    """tport_info_async: ref's TensorInfo, the name waited for up to ``wait`` on the
+    server (a Tensor's own info needs no request)."""
+    r = client._ref(ref)
+    out = _lib.TensorInfoC()
+    ms = _wait_ms(wait)
+
+    def start(done, arg, req, err):
+        return client._lib.tport_info_async(client._handle, ctypes.byref(r), ms,
+                                            ctypes.byref(out), done, arg, req, err)
+
+    return _futures.issue(client, start, "info of %r" % (ref.ref if isinstance(ref, Tensor)
+                                                         else ref),
+                          (ref, r, out), lambda: _info_from_c(out)[0], sink)
+
+
+def to(client, t, sink, *to_args):
+    """tport_to_async: ``Tensor.to`` (to_args as _tensor_ops.to_options takes them)."""
+    if not isinstance(t, Tensor):
+        raise InvalidArgument("to_async's tensor is a %s: a Tensor" % type(t).__name__)
+    o = _tensor_ops.to_options(*to_args)
+    r = client._ref(t)
+    out = _lib.TensorInfoC()
+    alias = ctypes.c_bool()
+
+    def start(done, arg, req, err):
+        return client._lib.tport_to_async(client._handle, ctypes.byref(r), ctypes.byref(o),
+                                          ctypes.byref(out), ctypes.byref(alias), done, arg,
+                                          req, err)
+
+    return _futures.issue(client, start, "to", (t, o, r, out, alias),
+                          lambda: _tensor_ops.result(client, t, out, alias.value), sink)

@@ -8,16 +8,17 @@
             ts = await asyncio.gather(*(c.put(np.ones(1000) * i) for i in range(50)))
             xs = await asyncio.gather(*(c.get(t) for t in ts))
 
-``put``, ``get`` (without ``wait``) and ``copy`` are libtport asynchronous
-requests: their completion callback, on a library thread, hands the result to
-the event loop with ``loop.call_soon_threadsafe`` -- no thread per request,
-and the loop never blocks.  Cancelling the awaiting task cancels the request
+``put``, ``get``, ``info`` (``wait`` included: the server waits for the
+name), ``to`` and ``copy`` are libtport asynchronous requests: their
+completion callback, on a library thread, hands the result to the event loop
+with ``loop.call_soon_threadsafe`` -- no thread per request, and the loop
+never blocks.  Cancelling the awaiting task cancels the request
 (tport_cancel: a put so stopped leaves nothing on the server).
 
 The calls libtport has no asynchronous request for run in the loop's default
-executor (a thread of its pool each, for as long as the call): ``info``,
-``get(name, wait=...)`` (the server-side wait), ``free``, ``list``,
-``tensor``, ``put_dict``, ``get_dict``, ``stats``, ``devices``, ``close``.
+executor (a thread of its pool each, for as long as the call): ``free``,
+``list``, ``tensor``, ``put_dict``, ``get_dict``, ``stats``, ``devices``,
+``close``.
 ``sync`` is the :class:`tensorport.Client` underneath, for anything else.
 """
 import asyncio
@@ -25,6 +26,7 @@ import functools
 
 from . import _requests
 from .client import Client as _SyncClient
+from .tensor import Tensor
 
 __all__ = ["Client"]
 
@@ -90,10 +92,25 @@ class Client:
 
     async def get(self, ref, *, wait=None):
         """``tensorport.Client.get`` as a NumPy array; ``wait`` (seconds, with a name)
-        waits for the name on the server, in the default executor."""
+        waits for the name on the server first (``info``), then gets what it holds."""
         if wait:
-            return await self._blocking(self.sync.get, ref, wait=wait)
+            ref = (await self.info(ref, wait=wait)).ref  # the handle of what the name holds
         return await self._request(lambda sink: _requests.get(self.sync, ref, sink))
+
+    async def info(self, ref, *, wait=None):
+        """``tensorport.Client.info``; ``wait`` (seconds, with a name) waits for the
+        name on the server."""
+        if isinstance(ref, Tensor):
+            return ref._info
+        return await self._request(lambda sink: _requests.info(self.sync, ref, sink, wait))
+
+    async def to(self, t, device=None, dtype=None, memory_format=None, copy=False,
+                 non_blocking=False, exact_format=False, name=None, ttl=None):
+        """``t.to(...)`` (``Tensor.to``'s arguments) on the server: the resulting Tensor
+        (``t`` itself where PyTorch would alias)."""
+        return await self._request(lambda sink: _requests.to(
+            self.sync, t, sink, device, dtype, memory_format, copy, non_blocking,
+            exact_format, name, ttl))
 
     async def copy(self, dst, src, *, non_blocking=False):
         """``dst.copy_(src)`` (Tensors, handles or names)."""
@@ -105,10 +122,6 @@ class Client:
     async def _blocking(self, fn, *args, **kwargs):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, functools.partial(fn, *args, **kwargs))
-
-    async def info(self, ref, *, wait=None):
-        """``tensorport.Client.info`` (in the default executor)."""
-        return await self._blocking(self.sync.info, ref, wait=wait)
 
     async def tensor(self, ref):
         """``tensorport.Client.tensor`` (in the default executor)."""

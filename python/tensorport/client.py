@@ -8,18 +8,17 @@ that ``tport_close`` must not race with calls, is kept here: ``close()``
 waits for the calls in flight, and calls after it raise FailedPrecondition.
 """
 import ctypes
-import dataclasses
-import datetime
 import os
 import sys
 import threading
 import weakref
-from typing import Optional, Tuple
 
 from . import _batch, _dlpack, _futures, _lib, _lifetime, _names, _requests
+from ._convert import _enc, _env, _info_from_c, _s, _timeout_ms, _ttl_ms, _wait_ms
+from ._devices import DeviceInfo, DeviceList, devices_from_c
+from ._progress import Progress
 from .errors import FailedPrecondition, InvalidArgument, NotFound, error_for
-from .tensor import Tensor, TensorInfo
-from .units import _duration_ms
+from .tensor import Tensor
 
 __all__ = ["Client", "DeviceInfo", "DeviceList", "DEFAULT_URL"]
 
@@ -31,150 +30,10 @@ _libc_free.argtypes = [ctypes.c_void_p]
 _libc_free.restype = None
 
 
-@dataclasses.dataclass(frozen=True)
-class DeviceInfo:
-    """A device of the server (``Client.devices()``): ``device`` ("cpu", "sim:0",
-    "cuda:0"), its ``name``, memory (``total_bytes``, ``free_bytes``; free is
-    shown to operators only: None to other tenants), ``compute_capability``
-    (CUDA), the devices it has peer access to, and whether it offers managed
-    memory."""
-
-    device: str
-    name: str
-    total_bytes: int
-    free_bytes: Optional[int]
-    compute_capability: str
-    peers: Tuple[str, ...]
-    managed_memory: bool
-
-
-class DeviceList(list):
-    """A list of :class:`DeviceInfo`, with ``cuda_unavailable_reason``: why the server
-    has no CUDA devices ("" when it has them, or was not asked to serve them)."""
-
-    cuda_unavailable_reason = ""
-
-
-def _s(b):
-    return b.decode("utf-8", "replace")
-
-
-def _env(name):
-    v = os.environ.get(name)
-    return v if v else None
-
-
-def _enc(s):
-    return None if s is None else os.fsencode(s) if isinstance(s, os.PathLike) else s.encode()
-
-
-def _ttl_ms(ttl):
-    """ttl: seconds, a timedelta, or "10m" as tport --ttl takes it."""
-    return 0 if ttl is None else _duration_ms(ttl, "ttl")
-
-
-def _timeout_ms(timeout):
-    """timeout: seconds, a timedelta or "5s"; libtport keeps it in an int."""
-    if timeout is None:
-        return 0
-    ms = _duration_ms(timeout, "timeout")
-    if ms > 2**31 - 1:
-        raise InvalidArgument("timeout is %r: at most 24 days" % (timeout,))
-    return ms
-
-
 # A get by name looks the name up, then reads that tensor by its handle: a
 # replace in between (put(replace=True)) takes the handle away, and the get
 # begins again with what the name holds then, up to this many times.
 _GET_TRIES = 20
-
-
-def _wait_ms(wait):
-    """A wait in seconds, a timedelta or a string ("5s", as ``tport --wait``
-    takes it) as the server's wait_ms (0: none)."""
-    if wait is None:
-        return 0
-    return min(_duration_ms(wait, "wait"), 2**32 - 1)
-
-
-def _info_from_c(c):
-    h = bytes(c.ref.handle)
-    return (
-        TensorInfo(
-            ref=h.hex(),
-            name=_s(c.ref.name) or None,
-            dtype=_names.DTYPES[c.dtype] if 0 <= c.dtype < len(_names.DTYPES) else str(c.dtype),
-            shape=tuple(c.sizes[: c.ndim]),
-            strides=tuple(c.strides[: c.ndim]),
-            storage_offset=c.storage_offset,
-            device=_s(c.device),
-            memory_format=_names.FORMATS[c.actual_format],
-            suggested_memory_format=_names.FORMATS[c.suggested_format],
-            is_contiguous=bool(c.is_contiguous),
-            nbytes=c.nbytes,
-            storage_nbytes=c.storage_nbytes,
-            managed=bool(c.managed),
-            conj=bool(c.conj),
-            neg=bool(c.neg),
-            expires_unix_ms=c.expires_unix_ms,
-        ),
-        h,
-    )
-
-
-class _Progress:
-    """A progress= argument made into a tport_progress_fn: a callable(done, total), or True
-    for a tqdm bar (when tqdm is installed), or None.  An exception raised by the
-    callable is kept and raised once the transfer has ended."""
-
-    def __init__(self, progress, desc):
-        self.fn = None
-        self.bar = None
-        self.exc = None
-        self.last = 0
-        self.desc = desc
-        if progress is True:
-            try:
-                import tqdm
-
-                self.tqdm = tqdm.tqdm
-                self.fn = self._bar
-            except ImportError:
-                pass
-        elif progress is not None and progress is not False:
-            if not callable(progress):
-                raise InvalidArgument("progress is %r: a callable(done, total) or True"
-                                      % (progress,))
-            self.fn = progress
-        self.cfunc = _lib.PROGRESS_FN(self._call) if self.fn else _lib.PROGRESS_FN()
-
-    def _bar(self, done, total):
-        if self.bar is None:
-            self.bar = self.tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                                 desc=self.desc, leave=False)
-        self.bar.update(done - self.last)
-        self.last = done
-
-    def _call(self, arg, done, total):
-        if self.exc is not None:
-            return
-        try:
-            self.fn(done, total)
-        except BaseException as e:  # noqa: B902 -- kept and raised after the C call
-            self.exc = e
-
-    def close(self):
-        """Closes the bar (a transfer that failed: its own error is the one to raise)."""
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-    def finish(self):
-        """Closes the bar; raises what the callable raised."""
-        self.close()
-        if self.exc is not None:
-            e, self.exc = self.exc, None
-            raise e
 
 
 def _close_handles(lib, handles):
@@ -460,7 +319,7 @@ class Client:
         o = self._put_options(ex.is_bool, name=name, device=device, dtype=dtype,
                               memory_format=memory_format, ttl=ttl, non_blocking=non_blocking,
                               managed=managed, replace=replace)
-        prog = _Progress(progress, "put")
+        prog = Progress(progress, "put")
         o.progress = prog.cfunc
         out = _lib.TensorInfoC()
         err = _lib.Err()
@@ -581,11 +440,11 @@ class Client:
             if not out.flags.c_contiguous or not out.flags.writeable:
                 raise InvalidArgument("out must be C-contiguous and writable: a get writes "
                                       "its values in logical C order")
-            self._get_into(r, out.ctypes.data, out.nbytes, _Progress(progress, "get"))
+            self._get_into(r, out.ctypes.data, out.nbytes, Progress(progress, "get"))
             return out
         if progress is None or progress is False:
             return _dlpack.numpy_from_managed(self._get_managed(r), dtype)
-        prog = _Progress(progress, "get")
+        prog = Progress(progress, "get")
         a = np.empty(info.shape, dtype)
         self._get_into(r, a.ctypes.data, a.nbytes, prog)
         return a
@@ -635,7 +494,7 @@ class Client:
             return self._get_into_dlpack(r, out)
         if progress is None or progress is False:
             return _dlpack.torch_from_managed(self._get_managed(r), info.dtype)
-        prog = _Progress(progress, "get")
+        prog = Progress(progress, "get")
         t = torch.empty(info.shape, dtype=_names.torch_dtype(info.dtype))
         self._get_into(r, t.data_ptr(), t.numel() * t.element_size(), prog)
         return t
@@ -667,6 +526,20 @@ class Client:
         """``get`` as a request: a Future whose result is the NumPy array.  A Tensor is
         read into a fresh array; a name or handle is looked up and read in one request."""
         return self._future(lambda sink: _requests.get(self, ref, sink))
+
+    def info_async(self, ref, *, wait=None):
+        """``info`` as a request: a Future of the :class:`TensorInfo`.  With ``wait``
+        the name is waited for on the server (as ``info(name, wait=)``), holding no
+        Python thread: one of libtport's while it waits."""
+        return self._future(lambda sink: _requests.info(self, ref, sink, wait))
+
+    def to_async(self, t, device=None, dtype=None, memory_format=None, copy=False,
+                 non_blocking=False, exact_format=False, name=None, ttl=None):
+        """``t.to(...)`` (``Tensor.to``'s arguments) as a request: a Future of the
+        resulting :class:`Tensor` (``t`` itself where PyTorch would alias)."""
+        return self._future(lambda sink: _requests.to(
+            self, t, sink, device, dtype, memory_format, copy, non_blocking, exact_format,
+            name, ttl))
 
     def copy_async(self, dst, src, *, non_blocking=False):
         """``dst.copy_(src)`` as a request (both Tensors, handles or names): a Future of None."""
@@ -725,20 +598,10 @@ class Client:
         n = ctypes.c_size_t()
         why = ctypes.create_string_buffer(256)
         self._call("tport_devices", ctypes.byref(p), ctypes.byref(n), why, len(why))
-        out = DeviceList()
         try:
-            for i in range(n.value):
-                d = p[i]
-                out.append(DeviceInfo(
-                    device=_s(d.device), name=_s(d.name), total_bytes=d.total_bytes,
-                    free_bytes=None if d.free_hidden else d.free_bytes,
-                    compute_capability=_s(d.compute_capability),
-                    peers=tuple(_s(d.peers[k].value) for k in range(min(d.npeers, 16))),
-                    managed_memory=bool(d.managed_memory)))
+            return devices_from_c(p, n.value, why.value)
         finally:
             _libc_free(ctypes.cast(p, ctypes.c_void_p))
-        out.cuda_unavailable_reason = _s(why.value)
-        return out
 
     def stats(self):
         """The server's counters, a dict name -> int (a tenant's own; an operator's
@@ -751,71 +614,3 @@ class Client:
             return {_s(p[i].name): p[i].value for i in range(n.value)}
         finally:
             _libc_free(ctypes.cast(p, ctypes.c_void_p))
-
-    # ------------------------------------------------------------ Tensor's methods
-
-    def _result(self, src, out, alias):
-        t = self._tensor(out, made=not alias)
-        return src if alias and t._handle == src._handle else t
-
-    def _to(self, t, device, dtype, memory_format, copy, non_blocking, exact_format, name, ttl):
-        if dtype is None and _names.looks_like_dtype(device):
-            device, dtype = None, device  # to(torch.float16), as PyTorch allows
-        o = _lib.ToOptions()
-        o.device = _enc(_names.device_name(device))
-        if dtype is not None:
-            o.has_dtype, o.dtype = True, _names.DTYPE_NUMBER[_names.dtype_name(dtype)]
-        if memory_format is not None:
-            o.has_memory_format = True
-            o.memory_format = _names.FORMAT_NUMBER[_names.format_name(memory_format)]
-        o.copy = bool(copy)
-        o.non_blocking = bool(non_blocking)
-        o.exact_format = bool(exact_format)
-        o.name = _enc(name) if name else None
-        o.ttl_ms = _ttl_ms(ttl)
-        r = self._ref(t)
-        out = _lib.TensorInfoC()
-        alias = ctypes.c_bool()
-        self._call("tport_to", ctypes.byref(r), ctypes.byref(o), ctypes.byref(out),
-                   ctypes.byref(alias))
-        return self._result(t, out, alias.value)
-
-    def _contiguous(self, t, memory_format, name):
-        fmt = _names.FORMAT_NUMBER[_names.format_name(memory_format)]
-        r = self._ref(t)
-        out = _lib.TensorInfoC()
-        alias = ctypes.c_bool()
-        self._call("tport_contiguous", ctypes.byref(r), fmt, _enc(name) if name else None,
-                   ctypes.byref(out), ctypes.byref(alias))
-        return self._result(t, out, alias.value)
-
-    def _view(self, t, shape, strides, storage_offset, name):
-        shape = [int(s) for s in shape]
-        if strides is None:
-            strides, e = [0] * len(shape), 1
-            for d in range(len(shape) - 1, -1, -1):
-                strides[d] = e
-                e *= max(shape[d], 1)
-        strides = [int(s) for s in strides]
-        if len(strides) != len(shape):
-            raise InvalidArgument("view: shape has %d dims and strides %d"
-                                  % (len(shape), len(strides)))
-        n = max(len(shape), 1)
-        sz = (ctypes.c_int64 * n)(*shape)
-        st = (ctypes.c_int64 * n)(*strides)
-        r = self._ref(t)
-        out = _lib.TensorInfoC()
-        self._call("tport_view", ctypes.byref(r), len(shape), sz, st, int(storage_offset),
-                   _enc(name) if name else None, ctypes.byref(out))
-        return self._tensor(out, made=True)
-
-    def _copy(self, dst, src, non_blocking):
-        tmp = None
-        if not isinstance(src, (Tensor, str)):
-            src = tmp = self.put(src)
-        try:
-            d, s = self._ref(dst), self._ref(src)
-            self._call("tport_copy", ctypes.byref(d), ctypes.byref(s), bool(non_blocking))
-        finally:
-            if tmp is not None:
-                self.free(tmp)

@@ -236,24 +236,29 @@ class Tensor:
         (and ``ttl``, seconds) registers the result for the tenant; an alias
         given a name is a new Tensor sharing the storage.
         """
-        return self._client._to(self, device, dtype, memory_format, copy, non_blocking,
-                                exact_format, name, ttl)
+        return _tensor_ops.to(self._client, self, device, dtype, memory_format, copy,
+                              non_blocking, exact_format, name, ttl)
+
+    def to_async(self, *args, **kwargs):
+        """``to`` as a request on libtport's threads: a ``concurrent.futures.Future``
+        of the result (``Client.to_async``)."""
+        return self._client.to_async(self, *args, **kwargs)
 
     def contiguous(self, memory_format="contiguous", name=None):
         """PyTorch's ``Tensor.contiguous``: ``self`` when already contiguous in
         ``memory_format``, else a copy in it."""
-        return self._client._contiguous(self, memory_format, name)
+        return _tensor_ops.contiguous(self._client, self, memory_format, name)
 
     def view(self, shape, strides=None, storage_offset=0, name=None):
         """A view of this tensor's storage (``torch.as_strided``): ``shape``, ``strides``
         in elements (None: contiguous for ``shape``), ``storage_offset`` in elements."""
-        return self._client._view(self, shape, strides, storage_offset, name)
+        return _tensor_ops.view(self._client, self, shape, strides, storage_offset, name)
 
     def copy_(self, src, non_blocking=False):
         """PyTorch's ``Tensor.copy_``: copies ``src`` into this tensor (broadcasting,
         converting dtype), returns ``self``.  ``src``: a Tensor, a ref, or host data
         (a NumPy array, a torch.Tensor...) which is put first."""
-        self._client._copy(self, src, non_blocking)
+        _tensor_ops.copy(self._client, self, src, non_blocking)
         return self
 
     def numpy(self, progress=None):
@@ -302,3 +307,7 @@ class Tensor:
     def __dlpack_device__(self):
         """(kDLCPU, 0): a download always lands in host memory."""
         return (1, 0)
+
+
+# last: the methods' module reads TensorInfo from this one
+from . import _tensor_ops  # noqa: E402

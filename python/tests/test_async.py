@@ -311,3 +311,57 @@ def test_asyncio_cancel_of_a_large_get(server):
             assert np.array_equal(await c.get(await c.put(np.arange(4))), np.arange(4))
 
     asyncio.run(main())
+
+
+def test_a_failed_future_carries_libtports_message(server):
+    with tp.Client(server.url, tenant="fut") as c:
+        t = c.put(np.arange(4, dtype=np.float32))
+        with pytest.raises(tp.Error) as e:
+            c.to_async(t, device="nosuch:7").result(30)
+        # the message libtport gives the blocking call, not the status name alone
+        assert "nosuch" in str(e.value), str(e.value)
+
+
+def test_info_async_waits_and_to_async_converts(server):
+    with tp.Client(server.url, tenant="fut") as c:
+        f = c.info_async("fut-later", wait=20)
+        time.sleep(0.2)
+        assert not f.done()
+        made = c.put(np.arange(6, dtype=np.int32).reshape(2, 3), name="fut-later", ttl=60)
+        info = f.result(30)
+        assert info.ref == made.ref and info.shape == (2, 3) and info.dtype == "int32"
+        with pytest.raises(tp.DeadlineExceeded):
+            c.info_async("fut-never", wait=0.1).result(30)
+        h = made.to_async(dtype="float16").result(30)
+        assert h.dtype == "float16" and h is not made
+        assert np.array_equal(h.numpy(), np.arange(6, dtype=np.float16).reshape(2, 3))
+        assert c.to_async(made, dtype="int32").result(30) is made  # PyTorch aliases
+        c.free(made)
+
+
+class _NoThreads(concurrent.futures.ThreadPoolExecutor):
+    def submit(self, fn, *args, **kwargs):
+        raise AssertionError("ran %r in the executor: it should be a request" % (fn,))
+
+
+def test_asyncio_info_get_wait_and_to_take_no_executor_thread(server):
+    async def main():
+        async with aio.Client(server.url, tenant="aio") as c:
+            asyncio.get_running_loop().set_default_executor(_NoThreads())
+            waiting = asyncio.ensure_future(c.info("aio-pub", wait=20))
+            getting = asyncio.ensure_future(c.get("aio-pub", wait=20))
+            await asyncio.sleep(0.2)
+            assert not waiting.done() and not getting.done()
+            t = await c.put(np.arange(5, dtype=np.float32), name="aio-pub", ttl=60)
+            assert (await waiting).ref == t.ref
+            assert np.array_equal(await getting, np.arange(5, dtype=np.float32))
+            h = await c.to(t, dtype="float64")
+            assert h.dtype == "float64"
+            assert await c.to(t, dtype="float32") is t
+            with pytest.raises(tp.DeadlineExceeded):
+                await c.info("aio-never", wait=0.1)
+            asyncio.get_running_loop().set_default_executor(
+                concurrent.futures.ThreadPoolExecutor(1))
+            await c.free(t)
+
+    asyncio.run(main())
