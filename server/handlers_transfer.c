@@ -17,11 +17,11 @@
  * between the region and the tensor, converted on the way where the put
  * asks for it; nothing rides in the messages.
  */
-#include <openssl/rand.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "crc32c.h"
+#include "random_ids.h"
 #include "dtype.h"
 #include "validate.h"
 #include "wire.h"
@@ -234,7 +234,7 @@ int h_get_begin(call *c)
    * the client's first GetChunk finds its block copied or copying */
   if (!rc && keep && g->from_device)
     reader_read_ahead(g->reader, g->chunk);
-  if (!rc && RAND_bytes(g->id, TRANSFER_ID_BYTES) != 1)
+  if (!rc && !random_ids(g->id, TRANSFER_ID_BYTES))
     rc = tport_err_set(&c->err, TPORT_INTERNAL, "cannot create a transfer id");
   const uint8_t *payload = NULL;
   tport_storage *held = NULL;

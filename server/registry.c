@@ -4,12 +4,12 @@
  * tenants' quotas are registry_sessions.c, registry_uploads.c and
  * registry_quota.c.
  */
-#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "random_ids.h"
 #include "registry_internal.h"
 
 int64_t reg_now_ms(void)
@@ -258,7 +258,7 @@ static int add_entry(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up
     rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "ttl_ms is %llu: the longest is %llu",
                        (unsigned long long)ttl_ms, (unsigned long long)r->limits.max_ttl_ms);
   reg_entry *e = rc ? NULL : calloc(1, sizeof *e);
-  if (!rc && (!e || RAND_bytes(e->handle, REG_HANDLE_BYTES) != 1))
+  if (!rc && (!e || !random_ids(e->handle, REG_HANDLE_BYTES)))
     rc = tport_err_set(err, TPORT_INTERNAL, "cannot create a handle");
   if (rc) {
     free(e);
