@@ -54,16 +54,22 @@ size_t frame_head_size(const ProtobufCMessage *msg)
   return FRAME_HEADER_BYTES + protobuf_c_message_get_packed_size(msg);
 }
 
-void frame_write_head(void *buf, uint16_t method, uint8_t flags, const ProtobufCMessage *msg)
+void frame_write_header(void *buf, uint16_t method, uint8_t flags, size_t msg_len)
 {
   uint8_t *p = buf;
-  size_t n = protobuf_c_message_pack(msg, p + FRAME_HEADER_BYTES);
   put_be32(p, FRAME_MAGIC);
   p[4] = FRAME_VERSION;
   p[5] = flags;
   p[6] = (uint8_t)(method >> 8);
   p[7] = (uint8_t)method;
-  put_be32(p + 8, (uint32_t)n);
+  put_be32(p + 8, (uint32_t)msg_len);
+}
+
+void frame_write_head(void *buf, uint16_t method, uint8_t flags, const ProtobufCMessage *msg)
+{
+  uint8_t *p = buf;
+  size_t n = protobuf_c_message_pack(msg, p + FRAME_HEADER_BYTES);
+  frame_write_header(p, method, flags, n);
 }
 
 int frame_unpack(const frame_view *v, const ProtobufCMessageDescriptor *d, ProtobufCMessage **out,

@@ -47,6 +47,8 @@ int frame_parse(const void *buf, size_t len, frame_view *out, tport_err *err);
 
 /* Bytes of header plus packed message (the payload goes after them). */
 size_t frame_head_size(const ProtobufCMessage *msg);
+/* Writes the 12-byte header of a frame whose message is msg_len bytes. */
+void frame_write_header(void *buf, uint16_t method, uint8_t flags, size_t msg_len);
 /* Writes header and packed message into buf (frame_head_size(msg) bytes). */
 void frame_write_head(void *buf, uint16_t method, uint8_t flags, const ProtobufCMessage *msg);
 

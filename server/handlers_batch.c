@@ -5,7 +5,9 @@
  * for (h_put_begin, h_get_begin) as a call of its own: the same checks, the
  * same quota and registry, nothing validated twice in two ways.  The
  * element's reply is read back from the message that handler packed and
- * becomes the element's entry in the batch's reply; an element that fails
+ * becomes the element's entry in the batch's reply -- its bytes spliced
+ * in as packed (a repeated message field is its elements' encodings one
+ * after another), never unpacked and packed again; an element that fails
  * gets its status there and leaves the others alone.  Bounds: at most
  * BATCH_MAX_ELEMENTS elements a request (past it the whole request is
  * INVALID_ARGUMENT), a put's bytes within its message (the frame's limit),
@@ -20,22 +22,42 @@
 
 #define BATCH_MAX_ELEMENTS 4096
 
-/* What one element's handler answered: its reply unpacked (NULL when it
- * failed: then st holds the error), and its payload in msg. */
+/* What one element's handler answered: its reply as packed (in msg, or
+ * in own for a failure's status), and its payload in msg. */
 typedef struct element {
-  ProtobufCMessage *reply;
   nng_msg *msg;
+  const uint8_t *packed;
+  size_t packed_len;
+  uint8_t *own;
   const uint8_t *payload;
   size_t payload_len;
-  Tport__Status st;
+  bool ok;
   tport_err err;
 } element;
+
+/* el failed with el->err: its reply is a status alone, packed into own. */
+static void element_failed(element *el)
+{
+  Tport__Status st = TPORT__STATUS__INIT;
+  st.code = (Tport__Code)el->err.code;
+  st.message = el->err.msg;
+  /* PutBeginReply and GetBeginReply both carry it as field 1 */
+  Tport__PutBeginReply r = TPORT__PUT_BEGIN_REPLY__INIT;
+  r.status = &st;
+  el->ok = false;
+  el->packed_len = protobuf_c_message_get_packed_size(&r.base);
+  el->own = malloc(el->packed_len ? el->packed_len : 1);
+  if (el->own)
+    protobuf_c_message_pack(&r.base, el->own);
+  else
+    el->packed_len = 0; /* an empty reply: the client reads it as a failure */
+  el->packed = el->own;
+}
 
 /* Runs handler on one element (req, payload) as a call of its own and
  * keeps its answer in el. */
 static void run_element(call *c, uint16_t method, int (*handler)(call *), ProtobufCMessage *req,
-                        const uint8_t *payload, size_t n, const ProtobufCMessageDescriptor *d,
-                        element *el)
+                        const uint8_t *payload, size_t n, element *el)
 {
   call sub = {.srv = c->srv,
               .pipe = c->pipe,
@@ -52,19 +74,17 @@ static void run_element(call *c, uint16_t method, int (*handler)(call *), Protob
     rc = tport_err_set(&sub.err, TPORT_INTERNAL, "the handler gave no reply");
   if (!rc)
     rc = frame_parse(nng_msg_body(sub.out), nng_msg_len(sub.out), &v, &sub.err);
-  if (!rc)
-    rc = frame_unpack(&v, d, &el->reply, &sub.err);
   if (rc) {
     if (sub.out)
       nng_msg_free(sub.out);
-    el->reply = NULL;
     el->err = sub.err;
-    tport__status__init(&el->st);
-    el->st.code = (Tport__Code)sub.err.code;
-    el->st.message = el->err.msg;
+    element_failed(el);
     return;
   }
+  el->ok = true;
   el->msg = sub.out;
+  el->packed = v.msg;
+  el->packed_len = v.msg_len;
   el->payload = v.payload;
   el->payload_len = v.payload_len;
 }
@@ -72,21 +92,76 @@ static void run_element(call *c, uint16_t method, int (*handler)(call *), Protob
 static void free_elements(element *els, size_t n)
 {
   for (size_t i = 0; i < n && els; i++) {
-    if (els[i].reply)
-      protobuf_c_message_free_unpacked(els[i].reply, NULL);
     if (els[i].msg)
       nng_msg_free(els[i].msg);
+    free(els[i].own);
   }
   free(els);
+}
+
+static size_t varint_size(uint64_t v)
+{
+  size_t n = 1;
+  while (v >= 0x80)
+    v >>= 7, n++;
+  return n;
+}
+
+static uint8_t *put_varint(uint8_t *p, uint64_t v)
+{
+  while (v >= 0x80) {
+    *p++ = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  *p++ = (uint8_t)v;
+  return p;
+}
+
+/* The batch's reply: head (its status and other fields, packed by
+ * protobuf-c), then each element's packed reply as repeated field `field`;
+ * its payload trailer the elements' payloads one after another. */
+static int batch_reply(call *c, const ProtobufCMessage *head, uint32_t field, const element *els,
+                       size_t n)
+{
+  size_t msg_len = protobuf_c_message_get_packed_size(head), payload_len = 0;
+  size_t key = varint_size((uint64_t)field << 3 | 2);
+  for (size_t i = 0; i < n; i++) {
+    msg_len += key + varint_size(els[i].packed_len) + els[i].packed_len;
+    payload_len += els[i].payload_len; /* within a chunk (the gets' budget) */
+  }
+  if (msg_len > FRAME_MAX_MESSAGE_BYTES)
+    return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED,
+                         "the batch's reply would be %zu bytes: at most %u", msg_len,
+                         FRAME_MAX_MESSAGE_BYTES);
+  nng_msg *m;
+  if (nng_msg_alloc(&m, FRAME_HEADER_BYTES + msg_len + payload_len) != 0)
+    return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte reply",
+                         msg_len + payload_len);
+  uint8_t *body = nng_msg_body(m);
+  frame_write_header(body, c->method, FRAME_FLAG_REPLY, msg_len);
+  uint8_t *p = body + FRAME_HEADER_BYTES;
+  p += protobuf_c_message_pack(head, p);
+  for (size_t i = 0; i < n; i++) {
+    p = put_varint(p, (uint64_t)field << 3 | 2);
+    p = put_varint(p, els[i].packed_len);
+    if (els[i].packed_len)
+      memcpy(p, els[i].packed, els[i].packed_len);
+    p += els[i].packed_len;
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (els[i].payload_len)
+      memcpy(p, els[i].payload, els[i].payload_len);
+    p += els[i].payload_len;
+  }
+  c->out = m;
+  return TPORT_OK;
 }
 
 /* An element refused before its handler ran. */
 static void refuse_element(element *el, int code, const char *why)
 {
   tport_err_set(&el->err, code, "%s", why);
-  tport__status__init(&el->st);
-  el->st.code = (Tport__Code)code;
-  el->st.message = el->err.msg;
+  element_failed(el);
 }
 
 static int check_count(call *c, size_t n)
@@ -121,12 +196,8 @@ int h_put_batch(call *c)
                          "the elements' lengths add up to %zu bytes: the payload is %zu", total,
                          c->payload_len);
   element *els = calloc(n ? n : 1, sizeof *els);
-  Tport__PutBeginReply *fails = calloc(n ? n : 1, sizeof *fails);
-  Tport__PutBeginReply **out = calloc(n ? n : 1, sizeof *out);
-  if (!els || !fails || !out) {
-    free(els), free(fails), free(out);
+  if (!els)
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for %zu elements", n);
-  }
   size_t off = 0;
   for (size_t i = 0; i < n; i++) {
     size_t len = (size_t)q->payload_bytes[i];
@@ -136,30 +207,19 @@ int h_put_batch(call *c)
                      "PutBegin and its chunks)");
     else
       run_element(c, TPORT__METHOD__METHOD_PUT_BEGIN, h_put_begin, &q->puts[i]->base,
-                  c->payload + off, len, &tport__put_begin_reply__descriptor, &els[i]);
+                  c->payload + off, len, &els[i]);
     off += len;
-    if (els[i].reply) {
-      out[i] = (Tport__PutBeginReply *)els[i].reply;
-    } else {
-      tport__put_begin_reply__init(&fails[i]);
-      fails[i].status = &els[i].st;
-      out[i] = &fails[i];
-    }
   }
   Tport__PutBatchReply r = TPORT__PUT_BATCH_REPLY__INIT;
   r.status = wire_ok();
-  r.n_puts = n;
-  r.puts = out;
-  rc = call_reply(c, &r.base, NULL, 0);
+  rc = batch_reply(c, &r.base, 2 /* puts */, els, n);
   free_elements(els, n);
-  free(fails);
-  free(out);
   return rc;
 }
 
 /* A deferred element's reply: the tensor's info and size, no bytes, no
- * transfer -- packed and read back, so that it owns what it says (the
- * tensor may be freed before the batch's reply is packed). */
+ * transfer -- packed now, so that it owns what it says (the tensor may be
+ * freed before the batch's reply is made). */
 static int defer_element(call *c, reg_entry *e, tport_tensor *t, element *el)
 {
   wire_info wi;
@@ -169,15 +229,13 @@ static int defer_element(call *c, reg_entry *e, tport_tensor *t, element *el)
   r.info = &wi.info;
   r.nbytes = tensor_nbytes(t);
   r.chunk_bytes = c->srv->cfg.chunk_bytes;
-  size_t len = protobuf_c_message_get_packed_size(&r.base);
-  uint8_t *buf = malloc(len ? len : 1);
-  if (!buf)
+  el->packed_len = protobuf_c_message_get_packed_size(&r.base);
+  el->own = malloc(el->packed_len ? el->packed_len : 1);
+  if (!el->own)
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
-  protobuf_c_message_pack(&r.base, buf);
-  el->reply = protobuf_c_message_unpack(&tport__get_begin_reply__descriptor, NULL, len, buf);
-  free(buf);
-  if (!el->reply)
-    return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  protobuf_c_message_pack(&r.base, el->own);
+  el->packed = el->own;
+  el->ok = true;
   return TPORT_OK;
 }
 
@@ -193,7 +251,6 @@ static void maybe_defer(call *c, const Tport__GetBeginRequest *g, size_t budget,
   if (wire_find(&look, g->ref, "ref", &e, &t)) {
     refuse_element(el, look.err.code, look.err.msg);
     *deferred = true; /* answered: not found, or still uploading */
-    el->reply = NULL;
     return;
   }
   size_t n = tensor_nbytes(t), room = g->inline_max < budget ? (size_t)g->inline_max : budget;
@@ -225,8 +282,7 @@ static void get_element(call *c, const Tport__GetBeginRequest *g, bool defer, si
   Tport__GetBeginRequest one = *g;
   if (one.inline_max > *budget)
     one.inline_max = *budget;
-  run_element(c, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin, &one.base, NULL, 0,
-              &tport__get_begin_reply__descriptor, el);
+  run_element(c, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin, &one.base, NULL, 0, el);
   *budget -= el->payload_len <= *budget ? el->payload_len : *budget;
 }
 
@@ -238,42 +294,23 @@ int h_get_batch(call *c)
   if (rc)
     return rc;
   element *els = calloc(n ? n : 1, sizeof *els);
-  Tport__GetBeginReply *fails = calloc(n ? n : 1, sizeof *fails);
-  Tport__GetBeginReply **out = calloc(n ? n : 1, sizeof *out);
   protobuf_c_boolean *deferred = calloc(n ? n : 1, sizeof *deferred);
-  size_t budget = c->srv->cfg.chunk_bytes, total = 0;
-  uint8_t *payload = malloc(budget ? budget : 1);
-  if (!els || !fails || !out || !deferred || !payload) {
-    free(els), free(fails), free(out), free(deferred), free(payload);
+  size_t budget = c->srv->cfg.chunk_bytes;
+  if (!els || !deferred) {
+    free(els), free(deferred);
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for %zu elements", n);
   }
   for (size_t i = 0; i < n; i++) {
     bool d;
     get_element(c, q->gets[i], q->defer_large, &budget, &els[i], &d);
-    deferred[i] = d && els[i].reply;
-    if (els[i].reply) {
-      /* within the budget (its inline_max was cut to it) */
-      if (els[i].payload_len)
-        memcpy(payload + total, els[i].payload, els[i].payload_len);
-      total += els[i].payload_len;
-      out[i] = (Tport__GetBeginReply *)els[i].reply;
-    } else {
-      tport__get_begin_reply__init(&fails[i]);
-      fails[i].status = &els[i].st;
-      out[i] = &fails[i];
-    }
+    deferred[i] = d && els[i].ok;
   }
   Tport__GetBatchReply r = TPORT__GET_BATCH_REPLY__INIT;
   r.status = wire_ok();
-  r.n_gets = n;
-  r.gets = out;
   r.n_deferred = q->defer_large ? n : 0;
   r.deferred = deferred;
-  rc = call_reply(c, &r.base, payload, total);
+  rc = batch_reply(c, &r.base, 2 /* gets */, els, n);
   free_elements(els, n);
-  free(fails);
-  free(out);
   free(deferred);
-  free(payload);
   return rc;
 }
