@@ -162,6 +162,7 @@ struct tport_request {
   int refs;
   bool finished; /* status and err final: its callback may be running */
   bool complete; /* and the callback has returned */
+  int waiters;   /* tport_wait/_any calls waiting for it: its completion wakes them */
   int status;
   tport_err err;
   /* under the client's pool lock */
