@@ -153,12 +153,7 @@ FILE_LINES_MAX = 630
 FUNCTION_LINES_MAX = 100
 PRODUCT_FOLDERS = ("client", "server", "engine", "transport", "proto", "kernels")
 # "path" or "path:function" -> why it may be long
-LONG_OK = {
-    "transport/tls_openssl.c":
-        "the OpenSSL engine nng calls: one table of callbacks (configuration, BIO, connection) "
-        "over one set of statics; its speed work (issue 22: a BIO over nng's buffers) will "
-        "reshape it, and the split belongs with that",
-}
+LONG_OK = {}
 
 
 def long_code(source_dir):
