@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arena.h"
 #include "client_internal.h"
 #include "crc32c.h"
 
@@ -147,8 +148,12 @@ static int group_take(void *ctx, client_slot *s, tport_err *err)
   size_t g = s->offset, first = pg->start[g], k = pg->start[g + 1] - first;
   Tport__PutBatchReply *r = NULL;
   tport_err ge;
-  int rc = client_unpack(TPORT__METHOD__METHOD_PUT_BATCH, s->reply,
-                         &tport__put_batch_reply__descriptor, (ProtobufCMessage **)&r, NULL, &ge);
+  /* a reply of 256 elements is ~2,000 fields: unpacked into one arena */
+  arena a;
+  arena_init(&a);
+  int rc = client_unpack_in(TPORT__METHOD__METHOD_PUT_BATCH, s->reply,
+                            &tport__put_batch_reply__descriptor, &a, (ProtobufCMessage **)&r, NULL,
+                            &ge);
   if (!rc && r->n_puts != k)
     rc = tport_err_set(&ge, TPORT_DATA_LOSS, "the server answered %zu of %zu elements",
                        r->n_puts, k);
@@ -164,8 +169,7 @@ static int group_take(void *ctx, client_slot *s, tport_err *err)
         client_info_from_wire(r->puts[j]->info, &it->info);
     }
   }
-  if (r)
-    protobuf_c_message_free_unpacked(&r->base, NULL);
+  arena_fini(&a);
   return TPORT_OK; /* the group's error is its elements': the others go on */
 }
 

@@ -124,6 +124,11 @@ int client_pack(uint16_t method, const ProtobufCMessage *q, const void *payload,
                 nng_msg **out, tport_err *err);
 int client_unpack(uint16_t method, nng_msg *m, const ProtobufCMessageDescriptor *d,
                   ProtobufCMessage **out, client_payload *payload, tport_err *err);
+/* The same, unpacked into arena a (NULL: malloc): the message goes with the
+ * arena, never freed by itself. */
+int client_unpack_in(uint16_t method, nng_msg *m, const ProtobufCMessageDescriptor *d,
+                     struct arena *a, ProtobufCMessage **out, client_payload *payload,
+                     tport_err *err);
 /* CLOCK_REALTIME ms from now, for pthread_cond_timedwait */
 struct timespec client_deadline_after(int ms);
 /* Takes k request credits, all at once (so that threads that each need

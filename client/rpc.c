@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "arena.h"
 #include "client_internal.h"
 
 struct timespec client_deadline_after(int ms)
@@ -85,6 +86,12 @@ static const Tport__Status *reply_status(const ProtobufCMessage *m)
 int client_unpack(uint16_t method, nng_msg *m, const ProtobufCMessageDescriptor *d,
                   ProtobufCMessage **out, client_payload *payload, tport_err *err)
 {
+  return client_unpack_in(method, m, d, NULL, out, payload, err);
+}
+
+int client_unpack_in(uint16_t method, nng_msg *m, const ProtobufCMessageDescriptor *d, arena *a,
+                     ProtobufCMessage **out, client_payload *payload, tport_err *err)
+{
   frame_view v;
   int rc = frame_parse(nng_msg_body(m), nng_msg_len(m), &v, err);
   if (rc)
@@ -93,7 +100,7 @@ int client_unpack(uint16_t method, nng_msg *m, const ProtobufCMessageDescriptor 
     return tport_err_set(err, TPORT_INTERNAL, "reply to method %u came for method %u", v.method,
                          method);
   ProtobufCMessage *r;
-  rc = frame_unpack(&v, d, &r, err);
+  rc = frame_unpack_in(&v, d, a, &r, err);
   if (rc)
     return rc;
   const Tport__Status *st = reply_status(r);
@@ -104,7 +111,8 @@ int client_unpack(uint16_t method, nng_msg *m, const ProtobufCMessageDescriptor 
       *out = r; /* the challenge is in it: the caller answers and frees it */
       return code;
     }
-    protobuf_c_message_free_unpacked(r, NULL);
+    if (!a)
+      protobuf_c_message_free_unpacked(r, NULL);
     return code;
   }
   if (payload) {

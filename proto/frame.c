@@ -1,6 +1,8 @@
 /* frame.c: the frame codec (see frame.h for the layout). */
 #include "frame.h"
 
+#include "arena.h"
+
 #include <string.h>
 
 static uint32_t get_be32(const uint8_t *p)
@@ -76,6 +78,18 @@ int frame_unpack(const frame_view *v, const ProtobufCMessageDescriptor *d, Proto
                  tport_err *err)
 {
   ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, v->msg_len, v->msg);
+  if (!m)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "frame message is not a valid %s", d->name);
+  *out = m;
+  return TPORT_OK;
+}
+
+int frame_unpack_in(const frame_view *v, const ProtobufCMessageDescriptor *d, struct arena *a,
+                    ProtobufCMessage **out, tport_err *err)
+{
+  if (!a)
+    return frame_unpack(v, d, out, err);
+  ProtobufCMessage *m = protobuf_c_message_unpack(d, &a->allocator, v->msg_len, v->msg);
   if (!m)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "frame message is not a valid %s", d->name);
   *out = m;

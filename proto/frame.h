@@ -57,6 +57,12 @@ void frame_write_head(void *buf, uint16_t method, uint8_t flags, const ProtobufC
 int frame_unpack(const frame_view *v, const ProtobufCMessageDescriptor *d, ProtobufCMessage **out,
                  tport_err *err);
 
+/* The same, unpacked into arena a (NULL: malloc, as frame_unpack): the
+ * result goes with arena_reset and is never freed by itself. */
+struct arena;
+int frame_unpack_in(const frame_view *v, const ProtobufCMessageDescriptor *d, struct arena *a,
+                    ProtobufCMessage **out, tport_err *err);
+
 /* The service's method for a method number (1-based); NULL if unknown. */
 const ProtobufCMethodDescriptor *frame_method(uint16_t method);
 

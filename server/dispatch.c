@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "log.h"
+#include "arena.h"
 #include "server_internal.h"
 
 typedef int (*handler_fn)(call *c);
@@ -61,7 +62,7 @@ static void log_failure(server *s, const call *c)
  * a name is at most 256 bytes): what a parked request holds. */
 #define WAIT_REQUEST_MAX 4096
 
-nng_msg *dispatch_request(server *s, srv_ctx *x)
+nng_msg *dispatch_request(server *s, srv_ctx *x, arena *a)
 {
   nng_msg *req = x->msg;
   int64_t queued_ms = x->queued_ms;
@@ -104,7 +105,7 @@ nng_msg *dispatch_request(server *s, srv_ctx *x)
                        "%s takes no payload: %zu bytes came after the request", md->name,
                        v.payload_len);
   if (!rc)
-    rc = frame_unpack(&v, md->input, &c.req, &c.err);
+    rc = frame_unpack_in(&v, md->input, a, &c.req, &c.err);
   if (!rc) {
     if (!x->again)
       atomic_fetch_add(&s->requests[v.method], 1);
@@ -113,8 +114,7 @@ nng_msg *dispatch_request(server *s, srv_ctx *x)
     /* the deadline covers the time queued and the time running */
     engine_set_deadline(queued_ms + (int64_t)s->cfg.deadline_ms);
     rc = handler_for(v.method)(&c);
-    engine_set_deadline(0);
-    protobuf_c_message_free_unpacked(c.req, NULL);
+    engine_set_deadline(0); /* c.req goes with the arena's reset */
   }
   if (!rc && c.park_until_ms && !c.out && x->held_bytes > WAIT_REQUEST_MAX) {
     /* a parked request keeps its body counted against --request-memory for

@@ -215,7 +215,7 @@ int workers_start(struct server *s, const server_config *cfg, tport_err *err);
 
 /* dispatch.c: x's request parsed, checked and handled; its reply (the
  * handler's or an error reply; NULL only when out of memory). */
-nng_msg *dispatch_request(struct server *s, srv_ctx *x);
+nng_msg *dispatch_request(struct server *s, srv_ctx *x, struct arena *a);
 
 /* reply.c: packs a reply (whose status the handler has set) and a payload
  * into the reply message. */

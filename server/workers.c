@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 
+#include "arena.h"
 #include "server_internal.h"
 
 void (*server_test_before_handle)(server *s, uint32_t pipe, uint16_t method);
@@ -16,6 +17,8 @@ void (*server_test_before_handle)(server *s, uint32_t pipe, uint16_t method);
 static void *worker_main(void *arg)
 {
   server *s = arg;
+  arena requests; /* where each request's message is unpacked */
+  arena_init(&requests);
   for (;;) {
     pthread_mutex_lock(&s->qmu);
     fq_node *n;
@@ -26,6 +29,7 @@ static void *worker_main(void *arg)
     if (!n) {
       pthread_mutex_unlock(&s->qmu);
       OPENSSL_thread_stop(); /* this thread's RAND state */
+      arena_fini(&requests);
       return NULL;
     }
     srv_ctx *x = (srv_ctx *)((char *)n - offsetof(srv_ctx, fq));
@@ -37,7 +41,8 @@ static void *worker_main(void *arg)
     else if (!x->drop_why && !stopping) {
       if (server_test_before_handle)
         server_test_before_handle(s, (uint32_t)nng_pipe_id(x->pipe), frame_method_of(x->msg));
-      reply = dispatch_request(s, x);
+      reply = dispatch_request(s, x, &requests);
+      arena_reset(&requests);
       if (x->park_until_ms) {
         ctx_park(s, x); /* it keeps its request until handled again */
         continue;
