@@ -207,7 +207,11 @@ static int add_check(registry *r, reg_session *s, const reg_entry *e, const tpor
 {
   *holder = NULL;
   reg_tenant *tn = s ? s->tn : NULL;
-  size_t add = tn ? tenant_charge_cost(tn, st) : 0;
+  /* an upload's landing was made by its PutBegin: no tenant pays for it
+   * yet, and a lookup (a cache miss or two in a table of every tensor the
+   * tenant holds) would only say so */
+  bool fresh = e->up != NULL;
+  size_t add = !tn ? 0 : fresh ? storage_nbytes(st) : tenant_charge_cost(tn, st);
   if (!s)
     return tport_err_set(err, TPORT_ABORTED, "the connection is closing");
   int rc = take_name ? name_holder(tn, e->name, replace, holder, err) : TPORT_OK;
@@ -222,7 +226,7 @@ static int add_check(registry *r, reg_session *s, const reg_entry *e, const tpor
                          "tenant '%s' would hold %zu more bytes than its %zu: its quota is %zu",
                          tn->name, add > SIZE_MAX - reserve ? SIZE_MAX : add + reserve,
                          tenant_held(tn), r->limits.tenant_quota_bytes);
-  if (!tenant_charge(tn, st))
+  if (!tenant_charge_new(tn, st, fresh))
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for an entry");
   return TPORT_OK;
 }

@@ -98,6 +98,9 @@ void tenant_forget(registry *r, reg_tenant *t);
  * (false: out of memory) and given back, counted per storage. */
 size_t tenant_charge_cost(reg_tenant *t, const tport_storage *s);
 bool tenant_charge(reg_tenant *t, const tport_storage *s);
+/* tenant_charge of a storage that fresh says no entry has yet (an upload's
+ * landing, made by its PutBegin): no lookup, its cost its size. */
+bool tenant_charge_new(reg_tenant *t, const tport_storage *s, bool fresh);
 void tenant_uncharge(reg_tenant *t, const tport_storage *s);
 /* Gives res's bytes back to its tenant. */
 void reservation_drop(registry *r, reg_reservation *res);

@@ -109,8 +109,14 @@ size_t tenant_charge_cost(reg_tenant *t, const tport_storage *s)
 
 bool tenant_charge(reg_tenant *t, const tport_storage *s)
 {
-  reg_charge *c;
-  HASH_FIND_PTR(t->charges, &s, c);
+  return tenant_charge_new(t, s, false);
+}
+
+bool tenant_charge_new(reg_tenant *t, const tport_storage *s, bool fresh)
+{
+  reg_charge *c = NULL;
+  if (!fresh)
+    HASH_FIND_PTR(t->charges, &s, c);
   if (!c) {
     c = calloc(1, sizeof *c);
     if (!c)

@@ -168,9 +168,12 @@ int reg_commit_end(registry *r, reg_entry *e, tport_tensor *final, tport_err *er
   /* the tenant now pays for the stored tensor's storage, not the landing's
    * nor the reservation (charged before uncharged: they may be one storage) */
   int rc = TPORT_OK;
-  if (!tenant_charge(tn, final->storage))
+  /* the landing is the stored tensor's storage (no conversion at commit):
+   * the charge stays as it is */
+  bool same = final->storage == e->charged;
+  if (!same && !tenant_charge(tn, final->storage))
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for an entry");
-  else if (up->replace && (rc = commit_take_name(r, e, &dead, err)) != TPORT_OK)
+  else if (up->replace && (rc = commit_take_name(r, e, &dead, err)) != TPORT_OK && !same)
     tenant_uncharge(tn, final->storage);
   if (rc) {
     up->state = UP_RECEIVING;
@@ -179,7 +182,8 @@ int reg_commit_end(registry *r, reg_entry *e, tport_tensor *final, tport_err *er
     tensor_release(final);
     return rc;
   }
-  tenant_uncharge(tn, e->charged);
+  if (!same)
+    tenant_uncharge(tn, e->charged);
   e->charged = final->storage;
   tn->bytes -= e->reserved;
   e->reserved = 0;
