@@ -72,6 +72,7 @@ typedef struct put_groups {
   size_t *idx, *start;
   size_t ngroups;
   lent_chunks lent; /* a large element's bytes, lent to its group's request */
+  arena replies;    /* where each group's reply is unpacked (reset after it) */
 } put_groups;
 
 /* An element this large goes in a group of its own, its bytes lent to the
@@ -149,11 +150,9 @@ static int group_take(void *ctx, client_slot *s, tport_err *err)
   Tport__PutBatchReply *r = NULL;
   tport_err ge;
   /* a reply of 256 elements is ~2,000 fields: unpacked into one arena */
-  arena a;
-  arena_init(&a);
   int rc = client_unpack_in(TPORT__METHOD__METHOD_PUT_BATCH, s->reply,
-                            &tport__put_batch_reply__descriptor, &a, (ProtobufCMessage **)&r, NULL,
-                            &ge);
+                            &tport__put_batch_reply__descriptor, &pg->replies,
+                            (ProtobufCMessage **)&r, NULL, &ge);
   if (!rc && r->n_puts != k)
     rc = tport_err_set(&ge, TPORT_DATA_LOSS, "the server answered %zu of %zu elements",
                        r->n_puts, k);
@@ -169,7 +168,7 @@ static int group_take(void *ctx, client_slot *s, tport_err *err)
         client_info_from_wire(r->puts[j]->info, &it->info);
     }
   }
-  arena_fini(&a);
+  arena_reset(&pg->replies);
   return TPORT_OK; /* the group's error is its elements': the others go on */
 }
 
@@ -194,10 +193,16 @@ static void put_small(tport_client *c, tport_put_item *items, size_t *idx, size_
   }
   if (!rc) {
     start[ngroups] = k;
-    put_groups pg = {c, items, idx, start, ngroups,
-                     {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0}};
+    put_groups pg = {.c = c,
+                     .items = items,
+                     .idx = idx,
+                     .start = start,
+                     .ngroups = ngroups,
+                     .lent = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0}};
+    arena_init(&pg.replies);
     rc = client_run_window(c, ngroups, 1, group_make, group_take, &pg, NULL, NULL, cancel, &err);
     client_lent_wait(c, &pg.lent); /* the caller's bytes are theirs again */
+    arena_fini(&pg.replies);
   }
   for (size_t j = 0; j < k; j++)
     if (items[idx[j]].err.code == NOT_ANSWERED)

@@ -20,9 +20,12 @@
 #define UNPOISON(p, n) ((void)(p), (void)(n))
 #endif
 
-/* The usual block: a request's message is a few KiB (a batch of 256 puts
- * unpacks into ~60 KiB); a larger one gets blocks of its own size. */
+/* The first block: a request's message is a few KiB (a batch of 256 puts
+ * unpacks into ~100 KiB).  Each next block is as large as all before it
+ * (or the allocation), and a reset keeps the largest up to ARENA_KEEP_MAX:
+ * a run of like messages soon unpacks into one block, with no malloc. */
 #define ARENA_BLOCK_BYTES ((size_t)64 << 10)
+#define ARENA_KEEP_MAX ((size_t)4 << 20)
 #define ARENA_ALIGN 16
 
 struct arena_block {
@@ -39,7 +42,12 @@ static void *arena_alloc(void *data, size_t size)
     return NULL; /* overflow */
   arena_block *b = a->head;
   if (!b || b->size - b->used < need) {
-    size_t bytes = need > ARENA_BLOCK_BYTES ? need : ARENA_BLOCK_BYTES;
+    size_t held = 0;
+    for (arena_block *o = b; o; o = o->next)
+      held += o->size;
+    size_t bytes = held > ARENA_BLOCK_BYTES ? held : ARENA_BLOCK_BYTES;
+    if (need > bytes)
+      bytes = need;
     if (bytes > SIZE_MAX - sizeof *b)
       return NULL;
     arena_block *nb = malloc(sizeof *nb + bytes);
@@ -48,16 +56,8 @@ static void *arena_alloc(void *data, size_t size)
     nb->size = bytes;
     nb->used = 0;
     POISON(nb->data, bytes);
-    /* a block made for one large allocation goes behind the head, which
-     * keeps filling */
-    if (b && bytes > ARENA_BLOCK_BYTES) {
-      nb->next = b->next;
-      b->next = nb;
-    } else {
-      nb->next = b;
-      a->head = nb;
-    }
-    b = nb;
+    nb->next = b;
+    a->head = b = nb;
   }
   void *p = b->data + b->used;
   b->used += need;
@@ -80,14 +80,16 @@ void arena_init(arena *a)
 
 void arena_reset(arena *a)
 {
-  /* keep one block of the usual size: the next message is likely alike */
+  /* keep the largest block of a sensible size: the next message is likely
+   * alike */
   arena_block *keep = NULL;
+  for (arena_block *b = a->head; b; b = b->next)
+    if (b->size <= ARENA_KEEP_MAX && (!keep || b->size > keep->size))
+      keep = b;
   for (arena_block *b = a->head, *next; b; b = next) {
     next = b->next;
-    if (!keep && b->size == ARENA_BLOCK_BYTES) {
-      keep = b;
+    if (b == keep)
       continue;
-    }
     UNPOISON(b->data, b->size);
     free(b);
   }

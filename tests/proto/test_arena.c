@@ -69,22 +69,36 @@ Test(arena, a_message_unpacked_in_it_reads_as_a_mallocd_one)
   free(buf);
 }
 
-Test(arena, allocations_larger_than_a_block_and_sizes_that_overflow)
+Test(arena, blocks_grow_and_a_reset_keeps_the_largest)
 {
   arena a;
   arena_init(&a);
   uint8_t *small = a.allocator.alloc(a.allocator.allocator_data, 100);
-  uint8_t *big = a.allocator.alloc(a.allocator.allocator_data, (size_t)1 << 20);
   uint8_t *after = a.allocator.alloc(a.allocator.allocator_data, 100);
-  cr_assert(small && big && after);
+  cr_assert(small && after);
+  cr_assert_eq(after, small + 112, "small ones fill one block, 16-byte aligned");
+  uint8_t *big = a.allocator.alloc(a.allocator.allocator_data, (size_t)1 << 20);
+  cr_assert_not_null(big);
   memset(big, 0xab, (size_t)1 << 20);
   memset(small, 1, 100);
   memset(after, 2, 100);
-  cr_assert_eq(after, small + 112, "small ones keep filling the block before the big one");
+  cr_assert_eq(arena_blocks(&a), 2);
+  /* the next block is as large as all before it: no block per allocation */
+  for (int i = 0; i < 1000; i++)
+    cr_assert_not_null(a.allocator.alloc(a.allocator.allocator_data, 1000));
+  cr_assert_leq(arena_blocks(&a), 3);
   cr_assert_null(a.allocator.alloc(a.allocator.allocator_data, SIZE_MAX));
   cr_assert_null(a.allocator.alloc(a.allocator.allocator_data, SIZE_MAX - 8));
-  cr_assert_eq(arena_blocks(&a), 2);
-  arena_reset(&a); /* the big block goes, the usual one stays */
+  arena_reset(&a);
+  cr_assert_eq(arena_blocks(&a), 1, "the largest stays");
+  /* and the same run of allocations fits in it now */
+  cr_assert_not_null(a.allocator.alloc(a.allocator.allocator_data, (size_t)1 << 20));
   cr_assert_eq(arena_blocks(&a), 1);
+  /* a block past 4 MiB is not kept */
+  cr_assert_not_null(a.allocator.alloc(a.allocator.allocator_data, (size_t)8 << 20));
+  arena_reset(&a);
+  cr_assert_eq(arena_blocks(&a), 1);
+  cr_assert_not_null(a.allocator.alloc(a.allocator.allocator_data, (size_t)2 << 20));
   arena_fini(&a);
+  cr_assert_eq(arena_blocks(&a), 0);
 }
