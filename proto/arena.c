@@ -22,8 +22,9 @@
 
 /* The first block: a request's message is a few KiB (a batch of 256 puts
  * unpacks into ~100 KiB).  Each next block is as large as all before it
- * (or the allocation), and a reset keeps the largest up to ARENA_KEEP_MAX:
- * a run of like messages soon unpacks into one block, with no malloc. */
+ * (or the allocation), and a reset that finds several makes them one, up
+ * to ARENA_KEEP_MAX: a run of like messages unpacks into one block with no
+ * malloc at all. */
 #define ARENA_BLOCK_BYTES ((size_t)64 << 10)
 #define ARENA_KEEP_MAX ((size_t)4 << 20)
 #define ARENA_ALIGN 16
@@ -80,25 +81,30 @@ void arena_init(arena *a)
 
 void arena_reset(arena *a)
 {
-  /* keep the largest block of a sensible size: the next message is likely
-   * alike */
-  arena_block *keep = NULL;
-  for (arena_block *b = a->head; b; b = b->next)
-    if (b->size <= ARENA_KEEP_MAX && (!keep || b->size > keep->size))
-      keep = b;
-  for (arena_block *b = a->head, *next; b; b = next) {
-    next = b->next;
-    if (b == keep)
-      continue;
-    UNPOISON(b->data, b->size);
-    free(b);
+  arena_block *b = a->head;
+  if (b && !b->next) { /* the message fit in one block: the usual case */
+    b->used = 0;
+    POISON(b->data, b->size);
+    return;
   }
-  if (keep) {
-    keep->next = NULL;
-    keep->used = 0;
-    POISON(keep->data, keep->size);
-  }
-  a->head = keep;
+  /* it took several: one block as large as all of them (up to
+   * ARENA_KEEP_MAX) for the next, which is likely alike -- without it each
+   * message would malloc and free its extra blocks, and glibc grows and
+   * trims its heap for them (page faults, system calls) every time */
+  size_t held = 0;
+  for (arena_block *o = b; o; o = o->next)
+    held += o->size;
+  arena_fini(a);
+  if (held > ARENA_KEEP_MAX)
+    return;
+  arena_block *nb = malloc(sizeof *nb + held);
+  if (!nb)
+    return; /* the next message makes its blocks again */
+  nb->next = NULL;
+  nb->size = held;
+  nb->used = 0;
+  POISON(nb->data, held);
+  a->head = nb;
 }
 
 void arena_fini(arena *a)

@@ -25,8 +25,8 @@ typedef struct arena {
 
 /* An empty arena (its first block is made on the first allocation). */
 void arena_init(arena *a);
-/* Gives back everything allocated, keeping its largest block (up to 4 MiB)
- * for the next message. */
+/* Gives back everything allocated, keeping one block as large as all it
+ * held (up to 4 MiB) for the next message. */
 void arena_reset(arena *a);
 /* Gives back everything. */
 void arena_fini(arena *a);

@@ -104,8 +104,15 @@ nng_msg *dispatch_request(server *s, srv_ctx *x, arena *a)
     rc = tport_err_set(&c.err, TPORT_INVALID_ARGUMENT,
                        "%s takes no payload: %zu bytes came after the request", md->name,
                        v.payload_len);
+  /* A batch is hundreds of fields, each a malloc and a free without the
+   * arena; a single request is a handful.  Measured here (bench/RESULTS.md,
+   * seventh session) the arena for every request made tcp's small puts
+   * 1.5x slower once the server had moved large tensors, for reasons not
+   * found; for batches only it keeps the gain on both transports. */
+  bool batch = v.method == TPORT__METHOD__METHOD_PUT_BATCH ||
+               v.method == TPORT__METHOD__METHOD_GET_BATCH;
   if (!rc)
-    rc = frame_unpack_in(&v, md->input, a, &c.req, &c.err);
+    rc = frame_unpack_in(&v, md->input, batch ? a : NULL, &c.req, &c.err);
   if (!rc) {
     if (!x->again)
       atomic_fetch_add(&s->requests[v.method], 1);
@@ -114,7 +121,9 @@ nng_msg *dispatch_request(server *s, srv_ctx *x, arena *a)
     /* the deadline covers the time queued and the time running */
     engine_set_deadline(queued_ms + (int64_t)s->cfg.deadline_ms);
     rc = handler_for(v.method)(&c);
-    engine_set_deadline(0); /* c.req goes with the arena's reset */
+    engine_set_deadline(0);
+    if (!batch) /* a batch's goes with the arena's reset */
+      protobuf_c_message_free_unpacked(c.req, NULL);
   }
   if (!rc && c.park_until_ms && !c.out && x->held_bytes > WAIT_REQUEST_MAX) {
     /* a parked request keeps its body counted against --request-memory for
