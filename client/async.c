@@ -248,6 +248,8 @@ int tport_info_async(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
   if (!w)
     return TPORT_RESOURCE_EXHAUSTED;
   w->wait_ms = wait_ms;
+  if (wait_ms)
+    return client_request_start_waiting(c, run_info, w, free, done, done_arg, req, err);
   return client_request_start(c, run_info, w, free, done, done_arg, req, err);
 }
 

@@ -163,11 +163,13 @@ struct tport_request {
   tport_request_fn done;
   void *done_arg;
   atomic_bool cancel;
+  bool waits; /* it waits for a name on the server: outside the pool's bound */
   /* under request.c's lock */
   int refs;
   bool finished; /* status and err final: its callback may be running */
   bool complete; /* and the callback has returned */
   int waiters;   /* tport_wait/_any calls waiting for it: its completion wakes them */
+  nng_aio *abort; /* the aio its wait for a name blocks on: tport_cancel aborts it */
   int status;
   tport_err err;
   /* under the client's pool lock */
@@ -187,6 +189,16 @@ void client_pool_join(tport_client *c);
 int client_request_start(tport_client *c, client_run_fn run, void *work,
                          void (*free_work)(void *), tport_request_fn done, void *done_arg,
                          tport_request **out, tport_err *err);
+/* client_request_start of a request that waits for a name on the server:
+ * it gets a thread of its own past the pool's bound (the server lets a
+ * connection have 16 such requests), so that waits never hold up the
+ * requests that would answer them. */
+int client_request_start_waiting(tport_client *c, client_run_fn run, void *work,
+                                 void (*free_work)(void *), tport_request_fn done,
+                                 void *done_arg, tport_request **out, tport_err *err);
+/* On a library thread running a request: aio (NULL: none any more) is what
+ * it blocks on, aborted by tport_cancel.  false where no request runs. */
+bool client_request_abortable(nng_aio *aio);
 /* Takes up to max queued requests of run, oldest first, off the queue: the
  * caller runs them and finishes each (client_request_finish). */
 size_t client_requests_take(tport_client *c, client_run_fn run, tport_request **out, size_t max);

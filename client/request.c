@@ -20,6 +20,9 @@
 
 #define POOL_DEFAULT_THREADS 4
 #define POOL_MAX_THREADS 64
+/* Threads for requests that wait for a name, past the pool's bound: the
+ * server parks at most 16 of a connection's (registry_waiters.c). */
+#define POOL_WAITING_THREADS 16
 
 static pthread_mutex_t done_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t done_cv = PTHREAD_COND_INITIALIZER;
@@ -29,8 +32,10 @@ struct client_pool {
   pthread_cond_t cv;
   tport_request *head, *tail; /* queued, oldest first */
   tport_request *live;        /* queued or running (cancelled at close) */
-  pthread_t threads[POOL_MAX_THREADS];
+  pthread_t threads[POOL_MAX_THREADS + POOL_WAITING_THREADS];
   int nthreads, idle, max;
+  int waiting; /* requests queued or running that wait for a name */
+  int queued;  /* requests on the queue */
   bool closing;
 };
 
@@ -104,13 +109,31 @@ void client_request_finish(tport_request *r, int status, const tport_err *e)
   release(r);
 }
 
+static _Thread_local tport_request *running; /* on a library thread: its request */
+
+bool client_request_abortable(nng_aio *aio)
+{
+  tport_request *r = running;
+  if (!r)
+    return false;
+  pthread_mutex_lock(&done_mu);
+  r->abort = aio;
+  /* a cancel that came before the aio was known */
+  if (aio && atomic_load(&r->cancel))
+    nng_aio_abort(aio, NNG_ECANCELED);
+  pthread_mutex_unlock(&done_mu);
+  return true;
+}
+
 static void run_one(tport_request *r)
 {
   tport_err e;
   tport_err_clear(&e);
+  running = r;
   int rc = atomic_load(&r->cancel)
                ? tport_err_set(&e, TPORT_CANCELLED, "cancelled before it started")
                : r->run(r, &e);
+  running = NULL;
   client_request_finish(r, rc, &e);
 }
 
@@ -130,17 +153,38 @@ static void *worker(void *arg)
     p->head = r->next;
     if (!p->head)
       p->tail = NULL;
+    p->queued--;
+    bool waits = r->waits;
     pthread_mutex_unlock(&p->mu);
-    run_one(r);
+    run_one(r); /* r may be gone after */
     pthread_mutex_lock(&p->mu);
+    p->waiting -= waits;
   }
   pthread_mutex_unlock(&p->mu);
   return NULL;
 }
 
+static int request_start(tport_client *c, client_run_fn run, void *work,
+                         void (*free_work)(void *), tport_request_fn done, void *done_arg,
+                         bool waits, tport_request **out, tport_err *err);
+
 int client_request_start(tport_client *c, client_run_fn run, void *work,
                          void (*free_work)(void *), tport_request_fn done, void *done_arg,
                          tport_request **out, tport_err *err)
+{
+  return request_start(c, run, work, free_work, done, done_arg, false, out, err);
+}
+
+int client_request_start_waiting(tport_client *c, client_run_fn run, void *work,
+                                 void (*free_work)(void *), tport_request_fn done,
+                                 void *done_arg, tport_request **out, tport_err *err)
+{
+  return request_start(c, run, work, free_work, done, done_arg, true, out, err);
+}
+
+static int request_start(tport_client *c, client_run_fn run, void *work,
+                         void (*free_work)(void *), tport_request_fn done, void *done_arg,
+                         bool waits, tport_request **out, tport_err *err)
 {
   tport_request *r = calloc(1, sizeof *r);
   if (!r) {
@@ -155,25 +199,39 @@ int client_request_start(tport_client *c, client_run_fn run, void *work,
   r->done = done;
   r->done_arg = done_arg;
   r->refs = 2;
+  r->waits = waits;
   atomic_init(&r->cancel, false);
   struct client_pool *p = c->pool;
   int rc = TPORT_OK;
   pthread_mutex_lock(&p->mu);
   if (p->closing)
     rc = tport_err_set(err, TPORT_UNAVAILABLE, "the client is being closed");
-  /* a thread more while none is idle, up to the bound */
-  if (!rc && p->idle == 0 && p->nthreads < p->max) {
+  /* a thread more while none is idle, up to the bound -- which the requests
+   * waiting for names (each soon holding a thread for long) do not count
+   * against; one that waits may have one of the extra threads */
+  p->waiting += waits;
+  int bound = p->max + p->waiting;
+  if (waits)
+    bound = p->max + POOL_WAITING_THREADS;
+  if (bound > POOL_MAX_THREADS + POOL_WAITING_THREADS)
+    bound = POOL_MAX_THREADS + POOL_WAITING_THREADS;
+  /* idle threads woken for requests queued before are not idle for this
+   * one: a thread more while the queue outnumbers them */
+  if (!rc && p->queued >= p->idle && p->nthreads < bound) {
     if (pthread_create(&p->threads[p->nthreads], NULL, worker, p) == 0)
       p->nthreads++;
     else if (p->nthreads == 0)
       rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "cannot start a library thread");
   }
+  if (rc)
+    p->waiting -= waits;
   if (!rc) {
     if (p->tail)
       p->tail->next = r;
     else
       p->head = r;
     p->tail = r;
+    p->queued++;
     r->live_next = p->live;
     if (p->live)
       p->live->live_prev = r;
@@ -202,6 +260,7 @@ size_t client_requests_take(tport_client *c, client_run_fn run, tport_request **
     if (r->run == run && !atomic_load(&r->cancel)) {
       *at = r->next;
       out[k++] = r;
+      p->queued--;
     } else {
       last = r;
       at = &r->next;
@@ -309,12 +368,16 @@ const tport_err *tport_request_error(const tport_request *req)
 void tport_cancel(tport_request *req)
 {
   atomic_store(&req->cancel, true);
+  pthread_mutex_lock(&done_mu);
+  if (req->abort) /* blocked waiting for a name: stop waiting */
+    nng_aio_abort(req->abort, NNG_ECANCELED);
+  pthread_mutex_unlock(&done_mu);
 }
 
 void tport_request_free(tport_request *req)
 {
   if (!req)
     return;
-  atomic_store(&req->cancel, true); /* one in flight stops: nobody wants it */
+  tport_cancel(req); /* one in flight stops: nobody wants it */
   release(req);
 }

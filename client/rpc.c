@@ -133,6 +133,7 @@ static int nng_to_status(int rv)
   case NNG_ECONNSHUT: return TPORT_UNAVAILABLE;
   case NNG_ENOMEM: return TPORT_RESOURCE_EXHAUSTED;
   case NNG_EMSGSIZE: return TPORT_RESOURCE_EXHAUSTED;
+  case NNG_ECANCELED: return TPORT_CANCELLED; /* tport_cancel of a request that waits */
   default: return TPORT_UNAVAILABLE;
   }
 }
@@ -280,10 +281,15 @@ static int exchange(tport_client *c, uint32_t wait_ms, uint16_t method, const Pr
                                                   ? INT32_MAX
                                                   : c->timeout_ms + (int64_t)wait_ms));
   rc = client_pack(method, q, payload, n, &m, err);
+  /* a wait for a name may last long: a tport_cancel of the request it runs
+   * for aborts it (the server's answer, when it comes, is dropped) */
+  bool abortable = wait_ms && client_request_abortable(s.aio);
   if (!rc) {
     client_slot_send(&s, m);
     rc = client_slot_finish(&s, err);
   }
+  if (abortable)
+    client_request_abortable(NULL);
   if (!rc && reply_pipe)
     *reply_pipe = nng_msg_get_pipe(s.reply);
   if (!rc)

@@ -92,9 +92,11 @@ class Client:
 
     async def get(self, ref, *, wait=None):
         """``tensorport.Client.get`` as a NumPy array; ``wait`` (seconds, with a name)
-        waits for the name on the server first (``info``), then gets what it holds."""
-        if wait:
-            ref = (await self.info(ref, wait=wait)).ref  # the handle of what the name holds
+        waits for the name on the server first (``info``), then gets what it holds
+        then (by name: looked up and read in one request, so a replace in between
+        gives the newer tensor, whole)."""
+        if wait and not isinstance(ref, Tensor):
+            await self.info(ref, wait=wait)
         return await self._request(lambda sink: _requests.get(self.sync, ref, sink))
 
     async def info(self, ref, *, wait=None):

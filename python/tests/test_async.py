@@ -365,3 +365,25 @@ def test_asyncio_info_get_wait_and_to_take_no_executor_thread(server):
             await c.free(t)
 
     asyncio.run(main())
+
+
+def test_asyncio_waits_outnumber_the_library_threads(server):
+    """More waits for names than libtport's threads (4) and window (8): the puts that
+    publish them, on the same client, still run; a cancelled wait ends at once."""
+    async def main():
+        async with aio.Client(server.url, tenant="aio-many") as c:
+            waits = [asyncio.ensure_future(c.get("many-%d" % i, wait=20)) for i in range(10)]
+            await asyncio.sleep(0.2)
+            await asyncio.wait_for(
+                asyncio.gather(*(c.put(np.full(3, i, np.int16), name="many-%d" % i, ttl=60)
+                                 for i in range(10))), 15)
+            got = await asyncio.wait_for(asyncio.gather(*waits), 15)
+            for i, a in enumerate(got):
+                assert np.array_equal(a, np.full(3, i, np.int16))
+            t0 = time.monotonic()
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(c.info("never-%d" % 0, wait=20), 0.2)
+            assert time.monotonic() - t0 < 5
+            await asyncio.wait_for(c.put(np.ones(2)), 5)  # nothing left stuck
+
+    asyncio.run(main())

@@ -443,3 +443,67 @@ Test(async, an_info_that_waits_for_its_name_wakes_when_it_is_put)
   tport_close(producer);
   tport_close(c);
 }
+
+/* Waits for names are more than the pool's threads (4) and the window's
+ * credits (8): the puts that publish the names, on the same client, must
+ * still run (before, they queued behind the waits until those timed out). */
+Test(async, waits_for_names_never_hold_up_the_puts_that_answer_them)
+{
+  tport_client *c = connect_plain();
+  enum { N = 12 };
+  tport_request *waits[N], *puts[N];
+  tport_tensor_info got[N], made[N];
+  tport_put_options o[N];
+  char names[N][32];
+  int32_t v[N];
+  int64_t one = 1;
+  tport_err err;
+  for (int i = 0; i < N; i++) {
+    tport_ref r = {0};
+    snprintf(names[i], sizeof names[i], "wait-%d", i);
+    snprintf(r.name, sizeof r.name, "wait-%d", i);
+    cr_assert_eq(tport_info_async(c, &r, 20000, &got[i], NULL, NULL, &waits[i], &err), TPORT_OK,
+                 "%s", err.msg);
+  }
+  for (int i = 0; i < N; i++) {
+    tport_put_options_init(&o[i]);
+    o[i].name = names[i];
+    v[i] = i;
+    cr_assert_eq(tport_put_async(c, TPORT_INT32, 1, &one, NULL, &v[i], sizeof v[i], &o[i],
+                                 &made[i], NULL, NULL, &puts[i], &err),
+                 TPORT_OK, "%s", err.msg);
+  }
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(tport_wait(puts[i], 15000, &err), TPORT_OK, "put %d: %s", i, err.msg);
+    cr_assert_eq(tport_wait(waits[i], 15000, &err), TPORT_OK, "wait %d: %s", i, err.msg);
+    cr_assert_eq(memcmp(got[i].ref.handle, made[i].ref.handle, TPORT_HANDLE_BYTES), 0);
+    tport_request_free(puts[i]);
+    tport_request_free(waits[i]);
+  }
+  tport_close(c);
+}
+
+Test(async, a_cancelled_wait_for_a_name_ends_at_once)
+{
+  tport_client *c = connect_plain();
+  tport_ref r = {0};
+  snprintf(r.name, sizeof r.name, "nobody-puts-this");
+  tport_tensor_info info;
+  tport_err err;
+  tport_request *req;
+  cr_assert_eq(tport_info_async(c, &r, 25000, &info, NULL, NULL, &req, &err), TPORT_OK);
+  cr_assert_eq(tport_wait(req, 100, &err), TPORT_DEADLINE_EXCEEDED, "it waits on the server");
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  tport_cancel(req);
+  cr_assert_eq(tport_wait(req, 10000, &err), TPORT_CANCELLED, "%s", err.msg);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  cr_assert_lt(t1.tv_sec - t0.tv_sec, 10, "the cancel did not wait for the server's answer");
+  tport_request_free(req);
+  /* the client goes on */
+  uint8_t b = 7;
+  int64_t one = 1;
+  cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &one, NULL, &b, 1, NULL, &info, &err), TPORT_OK, "%s",
+               err.msg);
+  tport_close(c);
+}
