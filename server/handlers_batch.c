@@ -29,6 +29,7 @@ typedef struct element {
   const uint8_t *packed;
   size_t packed_len;
   uint8_t *own;
+  uint8_t fallback[8]; /* a failure's reply when own cannot be had */
   const uint8_t *payload;
   size_t payload_len;
   bool ok;
@@ -47,11 +48,18 @@ static void element_failed(element *el)
   el->ok = false;
   el->packed_len = protobuf_c_message_get_packed_size(&r.base);
   el->own = malloc(el->packed_len ? el->packed_len : 1);
-  if (el->own)
+  if (el->own) {
     protobuf_c_message_pack(&r.base, el->own);
-  else
-    el->packed_len = 0; /* an empty reply: the client reads it as a failure */
-  el->packed = el->own;
+    el->packed = el->own;
+    return;
+  }
+  /* out of memory: the status alone, no message (a few bytes, never an
+   * empty reply, which a client would read as a success) */
+  st.code = TPORT__CODE__CODE_RESOURCE_EXHAUSTED;
+  st.message = (char *)"";
+  el->packed_len = protobuf_c_message_get_packed_size(&r.base);
+  protobuf_c_message_pack(&r.base, el->fallback); /* 4 bytes */
+  el->packed = el->fallback;
 }
 
 /* Runs handler on one element (req, payload) as a call of its own and

@@ -5,8 +5,11 @@
  * time): 14% of tportd's time in a batch of 10,000 small puts, one handle
  * each.  The bytes are the same CSPRNG's; a byte handed out is wiped from
  * the buffer, so what stays in memory is only what no one has seen yet
- * (as the generator's own state is).  A forked child starts with an empty
- * buffer, never sharing its parent's next ids.
+ * (as the generator's own state is), and a worker wipes the rest as it
+ * ends.  A forked child's one thread starts with an empty buffer, never
+ * handing out its parent's next ids (the other threads' buffers are copied
+ * into the child too, as all of a process's memory is, but no thread of the
+ * child ever reads them).
  */
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
@@ -50,4 +53,10 @@ bool random_ids(void *out, size_t n)
   OPENSSL_cleanse(from, n);
   pool_left -= n;
   return true;
+}
+
+void random_ids_thread_end(void)
+{
+  OPENSSL_cleanse(pool, sizeof pool);
+  pool_left = 0;
 }

@@ -11,5 +11,8 @@
 /* n random bytes into out (any n; more than the buffer goes to RAND_bytes
  * directly).  false: the CSPRNG failed (out is then not to be used). */
 bool random_ids(void *out, size_t n);
+/* Wipes this thread's buffer (a thread that ends: what no one has seen
+ * is not left in freed memory). */
+void random_ids_thread_end(void);
 
 #endif

@@ -26,7 +26,9 @@ void reg_init(registry *r, const reg_limits *limits)
    * saves the futex sleep and wake-up, which a VM makes dear */
   pthread_mutexattr_t a;
   pthread_mutexattr_init(&a);
+#ifdef __GLIBC__
   pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ADAPTIVE_NP);
+#endif
   pthread_mutex_init(&r->mu, &a);
   pthread_mutexattr_destroy(&a);
   r->limits = *limits;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "arena.h"
+#include "random_ids.h"
 #include "server_internal.h"
 
 void (*server_test_before_handle)(server *s, uint32_t pipe, uint16_t method);
@@ -29,6 +30,7 @@ static void *worker_main(void *arg)
     if (!n) {
       pthread_mutex_unlock(&s->qmu);
       OPENSSL_thread_stop(); /* this thread's RAND state */
+      random_ids_thread_end();
       arena_fini(&requests);
       return NULL;
     }
