@@ -199,6 +199,9 @@ int client_request_start_waiting(tport_client *c, client_run_fn run, void *work,
 /* On a library thread running a request: aio (NULL: none any more) is what
  * it blocks on, aborted by tport_cancel.  false where no request runs. */
 bool client_request_abortable(nng_aio *aio);
+/* aio's operation has just started: aborts it where that request was
+ * cancelled meanwhile (rpc.c calls it after each send and receive starts). */
+void client_request_started(nng_aio *aio);
 /* Takes up to max queued requests of run, oldest first, off the queue: the
  * caller runs them and finishes each (client_request_finish). */
 size_t client_requests_take(tport_client *c, client_run_fn run, tport_request **out, size_t max);

@@ -36,6 +36,7 @@ struct client_pool {
   int nthreads, idle, max;
   int waiting; /* requests queued or running that wait for a name */
   int queued;  /* requests on the queue */
+  int running; /* requests running that do not wait: at most max */
   bool closing;
 };
 
@@ -118,11 +119,18 @@ bool client_request_abortable(nng_aio *aio)
     return false;
   pthread_mutex_lock(&done_mu);
   r->abort = aio;
-  /* a cancel that came before the aio was known */
-  if (aio && atomic_load(&r->cancel))
-    nng_aio_abort(aio, NNG_ECANCELED);
   pthread_mutex_unlock(&done_mu);
   return true;
+}
+
+void client_request_started(nng_aio *aio)
+{
+  /* nng_aio_abort only stops an operation in progress: a cancel that came
+   * while aio was idle (before its send, between its send and its
+   * receive) is acted on here, once the operation is under way */
+  tport_request *r = running;
+  if (r && r->abort == aio && atomic_load(&r->cancel))
+    nng_aio_abort(aio, NNG_ECANCELED);
 }
 
 static void run_one(tport_request *r)
@@ -137,28 +145,55 @@ static void run_one(tport_request *r)
   client_request_finish(r, rc, &e);
 }
 
+/* The oldest queued request this thread may run, off the queue: one that
+ * waits for a name always; another while fewer than the pool's bound of
+ * them run (the threads made for waits must not raise it).  p->mu held. */
+static tport_request *take_next(struct client_pool *p)
+{
+  tport_request *prev = NULL;
+  for (tport_request *r = p->head; r; prev = r, r = r->next) {
+    if (!r->waits && p->running >= p->max)
+      continue;
+    if (prev)
+      prev->next = r->next;
+    else
+      p->head = r->next;
+    if (p->tail == r)
+      p->tail = prev;
+    p->queued--;
+    p->running += !r->waits;
+    return r;
+  }
+  return NULL;
+}
+
 static void *worker(void *arg)
 {
   struct client_pool *p = arg;
   pthread_mutex_lock(&p->mu);
   for (;;) {
-    while (!p->head && !p->closing) {
+    tport_request *r;
+    while (!(r = take_next(p)) && !(p->closing && !p->head)) {
       p->idle++;
       pthread_cond_wait(&p->cv, &p->mu);
       p->idle--;
     }
-    tport_request *r = p->head;
     if (!r)
       break; /* closing, and nothing left */
-    p->head = r->next;
-    if (!p->head)
-      p->tail = NULL;
-    p->queued--;
     bool waits = r->waits;
     pthread_mutex_unlock(&p->mu);
     run_one(r); /* r may be gone after */
     pthread_mutex_lock(&p->mu);
-    p->waiting -= waits;
+    if (waits)
+      p->waiting--;
+    else
+      p->running--;
+    /* a request held back by the bound may go; closing, every thread that
+     * waited for one must see the queue empty at last, and end */
+    if (p->closing)
+      pthread_cond_broadcast(&p->cv);
+    else if (!waits)
+      pthread_cond_signal(&p->cv);
   }
   pthread_mutex_unlock(&p->mu);
   return NULL;

@@ -234,7 +234,9 @@ void client_slot_send(client_slot *s, nng_msg *m)
     nng_msg_free(m);
     s->phase = SLOT_IDLE;
     s->refused = true;
+    return;
   }
+  client_request_started(s->aio);
 }
 
 int client_slot_finish(client_slot *s, tport_err *err)
@@ -253,6 +255,7 @@ int client_slot_finish(client_slot *s, tport_err *err)
     s->phase = SLOT_IDLE;
     return closing_error(err);
   }
+  client_request_started(s->aio);
   nng_aio_wait(s->aio);
   rv = nng_aio_result(s->aio);
   s->phase = SLOT_IDLE;

@@ -4,7 +4,8 @@
  * in-process server; six threads share one client and issue puts, gets,
  * batches and to()s as requests, wait for them one by one and with
  * wait_any, cancel some in flight and free others unwaited, with callbacks
- * that issue requests of their own; then the client is closed with
+ * that issue requests of their own, and wait for names (one answered by a
+ * put, one cancelled as it starts); then the client is closed with
  * requests still in flight.  Exit status 0 when every request that
  * completed OK brought its bytes back right and every request completed.
  */
@@ -146,12 +147,53 @@ static void one_batch(unsigned *seed)
   }
 }
 
+/* Waits for names: one answered by a put, one cancelled as it starts (the
+ * cancel races the wait's aio being known). */
+static void one_wait(int thread, int round)
+{
+  char name[64];
+  snprintf(name, sizeof name, "stress-wait-%d-%d", thread, round);
+  tport_ref r = {0}, never = {0};
+  snprintf(r.name, sizeof r.name, "%s", name);
+  snprintf(never.name, sizeof never.name, "stress-never-%d-%d", thread, round);
+  tport_tensor_info got, other, made;
+  tport_request *w, *c;
+  tport_err err;
+  if (tport_info_async(shared, &r, 30000, &got, NULL, NULL, &w, &err)) {
+    fail("info_async", -1, &err);
+    return;
+  }
+  if (!tport_info_async(shared, &never, 30000, &other, NULL, NULL, &c, &err)) {
+    tport_cancel(c);
+    int rc = tport_wait(c, 30000, &err);
+    if (rc != TPORT_CANCELLED)
+      fail("a cancelled wait", rc, &err);
+    tport_request_free(c);
+  }
+  int32_t v = round;
+  int64_t one = 1;
+  tport_put_options o;
+  tport_put_options_init(&o);
+  o.name = name;
+  int rc = tport_put(shared, TPORT_INT32, 1, &one, NULL, &v, sizeof v, &o, &made, &err);
+  if (rc)
+    fail("put of a waited-for name", rc, &err);
+  if ((rc = tport_wait(w, 30000, &err)) != TPORT_OK)
+    fail("a wait answered by a put", rc, &err);
+  else if (memcmp(got.ref.handle, made.ref.handle, TPORT_HANDLE_BYTES))
+    fail("a wait woke with another tensor", -1, NULL);
+  tport_request_free(w);
+  tport_free(shared, &made.ref, NULL);
+}
+
 static void *worker(void *arg)
 {
   unsigned seed = (unsigned)(intptr_t)arg * 2654435761u;
   for (int r = 0; r < ROUNDS; r++) {
     if (r % 5 == 4)
       one_batch(&seed);
+    else if (r % 5 == 2)
+      one_wait((int)(intptr_t)arg, r);
     else
       one_round(&seed);
   }
