@@ -37,6 +37,7 @@ struct client_pool {
   int waiting; /* requests queued or running that wait for a name */
   int queued;  /* requests on the queue */
   int running; /* requests running that do not wait: at most max */
+  int queued_waits; /* requests on the queue that wait for a name */
   bool closing;
 };
 
@@ -150,6 +151,8 @@ static void run_one(tport_request *r)
  * them run (the threads made for waits must not raise it).  p->mu held. */
 static tport_request *take_next(struct client_pool *p)
 {
+  if (p->running >= p->max && p->queued_waits == 0)
+    return NULL; /* without walking a queue of thousands of puts */
   tport_request *prev = NULL;
   for (tport_request *r = p->head; r; prev = r, r = r->next) {
     if (!r->waits && p->running >= p->max)
@@ -161,6 +164,7 @@ static tport_request *take_next(struct client_pool *p)
     if (p->tail == r)
       p->tail = prev;
     p->queued--;
+    p->queued_waits -= r->waits;
     p->running += !r->waits;
     return r;
   }
@@ -267,6 +271,7 @@ static int request_start(tport_client *c, client_run_fn run, void *work,
       p->head = r;
     p->tail = r;
     p->queued++;
+    p->queued_waits += waits;
     r->live_next = p->live;
     if (p->live)
       p->live->live_prev = r;
