@@ -17,19 +17,6 @@
 #include "arena.h"
 #include "client_internal.h"
 
-struct timespec client_deadline_after(int ms)
-{
-  struct timespec t;
-  clock_gettime(CLOCK_REALTIME, &t);
-  t.tv_sec += ms / 1000;
-  t.tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (t.tv_nsec >= 1000000000L) {
-    t.tv_sec++;
-    t.tv_nsec -= 1000000000L;
-  }
-  return t;
-}
-
 /* Takes k request credits, all at once (so that threads that each need
  * several never deadlock), waiting up to the client's timeout. */
 int client_credits_wait(tport_client *c, int k, tport_err *err)
