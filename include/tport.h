@@ -352,8 +352,11 @@ int tport_copy_async(tport_client *c, const tport_ref *dst, const tport_ref *src
                      bool non_blocking, tport_request_fn done, void *done_arg, tport_request **req,
                      tport_err *err);
 /* tport_info_wait as a request (wait_ms 0: tport_info): the consumer of a
- * name that waits for it without holding a thread of its own -- the
- * request holds one of the library's pool while the server waits. */
+ * name that waits for it without a thread of the caller's.  While the
+ * server waits the request holds a library thread of its own, past the
+ * pool's bound (up to 16 such, as the server allows a connection), and no
+ * window credit: waits never hold up the requests that would answer them.
+ * tport_cancel ends the wait at once (the server's answer is dropped). */
 int tport_info_async(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
                      tport_tensor_info *out, tport_request_fn done, void *done_arg,
                      tport_request **req, tport_err *err);
