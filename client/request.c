@@ -111,11 +111,11 @@ void client_request_finish(tport_request *r, int status, const tport_err *e)
   release(r);
 }
 
-static _Thread_local tport_request *running; /* on a library thread: its request */
+static _Thread_local tport_request *running_request; /* a library thread's, as it runs */
 
 bool client_request_abortable(nng_aio *aio)
 {
-  tport_request *r = running;
+  tport_request *r = running_request;
   if (!r)
     return false;
   pthread_mutex_lock(&done_mu);
@@ -129,7 +129,7 @@ void client_request_started(nng_aio *aio)
   /* nng_aio_abort only stops an operation in progress: a cancel that came
    * while aio was idle (before its send, between its send and its
    * receive) is acted on here, once the operation is under way */
-  tport_request *r = running;
+  tport_request *r = running_request;
   if (r && r->abort == aio && atomic_load(&r->cancel))
     nng_aio_abort(aio, NNG_ECANCELED);
 }
@@ -138,11 +138,11 @@ static void run_one(tport_request *r)
 {
   tport_err e;
   tport_err_clear(&e);
-  running = r;
+  running_request = r;
   int rc = atomic_load(&r->cancel)
                ? tport_err_set(&e, TPORT_CANCELLED, "cancelled before it started")
                : r->run(r, &e);
-  running = NULL;
+  running_request = NULL;
   client_request_finish(r, rc, &e);
 }
 
