@@ -6,25 +6,11 @@
 #include <unistd.h>
 #include <uthash.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define BLOCK_CACHE_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define BLOCK_CACHE_ASAN 1
-#endif
-#endif
-#ifdef BLOCK_CACHE_ASAN
-#include <sanitizer/asan_interface.h>
 /* Under AddressSanitizer blocks come from its allocator (so that it knows
  * them), a cached block is poisoned (a use after free is reported even
  * though the memory was not returned) and so is the tail past what an
  * allocation asked for. */
-#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
-#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
-#else
-#define POISON(p, n) ((void)(p), (void)(n))
-#define UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
+#include "asan_poison.h"
 
 #define HUGE BLOCK_CACHE_HUGE
 
@@ -68,7 +54,7 @@ size_t block_cache_round_huge(size_t bytes)
 void *block_cache_map_huge(size_t size, const void **owner)
 {
   *owner = NULL;
-#ifdef BLOCK_CACHE_ASAN
+#ifdef TPORT_ASAN
   return aligned_alloc(HUGE, size);
 #else
   /* map one huge page more and trim, for a 2 MiB aligned start */
@@ -91,7 +77,7 @@ void *block_cache_map_huge(size_t size, const void **owner)
 void block_cache_unmap_huge(void *p, size_t size, const void *owner)
 {
   (void)owner;
-#ifdef BLOCK_CACHE_ASAN
+#ifdef TPORT_ASAN
   UNPOISON(p, size);
   free(p);
 #else
