@@ -395,7 +395,9 @@ void tport_request_free(tport_request *req);
  * returns).  Larger ones go as a tport_put or tport_get of their own
  * would (the window, the automatic region).  Each element has its
  * own result and error; one element's failure leaves the others alone.
- * Returns TPORT_OK when every element succeeded, else the status of the
+ * Elements are independent, stored in no set order (the small ones are
+ * grouped together, whatever lies between them): of two elements with one
+ * name, either may be stored first.  Returns TPORT_OK when every element succeeded, else the status of the
  * first that failed (err: which, and how many failed), or an error of the
  * batch as a whole (the connection). */
 typedef struct tport_put_item {

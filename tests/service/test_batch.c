@@ -2,11 +2,13 @@
  * this process: a ResNet-sized state dict of 161 tensors round trip exact
  * (small ones batched, large ones alone, gets inline and deferred), and
  * errors per element beside good ones (a bad dtype, an element over the
- * tenant's quota, a name that does not exist). */
+ * tenant's quota, a name that does not exist), and the small elements of a
+ * state dict sharing requests between the large ones lent alone. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "server_internal.h" /* the server's count of requests by method */
 #include "service_util.h"
 
 #define WAIT_MS 30000
@@ -167,4 +169,68 @@ Test(batch, empty_batches)
   cr_assert_eq(tport_put_batch(c, NULL, 0, &err), TPORT_OK);
   cr_assert_eq(tport_get_batch(c, NULL, 0, &err), TPORT_OK);
   tport_close(c);
+}
+
+/* A state dict alternates a convolution's weight, large enough to be lent
+ * to a request of its own, with its norm's small vectors.  Those small ones
+ * share requests whatever their order in the batch: 16 lent elements and 16
+ * small ones go in 16 + 1 PutBatch requests, not 32 (one small group cut
+ * between each two lent ones, before). */
+Test(batch, small_elements_between_lent_ones_share_requests)
+{
+  server_config cfg;
+  svc_config(&cfg);
+  cfg.chunk_bytes = (size_t)1 << 20; /* a 300 KB element rides in a batch, lent */
+  char ipc[256];
+  svc_ipc_url(ipc, sizeof ipc);
+  free(cfg.listen[0]);
+  cfg.listen[0] = strdup(ipc);
+  cfg.nlisten = 1;
+  server *s;
+  tport_err err;
+  cr_assert_eq(server_start(&cfg, &s, &err), 0, "%s", err.msg);
+  config_free(&cfg);
+  tport_connect_options o = {.timeout_ms = WAIT_MS, .no_shm = true};
+  tport_client *c;
+  cr_assert_eq(tport_connect(ipc, &o, &c, &err), TPORT_OK, "%s", err.msg);
+
+  enum { PAIRS = 16, BIG = 75000, SMALL = 16 }; /* floats: 300 KB and 64 bytes */
+  tport_put_item puts[2 * PAIRS];
+  int64_t sizes[2 * PAIRS];
+  float *vals[2 * PAIRS];
+  for (int i = 0; i < 2 * PAIRS; i++) {
+    size_t n = i % 2 ? SMALL : BIG;
+    vals[i] = malloc(n * sizeof(float));
+    for (size_t j = 0; j < n; j++)
+      vals[i][j] = (float)i * 1000.0f + (float)j;
+    sizes[i] = (int64_t)n;
+    puts[i] = (tport_put_item){.dtype = TPORT_FLOAT32,
+                               .ndim = 1,
+                               .sizes = &sizes[i],
+                               .data = vals[i],
+                               .nbytes = n * sizeof(float)};
+  }
+  uint64_t before = atomic_load(&s->requests[TPORT__METHOD__METHOD_PUT_BATCH]);
+  cr_assert_eq(tport_put_batch(c, puts, 2 * PAIRS, &err), TPORT_OK, "%s", err.msg);
+  /* counted on arrival: every one arrived before its reply */
+  uint64_t requests = atomic_load(&s->requests[TPORT__METHOD__METHOD_PUT_BATCH]) - before;
+  cr_assert_leq(requests, PAIRS + 1, "%llu PutBatch requests for %d lent and %d small elements",
+                (unsigned long long)requests, PAIRS, PAIRS);
+  /* each element's result is its own, in its own slot */
+  tport_get_item gets[2 * PAIRS];
+  memset(gets, 0, sizeof gets);
+  for (int i = 0; i < 2 * PAIRS; i++) {
+    cr_assert_eq(puts[i].err.code, TPORT_OK, "%d: %s", i, puts[i].err.msg);
+    cr_assert_eq(puts[i].info.sizes[0], sizes[i], "element %d", i);
+    gets[i].ref = puts[i].info.ref;
+  }
+  cr_assert_eq(tport_get_batch(c, gets, 2 * PAIRS, &err), TPORT_OK, "%s", err.msg);
+  for (int i = 0; i < 2 * PAIRS; i++) {
+    cr_assert_eq(gets[i].nbytes, puts[i].nbytes, "element %d", i);
+    cr_assert_eq(memcmp(gets[i].data, vals[i], gets[i].nbytes), 0, "element %d", i);
+    free(gets[i].data);
+    free(vals[i]);
+  }
+  tport_close(c);
+  server_stop(s, 1000);
 }
