@@ -324,6 +324,7 @@ int tport_copy_async(tport_client *c, const tport_ref *dst, const tport_ref *src
 typedef struct batch_work {
   tport_put_item *puts;
   tport_get_item *gets;
+  DLManagedTensor **managed; /* a DLPack batch get's out */
   size_t n;
 } batch_work;
 
@@ -331,17 +332,19 @@ static int run_batch(tport_request *r, tport_err *err)
 {
   batch_work *w = r->work;
   return w->puts ? client_put_batch(r->client, w->puts, w->n, &r->cancel, err)
-                 : client_get_batch(r->client, w->gets, w->n, &r->cancel, err);
+                 : client_get_batch(r->client, w->gets, w->n, w->managed, &r->cancel, err);
 }
 
-static int start_batch(tport_client *c, tport_put_item *puts, tport_get_item *gets, size_t n,
-                       tport_request_fn done, void *done_arg, tport_request **req, tport_err *err)
+static int start_batch(tport_client *c, tport_put_item *puts, tport_get_item *gets,
+                       DLManagedTensor **managed, size_t n, tport_request_fn done, void *done_arg,
+                       tport_request **req, tport_err *err)
 {
   batch_work *w = calloc(1, sizeof *w);
   if (!w)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   w->puts = puts;
   w->gets = gets;
+  w->managed = managed;
   w->n = n;
   return client_request_start(c, run_batch, w, free, done, done_arg, req, err);
 }
@@ -349,11 +352,20 @@ static int start_batch(tport_client *c, tport_put_item *puts, tport_get_item *ge
 int tport_put_batch_async(tport_client *c, tport_put_item *items, size_t n, tport_request_fn done,
                           void *done_arg, tport_request **req, tport_err *err)
 {
-  return start_batch(c, items, NULL, n, done, done_arg, req, err);
+  return start_batch(c, items, NULL, NULL, n, done, done_arg, req, err);
 }
 
 int tport_get_batch_async(tport_client *c, tport_get_item *items, size_t n, tport_request_fn done,
                           void *done_arg, tport_request **req, tport_err *err)
 {
-  return start_batch(c, NULL, items, n, done, done_arg, req, err);
+  return start_batch(c, NULL, items, NULL, n, done, done_arg, req, err);
+}
+
+int tport_get_batch_dlpack_async(tport_client *c, tport_get_item *items, size_t n,
+                                 DLManagedTensor **out, tport_request_fn done, void *done_arg,
+                                 tport_request **req, tport_err *err)
+{
+  if (n && !out)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "out is NULL: it has a slot per element");
+  return start_batch(c, NULL, items, out, n, done, done_arg, req, err);
 }

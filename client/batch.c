@@ -279,7 +279,7 @@ int client_put_batch(tport_client *c, tport_put_item *items, size_t n, const ato
  * *at of the reply's payload p; *at moves past them.  A deferred one goes
  * as a get of its own. */
 static void get_element(tport_client *c, tport_get_item *it, const Tport__GetBeginReply *b,
-                        bool deferred, const client_payload *p, size_t *at,
+                        bool deferred, const client_payload *p, size_t *at, bool blocks,
                         const atomic_bool *cancel)
 {
   if (element_status(b->status, &it->err))
@@ -288,6 +288,7 @@ static void get_element(tport_client *c, tport_get_item *it, const Tport__GetBeg
                        .buf = it->buf,
                        .cap = it->cap,
                        .alloc = it->buf == NULL,
+                       .alloc_blocks = blocks,
                        .cancel = cancel};
   void *alloced = NULL;
   if (deferred && b->nbytes <= c->chunk_bytes) {
@@ -325,6 +326,7 @@ typedef struct deferred_gets {
   tport_client *c;
   tport_get_item *items;
   size_t *idx;
+  bool blocks; /* buffers made from get_blocks.h */
   const atomic_bool *cancel;
 } deferred_gets;
 
@@ -354,6 +356,7 @@ static int deferred_take(void *ctx, client_slot *s, tport_err *err)
                        .buf = it->buf,
                        .cap = it->cap,
                        .alloc = it->buf == NULL,
+                       .alloc_blocks = d->blocks,
                        .cancel = d->cancel};
   void *alloced = NULL;
   if (client_socket_get_rest(d->c, &g, b, &inl, NULL, &alloced, &it->nbytes, &it->info,
@@ -363,7 +366,7 @@ static int deferred_take(void *ctx, client_slot *s, tport_err *err)
   return TPORT_OK;
 }
 
-static void get_deferred(tport_client *c, tport_get_item *items, size_t k,
+static void get_deferred(tport_client *c, tport_get_item *items, size_t k, bool blocks,
                          const atomic_bool *cancel)
 {
   size_t *idx = malloc((k ? k : 1) * sizeof *idx), n = 0;
@@ -374,7 +377,7 @@ static void get_deferred(tport_client *c, tport_get_item *items, size_t k,
       idx[n++] = j;
   if (!idx)
     tport_err_set(&err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
-  deferred_gets d = {c, items, idx, cancel};
+  deferred_gets d = {c, items, idx, blocks, cancel};
   if (n)
     client_run_window(c, n, 1, deferred_make, deferred_take, &d, NULL, NULL, cancel, &err);
   for (size_t j = 0; j < k; j++)
@@ -384,7 +387,8 @@ static void get_deferred(tport_client *c, tport_get_item *items, size_t k,
 }
 
 /* One GetBatch of items[0..k). */
-static void get_group(tport_client *c, tport_get_item *items, size_t k, const atomic_bool *cancel)
+static void get_group(tport_client *c, tport_get_item *items, size_t k, bool blocks,
+                      const atomic_bool *cancel)
 {
   Tport__Ref *refs = calloc(k, sizeof *refs);
   Tport__GetBeginRequest *qs = calloc(k, sizeof *qs);
@@ -418,9 +422,10 @@ static void get_group(tport_client *c, tport_get_item *items, size_t k, const at
     if (rc)
       items[j].err = err;
     else if (!cancelled(cancel, &items[j].err))
-      get_element(c, &items[j], r->gets[j], r->n_deferred && r->deferred[j], &p, &at, cancel);
+      get_element(c, &items[j], r->gets[j], r->n_deferred && r->deferred[j], &p, &at, blocks,
+                  cancel);
   }
-  get_deferred(c, items, k, cancel);
+  get_deferred(c, items, k, blocks, cancel);
   if (r)
     protobuf_c_message_free_unpacked(&r->base, NULL);
   if (p.msg)
@@ -428,14 +433,16 @@ static void get_group(tport_client *c, tport_get_item *items, size_t k, const at
   free(refs), free(qs), free(qp);
 }
 
-int client_get_batch(tport_client *c, tport_get_item *items, size_t n, const atomic_bool *cancel,
-                     tport_err *err)
+int client_get_batch(tport_client *c, tport_get_item *items, size_t n, DLManagedTensor **managed,
+                     const atomic_bool *cancel, tport_err *err)
 {
   for (size_t i = 0; i < n; i++) {
     tport_err_clear(&items[i].err);
     items[i].data = NULL;
     items[i].nbytes = 0;
     memset(&items[i].info, 0, sizeof items[i].info);
+    if (managed)
+      managed[i] = NULL;
   }
   for (size_t i = 0; i < n; i += BATCH_MAX_ELEMENTS) {
     size_t k = n - i < BATCH_MAX_ELEMENTS ? n - i : BATCH_MAX_ELEMENTS;
@@ -443,8 +450,13 @@ int client_get_batch(tport_client *c, tport_get_item *items, size_t n, const ato
       for (size_t j = i; j < i + k; j++)
         cancelled(cancel, &items[j].err);
     else
-      get_group(c, items + i, k, cancel);
+      get_group(c, items + i, k, managed != NULL, cancel);
   }
+  /* the buffers made for elements, each handed over with its deleter */
+  for (size_t i = 0; managed && i < n; i++)
+    if (!items[i].buf && items[i].data &&
+        client_managed_block(items[i].data, &items[i].info, &managed[i], &items[i].err) != TPORT_OK)
+      items[i].data = NULL; /* given back: this element failed */
   return n ? batch_result(&items[0].err, sizeof *items, n, err) : TPORT_OK;
 }
 
@@ -457,5 +469,13 @@ int tport_put_batch(tport_client *c, tport_put_item *items, size_t n, tport_err 
 
 int tport_get_batch(tport_client *c, tport_get_item *items, size_t n, tport_err *err)
 {
-  return client_get_batch(c, items, n, NULL, err);
+  return client_get_batch(c, items, n, NULL, NULL, err);
+}
+
+int tport_get_batch_dlpack(tport_client *c, tport_get_item *items, size_t n,
+                           DLManagedTensor **out, tport_err *err)
+{
+  if (n && !out)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "out is NULL: it has a slot per element");
+  return client_get_batch(c, items, n, out, NULL, err);
 }

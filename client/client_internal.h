@@ -413,7 +413,16 @@ bool client_batch_fits(const tport_client *c, size_t nbytes);
  * once *cancel is set (NULL: never). */
 int client_put_batch(tport_client *c, tport_put_item *items, size_t n, const atomic_bool *cancel,
                      tport_err *err);
-int client_get_batch(tport_client *c, tport_get_item *items, size_t n, const atomic_bool *cancel,
-                     tport_err *err);
+/* With managed (n slots): the elements without a buffer of their own get
+ * one of get_blocks.h, handed over as managed[i] (NULL where none). */
+int client_get_batch(tport_client *c, tport_get_item *items, size_t n, DLManagedTensor **managed,
+                     const atomic_bool *cancel, tport_err *err);
+
+/* ---------------------------------------------------------------- dlpack.c */
+
+/* buf (a block of get_blocks.h holding info's values) as a DLManagedTensor
+ * whose deleter gives the block back; on failure buf is given back. */
+int client_managed_block(void *buf, const tport_tensor_info *info, DLManagedTensor **out,
+                         tport_err *err);
 
 #endif

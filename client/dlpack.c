@@ -264,6 +264,27 @@ static void dl_delete(DLManagedTensor *self)
   free(self);
 }
 
+int client_managed_block(void *buf, const tport_tensor_info *info, DLManagedTensor **out,
+                         tport_err *err)
+{
+  dl_holder *h = calloc(1, sizeof *h);
+  if (!h) {
+    get_block_free(buf);
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  }
+  memcpy(h->shape, info->sizes, sizeof(int64_t) * (size_t)info->ndim);
+  h->m.dl_tensor.data = buf;
+  h->m.dl_tensor.device = (DLDevice){kDLCPU, 0};
+  h->m.dl_tensor.ndim = info->ndim;
+  h->m.dl_tensor.dtype = dtype_to_dl(info->dtype);
+  h->m.dl_tensor.shape = h->shape;
+  h->m.dl_tensor.strides = NULL; /* compact row-major */
+  h->m.manager_ctx = NULL;
+  h->m.deleter = dl_delete;
+  *out = &h->m;
+  return TPORT_OK;
+}
+
 int tport_get_dlpack(tport_client *c, const tport_ref *ref, DLManagedTensor **out, tport_err *err)
 {
   void *buf = NULL;
@@ -275,22 +296,7 @@ int tport_get_dlpack(tport_client *c, const tport_ref *ref, DLManagedTensor **ou
   int rc = client_get(c, &g, &buf, &n, &info, err);
   if (rc)
     return rc;
-  dl_holder *h = calloc(1, sizeof *h);
-  if (!h) {
-    get_block_free(buf);
-    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
-  }
-  memcpy(h->shape, info.sizes, sizeof(int64_t) * (size_t)info.ndim);
-  h->m.dl_tensor.data = buf;
-  h->m.dl_tensor.device = (DLDevice){kDLCPU, 0};
-  h->m.dl_tensor.ndim = info.ndim;
-  h->m.dl_tensor.dtype = dtype_to_dl(info.dtype);
-  h->m.dl_tensor.shape = h->shape;
-  h->m.dl_tensor.strides = NULL; /* compact row-major */
-  h->m.manager_ctx = NULL;
-  h->m.deleter = dl_delete;
-  *out = &h->m;
-  return TPORT_OK;
+  return client_managed_block(buf, &info, out, err);
 }
 
 int tport_get_into_dlpack(tport_client *c, const tport_ref *ref, const DLTensor *dst,

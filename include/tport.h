@@ -428,6 +428,18 @@ int tport_put_batch_async(tport_client *c, tport_put_item *items, size_t n, tpor
                           void *done_arg, tport_request **req, tport_err *err);
 int tport_get_batch_async(tport_client *c, tport_get_item *items, size_t n, tport_request_fn done,
                           void *done_arg, tport_request **req, tport_err *err);
+/* tport_get_batch whose elements without a buffer (buf NULL) get one as
+ * tport_get_dlpack's: from the buffers libtport keeps for its gets, where a
+ * pipeline's next state dict finds its memory already mapped (a fresh one
+ * faults in a page at a time: on a VM, 0.17 s for a 100 MB state dict against
+ * 0.01 s reused).  out (n slots) receives element i's as a DLManagedTensor
+ * (its data is items[i].data): call its deleter when done, never free() the
+ * data.  out[i] is NULL where element i failed or had a buffer of its own. */
+int tport_get_batch_dlpack(tport_client *c, tport_get_item *items, size_t n,
+                           DLManagedTensor **out, tport_err *err);
+int tport_get_batch_dlpack_async(tport_client *c, tport_get_item *items, size_t n,
+                                 DLManagedTensor **out, tport_request_fn done, void *done_arg,
+                                 tport_request **req, tport_err *err);
 
 /* ---- Same-host shared memory
  *

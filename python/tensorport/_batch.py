@@ -2,8 +2,11 @@
 
 ``put_dict`` describes every value (a host torch.Tensor or NumPy array, made
 C-contiguous) as a tport_put_item named ``prefix + key``; ``get_dict`` lists
-the tenant's names under a prefix and reads them all into fresh arrays in
-one tport_get_batch.  libtport sends the small ones together and the large
+the tenant's names under a prefix and reads them all in one
+tport_get_batch_dlpack, into buffers libtport keeps for its gets (a state
+dict's arrays, once collected, give their memory to the next one: fresh
+memory faults in a page at a time, which cost a get_dict more than its
+bytes' transfer).  libtport sends the small ones together and the large
 ones each as its own put or get, all within the client's window.
 
 Errors are per element.  A put_dict is all or nothing: when an element
@@ -14,7 +17,7 @@ failed key.  A get_dict raises the same for the keys it could not read.
 import ctypes
 import sys
 
-from . import _lib, _names
+from . import _dlpack, _lib, _names
 from .errors import Error, InvalidArgument, error_for
 
 
@@ -117,33 +120,35 @@ def _run(client, fn, *args):
 
 def get_dict(client, prefix, *, as_torch=False):
     """Client.get_dict (see there)."""
-    import numpy as np
-
     if not isinstance(prefix, str):
         raise InvalidArgument("prefix is a %s: a str" % type(prefix).__name__)
     found = sorted((t for t in client.list() if t.name and t.name.startswith(prefix)),
                    key=lambda t: t.name)
     if not found:
         return {}
-    if as_torch:
-        import torch
-    items = (_lib.GetItem * len(found))()
-    outs = []
+    n = len(found)
+    items = (_lib.GetItem * n)()
+    managed = (ctypes.c_void_p * n)()
     for i, t in enumerate(found):
-        if as_torch:
-            a = torch.empty(t.shape, dtype=_names.torch_dtype(t.dtype))
-            address, nbytes = a.data_ptr(), a.numel() * a.element_size()
-        else:
-            a = np.empty(t.shape, _names.numpy_dtype(t.dtype))
-            address, nbytes = a.ctypes.data, a.nbytes
+        # by handle: what the listing saw, even if a name is replaced meanwhile
         ctypes.memmove(items[i].ref.handle, t._handle, _lib.HANDLE_BYTES)
-        items[i].buf = address
-        items[i].cap = nbytes
-        outs.append(a)
     keys = [t.name[len(prefix):] for t in found]
-    rc, err = _run(client, "tport_get_batch", items, len(found))
-    failed = _failures(items, keys)
-    if failed:
-        raise BatchError("get_dict", failed)
-    client._check(rc, err)
+    rc, err = _run(client, "tport_get_batch_dlpack", items, n, managed)
+    outs = []
+    try:
+        failed = _failures(items, keys)
+        if failed:
+            raise BatchError("get_dict", failed)
+        client._check(rc, err)
+        for i, t in enumerate(found):
+            dtype = None if as_torch else _names.numpy_dtype(t.dtype)
+            ptr, managed[i] = managed[i], None  # the array owns it from here on
+            if as_torch:
+                outs.append(_dlpack.torch_from_managed(ptr, t.dtype))
+            else:
+                outs.append(_dlpack.numpy_from_managed(ptr, dtype))
+    finally:
+        for ptr in managed:
+            if ptr:  # not handed to an array: the batch failed, or a conversion did
+                _dlpack.call_deleter(ptr)
     return dict(zip(keys, outs))

@@ -315,6 +315,13 @@ _PROTOTYPES = {
         [_c.c_void_p, _P(GetItem), _c.c_size_t, REQUEST_FN, _c.c_void_p, _P(_c.c_void_p),
          _P(Err)],
     ),
+    "tport_get_batch_dlpack": (
+        _c.c_int, [_c.c_void_p, _P(GetItem), _c.c_size_t, _P(_c.c_void_p), _P(Err)]),
+    "tport_get_batch_dlpack_async": (
+        _c.c_int,
+        [_c.c_void_p, _P(GetItem), _c.c_size_t, _P(_c.c_void_p), REQUEST_FN, _c.c_void_p,
+         _P(_c.c_void_p), _P(Err)],
+    ),
     "tport_info_async": (
         _c.c_int,
         [_c.c_void_p, _P(Ref), _c.c_uint32, _P(TensorInfoC), REQUEST_FN, _c.c_void_p,

@@ -9,16 +9,11 @@ and a ``to``, a NumPy array for a get, a TensorInfo for an info, None for a
 copy.
 """
 import ctypes
-import weakref
 
 from . import _dlpack, _futures, _lib, _names, _tensor_ops
 from ._convert import _info_from_c, _wait_ms
 from .errors import InvalidArgument, error_for
 from .tensor import Tensor
-
-_libc_free = ctypes.CDLL(None).free
-_libc_free.argtypes = [ctypes.c_void_p]
-_libc_free.restype = None
 
 
 def put(client, obj, sink, *, name=None, device=None, dtype=None, memory_format=None, ttl=None,
@@ -41,21 +36,12 @@ def put(client, obj, sink, *, name=None, device=None, dtype=None, memory_format=
                           (ex, o, out), lambda: client._tensor(out, made=not keep), sink)
 
 
-def _owned_array(address, nbytes, dtype, shape):
-    """A NumPy array over nbytes that libtport malloc'd at address, freed with the array."""
-    import numpy as np
-
-    buf = (ctypes.c_uint8 * nbytes).from_address(address or 0)
-    if address:
-        weakref.finalize(buf, _libc_free, address)
-    return np.frombuffer(buf, dtype=dtype).reshape(shape)
-
-
 def get(client, ref, sink):
     """A get of ref as a NumPy array.  A Tensor's shape is known: tport_get_async
-    into a fresh array.  A name or handle: a one-element tport_get_batch_async,
-    which looks it up and reads it in the same request, into memory libtport
-    allocates (the array owns it)."""
+    into a fresh array.  A name or handle: a one-element
+    tport_get_batch_dlpack_async, which looks it up and reads it in the same
+    request, into one of the buffers libtport keeps for its gets (as
+    Client.get's; the array owns it)."""
     import numpy as np
 
     r = client._ref(ref)
@@ -72,25 +58,28 @@ def get(client, ref, sink):
         return _futures.issue(client, start, what, (ref, r), lambda: a, sink)
     item = _lib.GetItem()
     item.ref = r
+    managed = (ctypes.c_void_p * 1)()
 
     def start(done, arg, req, err):
-        return client._lib.tport_get_batch_async(client._handle, ctypes.byref(item), 1, done,
-                                                 arg, req, err)
+        return client._lib.tport_get_batch_dlpack_async(client._handle, ctypes.byref(item), 1,
+                                                        managed, done, arg, req, err)
 
     def finish():
         info, _ = _info_from_c(item.info)
-        return _owned_array(item.data, item.nbytes, _names.numpy_dtype(info.dtype), info.shape)
+        dtype = _names.numpy_dtype(info.dtype)
+        ptr, managed[0] = managed[0], None  # the array owns it from here on
+        return _dlpack.numpy_from_managed(ptr, dtype)
 
     def explain():
         """The element's own error (its message, which the batch's status lacks)."""
-        if item.data:
-            _libc_free(item.data)
-            item.data = None
+        if managed[0]:
+            ptr, managed[0] = managed[0], None
+            _dlpack.call_deleter(ptr)
         if not item.err.code:
             return None
         return error_for(item.err.code, item.err.msg.decode("utf-8", "replace"))
 
-    return _futures.issue(client, start, what, (item,), finish, sink, explain)
+    return _futures.issue(client, start, what, (item, managed), finish, sink, explain)
 
 
 def copy(client, dst, src, sink, non_blocking=False):

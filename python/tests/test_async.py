@@ -260,6 +260,26 @@ def test_put_dict_errors_name_every_key_and_leave_nothing(server):
         assert np.array_equal(c.get_dict("e.")["d"], np.full(3, 3, np.float32))
 
 
+def test_get_dict_arrays_are_writable_and_their_own(server):
+    # each value owns its buffer (one of libtport's kept get buffers): writing
+    # one leaves the others and the next get_dict's alone, also once the
+    # first dict's arrays were collected and their memory went to the second
+    sd = {"big": np.arange(600_000, dtype=np.float32),  # 2.4 MB: a kept buffer
+          "small": np.arange(5, dtype=np.int64)}
+    with tp.Client(server.url, tenant="sd-own") as c:
+        c.put_dict(sd, prefix="own.")
+        a = c.get_dict("own.")
+        a["big"][:] = -1
+        a["small"][0] = 99
+        b = c.get_dict("own.")
+        assert np.array_equal(b["big"], sd["big"]) and np.array_equal(b["small"], sd["small"])
+        del a
+        gc.collect()
+        c2 = c.get_dict("own.")
+        assert np.array_equal(c2["big"], sd["big"]) and c2["big"].flags.writeable
+        assert np.array_equal(b["big"], sd["big"])
+
+
 def test_get_dict_of_nothing_is_empty(server):
     with tp.Client(server.url, tenant="sd-none") as c:
         assert c.get_dict("nothing/") == {}

@@ -2,12 +2,14 @@
  * this process: a ResNet-sized state dict of 161 tensors round trip exact
  * (small ones batched, large ones alone, gets inline and deferred), and
  * errors per element beside good ones (a bad dtype, an element over the
- * tenant's quota, a name that does not exist), and the small elements of a
- * state dict sharing requests between the large ones lent alone. */
+ * tenant's quota, a name that does not exist), the small elements of a
+ * state dict sharing requests between the large ones lent alone, and a
+ * DLPack batch get into the buffers libtport keeps. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "get_blocks.h"      /* the kept get buffers a DLPack batch draws on */
 #include "server_internal.h" /* the server's count of requests by method */
 #include "service_util.h"
 
@@ -233,4 +235,101 @@ Test(batch, small_elements_between_lent_ones_share_requests)
   }
   tport_close(c);
   server_stop(s, 1000);
+}
+
+/* tport_get_batch_dlpack: the elements without a buffer get one of the
+ * buffers libtport keeps for its gets (get_blocks.h), each handed over as a
+ * DLManagedTensor; once their deleters ran, the next state dict's get finds
+ * them again (no fresh memory), each time with the new values whole.  An
+ * element with a buffer of its own and one that fails get none. */
+Test(batch, a_dlpack_batch_get_hands_over_kept_buffers)
+{
+  tport_client *c = connect_plain();
+  enum { N = 6 };
+  /* two of several MiB (kept blocks; deferred, each a get of its own), one
+   * over a chunk, small ones inline */
+  static const size_t bytes[N] = {(size_t)3 << 20, 100000, 4096, (size_t)2 << 20, 12, 40000};
+  uint8_t *vals[2][N];
+  int64_t sizes[N];
+  tport_put_item puts[N];
+  tport_tensor_info info[2][N];
+  tport_err err;
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < N; i++) {
+      vals[round][i] = malloc(bytes[i]);
+      for (size_t j = 0; j < bytes[i]; j++)
+        vals[round][i][j] = (uint8_t)(j * 31 + (size_t)i * 7 + (size_t)round * 101);
+      sizes[i] = (int64_t)bytes[i];
+      puts[i] = (tport_put_item){.dtype = TPORT_UINT8,
+                                 .ndim = 1,
+                                 .sizes = &sizes[i],
+                                 .data = vals[round][i],
+                                 .nbytes = bytes[i]};
+    }
+    cr_assert_eq(tport_put_batch(c, puts, N, &err), TPORT_OK, "%s", err.msg);
+    for (int i = 0; i < N; i++)
+      info[round][i] = puts[i].info;
+  }
+  get_blocks_empty();
+  block_cache_stats st0, st1;
+  get_blocks_get_stats(&st0);
+  uint8_t own[12];
+  for (int round = 0; round < 2; round++) {
+    tport_get_item gets[N + 1];
+    DLManagedTensor *out[N + 1];
+    memset(gets, 0, sizeof gets);
+    for (int i = 0; i < N; i++)
+      gets[i].ref = info[round][i].ref;
+    gets[4].buf = own; /* a buffer of the caller's: no DLManagedTensor */
+    gets[4].cap = sizeof own;
+    tport_ref_name(&gets[N].ref, "no-such-tensor");
+    if (round == 0) {
+      cr_assert_eq(tport_get_batch_dlpack(c, gets, N + 1, out, &err), TPORT_NOT_FOUND, "%s",
+                   err.msg);
+    } else { /* the same as a request */
+      tport_request *r;
+      cr_assert_eq(tport_get_batch_dlpack_async(c, gets, N + 1, out, NULL, NULL, &r, &err),
+                   TPORT_OK, "%s", err.msg);
+      cr_assert_eq(tport_wait(r, WAIT_MS, &err), TPORT_NOT_FOUND, "%s", err.msg);
+      tport_request_free(r);
+    }
+    cr_assert_eq(gets[N].err.code, TPORT_NOT_FOUND);
+    cr_assert_null(out[N], "a failed element hands over nothing");
+    cr_assert_null(out[4], "nor one into the caller's buffer");
+    cr_assert_eq(memcmp(own, vals[round][4], sizeof own), 0);
+    for (int i = 0; i < N; i++) {
+      cr_assert_eq(gets[i].err.code, TPORT_OK, "%d: %s", i, gets[i].err.msg);
+      if (i == 4)
+        continue;
+      cr_assert_not_null(out[i], "element %d", i);
+      const DLTensor *t = &out[i]->dl_tensor;
+      cr_assert_eq(t->data, gets[i].data, "element %d's data is its DLManagedTensor's", i);
+      cr_assert_eq(t->device.device_type, kDLCPU);
+      cr_assert_eq(t->ndim, 1);
+      cr_assert_eq(t->shape[0], sizes[i]);
+      cr_assert_eq(t->dtype.code, kDLUInt);
+      cr_assert_eq(t->dtype.bits, 8);
+      cr_assert_null(t->strides);
+      cr_assert_eq(memcmp(t->data, vals[round][i], bytes[i]), 0, "round %d, element %d", round,
+                   i);
+    }
+    for (int i = 0; i < N; i++)
+      if (out[i])
+        out[i]->deleter(out[i]);
+  }
+  get_blocks_get_stats(&st1);
+  cr_assert_eq(st1.misses - st0.misses, 2, "the two large buffers mapped once");
+  cr_assert_eq(st1.hits - st0.hits, 2, "and found again by the second state dict");
+  cr_assert_eq(st1.in_use_bytes, st0.in_use_bytes, "every deleter gave its buffer back");
+  /* out is required (a slot per element) */
+  tport_get_item one = {.ref = info[0][0].ref};
+  cr_assert_eq(tport_get_batch_dlpack(c, &one, 1, NULL, &err), TPORT_INVALID_ARGUMENT);
+  tport_request *r = NULL;
+  cr_assert_eq(tport_get_batch_dlpack_async(c, &one, 1, NULL, NULL, NULL, &r, &err),
+               TPORT_INVALID_ARGUMENT);
+  cr_assert_null(r);
+  for (int round = 0; round < 2; round++)
+    for (int i = 0; i < N; i++)
+      free(vals[round][i]);
+  tport_close(c);
 }
