@@ -51,7 +51,9 @@ def _host_values(key, v):
         return name, tuple(t.shape), t.data_ptr(), t.numel() * t.element_size(), t
     import numpy as np
 
-    a = np.ascontiguousarray(v)
+    a = np.asarray(v)
+    if not a.flags.c_contiguous:  # (not ascontiguousarray alone: it makes a 0-d value 1-d)
+        a = np.ascontiguousarray(a)
     if not a.dtype.isnative:
         a = a.astype(a.dtype.newbyteorder("="))
     name = _names.numpy_to_name(a.dtype)

@@ -280,6 +280,23 @@ def test_get_dict_arrays_are_writable_and_their_own(server):
         assert np.array_equal(b["big"], sd["big"])
 
 
+def test_put_dict_keeps_a_scalar_a_scalar(server):
+    # a state dict's 0-d values (BatchNorm's num_batches_tracked) keep their
+    # shape (), whether NumPy scalars, 0-d arrays or 0-d torch tensors
+    sd = {"n": np.int64(7), "a": np.array(2.5), "v": np.arange(3.0)[::2], "e": np.zeros((0, 4))}
+    try:
+        import torch
+        sd["num_batches_tracked"] = torch.tensor(11)
+    except ImportError:
+        torch = None
+    with tp.Client(server.url, tenant="sd-0d") as c:
+        c.put_dict(sd, prefix="z.")
+        back = c.get_dict("z.")
+        for k, v in sd.items():
+            want = v.numpy() if torch is not None and isinstance(v, torch.Tensor) else np.asarray(v)
+            assert back[k].shape == want.shape and np.array_equal(back[k], want), (k, back[k])
+
+
 def test_get_dict_of_nothing_is_empty(server):
     with tp.Client(server.url, tenant="sd-none") as c:
         assert c.get_dict("nothing/") == {}
