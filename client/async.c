@@ -335,10 +335,35 @@ static int run_batch(tport_request *r, tport_err *err)
                  : client_get_batch(r->client, w->gets, w->n, w->managed, &r->cancel, err);
 }
 
+/* Every element as one cancelled before the request ran, which is what
+ * they say when it never runs (tport_cancel, tport_close); a run that
+ * starts writes each anew.  Here, on the caller's thread, before the
+ * request is queued: a caller reusing its arrays must not find the last
+ * batch's results (or DLManagedTensors, deleted twice) in them. */
+static void batch_unanswered(tport_put_item *puts, tport_get_item *gets,
+                             DLManagedTensor **managed, size_t n)
+{
+  tport_err never;
+  tport_err_set(&never, TPORT_CANCELLED, "the batch's request was cancelled before it started");
+  for (size_t i = 0; i < n; i++) {
+    *(puts ? &puts[i].err : &gets[i].err) = never;
+    if (puts) {
+      memset(&puts[i].info, 0, sizeof puts[i].info);
+    } else {
+      gets[i].data = NULL;
+      gets[i].nbytes = 0;
+      memset(&gets[i].info, 0, sizeof gets[i].info);
+    }
+    if (managed)
+      managed[i] = NULL;
+  }
+}
+
 static int start_batch(tport_client *c, tport_put_item *puts, tport_get_item *gets,
                        DLManagedTensor **managed, size_t n, tport_request_fn done, void *done_arg,
                        tport_request **req, tport_err *err)
 {
+  batch_unanswered(puts, gets, managed, n);
   batch_work *w = calloc(1, sizeof *w);
   if (!w)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");

@@ -455,8 +455,12 @@ int client_get_batch(tport_client *c, tport_get_item *items, size_t n, DLManaged
   /* the buffers made for elements, each handed over with its deleter */
   for (size_t i = 0; managed && i < n; i++)
     if (!items[i].buf && items[i].data &&
-        client_managed_block(items[i].data, &items[i].info, &managed[i], &items[i].err) != TPORT_OK)
+        client_managed_block(items[i].data, items[i].nbytes, &items[i].info, &managed[i],
+                             &items[i].err) != TPORT_OK) {
       items[i].data = NULL; /* given back: this element failed */
+      items[i].nbytes = 0;
+      memset(&items[i].info, 0, sizeof items[i].info);
+    }
   return n ? batch_result(&items[0].err, sizeof *items, n, err) : TPORT_OK;
 }
 

@@ -420,9 +420,12 @@ int client_get_batch(tport_client *c, tport_get_item *items, size_t n, DLManaged
 
 /* ---------------------------------------------------------------- dlpack.c */
 
-/* buf (a block of get_blocks.h holding info's values) as a DLManagedTensor
- * whose deleter gives the block back; on failure buf is given back. */
-int client_managed_block(void *buf, const tport_tensor_info *info, DLManagedTensor **out,
-                         tport_err *err);
+/* buf (a block of get_blocks.h holding the nbytes of info's values) as a
+ * DLManagedTensor whose deleter gives the block back; TPORT_DATA_LOSS when
+ * info's sizes and dtype do not make exactly nbytes (a lying server: the
+ * DLTensor's readers would read past the block).  On failure buf is given
+ * back. */
+int client_managed_block(void *buf, size_t nbytes, const tport_tensor_info *info,
+                         DLManagedTensor **out, tport_err *err);
 
 #endif

@@ -264,9 +264,34 @@ static void dl_delete(DLManagedTensor *self)
   free(self);
 }
 
-int client_managed_block(void *buf, const tport_tensor_info *info, DLManagedTensor **out,
-                         tport_err *err)
+/* Whether info (a server's word) describes exactly nbytes, the bytes it
+ * sent: a DLTensor's readers size it from its shape and dtype alone. */
+static int describes(const tport_tensor_info *info, size_t nbytes, tport_err *err)
 {
+  size_t total = tport_dtype_size(info->dtype);
+  bool ok = total != 0 && info->ndim >= 0 && info->ndim <= TPORT_MAX_DIMS;
+  for (int d = 0; ok && d < info->ndim; d++)
+    ok = info->sizes[d] >= 0 && !__builtin_mul_overflow(total, (size_t)info->sizes[d], &total);
+  if (ok && total == nbytes)
+    return TPORT_OK;
+  if (!ok)
+    return tport_err_set(err, TPORT_DATA_LOSS,
+                         "the server sent %zu bytes for a tensor of no valid size (dtype %d, "
+                         "%d dimensions)",
+                         nbytes, (int)info->dtype, info->ndim);
+  return tport_err_set(err, TPORT_DATA_LOSS,
+                       "the server sent %zu bytes for a tensor whose sizes and dtype make %zu",
+                       nbytes, total);
+}
+
+int client_managed_block(void *buf, size_t nbytes, const tport_tensor_info *info,
+                         DLManagedTensor **out, tport_err *err)
+{
+  int rc = describes(info, nbytes, err);
+  if (rc) {
+    get_block_free(buf);
+    return rc;
+  }
   dl_holder *h = calloc(1, sizeof *h);
   if (!h) {
     get_block_free(buf);
@@ -296,7 +321,7 @@ int tport_get_dlpack(tport_client *c, const tport_ref *ref, DLManagedTensor **ou
   int rc = client_get(c, &g, &buf, &n, &info, err);
   if (rc)
     return rc;
-  return client_managed_block(buf, &info, out, err);
+  return client_managed_block(buf, n, &info, out, err);
 }
 
 int tport_get_into_dlpack(tport_client *c, const tport_ref *ref, const DLTensor *dst,

@@ -413,7 +413,8 @@ typedef struct tport_put_item {
 
 typedef struct tport_get_item {
   tport_ref ref;
-  void *buf; /* cap bytes of the caller's; NULL: a buffer is allocated into data (free() it) */
+  void *buf; /* cap bytes of the caller's; NULL: a buffer is allocated into data (free() it;
+                tport_get_batch_dlpack: its DLManagedTensor's deleter, never free()) */
   size_t cap;
   void *data;             /* out: the values (buf, or the allocated buffer) */
   size_t nbytes;          /* out: how many bytes they are */
@@ -430,12 +431,17 @@ int tport_get_batch_async(tport_client *c, tport_get_item *items, size_t n, tpor
                           void *done_arg, tport_request **req, tport_err *err);
 /* tport_get_batch whose elements without a buffer (buf NULL) get one as
  * tport_get_dlpack's: from the buffers libtport keeps for its gets, where a
- * pipeline's next state dict finds its memory already mapped (malloc maps
- * every block over its threshold, 32 MiB at most, fresh, and fresh memory
- * faults in a page at a time: a get_dict of 4 x 64 MiB went from ~150 to
- * ~90 ms on a VM).  out (n slots) receives element i's as a DLManagedTensor
- * (its data is items[i].data): call its deleter when done, never free() the
- * data.  out[i] is NULL where element i failed or had a buffer of its own. */
+ * pipeline's next state dict finds the memory of its values of 1 MiB or
+ * more already mapped, up to TPORT_GET_CACHE_BYTES (malloc maps every block
+ * over its threshold, 32 MiB at most, fresh, and fresh memory faults in a
+ * page at a time: a get_dict of 4 x 64 MiB went from ~150 to ~90 ms on a
+ * VM).  out (n slots) receives element i's as a DLManagedTensor (its data
+ * is items[i].data), whose shape and dtype make exactly its bytes (a server
+ * that says otherwise fails the element, TPORT_DATA_LOSS): call its deleter
+ * when done, never free() the data.  out[i] is NULL where element i failed
+ * or had a buffer of its own; the _async variant sets every out[i] to NULL
+ * (and each element to TPORT_CANCELLED) before it returns, so that a
+ * request cancelled before it starts leaves nothing of an earlier call. */
 int tport_get_batch_dlpack(tport_client *c, tport_get_item *items, size_t n,
                            DLManagedTensor **out, tport_err *err);
 int tport_get_batch_dlpack_async(tport_client *c, tport_get_item *items, size_t n,

@@ -1,12 +1,13 @@
-"""_batch: state dicts over tport_put_batch and tport_get_batch.
+"""_batch: state dicts over tport_put_batch and tport_get_batch_dlpack.
 
 ``put_dict`` describes every value (a host torch.Tensor or NumPy array, made
 C-contiguous) as a tport_put_item named ``prefix + key``; ``get_dict`` lists
 the tenant's names under a prefix and reads them all in one
-tport_get_batch_dlpack, into buffers libtport keeps for its gets (a state
-dict's arrays, once collected, give their memory to the next one: fresh
-memory faults in a page at a time, which cost a get_dict more than its
-bytes' transfer).  libtport sends the small ones together and the large
+tport_get_batch_dlpack, into buffers libtport keeps for its gets: the
+values of 1 MiB or more, once collected, give their memory to the next
+get_dict's (within TPORT_GET_CACHE_BYTES), where fresh memory would fault
+in a page at a time (malloc maps every block over 32 MiB anew).  libtport
+sends the small ones together and the large
 ones each as its own put or get, all within the client's window.
 
 Errors are per element.  A put_dict is all or nothing: when an element
@@ -128,6 +129,8 @@ def get_dict(client, prefix, *, as_torch=False):
                    key=lambda t: t.name)
     if not found:
         return {}
+    if as_torch:
+        import torch.utils.dlpack  # noqa: F401 (here: a missing torch fails before any get)
     n = len(found)
     items = (_lib.GetItem * n)()
     managed = (ctypes.c_void_p * n)()
@@ -144,7 +147,8 @@ def get_dict(client, prefix, *, as_torch=False):
         client._check(rc, err)
         for i, t in enumerate(found):
             dtype = None if as_torch else _names.numpy_dtype(t.dtype)
-            ptr, managed[i] = managed[i], None  # the array owns it from here on
+            ptr, managed[i] = managed[i], None  # the array owns it from here on (its
+            # maker gives it back if it cannot make it)
             if as_torch:
                 outs.append(_dlpack.torch_from_managed(ptr, t.dtype))
             else:

@@ -29,7 +29,7 @@ import sys
 import weakref
 
 from . import _lib, _names
-from .errors import InvalidArgument
+from .errors import DataLoss, InvalidArgument
 
 kDLCPU = 1
 kDLCUDA = 2
@@ -113,15 +113,25 @@ def managed_shape(ptr):
 
 def numpy_from_managed(ptr, dtype):
     """A writable NumPy array (dtype, C order) over a DLManagedTensor's memory, taking
-    ownership: the deleter runs when the array and all its views are gone."""
+    ownership: the deleter runs when the array and all its views are gone (or at once,
+    with DataLoss, when dtype's size is not the DLTensor's element's: the array would
+    reach past its memory)."""
     import numpy as np
 
-    t = _lib.DLManagedTensor.from_address(ptr).dl_tensor
-    shape = managed_shape(ptr)
-    n = 1
-    for s in shape:
-        n *= s
-    buf = (ctypes.c_uint8 * (n * dtype.itemsize)).from_address((t.data or 0) + t.byte_offset)
+    try:
+        t = _lib.DLManagedTensor.from_address(ptr).dl_tensor
+        shape = managed_shape(ptr)
+        element = t.dtype.bits // 8 * t.dtype.lanes
+        if dtype.itemsize != element or any(s < 0 for s in shape):
+            raise DataLoss("a tensor of %d-byte elements and shape %s read as %s"
+                           % (element, shape, dtype))
+        n = 1
+        for s in shape:
+            n *= s
+        buf = (ctypes.c_uint8 * (n * element)).from_address((t.data or 0) + t.byte_offset)
+    except BaseException:
+        call_deleter(ptr)  # it was handed over: nobody else frees it
+        raise
     weakref.finalize(buf, call_deleter, ptr)
     return np.frombuffer(buf, dtype=dtype).reshape(shape)
 

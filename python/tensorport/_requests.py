@@ -65,8 +65,12 @@ def get(client, ref, sink):
                                                         managed, done, arg, req, err)
 
     def finish():
-        info, _ = _info_from_c(item.info)
-        dtype = _names.numpy_dtype(info.dtype)
+        try:
+            info, _ = _info_from_c(item.info)
+            dtype = _names.numpy_dtype(info.dtype)
+        except BaseException:
+            explain()  # a description this library cannot read: the buffer goes back
+            raise
         ptr, managed[0] = managed[0], None  # the array owns it from here on
         return _dlpack.numpy_from_managed(ptr, dtype)
 

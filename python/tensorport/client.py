@@ -557,8 +557,9 @@ class Client:
 
     def get_dict(self, prefix="", *, as_torch=False):
         """The tenant's tensors named ``prefix...``, fetched in one batch
-        (tport_get_batch): ``{name without prefix: numpy array}`` (torch tensors with
-        ``as_torch=True``).  A :class:`BatchError` names every key that failed."""
+        (tport_get_batch_dlpack, into the buffers libtport keeps for its gets):
+        ``{name without prefix: numpy array}`` (torch tensors with ``as_torch=True``).
+        A :class:`BatchError` names every key that failed."""
         return _batch.get_dict(self, prefix, as_torch=as_torch)
 
     # ------------------------------------------------------------ tensors

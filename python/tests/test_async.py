@@ -297,6 +297,24 @@ def test_put_dict_keeps_a_scalar_a_scalar(server):
             assert back[k].shape == want.shape and np.array_equal(back[k], want), (k, back[k])
 
 
+def test_a_value_read_as_another_element_size_is_refused(server):
+    # a listing that says int64 of a tensor the get says is int32 (a lying or
+    # racing server): an array over the block would reach past it
+    import ctypes
+    from tensorport import _dlpack
+
+    with tp.Client(server.url, tenant="sd-size") as c:
+        t = c.put(np.arange(4, dtype=np.int32))
+        ptr = ctypes.c_void_p()
+        c._call("tport_get_dlpack", ctypes.byref(c._ref(t)), ctypes.byref(ptr))
+        with pytest.raises(tp.DataLoss):
+            _dlpack.numpy_from_managed(ptr.value, np.dtype(np.int64))
+        ptr2 = ctypes.c_void_p()  # the right size: read as it is
+        c._call("tport_get_dlpack", ctypes.byref(c._ref(t)), ctypes.byref(ptr2))
+        assert np.array_equal(_dlpack.numpy_from_managed(ptr2.value, np.dtype(np.int32)),
+                              np.arange(4))
+
+
 def test_get_dict_of_nothing_is_empty(server):
     with tp.Client(server.url, tenant="sd-none") as c:
         assert c.get_dict("nothing/") == {}

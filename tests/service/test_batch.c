@@ -6,6 +6,7 @@
  * state dict sharing requests between the large ones lent alone, and a
  * DLPack batch get into the buffers libtport keeps. */
 #include <criterion/criterion.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -331,5 +332,67 @@ Test(batch, a_dlpack_batch_get_hands_over_kept_buffers)
   for (int round = 0; round < 2; round++)
     for (int i = 0; i < N; i++)
       free(vals[round][i]);
+  tport_close(c);
+}
+
+/* A batch request cancelled before it ran leaves its elements saying so,
+ * and out[] without the caller's old pointers: a caller that reuses its
+ * arrays must never delete a DLManagedTensor twice.  Issued and cancelled
+ * at once, many times: some are cancelled before they start, some during,
+ * some complete; every outcome must hold. */
+Test(batch, a_cancelled_dlpack_batch_leaves_no_stale_results)
+{
+  tport_client *c = connect_plain();
+  enum { N = 3 };
+  static const size_t bytes[N] = {(size_t)1 << 20, 300, 70000};
+  uint8_t *vals[N];
+  int64_t sizes[N];
+  tport_put_item puts[N];
+  tport_err err;
+  for (int i = 0; i < N; i++) {
+    vals[i] = malloc(bytes[i]);
+    memset(vals[i], 'a' + i, bytes[i]);
+    sizes[i] = (int64_t)bytes[i];
+    puts[i] = (tport_put_item){
+        .dtype = TPORT_UINT8, .ndim = 1, .sizes = &sizes[i], .data = vals[i], .nbytes = bytes[i]};
+  }
+  cr_assert_eq(tport_put_batch(c, puts, N, &err), TPORT_OK, "%s", err.msg);
+  DLManagedTensor *const stale = (DLManagedTensor *)(uintptr_t)0x1;
+  int before_start = 0;
+  for (int round = 0; round < 40; round++) {
+    tport_get_item gets[N];
+    DLManagedTensor *out[N] = {stale, stale, stale};
+    memset(gets, 0, sizeof gets);
+    for (int i = 0; i < N; i++) {
+      gets[i].ref = puts[i].info.ref;
+      gets[i].data = stale; /* the last round's, as a caller might leave it */
+      tport_err_clear(&gets[i].err);
+    }
+    tport_request *r;
+    cr_assert_eq(tport_get_batch_dlpack_async(c, gets, N, out, NULL, NULL, &r, &err), TPORT_OK,
+                 "%s", err.msg);
+    tport_cancel(r);
+    int rc = tport_wait(r, WAIT_MS, &err);
+    tport_request_free(r);
+    for (int i = 0; i < N; i++) {
+      cr_assert_neq(out[i], stale, "round %d (status %d), element %d: the caller's old pointer",
+                    round, rc, i);
+      cr_assert_neq(gets[i].data, (void *)stale, "round %d, element %d", round, i);
+      if (gets[i].err.code == TPORT_OK) {
+        cr_assert_not_null(out[i]);
+        cr_assert_eq(memcmp(out[i]->dl_tensor.data, vals[i], bytes[i]), 0);
+      } else {
+        cr_assert_null(out[i], "round %d: a failed element hands over nothing", round);
+        cr_assert_eq(gets[i].err.code, TPORT_CANCELLED, "round %d: %s", round, gets[i].err.msg);
+        before_start += strstr(gets[i].err.msg, "before it started") != NULL;
+      }
+      if (out[i])
+        out[i]->deleter(out[i]);
+    }
+  }
+  cr_log_info("elements cancelled before their request started: %d of %d", before_start,
+              40 * N);
+  for (int i = 0; i < N; i++)
+    free(vals[i]);
   tport_close(c);
 }

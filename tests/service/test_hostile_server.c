@@ -48,6 +48,35 @@ static void lie_about_region(nng_socket s)
   reply(s, TPORT__METHOD__METHOD_GET_BEGIN, &r.base);
 }
 
+/* A GetBegin's reply whose 4 inline bytes are described as a tensor of
+ * 1 MiB uint8 (sizes [1 << 20]): a DLTensor made from its description
+ * would be read and written 1 MiB past a 4-byte block. */
+static void lie_about_size(nng_socket s)
+{
+  Tport__Status ok = TPORT__STATUS__INIT;
+  int64_t sizes[1] = {1 << 20};
+  Tport__TensorDesc d = TPORT__TENSOR_DESC__INIT;
+  d.dtype = TPORT__DTYPE__DTYPE_UINT8;
+  d.n_sizes = 1;
+  d.sizes = sizes;
+  Tport__TensorInfo info = TPORT__TENSOR_INFO__INIT;
+  info.desc = &d;
+  Tport__GetBeginReply r = TPORT__GET_BEGIN_REPLY__INIT;
+  r.status = &ok;
+  r.info = &info;
+  r.nbytes = 4;
+  r.chunk_bytes = 64 << 10;
+  nng_msg *out;
+  size_t head = frame_head_size(&r.base);
+  cr_assert_eq(nng_msg_alloc(&out, head + 4), 0);
+  frame_write_head(nng_msg_body(out), TPORT__METHOD__METHOD_GET_BEGIN, FRAME_FLAG_REPLY, &r.base);
+  memcpy((uint8_t *)nng_msg_body(out) + head, "abcd", 4);
+  cr_assert_eq(nng_sendmsg(s, out, 0), 0);
+}
+
+/* What the fake answers a GetBegin with. */
+static void (*get_lie)(nng_socket) = lie_about_region;
+
 static void *serve(void *arg)
 {
   fake *f = arg;
@@ -66,7 +95,7 @@ static void *serve(void *arg)
       h.max_outstanding = 8;
       reply(f->sock, method, &h.base);
     } else if (method == TPORT__METHOD__METHOD_GET_BEGIN) {
-      lie_about_region(f->sock);
+      get_lie(f->sock);
     } else {
       Tport__Status bad = TPORT__STATUS__INIT;
       bad.code = TPORT__CODE__CODE_UNIMPLEMENTED;
@@ -116,4 +145,30 @@ Test(hostile_server, get_reply_names_a_region_never_offered, .timeout = 30)
   cr_expect_null(p);
   tport_close(c);
   fake_stop(&f);
+}
+
+/* A tensor the server describes as larger than the bytes it sent: a get
+ * into a buffer libtport allocates and hands over as a DLManagedTensor
+ * fails (its readers would size the block by the description), and the
+ * block goes back.  Before the fix tport_get_dlpack handed over a DLTensor
+ * of 1 MiB over a 4-byte block. */
+Test(hostile_server, a_tensor_described_larger_than_its_bytes_is_refused, .timeout = 30)
+{
+  get_lie = lie_about_size;
+  fake f;
+  fake_start(&f);
+  tport_connect_options o = {.timeout_ms = 5000, .no_shm = true};
+  tport_client *c;
+  tport_err err;
+  cr_assert_eq(tport_connect(f.url, &o, &c, &err), TPORT_OK, "%s", err.msg);
+  tport_ref ref;
+  tport_ref_name(&ref, "t");
+  DLManagedTensor *dl = NULL;
+  int rc = tport_get_dlpack(c, &ref, &dl, &err);
+  cr_expect_eq(rc, TPORT_DATA_LOSS, "%d %s", rc, err.msg);
+  cr_expect(strstr(err.msg, "1048576") != NULL, "%s", err.msg);
+  cr_expect_null(dl);
+  tport_close(c);
+  fake_stop(&f);
+  get_lie = lie_about_region;
 }
