@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "idle_trim.h"
 #include "listen_url.h"
 #include "log.h"
 #include "server_internal.h"
@@ -22,9 +23,24 @@
 
 /* ---------------------------------------------------------------- reaper */
 
+/* What the server did, as one number that changes whenever it does
+ * something (idle_trim.h): requests, tensors and bytes held, sessions. */
+static uint64_t activity(server *s)
+{
+  uint64_t a = 0;
+  for (int m = 0; m < SERVER_METHODS; m++)
+    a += atomic_load(&s->requests[m]);
+  reg_stats st;
+  reg_counts(&s->reg, &st);
+  a = a * 1000003u + st.tensors;
+  a = a * 1000003u + st.bytes;
+  return a * 1000003u + st.sessions;
+}
+
 static void *reaper_main(void *arg)
 {
   server *s = arg;
+  idle_trim trim = {0};
   pthread_mutex_lock(&s->rmu);
   while (!s->reaper_stop) {
     struct timespec ts;
@@ -70,6 +86,8 @@ static void *reaper_main(void *arg)
         server_drop_pipe(s, (nng_pipe){.id = ids[i]}, "it does not read its replies");
     }
     storage_reap(false);
+    if (idle_trim_round(&trim, activity(s)))
+      log_msg(LOG_DEBUG, "idle: the heap's free memory given back to the system");
     pthread_mutex_lock(&s->rmu);
   }
   pthread_mutex_unlock(&s->rmu);

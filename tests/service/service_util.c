@@ -259,3 +259,17 @@ pid_t svc_spawn_tls(const char *url, const char *const *extra, const char *ca)
   waitpid(pid, NULL, 0);
   return -1;
 }
+
+long svc_rss_kb(pid_t pid)
+{
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  long kb = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+      break;
+  if (f)
+    fclose(f);
+  return kb;
+}

@@ -78,20 +78,6 @@ static double now_s(void)
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static long rss_kb(pid_t pid)
-{
-  char path[64], line[256];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-  FILE *f = fopen(path, "r");
-  long kb = -1;
-  while (f && fgets(line, sizeof line, f))
-    if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
-      break;
-  if (f)
-    fclose(f);
-  return kb;
-}
-
 /* Even ids share a tenant; among the others every eighth keeps what it
  * makes beyond its connection; two in eight exit in the middle of a put. */
 static proc *spawn_client(const char *url, double seconds, uint64_t seed)
@@ -417,7 +403,7 @@ Test(chaos, clients_killed_at_random)
   cr_assert(got[0] == 0 && got[1] == 0,
             "after the warm-up: %" PRId64 " tensors, %" PRId64 " uploads", got[0], got[1]);
   usleep(1500000); /* the reaper frees deferred memory once a second */
-  long rss_start = rss_kb(tportd), rss_peak = rss_start;
+  long rss_start = svc_rss_kb(tportd), rss_peak = rss_start;
   cr_log_info("chaos: after the warm-up, tportd's RSS is %ld KiB (%s)", rss_start,
               memory_counters(admin));
 
@@ -439,7 +425,7 @@ Test(chaos, clients_killed_at_random)
   while (now_s() < kill_end) {
     usleep(100000 + (useconds_t)(rand() % 200000));
     reap_some();
-    long rss = rss_kb(tportd);
+    long rss = svc_rss_kb(tportd);
     rss_peak = rss > rss_peak ? rss : rss_peak;
     int live[MAX_PROCS], nlive = 0;
     for (int i = warm; i < nprocs; i++)
@@ -527,10 +513,10 @@ Test(chaos, clients_killed_at_random)
             " tensors, %" PRId64 " bytes",
             freed, got[0], got[1]);
 
-  long rss = rss_kb(tportd);
+  long rss = svc_rss_kb(tportd);
   for (int tries = 0; tries < 100 && rss > rss_start + RSS_SLACK_KB; tries++) {
     usleep(100000);
-    rss = rss_kb(tportd);
+    rss = svc_rss_kb(tportd);
   }
   const char *held_now = memory_counters(admin);
   cr_log_info("chaos: %d leftovers freed; tportd's RSS is %ld KiB at the end (%s)", freed, rss,
