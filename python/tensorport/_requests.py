@@ -69,16 +69,20 @@ def get(client, ref, sink):
             info, _ = _info_from_c(item.info)
             dtype = _names.numpy_dtype(info.dtype)
         except BaseException:
-            explain()  # a description this library cannot read: the buffer goes back
+            give_back()  # a description this library cannot read
             raise
         ptr, managed[0] = managed[0], None  # the array owns it from here on
         return _dlpack.numpy_from_managed(ptr, dtype)
 
-    def explain():
-        """The element's own error (its message, which the batch's status lacks)."""
+    def give_back():
+        """The buffer of a get no array took, back to libtport."""
         if managed[0]:
             ptr, managed[0] = managed[0], None
             _dlpack.call_deleter(ptr)
+
+    def explain():
+        """The element's own error (its message, which the batch's status lacks)."""
+        give_back()
         if not item.err.code:
             return None
         return error_for(item.err.code, item.err.msg.decode("utf-8", "replace"))

@@ -57,4 +57,14 @@ int64_t svc_counter(tport_client *c, const char *name);
 /* A process's resident memory in KiB (/proc/PID/status VmRSS; -1: none). */
 long svc_rss_kb(pid_t pid);
 
+/* SVC_UNDER_SANITIZER: this build (and so its tportd) runs under ASan or
+ * TSan, whose allocators are not glibc's (no body cache, a quarantine). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SVC_UNDER_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SVC_UNDER_SANITIZER 1
+#endif
+#endif
+
 #endif

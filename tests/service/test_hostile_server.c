@@ -18,12 +18,41 @@ typedef struct fake {
   char url[64];
 } fake;
 
-static void reply(nng_socket s, uint16_t method, const ProtobufCMessage *m)
+/* A reply frame of m, then len bytes of payload. */
+static void reply_with(nng_socket s, uint16_t method, const ProtobufCMessage *m,
+                       const void *payload, size_t len)
 {
   nng_msg *out;
-  cr_assert_eq(nng_msg_alloc(&out, frame_head_size(m)), 0);
+  size_t head = frame_head_size(m);
+  cr_assert_eq(nng_msg_alloc(&out, head + len), 0);
   frame_write_head(nng_msg_body(out), method, FRAME_FLAG_REPLY, m);
+  if (len)
+    memcpy((uint8_t *)nng_msg_body(out) + head, payload, len);
   cr_assert_eq(nng_sendmsg(s, out, 0), 0);
+}
+
+static void reply(nng_socket s, uint16_t method, const ProtobufCMessage *m)
+{
+  reply_with(s, method, m, NULL, 0);
+}
+
+/* r (the lie already in it) as a successful GetBegin reply for a uint8
+ * tensor of size elements, with len inline bytes. */
+static void get_begin_reply(nng_socket s, Tport__GetBeginReply *r, int64_t size,
+                            const void *payload, size_t len)
+{
+  Tport__Status ok = TPORT__STATUS__INIT;
+  int64_t sizes[1] = {size};
+  Tport__TensorDesc d = TPORT__TENSOR_DESC__INIT;
+  d.dtype = TPORT__DTYPE__DTYPE_UINT8;
+  d.n_sizes = 1;
+  d.sizes = sizes;
+  Tport__TensorInfo info = TPORT__TENSOR_INFO__INIT;
+  info.desc = &d;
+  r->status = &ok;
+  r->info = &info;
+  r->chunk_bytes = 64 << 10;
+  reply_with(s, TPORT__METHOD__METHOD_GET_BEGIN, &r->base, payload, len);
 }
 
 /* A GetBegin's reply that says the bytes are in a region, though the
@@ -31,21 +60,10 @@ static void reply(nng_socket s, uint16_t method, const ProtobufCMessage *m)
  * tensor with its CRC32C, which a verifying client reads from the region. */
 static void lie_about_region(nng_socket s)
 {
-  Tport__Status ok = TPORT__STATUS__INIT;
-  int64_t sizes[1] = {0};
-  Tport__TensorDesc d = TPORT__TENSOR_DESC__INIT;
-  d.dtype = TPORT__DTYPE__DTYPE_UINT8;
-  d.n_sizes = 1;
-  d.sizes = sizes;
-  Tport__TensorInfo info = TPORT__TENSOR_INFO__INIT;
-  info.desc = &d;
   Tport__GetBeginReply r = TPORT__GET_BEGIN_REPLY__INIT;
-  r.status = &ok;
-  r.info = &info;
-  r.chunk_bytes = 64 << 10;
   r.crc32c_set = true;
   r.shm = true;
-  reply(s, TPORT__METHOD__METHOD_GET_BEGIN, &r.base);
+  get_begin_reply(s, &r, 0, NULL, 0);
 }
 
 /* A GetBegin's reply whose 4 inline bytes are described as a tensor of
@@ -53,25 +71,9 @@ static void lie_about_region(nng_socket s)
  * would be read and written 1 MiB past a 4-byte block. */
 static void lie_about_size(nng_socket s)
 {
-  Tport__Status ok = TPORT__STATUS__INIT;
-  int64_t sizes[1] = {1 << 20};
-  Tport__TensorDesc d = TPORT__TENSOR_DESC__INIT;
-  d.dtype = TPORT__DTYPE__DTYPE_UINT8;
-  d.n_sizes = 1;
-  d.sizes = sizes;
-  Tport__TensorInfo info = TPORT__TENSOR_INFO__INIT;
-  info.desc = &d;
   Tport__GetBeginReply r = TPORT__GET_BEGIN_REPLY__INIT;
-  r.status = &ok;
-  r.info = &info;
   r.nbytes = 4;
-  r.chunk_bytes = 64 << 10;
-  nng_msg *out;
-  size_t head = frame_head_size(&r.base);
-  cr_assert_eq(nng_msg_alloc(&out, head + 4), 0);
-  frame_write_head(nng_msg_body(out), TPORT__METHOD__METHOD_GET_BEGIN, FRAME_FLAG_REPLY, &r.base);
-  memcpy((uint8_t *)nng_msg_body(out) + head, "abcd", 4);
-  cr_assert_eq(nng_sendmsg(s, out, 0), 0);
+  get_begin_reply(s, &r, 1 << 20, "abcd", 4);
 }
 
 /* What the fake answers a GetBegin with. */

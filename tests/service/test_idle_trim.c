@@ -13,22 +13,12 @@
 
 #include "service_util.h"
 
-/* the same build's tportd: a sanitizer's allocator holds freed memory in
- * its quarantine, never in glibc's arenas */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define UNDER_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define UNDER_SANITIZER 1
-#endif
-#endif
-
 #define N 400
 #define BYTES ((size_t)300 << 10)
 
 Test(idle_trim, memory_freed_by_a_burst_goes_back_once_idle, .timeout = 120)
 {
-#ifdef UNDER_SANITIZER
+#ifdef SVC_UNDER_SANITIZER
   cr_skip_test("the sanitizer's allocator, not glibc's: its quarantine keeps what is freed");
 #endif
   char url[64];

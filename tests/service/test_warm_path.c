@@ -24,14 +24,6 @@
 
 #include "service_util.h"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define UNDER_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define UNDER_SANITIZER 1
-#endif
-#endif
-
 enum { MIB = 1 << 20, SIZE = 16 * MIB, WARM = 3, MEASURED = 8 };
 
 static long minor_faults(void)
@@ -65,7 +57,7 @@ static long faults_of_round_trips(const char *url, uint8_t *src, uint8_t *back)
 
 Test(warm_path, a_warm_put_and_get_fault_in_no_fresh_pages)
 {
-#ifdef UNDER_SANITIZER
+#ifdef SVC_UNDER_SANITIZER
   cr_skip_test("the sanitizer's allocator, not glibc's, and no body cache under ASan");
 #endif
   char tcp[64], ipc[96];
