@@ -13,6 +13,7 @@
 #include "env.h"
 #include "engine.h"
 #include "host_cache.h"
+#include "small_cache.h"
 
 static atomic_bool configured;
 
@@ -116,4 +117,9 @@ size_t engine_devices(engine_device_info *out, size_t max)
 const char *engine_cuda_unavailable_reason(void)
 {
   return backend_cuda.device_count() > 0 ? NULL : backend_cuda.unavailable_reason();
+}
+
+void engine_release_idle(void)
+{
+  small_cache_empty();
 }

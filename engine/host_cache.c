@@ -5,6 +5,7 @@
 #include "backend.h"
 #include "block_cache.h"
 #include "env.h"
+#include "small_cache.h"
 
 #include <stdlib.h>
 
@@ -20,23 +21,27 @@ static block_cache hc = {BLOCK_CACHE_INIT,
 
 void *host_cache_alloc(size_t bytes)
 {
-  return block_cache_alloc(&hc, bytes);
+  return bytes < HOST_CACHE_MIN_BYTES ? small_cache_alloc(bytes) : block_cache_alloc(&hc, bytes);
 }
 
 void host_cache_free(void *p)
 {
   if (p && !block_cache_free(&hc, p))
-    free(p); /* a small block, from aligned_alloc */
+    small_cache_free(p); /* a small block */
 }
 
 void host_cache_set_limit(size_t bytes)
 {
   block_cache_set_limit(&hc, bytes);
+  /* the small blocks' share: an eighth, within their own default */
+  size_t small = small_cache_default_limit();
+  small_cache_set_limit(bytes / 8 < small ? bytes / 8 : small);
 }
 
 void host_cache_empty(void)
 {
   block_cache_empty(&hc);
+  small_cache_empty();
 }
 
 void host_cache_get_stats(host_cache_stats *out)

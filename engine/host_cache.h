@@ -9,14 +9,16 @@
  * therefore mapped 2 MiB aligned with transparent huge pages asked for, and
  * kept when freed for the next allocation that fits (PyTorch's caching
  * allocators do the same for device and pinned memory).  Smaller blocks go
- * to malloc, which already reuses them.
+ * to small_cache.h, which keeps freed ones by size class until the server
+ * goes idle.
  *
  * Cached blocks hold earlier tensors' bytes: like malloc'ed memory, a new
  * storage must be written whole before anyone reads it, which the engine
  * does (every storage it makes is the result of a copy or a complete put).
  *
  * The cache holds at most its limit (host_cache_set_limit; default an
- * eighth of physical memory, at most 8 GiB); the oldest blocks go first.
+ * eighth of physical memory, at most 8 GiB; the small blocks' cache then
+ * an eighth of it); the oldest blocks go first.
  * Thread-safe.
  */
 #ifndef TPORT_HOST_CACHE_H
@@ -37,7 +39,7 @@ void host_cache_free(void *p);
 
 /* The most bytes kept cached (0: keep nothing; releases the excess now). */
 void host_cache_set_limit(size_t bytes);
-/* Releases every cached block. */
+/* Releases every cached block, small ones too. */
 void host_cache_empty(void);
 
 typedef engine_cache_stats host_cache_stats; /* engine_stats.h */

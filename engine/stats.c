@@ -8,6 +8,7 @@
 #include "backend.h"
 #include "devices_internal.h"
 #include "host_cache.h"
+#include "small_cache.h"
 #include "staging.h"
 #include "storage.h"
 
@@ -19,6 +20,7 @@ void engine_get_stats(engine_stats *out)
   memset(out, 0, sizeof *out);
   staging_engine_pools_stats(&out->staging, &out->readback);
   host_cache_get_stats(&out->host_cache);
+  small_cache_get_stats(&out->small_cache);
   pinned_cache_get_stats(&out->pinned_cache);
   out->deferred_frees = storage_deferred_count();
   if (!engine_configured())

@@ -10,7 +10,10 @@
  * 70-90 MiB over its start after the chaos test (test_chaos's RSS check
  * failed under load).  malloc_trim(0) returns the free pages of every
  * arena; it takes each arena's lock while it walks it, so it runs only
- * when nothing happened for a round, once per quiet spell.
+ * when nothing happened for a round, once per quiet spell.  Before it the
+ * engine gives back what it keeps for a busy server (engine_release_idle:
+ * the small host blocks' cache, which keeps a burst's freed storages for
+ * the next burst instead of malloc handing them back at once).
  */
 #ifndef TPORT_IDLE_TRIM_H
 #define TPORT_IDLE_TRIM_H

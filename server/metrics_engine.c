@@ -224,6 +224,14 @@ static void host_gauges(metrics_text *t, const engine_stats *es)
                                "Large host blocks handed out.",
                                "The most host bytes kept cached (--host-cache)."},
                  &es->host_cache);
+  cache_families(t, "small_cache",
+                 &(cache_help){"Small host blocks (under 1 MiB) reused from the cache.",
+                               "Small host blocks allocated fresh.",
+                               "Small host bytes kept for reuse until the server is idle.",
+                               "Small host blocks' bytes handed out.",
+                               "The most small host bytes kept cached (an eighth of "
+                               "--host-cache, at most 256 MiB)."},
+                 &es->small_cache);
   cache_families(t, "pinned_cache",
                  &(cache_help){"Pinned host storages (non_blocking copies to the cpu) served "
                                "from the cache.",

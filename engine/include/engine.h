@@ -210,6 +210,10 @@ int tensor_wrap_device(tport_device dev, void *data, size_t nbytes, tport_dtype 
 /* Waits for all work of every device and frees deferred storages and the
  * staging pool's cache. */
 void engine_synchronize_all(void);
+/* Gives back what the engine keeps for a busy server's next requests and
+ * holds for nobody: the small host blocks' cache (small_cache.h).  tportd
+ * calls it once idle, before malloc_trim; anything running may go on. */
+void engine_release_idle(void);
 
 /* ---- storages held outside the engine (a reply lent a storage's bytes) */
 /* The bytes of s (its tensors may view only part of them). */

@@ -23,7 +23,8 @@ typedef struct engine_pool_stats {
   uint64_t bytes_allocated; /* all pinned bytes owned by the pool */
 } engine_pool_stats;
 
-/* A cache of host blocks (host_cache.h: large host blocks, pinned ones):
+/* A cache of host blocks (host_cache.h: large host blocks, pinned ones;
+ * small_cache.h: small ones):
  * hits, misses, cached_bytes, in_use_bytes, limit_bytes. */
 typedef block_cache_stats engine_cache_stats;
 
@@ -40,6 +41,7 @@ typedef struct engine_stats {
   engine_pool_stats staging;  /* puts' and copies' blocks */
   engine_pool_stats readback; /* gets' blocks, lent to replies */
   engine_cache_stats host_cache;
+  engine_cache_stats small_cache; /* small host blocks (small_cache.h) */
   engine_cache_stats pinned_cache;
   int64_t deferred_frees; /* storages freed once the work pending on them ends */
   /* every backend's counters, in device type order; none before

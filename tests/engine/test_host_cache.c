@@ -8,6 +8,7 @@
 #include "engine.h"
 #include "storage.h"
 #include "host_cache.h"
+#include "small_cache.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -76,16 +77,87 @@ Test(host_cache, the_limit_holds_and_the_oldest_go_first)
   cr_assert_eq(stats().cached_bytes, 0);
 }
 
-Test(host_cache, small_blocks_come_from_malloc)
+static host_cache_stats small_stats(void)
 {
-  host_cache_stats s0 = stats();
-  void *p = host_cache_alloc(1000);
+  host_cache_stats s;
+  small_cache_get_stats(&s);
+  return s;
+}
+
+/* Small blocks (under 1 MiB) are not the large cache's: they are kept by
+ * size class (engine/small_cache.c) and reused, aligned as the large. */
+Test(host_cache, small_blocks_are_kept_by_size_class_and_reused)
+{
+  host_cache_stats s0 = stats(), m0 = small_stats();
+  char *p = host_cache_alloc(1000);
   cr_assert_not_null(p);
   cr_assert_eq((uintptr_t)p % 256, 0);
+  memset(p, 0x11, 1000);
   host_cache_free(p);
-  host_cache_stats s1 = stats();
-  cr_assert_eq(s1.hits + s1.misses, s0.hits + s0.misses, "not the cache's business");
+  host_cache_stats s1 = stats(), m1 = small_stats();
+  cr_assert_eq(s1.hits + s1.misses, s0.hits + s0.misses, "not the large cache's business");
+  cr_assert_eq(m1.misses - m0.misses, 1);
+  cr_assert_geq(m1.cached_bytes, 1024, "kept: 1000 bytes in the 1 KiB class");
+  cr_assert_eq(host_cache_alloc(900), p, "a size of the same class reuses it");
+  cr_assert_eq(small_stats().hits - m1.hits, 1);
+  host_cache_free(p);
+  /* a larger class does not take it: 1000 bytes cannot hold 5000 */
+  char *q = host_cache_alloc(5000);
+  cr_assert_neq(q, p);
+  memset(q, 0x22, 5000);
+  host_cache_free(q);
+  /* every size up to the large cache's start is served, within an eighth */
+  for (size_t n = 1; n < MIB; n = n * 3 / 2 + 1) {
+    char *b = host_cache_alloc(n);
+    cr_assert_not_null(b);
+    cr_assert_eq((uintptr_t)b % 256, 0);
+    memset(b, 0x33, n); /* all of it is ours (ASan checks) */
+    host_cache_free(b);
+  }
   cr_assert_null(host_cache_alloc(SIZE_MAX - 10), "an absurd size is refused, not wrapped");
+}
+
+Test(host_cache, small_blocks_keep_at_most_their_limit_and_go_back_when_emptied)
+{
+  host_cache_set_limit(8 * MIB); /* the small blocks: an eighth, 1 MiB */
+  cr_assert_eq(small_stats().limit_bytes, MIB);
+  enum { N = 64 };
+  void *b[N];
+  for (int i = 0; i < N; i++) {
+    b[i] = host_cache_alloc(64 * 1024);
+    cr_assert_not_null(b[i]);
+  }
+  for (int i = 0; i < N; i++)
+    host_cache_free(b[i]);
+  host_cache_stats m = small_stats();
+  cr_assert_leq(m.cached_bytes, MIB, "%zu bytes cached over a 1 MiB limit", m.cached_bytes);
+  cr_assert_geq(m.cached_bytes, MIB / 2, "what fits is kept");
+  engine_release_idle(); /* what tportd does once idle */
+  cr_assert_eq(small_stats().cached_bytes, 0);
+  host_cache_set_limit(0);
+  void *p = host_cache_alloc(300);
+  host_cache_free(p);
+  cr_assert_eq(small_stats().cached_bytes, 0, "a limit of 0 keeps nothing");
+}
+
+/* A cpu storage of a small tensor comes from the small blocks' cache: a
+ * burst freed serves the next burst (no fresh pages from malloc). */
+Test(host_cache, small_cpu_storages_are_cached)
+{
+  host_cache_stats m0 = small_stats();
+  for (int i = 0; i < 3; i++) {
+    tport_tensor *t;
+    tport_err err;
+    int64_t n = 4096;
+    cr_assert_eq(tensor_empty((tport_device){TPORT_DEV_CPU, 0}, TPORT_UINT8, 1, &n,
+                              TPORT_MF_CONTIGUOUS, 0, &t, &err),
+                 0, "%s", err.msg);
+    tensor_release(t);
+    engine_synchronize_all();
+  }
+  host_cache_stats m1 = small_stats();
+  cr_assert_eq(m1.misses - m0.misses, 1, "one 4 KiB block allocated");
+  cr_assert_eq(m1.hits - m0.hits, 2, "and reused twice");
 }
 
 Test(host_cache, cpu_storages_are_cached)

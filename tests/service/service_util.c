@@ -260,6 +260,24 @@ pid_t svc_spawn_tls(const char *url, const char *const *extra, const char *ca)
   return -1;
 }
 
+long svc_minor_faults(pid_t pid)
+{
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+  if (f)
+    fclose(f);
+  buf[n] = 0;
+  /* after "pid (comm) ": the comm may hold spaces and parentheses, so from
+   * its last ')'; then state ppid pgrp session tty_nr tpgid flags minflt */
+  const char *p = strrchr(buf, ')');
+  long minflt = -1;
+  if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %ld", &minflt) != 1)
+    return -1;
+  return minflt;
+}
+
 long svc_rss_kb(pid_t pid)
 {
   char path[64], line[256];

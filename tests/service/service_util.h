@@ -56,6 +56,8 @@ int svc_hello(nng_socket s, const char *tenant, char *msg);
 int64_t svc_counter(tport_client *c, const char *name);
 /* A process's resident memory in KiB (/proc/PID/status VmRSS; -1: none). */
 long svc_rss_kb(pid_t pid);
+/* pid's minor page faults so far (/proc/PID/stat); -1 when unreadable. */
+long svc_minor_faults(pid_t pid);
 
 /* SVC_UNDER_SANITIZER: this build (and so its tportd) runs under ASan or
  * TSan, whose allocators are not glibc's (no body cache, a quarantine). */
