@@ -18,7 +18,12 @@ int client_run_window(tport_client *c, size_t nbytes, size_t chunk, window_make_
   client_slot slots[CLIENT_MAX_WINDOW];
   int nslots = 0, rc = TPORT_OK, head = 0, inflight = 0;
   size_t next = 0, done = 0;
-  int credits = c->window;
+  /* as many credits as there are requests to send, up to the window: a
+   * batch of one request took the whole window (with tportd's defaults,
+   * four of them held every credit; where the window is all a server
+   * allows, one stopped every other request of the client) */
+  size_t units = chunk ? nbytes / chunk + (nbytes % chunk != 0) : 0;
+  int credits = units < (size_t)c->window ? (int)(units ? units : 1) : c->window;
   if ((rc = client_credits_take(c, credits, err)) != TPORT_OK)
     return rc;
   while (nslots < credits && (rc = client_slot_open(c, &slots[nslots], err)) == TPORT_OK)
