@@ -1,5 +1,6 @@
 /* tensor.c: tensor creation, views, queries, and host read/write. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine.h"
 #include "storage.h"
@@ -271,6 +272,25 @@ int tensor_write(tport_tensor *t, const void *host, size_t nbytes, tport_err *er
 int tensor_sync(tport_tensor *t, tport_err *err)
 {
   return storage_sync(t->storage, err);
+}
+
+bool tensor_write_host_bytes(tport_tensor *t, size_t off, const void *src, size_t n)
+{
+  tport_storage *st = t->storage;
+  if (st->device.type != TPORT_DEV_CPU || (st->flags & STORAGE_MANAGED) ||
+      !meta_is_non_overlapping_and_dense(&t->layout))
+    return false;
+  size_t total = tensor_nbytes(t);
+  if (off > total || n > total - off)
+    return false;
+  if (n == 0)
+    return true;
+  if (storage_sync(st, NULL) != TPORT_OK)
+    return false;
+  /* the layout is dense: its bytes start at its offset and fit its storage */
+  memcpy((uint8_t *)st->ptr + (size_t)t->layout.offset * tport_dtype_size(t->dtype) + off, src,
+         n);
+  return true;
 }
 
 int engine_host_register(void *p, size_t n, bool *registered, tport_err *err)

@@ -64,6 +64,8 @@ static int land(call *c, tport_tensor *landing, int st, size_t off, const uint8_
     rc = tensor_as_strided(landing, 1, &count, &one, (int64_t)(off / ss), &view, &c->err);
     if (!rc)
       rc = land_into(c, view, (tport_dtype)st, count, p, n, pinned);
+  } else if (!pinned && tensor_write_host_bytes(landing, off, p, n)) {
+    rc = TPORT_OK; /* the cpu's: one memcpy */
   } else {
     rc = tensor_byte_view(landing, off, n, &view, &c->err);
     if (!rc)

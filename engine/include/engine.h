@@ -119,6 +119,14 @@ int tensor_read(tport_tensor *t, void *host, size_t nbytes, tport_err *err);
 int tensor_write(tport_tensor *t, const void *host, size_t nbytes, tport_err *err);
 /* Waits for all pending work on t's storage. */
 int tensor_sync(tport_tensor *t, tport_err *err);
+/* Writes n host bytes at byte offset off of t's data (t non-overlapping and
+ * dense, as for tensor_byte_view) with a memcpy where t is plain host
+ * memory (the cpu device's, not managed), after its pending work: true.
+ * False, writing nothing, for any other tensor or a range outside t: the
+ * caller copies as for any tensor (a byte view and tensor_copy_).  For the
+ * many small puts that land on the cpu, that copy's two tensors and kernel
+ * dispatch cost more than the bytes. */
+bool tensor_write_host_bytes(tport_tensor *t, size_t off, const void *src, size_t n);
 
 /* Testing knobs: each disables one ordering step (or makes one step fail),
  * so that the concurrency tests can show that the step (or what is done on

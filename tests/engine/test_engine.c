@@ -429,3 +429,33 @@ Test(engine, deadline_stops_a_copy_between_pieces)
   tensor_release(dst);
   tensor_release(ref);
 }
+
+/* tensor_write_host_bytes: a memcpy into a dense cpu tensor's bytes at its
+ * own offset (how small puts land), and nothing for a range it does not
+ * hold or a tensor that is not dense. */
+Test(engine, host_bytes_are_written_at_the_tensors_offset)
+{
+  int64_t n = 16;
+  tport_tensor *t = arange_f32(1, &n), *view;
+  int64_t four = 4, one = 1;
+  tport_err e;
+  /* elements [8, 12): the view's bytes start 32 bytes into the storage */
+  cr_assert_eq(tensor_as_strided(t, 1, &four, &one, 8, &view, &e), 0, "%s", e.msg);
+  const float v[2] = {-1.0f, -2.0f};
+  cr_assert(tensor_write_host_bytes(view, 4, v, sizeof v), "bytes [4, 12) of 16");
+  const float *p = t->storage->ptr;
+  for (int i = 0; i < 16; i++)
+    cr_assert_eq(p[i], i == 9 ? -1.0f : i == 10 ? -2.0f : (float)i, "element %d is %g", i, p[i]);
+  cr_assert_not(tensor_write_host_bytes(view, 12, v, sizeof v), "past its 16 bytes");
+  cr_assert_not(tensor_write_host_bytes(view, SIZE_MAX, v, 1), "an offset past everything");
+  cr_assert(tensor_write_host_bytes(view, 16, v, 0), "nothing at its end");
+  /* every second element: not dense, so not bytes in a row */
+  int64_t two = 2;
+  tport_tensor *gaps;
+  cr_assert_eq(tensor_as_strided(t, 1, &four, &two, 0, &gaps, &e), 0, "%s", e.msg);
+  cr_assert_not(tensor_write_host_bytes(gaps, 0, v, sizeof v));
+  cr_assert_eq(p[0], 0.0f);
+  tensor_release(gaps);
+  tensor_release(view);
+  tensor_release(t);
+}

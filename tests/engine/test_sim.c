@@ -50,6 +50,21 @@ Test(sim, device_memory_faults_on_the_host, .signal = SIGSEGV)
   deref_device_pointer();
 }
 
+/* Device memory is never written with a memcpy from the host: a small
+ * put's fast path (tensor_write_host_bytes) leaves it to tensor_copy_. */
+Test(sim, host_bytes_are_not_written_into_device_memory)
+{
+  int64_t n = 64;
+  tport_tensor *d;
+  tport_err e;
+  cr_assert_eq(tensor_empty((tport_device){TPORT_DEV_SIM, 0}, TPORT_UINT8, 1, &n,
+                            TPORT_MF_CONTIGUOUS, 0, &d, &e),
+               0, "%s", e.msg);
+  uint8_t bytes[64] = {7};
+  cr_assert_not(tensor_write_host_bytes(d, 0, bytes, sizeof bytes)); /* no SIGSEGV either */
+  tensor_release(d);
+}
+
 Test(sim, pointers_are_checked)
 {
   void *d0, *d1;
