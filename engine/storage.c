@@ -4,6 +4,7 @@
 #include "engine.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "host_cache.h"
 
@@ -293,6 +294,22 @@ int storage_sync(tport_storage *st, tport_err *err)
   return rc;
 }
 
+/* ENGINE_SLOW_MARK's pause: up to 0.5 ms. */
+static void test_pause(void)
+{
+  if (engine_test_faults() & ENGINE_SLOW_MARK)
+    usleep((useconds_t)(rand() % 500));
+}
+
+/* A storage keeps one event: the one that follows every op enqueued on it.
+ * So the event is recorded under the storage's lock, after waiting for the
+ * one it replaces: recorded outside it, two threads marking the same
+ * storage (two chunks of one put, on two workers) could install the
+ * earlier-recorded event last, and the storage then looked done -- and was
+ * freed, its memory reused -- while the later copy was still queued (a
+ * sim stream thread wrote a put's chunk into a block the host cache had
+ * taken back).  The old event's wait is enqueued on s where it is of the
+ * same backend (another stream's work), else waited for here. */
 int storage_mark(tport_storage *const *sts, int n, const backend_ops *be, int dev, be_stream *s,
                  tport_err *err)
 {
@@ -303,12 +320,20 @@ int storage_mark(tport_storage *const *sts, int n, const backend_ops *be, int de
     int rc = be->event_create(dev, &ev, err);
     if (rc != TPORT_OK)
       return rc;
-    rc = be->event_record(ev, s, err);
+    pthread_mutex_lock(&sts[i]->mu);
+    be_event *old = sts[i]->ev;
+    if (old && sts[i]->ev_be == be && sts[i]->ev_stream != s)
+      rc = be->stream_wait_event(s, old, err);
+    else if (old && sts[i]->ev_be != be)
+      rc = sts[i]->ev_be->event_synchronize(old, err);
+    if (rc == TPORT_OK)
+      rc = be->event_record(ev, s, err);
     if (rc != TPORT_OK) {
+      pthread_mutex_unlock(&sts[i]->mu);
       be->event_destroy(ev);
       return rc;
     }
-    pthread_mutex_lock(&sts[i]->mu);
+    test_pause();
     if (sts[i]->ev)
       sts[i]->ev_be->event_destroy(sts[i]->ev);
     sts[i]->ev_be = be;

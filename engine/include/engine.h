@@ -136,6 +136,10 @@ enum {
   ENGINE_SKIP_STAGING_EVENT = 1u << 1, /* H2D: staging block released without its event */
   ENGINE_SKIP_RESULT_EVENT = 1u << 2,  /* non_blocking: result storage gets no event */
   ENGINE_FAIL_MARK = 1u << 3,          /* H2D from pinned memory: fails after the copy is enqueued */
+  /* storage_mark pauses (up to 2 ms) between recording a storage's event
+   * and installing it: the window a worker preempted there opens.  Not a
+   * step switched off: the mark must stay right with it. */
+  ENGINE_SLOW_MARK = 1u << 4,
 };
 void engine_set_test_faults(unsigned faults);
 unsigned engine_test_faults(void);

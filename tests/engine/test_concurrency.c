@@ -3,6 +3,7 @@
  * then with one ordering step switched off (engine_set_test_faults) and must
  * go wrong at least once: proof that the test sees a missing event. */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -224,4 +225,83 @@ Test(concurrency, a_failed_copy_from_pinned_memory_ends_before_it_returns)
 {
   cr_assert_eq(failed_pinned_copy_failures(), 0,
                "a failed copy read pinned memory after it returned");
+}
+
+/* Threads copying into parts of one pinned host tensor at once (a put's
+ * chunks, landing on two workers), each marking its storage: once the
+ * storage's event says done, every part has landed.  storage_mark recorded
+ * its event before taking the storage's lock, so a mark preempted between
+ * the two installed an event older than the one it replaced: the storage
+ * looked done (and was freed, its block reused) under a queued copy.
+ * ENGINE_SLOW_MARK opens that window wide at every mark. */
+enum { MARK_THREADS = 4, MARK_PARTS = 16, MARK_PART = 2048, MARK_TRIALS = 40 };
+
+typedef struct part_arg {
+  tport_tensor *dst[MARK_PARTS], *src[MARK_PARTS];
+  int rc;
+} part_arg;
+
+/* One thread's parts, one after another (a worker's chunks). */
+static void *copy_parts(void *p)
+{
+  part_arg *a = p;
+  for (int j = 0; j < MARK_PARTS && !a->rc; j++)
+    a->rc = tensor_copy_(a->dst[j], a->src[j], true, NULL);
+  return NULL;
+}
+
+static int concurrent_mark_failures(void)
+{
+  int failures = 0;
+  enum { K = MARK_THREADS, P = MARK_PARTS, N = MARK_THREADS * MARK_PARTS * MARK_PART };
+  for (int trial = 0; trial < MARK_TRIALS; trial++) {
+    int32_t *host = calloc(N, 4);
+    tport_tensor *whole;
+    cr_assert_eq(tensor_wrap_host_pinned(host, N * 4, TPORT_INT32, 1, (int64_t[]){N}, NULL, 0,
+                                         &whole, NULL),
+                 0);
+    cr_assert(whole->storage->flags & STORAGE_PINNED, "pinned: the copies are the stream's");
+    part_arg a[K];
+    pthread_t t[K];
+    for (int k = 0; k < K; k++) {
+      a[k].rc = 0;
+      for (int j = 0; j < P; j++) {
+        int part = k * P + j;
+        a[k].src[j] = filled(S0, MARK_PART, part * 10000);
+        cr_assert_eq(tensor_as_strided(whole, 1, (int64_t[]){MARK_PART}, (int64_t[]){1},
+                                       (int64_t)part * MARK_PART, &a[k].dst[j], NULL),
+                     0);
+      }
+    }
+    for (int k = 0; k < K; k++)
+      pthread_create(&t[k], NULL, copy_parts, &a[k]);
+    for (int k = 0; k < K; k++) {
+      pthread_join(t[k], NULL);
+      cr_assert_eq(a[k].rc, 0);
+    }
+    /* what the storage's event says, read as the host reads pinned memory */
+    cr_assert_eq(tensor_sync(whole, NULL), 0);
+    bool ok = true;
+    for (int part = 0; part < K * P && ok; part++)
+      for (int i = 0; i < MARK_PART && ok; i++)
+        ok = host[part * MARK_PART + i] == part * 10000 + i;
+    failures += !ok;
+    engine_synchronize_all(); /* before the host memory goes */
+    for (int k = 0; k < K; k++)
+      for (int j = 0; j < P; j++) {
+        tensor_release(a[k].dst[j]);
+        tensor_release(a[k].src[j]);
+      }
+    tensor_release(whole);
+    free(host);
+  }
+  return failures;
+}
+
+Test(concurrency, a_storage_marked_by_threads_at_once_waits_for_every_copy)
+{
+  sim_set_delay(2000); /* the stream lags the marks */
+  engine_set_test_faults(ENGINE_SLOW_MARK);
+  cr_assert_eq(concurrent_mark_failures(), 0,
+               "the storage's event said done while a copy into it was queued");
 }
