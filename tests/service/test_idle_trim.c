@@ -16,18 +16,25 @@
 #define N 400
 #define BYTES ((size_t)300 << 10)
 
+/* A tportd on a free loopback port (a port taken meanwhile: another). */
+static pid_t spawn(char *url, size_t len)
+{
+  pid_t pid = -1;
+  for (int tries = 0; tries < 5 && pid < 0; tries++) {
+    svc_tcp_url(url, len);
+    pid = svc_spawn(url, NULL);
+  }
+  cr_assert_gt(pid, 0, "tportd did not start");
+  return pid;
+}
+
 Test(idle_trim, memory_freed_by_a_burst_goes_back_once_idle, .timeout = 120)
 {
 #ifdef SVC_UNDER_SANITIZER
   cr_skip_test("the sanitizer's allocator, not glibc's: its quarantine keeps what is freed");
 #endif
   char url[64];
-  pid_t pid = -1;
-  for (int tries = 0; tries < 5 && pid < 0; tries++) {
-    svc_tcp_url(url, sizeof url);
-    pid = svc_spawn(url, NULL);
-  }
-  cr_assert_gt(pid, 0, "tportd did not start");
+  pid_t pid = spawn(url, sizeof url);
   tport_client *c = svc_connect(url, "trim");
   uint8_t *data = malloc(BYTES);
   memset(data, 0x5a, BYTES);
@@ -101,15 +108,10 @@ static void burst(tport_client *c, const uint8_t *data, tport_put_item *items, t
 Test(idle_trim, a_burst_freed_is_kept_for_the_next_while_busy, .timeout = 120)
 {
 #ifdef SVC_UNDER_SANITIZER
-  cr_skip_test("the sanitizer's allocator, not glibc's: mallopt does not apply");
+  cr_skip_test("the sanitizer's allocator, not glibc's: its page faults are not the heap's");
 #endif
   char url[64];
-  pid_t pid = -1;
-  for (int tries = 0; tries < 5 && pid < 0; tries++) {
-    svc_tcp_url(url, sizeof url);
-    pid = svc_spawn(url, NULL);
-  }
-  cr_assert_gt(pid, 0, "tportd did not start");
+  pid_t pid = spawn(url, sizeof url);
   tport_client *c = svc_connect(url, "keep");
   uint8_t *data = malloc((size_t)BURST * BURST_BYTES);
   memset(data, 0x3c, (size_t)BURST * BURST_BYTES);
