@@ -172,10 +172,12 @@ with tp.Client(%r, tenant="fut") as c:
             raise KeyboardInterrupt
     fs = [c.put_async(np.ones(32 << 20, np.uint8))]
     fs += [c.put_async(np.arange(1000)) for _ in range(20)]
-    for f in fs:
+    late = c.info_async("cb-late-raising", wait=30)  # done only after the put below
+    for f in fs + [late]:
         f.add_done_callback(bad)
         f.add_done_callback(worse)
-    for f in fs:
+    c.put(np.arange(3), name="cb-late-raising")
+    for f in fs + [late]:
         f.result(30)
     assert hit.wait(30)
     assert c.get_async(fs[1].result()).result(30).sum() == 499500
@@ -203,8 +205,13 @@ def test_inside_a_done_callback_waiting_or_closing_is_refused(server):
                     seen[what] = e
             ran.set()
 
-        f = c.put_async(np.arange(10))
+        # A future done before add_done_callback runs its callback at once on
+        # this thread (concurrent.futures), where close is allowed: wait for a
+        # name that only exists after the callback is in place.
+        f = c.info_async("cb-late", wait=30)
         f.add_done_callback(cb)
+        assert not ran.is_set()
+        c.put(np.arange(10), name="cb-late")
         assert ran.wait(30)
         assert isinstance(seen["close"], tp.FailedPrecondition)
         assert not c.closed
