@@ -209,13 +209,10 @@ int h_put_batch(call *c)
   size_t off = 0;
   for (size_t i = 0; i < n; i++) {
     size_t len = (size_t)q->payload_bytes[i];
-    if (!q->puts[i]->commit)
-      refuse_element(&els[i], TPORT_INVALID_ARGUMENT,
-                     "an element of a batch commits at once: set commit (a large tensor goes by "
-                     "PutBegin and its chunks)");
-    else
-      run_element(c, TPORT__METHOD__METHOD_PUT_BEGIN, h_put_begin, &q->puts[i]->base,
-                  c->payload + off, len, &els[i]);
+    /* without commit an upload begins (its chunks follow by PutChunk):
+     * h_put_begin refuses such an element that carries bytes */
+    run_element(c, TPORT__METHOD__METHOD_PUT_BEGIN, h_put_begin, &q->puts[i]->base,
+                c->payload + off, len, &els[i]);
     off += len;
   }
   Tport__PutBatchReply r = TPORT__PUT_BATCH_REPLY__INIT;

@@ -198,6 +198,61 @@ Test(bad_input, one_round_trip_put_needs_the_whole_tensor)
                msg);
 }
 
+/* A PutBatch's element without commit begins an upload (its chunks follow
+ * by PutChunk) and carries no bytes; one that does is refused alone, its
+ * bytes still counted in the payload's order. */
+Test(bad_input, a_batch_element_without_commit_begins_an_upload)
+{
+  char msg[256];
+  Tport__TensorDesc d = TPORT__TENSOR_DESC__INIT;
+  int64_t sz[] = {10};
+  d.dtype = TPORT__DTYPE__DTYPE_INT32;
+  d.n_sizes = 1;
+  d.sizes = sz;
+  Tport__PutBeginRequest e[3] = {TPORT__PUT_BEGIN_REQUEST__INIT, TPORT__PUT_BEGIN_REQUEST__INIT,
+                                 TPORT__PUT_BEGIN_REQUEST__INIT};
+  Tport__PutBeginRequest *ep[3] = {&e[0], &e[1], &e[2]};
+  uint64_t lens[3] = {40, 0, 40}; /* bytes without commit; an upload; a whole put */
+  for (int i = 0; i < 3; i++)
+    e[i].desc = &d;
+  e[2].commit = true;
+  Tport__PutBatchRequest q = TPORT__PUT_BATCH_REQUEST__INIT;
+  q.n_puts = q.n_payload_bytes = 3;
+  q.puts = ep;
+  q.payload_bytes = lens;
+  int32_t v[20];
+  for (int i = 0; i < 20; i++)
+    v[i] = i;
+  size_t head = frame_head_size(&q.base);
+  nng_msg *m;
+  cr_assert_eq(nng_msg_alloc(&m, head + sizeof v), 0);
+  frame_write_head(nng_msg_body(m), TPORT__METHOD__METHOD_PUT_BATCH, 0, &q.base);
+  memcpy((uint8_t *)nng_msg_body(m) + head, v, sizeof v);
+  cr_assert_eq(nng_sendmsg(sock, m, 0), 0);
+  cr_assert_eq(nng_recvmsg(sock, &m, 0), 0);
+  ProtobufCMessage *pr;
+  cr_assert_eq(svc_reply_status(m, &tport__put_batch_reply__descriptor, msg, &pr), 0, "%s", msg);
+  Tport__PutBatchReply *r = (Tport__PutBatchReply *)pr;
+  cr_assert_eq(r->n_puts, 3);
+  cr_assert_eq(r->puts[0]->status->code, TPORT__CODE__CODE_INVALID_ARGUMENT);
+  cr_assert(strstr(r->puts[0]->status->message, "data only with commit"), "%s",
+            r->puts[0]->status->message);
+  cr_assert(!r->puts[1]->status || r->puts[1]->status->code == TPORT__CODE__CODE_OK);
+  cr_assert_null(r->puts[1]->info, "an upload begun describes no tensor yet");
+  cr_assert_eq(r->puts[1]->ref->handle.len, 16);
+  cr_assert_gt(r->puts[1]->chunk_bytes, 0);
+  cr_assert(!r->puts[2]->status || r->puts[2]->status->code == TPORT__CODE__CODE_OK);
+  cr_assert_not_null(r->puts[2]->info, "the third element's bytes were the payload's second 40");
+  uint8_t h[16];
+  memcpy(h, r->puts[1]->ref->handle.data, 16);
+  protobuf_c_message_free_unpacked(pr, NULL);
+  nng_msg_free(m);
+  /* the upload the batch began: a commit before its bytes fails, after them works */
+  cr_assert_eq(commit(h, msg), TPORT_FAILED_PRECONDITION, "%s", msg);
+  cr_assert_eq(chunk(h, 0, v, 40, msg), 0, "%s", msg);
+  cr_assert_eq(commit(h, msg), 0, "%s", msg);
+}
+
 Test(bad_input, chunks_and_commits)
 {
   char msg[256];
