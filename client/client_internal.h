@@ -265,6 +265,15 @@ typedef int (*window_reply_fn)(void *ctx, client_slot *s, tport_err *err);
 int client_run_window(tport_client *c, size_t nbytes, size_t chunk, window_make_fn make,
                       window_reply_fn take, void *ctx, tport_progress_fn progress, void *arg,
                       const atomic_bool *stop, tport_err *err);
+/* How many of the first units must have been answered before unit u goes
+ * (at most u). */
+typedef size_t (*window_after_fn)(void *ctx, size_t u);
+/* n requests (units 0..n-1: make and take see off = u, len = 1) through the
+ * window as client_run_window's chunks, unit u sent only once the replies
+ * of units [0, after(ctx, u)) were taken; a unit make gives no message for
+ * (*out NULL) is skipped: nothing is sent, its take is not called. */
+int client_run_units(tport_client *c, size_t n, window_make_fn make, window_reply_fn take,
+                     window_after_fn after, void *ctx, const atomic_bool *stop, tport_err *err);
 
 /* ---------------------------------------------------------------- shm.c */
 

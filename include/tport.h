@@ -392,8 +392,14 @@ void tport_request_free(tport_request *req);
  * flight; without a shared-memory region, a put's elements of up to a
  * chunk do too (one of 256 KiB or more alone, its bytes lent to the
  * request as tport_put lends them: they must not change until the call
- * returns).  Larger ones go as a tport_put or tport_get of their own
- * would (the window, the automatic region).  Each element has its
+ * returns).  A larger put element without a region goes in chunks through
+ * the same window: begun with the others of its kind in one PutBatch, its
+ * chunks (lent too) and its commit following, the window kept full across
+ * elements; with a region, and for gets, a larger element goes as a
+ * tport_put or tport_get of its own would.  A batch cancelled
+ * (tport_cancel) first waits for the replies of the requests it has in
+ * flight, so that each element's result says what the server did; an
+ * element begun and not committed is aborted.  Each element has its
  * own result and error; one element's failure leaves the others alone.
  * Elements are independent, stored in no set order (the small ones are
  * grouped together, whatever lies between them): of two elements with one

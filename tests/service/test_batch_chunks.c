@@ -1,0 +1,211 @@
+/* test_batch_chunks.c: the elements of a tport_put_batch longer than a
+ * chunk, against a server in this process (64 KiB chunks, ipc://, no
+ * region): begun together in a PutBatch, their chunks and commits in the
+ * batch's one window beside the small elements -- no PutBegin of their
+ * own, every value exact, progress to the end; and a batch cancelled at
+ * any moment leaves on the server exactly the elements it says were put
+ * (a commit in flight is answered before the cancel ends the batch, and
+ * what was begun and not committed is aborted). */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "server_internal.h" /* the server's count of requests by method */
+#include "service_util.h"
+
+#define WAIT_MS 30000
+
+static server *srv;
+static char url[256];
+
+static void start(void)
+{
+  server_config cfg;
+  svc_config(&cfg); /* 64 KiB chunks */
+  svc_ipc_url(url, sizeof url);
+  free(cfg.listen[0]);
+  cfg.listen[0] = strdup(url);
+  cfg.nlisten = 1;
+  tport_err err;
+  cr_assert_eq(server_start(&cfg, &srv, &err), 0, "%s", err.msg);
+  config_free(&cfg);
+}
+
+static void stop(void)
+{
+  server_stop(srv, 1000);
+}
+
+TestSuite(batch_chunks, .init = start, .fini = stop, .timeout = 120);
+
+static tport_client *connect_plain(void)
+{
+  tport_connect_options o = {.timeout_ms = WAIT_MS, .no_shm = true};
+  tport_client *c;
+  tport_err err;
+  cr_assert_eq(tport_connect(url, &o, &c, &err), TPORT_OK, "%s", err.msg);
+  return c;
+}
+
+static uint64_t requests(uint16_t method)
+{
+  return atomic_load(&srv->requests[method]);
+}
+
+typedef struct progress {
+  uint64_t last, total, calls;
+  bool backwards;
+} progress;
+
+static void on_progress(void *arg, uint64_t done, uint64_t total)
+{
+  progress *p = arg;
+  p->backwards |= done < p->last;
+  p->last = done;
+  p->total = total;
+  p->calls++;
+}
+
+/* Sizes in bytes: 1 MiB (16 chunks) at 3, 9, 15; 200,000 (4) at 0, 6, 12; the
+ * others small. */
+static size_t bytes_of(int i)
+{
+  if (i % 3 == 0)
+    return i % 2 ? (size_t)1 << 20 : 200000;
+  return 40 + (size_t)i * 12;
+}
+
+Test(batch_chunks, elements_of_several_chunks_go_in_the_batch_window)
+{
+  tport_client *c = connect_plain();
+  enum { N = 18 };
+  tport_put_item puts[N];
+  tport_get_item gets[N];
+  int64_t sizes[N];
+  uint8_t *vals[N];
+  tport_put_options opts[N];
+  char names[N][32];
+  progress prog = {0};
+  size_t chunks = 0, large = 0;
+  memset(gets, 0, sizeof gets);
+  for (int i = 0; i < N; i++) {
+    size_t n = bytes_of(i);
+    vals[i] = malloc(n);
+    for (size_t j = 0; j < n; j++)
+      vals[i][j] = (uint8_t)(i * 31 + j * 7 + j / 4096);
+    sizes[i] = (int64_t)n;
+    tport_put_options_init(&opts[i]);
+    snprintf(names[i], sizeof names[i], "bc/%d", i);
+    opts[i].name = names[i];
+    if (i == 3) {
+      opts[i].progress = on_progress;
+      opts[i].progress_arg = &prog;
+    }
+    puts[i] = (tport_put_item){
+        .dtype = TPORT_UINT8, .ndim = 1, .sizes = &sizes[i], .data = vals[i], .nbytes = n,
+        .opts = &opts[i]};
+    if (n > (size_t)64 << 10) {
+      large++;
+      chunks += (n + (64 << 10) - 1) / (64 << 10);
+    }
+  }
+  cr_assert_eq(large, 6);
+  uint64_t begins = requests(TPORT__METHOD__METHOD_PUT_BEGIN),
+           chunk_reqs = requests(TPORT__METHOD__METHOD_PUT_CHUNK),
+           commits = requests(TPORT__METHOD__METHOD_PUT_COMMIT),
+           batches = requests(TPORT__METHOD__METHOD_PUT_BATCH);
+  tport_err err;
+  cr_assert_eq(tport_put_batch(c, puts, N, &err), TPORT_OK, "%s", err.msg);
+  /* counted on arrival: every one arrived before its reply */
+  cr_assert_eq(requests(TPORT__METHOD__METHOD_PUT_BEGIN) - begins, 0,
+               "the large elements were begun in the batch, not one by one");
+  cr_assert_eq(requests(TPORT__METHOD__METHOD_PUT_CHUNK) - chunk_reqs, chunks);
+  cr_assert_eq(requests(TPORT__METHOD__METHOD_PUT_COMMIT) - commits, large);
+  /* the begins, and the small ones in one */
+  cr_assert_eq(requests(TPORT__METHOD__METHOD_PUT_BATCH) - batches, 2);
+  cr_assert_eq(prog.total, bytes_of(3));
+  cr_assert_eq(prog.last, bytes_of(3), "progress ends at the element's size");
+  cr_assert_eq(prog.calls, (bytes_of(3) + (64 << 10) - 1) / (64 << 10), "one call per chunk");
+  cr_assert_not(prog.backwards);
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(puts[i].err.code, TPORT_OK, "%d: %s", i, puts[i].err.msg);
+    cr_assert_str_eq(puts[i].info.ref.name, names[i]);
+    cr_assert_eq(puts[i].info.sizes[0], sizes[i], "element %d", i);
+    tport_ref_name(&gets[i].ref, names[i]);
+  }
+  cr_assert_eq(tport_get_batch(c, gets, N, &err), TPORT_OK, "%s", err.msg);
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(gets[i].nbytes, bytes_of(i), "element %d", i);
+    cr_assert_eq(memcmp(gets[i].data, vals[i], bytes_of(i)), 0, "element %d", i);
+    cr_assert_eq(tport_free(c, &gets[i].ref, &err), TPORT_OK, "%s", err.msg);
+    free(gets[i].data);
+    free(vals[i]);
+  }
+  tport_close(c);
+}
+
+/* Cancelled at once or a little later, round after round: whatever each
+ * element's result, the server holds exactly the ones that say OK, with
+ * their values, and no upload in progress. */
+Test(batch_chunks, a_cancelled_batch_leaves_exactly_what_it_says)
+{
+  tport_client *c = connect_plain();
+  enum { N = 12 };
+  tport_put_item puts[N];
+  int64_t sizes[N];
+  uint8_t *vals[N];
+  for (int i = 0; i < N; i++) {
+    size_t n = i % 2 ? (size_t)1 << 20 : 100 + (size_t)i;
+    vals[i] = malloc(n);
+    memset(vals[i], 'a' + i, n);
+    sizes[i] = (int64_t)n;
+  }
+  int outcomes[3] = {0}; /* all put, none, some */
+  for (int round = 0; round < 30; round++) {
+    for (int i = 0; i < N; i++)
+      puts[i] = (tport_put_item){.dtype = TPORT_UINT8,
+                                 .ndim = 1,
+                                 .sizes = &sizes[i],
+                                 .data = vals[i],
+                                 .nbytes = (size_t)sizes[i]};
+    tport_request *r;
+    tport_err err;
+    cr_assert_eq(tport_put_batch_async(c, puts, N, NULL, NULL, &r, &err), TPORT_OK, "%s",
+                 err.msg);
+    if (round % 3)
+      usleep((useconds_t)(round * round * 40)); /* up to ~34 ms */
+    tport_cancel(r);
+    tport_wait(r, WAIT_MS, &err);
+    tport_request_free(r);
+    int ok = 0;
+    for (int i = 0; i < N; i++) {
+      if (puts[i].err.code != TPORT_OK) {
+        cr_assert_eq(puts[i].err.code, TPORT_CANCELLED, "round %d, element %d: %s", round, i,
+                     puts[i].err.msg);
+        continue;
+      }
+      ok++;
+      uint8_t *back;
+      size_t n;
+      cr_assert_eq(tport_get_alloc(c, &puts[i].info.ref, (void **)&back, &n, NULL, &err),
+                   TPORT_OK, "round %d, element %d: %s", round, i, err.msg);
+      cr_assert_eq(n, (size_t)sizes[i]);
+      cr_assert_eq(memcmp(back, vals[i], n), 0, "round %d, element %d", round, i);
+      free(back);
+    }
+    cr_assert_eq(svc_counter(c, "tensors"), ok, "round %d: %d elements say they were put", round,
+                 ok);
+    cr_assert_eq(svc_counter(c, "uploads_in_progress"), 0, "round %d", round);
+    for (int i = 0; i < N; i++)
+      if (puts[i].err.code == TPORT_OK)
+        cr_assert_eq(tport_free(c, &puts[i].info.ref, &err), TPORT_OK, "%s", err.msg);
+    outcomes[ok == N ? 0 : ok == 0 ? 1 : 2]++;
+  }
+  cr_log_info("rounds with every element put: %d, none: %d, some: %d", outcomes[0], outcomes[1],
+              outcomes[2]);
+  for (int i = 0; i < N; i++)
+    free(vals[i]);
+  tport_close(c);
+}
