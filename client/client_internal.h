@@ -399,6 +399,16 @@ int client_socket_put(tport_client *c, const client_put_desc *d, struct tport_sh
 int client_socket_get(tport_client *c, const client_get_desc *g, struct tport_shm *region,
                       void **alloced, size_t *nbytes, tport_tensor_info *info, size_t *region_want,
                       tport_err *err);
+/* With verify: the n bytes at p (the chunk at off) must have the CRC32C
+ * the server sent (set: whether it sent one). */
+int client_check_crc32c(bool verify, bool set, uint32_t sent, const uint8_t *p, size_t n,
+                        size_t off, tport_err *err);
+/* Where the tensor of b (n bytes) goes: a buffer made for it (g->alloc),
+ * or the caller's, checked before a byte is written; device memory takes
+ * the ring (*stage). */
+int client_get_destination(tport_client *c, const client_get_desc *g, const Tport__GetBeginReply *b,
+                           size_t n, size_t chunk, uint8_t **buf, struct client_stage **stage,
+                           tport_err *err);
 /* The rest of a get whose GetBegin (or a batch's element of one) was
  * answered by b, inl its inline bytes (msg may be NULL), region the one
  * offered (NULL: none; a reply that says it wrote into one is DATA_LOSS). */

@@ -23,8 +23,7 @@ typedef struct get_ctx {
   client_stage *stage; /* into device memory: each chunk through the ring */
 } get_ctx;
 
-/* With verify: the bytes that came must have the CRC32C the server sent. */
-static int check_crc32c(bool verify, bool set, uint32_t sent, const uint8_t *p, size_t n,
+int client_check_crc32c(bool verify, bool set, uint32_t sent, const uint8_t *p, size_t n,
                         size_t off, tport_err *err)
 {
   if (!verify)
@@ -68,7 +67,7 @@ static int get_take(void *vctx, client_slot *s, tport_err *err)
     rc = tport_err_set(err, TPORT_DATA_LOSS, "chunk at %zu: %zu bytes came, %zu expected",
                        s->offset, p.len, s->len);
   else
-    rc = check_crc32c(g->verify, gr->crc32c_set, gr->crc32c, p.data, p.len, s->offset, err);
+    rc = client_check_crc32c(g->verify, gr->crc32c_set, gr->crc32c, p.data, p.len, s->offset, err);
   if (!rc && g->stage)
     rc = stage_get_chunk(g->stage, s->offset, p.data, p.len, err);
   else if (!rc)
@@ -92,10 +91,7 @@ static int get_begin(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
                             err);
 }
 
-/* Where the tensor of b (n bytes) goes: a buffer made for it (alloc), or
- * the caller's, checked before a byte is written; device memory takes the
- * ring (*stage). */
-static int get_destination(tport_client *c, const client_get_desc *g, const Tport__GetBeginReply *b,
+int client_get_destination(tport_client *c, const client_get_desc *g, const Tport__GetBeginReply *b,
                            size_t n, size_t chunk, uint8_t **buf, client_stage **stage,
                            tport_err *err)
 {
@@ -141,7 +137,7 @@ static int get_bytes(tport_client *c, const client_get_desc *g, const Tport__Get
     if (inl->len != n)
       rc = tport_err_set(err, TPORT_DATA_LOSS, "%zu inline bytes came, %zu expected", inl->len, n);
     else
-      rc = check_crc32c(c->verify, b->crc32c_set, b->crc32c, inl->data, n, 0, err);
+      rc = client_check_crc32c(c->verify, b->crc32c_set, b->crc32c, inl->data, n, 0, err);
     if (!rc && stage)
       rc = stage_get_chunk(stage, 0, inl->data, n, err);
     else if (!rc)
@@ -166,7 +162,7 @@ int client_socket_get_rest(tport_client *c, const client_get_desc *g, const Tpor
   uint8_t *buf = g->buf;
   client_stage *stage = NULL;
   size_t chunk = b->chunk_bytes ? b->chunk_bytes : c->chunk_bytes;
-  int rc = get_destination(c, g, b, n, chunk, &buf, &stage, err);
+  int rc = client_get_destination(c, g, b, n, chunk, &buf, &stage, err);
   if (!rc)
     rc = get_bytes(c, g, b, inl, region, buf, stage, chunk, err);
   if (stage)

@@ -1,11 +1,15 @@
-/* test_batch_chunks.c: the elements of a tport_put_batch longer than a
- * chunk, against a server in this process (64 KiB chunks, ipc://, no
- * region): begun together in a PutBatch, their chunks and commits in the
- * batch's one window beside the small elements -- no PutBegin of their
- * own, every value exact, progress to the end; and a batch cancelled at
- * any moment leaves on the server exactly the elements it says were put
- * (a commit in flight is answered before the cancel ends the batch, and
- * what was begun and not committed is aborted). */
+/* test_batch_chunks.c: the elements of a batch longer than a chunk,
+ * against a server in this process (64 KiB chunks, ipc://, no region).
+ * tport_put_batch begins them together in a PutBatch, their chunks and
+ * commits in the batch's one window beside the small elements -- no
+ * PutBegin of their own, every value exact, progress to the end; a batch
+ * cancelled at any moment leaves on the server exactly the elements it
+ * says were put (a commit in flight is answered before the cancel ends the
+ * batch, and what was begun and not committed is aborted).
+ * tport_get_batch reads them in one window too: one GetBegin each, their
+ * GetChunks beside the others', more of them than the connection may hold
+ * transfers at once, and on a server whose --max-transfers is below its
+ * window. */
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -208,4 +212,115 @@ Test(batch_chunks, a_cancelled_batch_leaves_exactly_what_it_says)
   for (int i = 0; i < N; i++)
     free(vals[i]);
   tport_close(c);
+}
+
+/* n large uint8 tensors (4 chunks and a bit) put one by one, named. */
+static void put_large(tport_client *c, int n, size_t bytes, uint8_t **vals, tport_ref *refs)
+{
+  for (int i = 0; i < n; i++) {
+    vals[i] = malloc(bytes);
+    for (size_t j = 0; j < bytes; j++)
+      vals[i][j] = (uint8_t)(i * 13 + j * 5 + j / 1000);
+    int64_t sz = (int64_t)bytes;
+    tport_tensor_info info;
+    tport_err err;
+    cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, vals[i], bytes, NULL, &info, &err),
+                 TPORT_OK, "%s", err.msg);
+    refs[i] = info.ref;
+  }
+}
+
+/* 24 tensors of 5 chunks and one small: one GetBegin each (the GetBatch's
+ * deferral aside), every chunk once, half into the caller's buffers. */
+Test(batch_chunks, large_gets_go_in_the_batch_window)
+{
+  tport_client *c = connect_plain();
+  enum { N = 25 };
+  size_t bytes = (size_t)(4 << 16) + 1000;
+  uint8_t *vals[N];
+  tport_ref refs[N];
+  put_large(c, N - 1, bytes, vals, refs);
+  static const float small[3] = {1, 2, 3};
+  int64_t s3 = 3;
+  tport_tensor_info si;
+  tport_err err;
+  cr_assert_eq(tport_put(c, TPORT_FLOAT32, 1, &s3, NULL, small, sizeof small, NULL, &si, &err), 0);
+  refs[N - 1] = si.ref;
+  tport_get_item gets[N];
+  memset(gets, 0, sizeof gets);
+  for (int i = 0; i < N; i++) {
+    gets[i].ref = refs[i];
+    if (i % 2 && i < N - 1) {
+      gets[i].buf = malloc(bytes);
+      gets[i].cap = bytes;
+    }
+  }
+  uint64_t begins = requests(TPORT__METHOD__METHOD_GET_BEGIN),
+           chunk_reqs = requests(TPORT__METHOD__METHOD_GET_CHUNK);
+  cr_assert_eq(tport_get_batch(c, gets, N, &err), TPORT_OK, "%s", err.msg);
+  cr_assert_eq(requests(TPORT__METHOD__METHOD_GET_BEGIN) - begins, N - 1,
+               "one GetBegin per large element, none for the small one (inline)");
+  cr_assert_eq(requests(TPORT__METHOD__METHOD_GET_CHUNK) - chunk_reqs, (N - 1) * 5);
+  for (int i = 0; i < N - 1; i++) {
+    cr_assert_eq(gets[i].err.code, TPORT_OK, "%d: %s", i, gets[i].err.msg);
+    cr_assert_eq(gets[i].nbytes, bytes);
+    cr_assert_eq(gets[i].info.sizes[0], (int64_t)bytes);
+    cr_assert(gets[i].buf == NULL || gets[i].data == gets[i].buf);
+    cr_assert_eq(memcmp(gets[i].data, vals[i], bytes), 0, "element %d", i);
+    free(gets[i].buf ? gets[i].buf : gets[i].data);
+    free(vals[i]);
+  }
+  cr_assert_eq(memcmp(gets[N - 1].data, small, sizeof small), 0);
+  free(gets[N - 1].data);
+  tport_close(c);
+}
+
+/* A server that lets a connection hold 2 gets in progress, with a window
+ * of 8: the batch's large elements still all arrive (the ones refused for
+ * it are read alone after the window), and a buffer too small fails its
+ * element only. */
+Test(batch_chunks, large_gets_past_the_servers_transfer_limit)
+{
+  server_config cfg;
+  svc_config(&cfg);
+  cfg.max_transfers = 2;
+  char u2[256];
+  svc_ipc_url(u2, sizeof u2);
+  free(cfg.listen[0]);
+  cfg.listen[0] = strdup(u2);
+  cfg.nlisten = 1;
+  server *s2;
+  tport_err err;
+  cr_assert_eq(server_start(&cfg, &s2, &err), 0, "%s", err.msg);
+  config_free(&cfg);
+  tport_connect_options o = {.timeout_ms = WAIT_MS, .no_shm = true};
+  tport_client *c;
+  cr_assert_eq(tport_connect(u2, &o, &c, &err), TPORT_OK, "%s", err.msg);
+  enum { N = 12 };
+  size_t bytes = (size_t)(3 << 16) + 7;
+  uint8_t *vals[N];
+  tport_ref refs[N];
+  put_large(c, N, bytes, vals, refs);
+  tport_get_item gets[N];
+  memset(gets, 0, sizeof gets);
+  uint8_t tiny[100];
+  for (int i = 0; i < N; i++)
+    gets[i].ref = refs[i];
+  gets[5].buf = tiny;
+  gets[5].cap = sizeof tiny;
+  cr_assert_eq(tport_get_batch(c, gets, N, &err), TPORT_OUT_OF_RANGE, "%s", err.msg);
+  cr_assert(strstr(err.msg, "1 of 12"), "%s", err.msg);
+  for (int i = 0; i < N; i++) {
+    if (i == 5) {
+      cr_assert_eq(gets[i].err.code, TPORT_OUT_OF_RANGE, "%s", gets[i].err.msg);
+      cr_assert_eq(gets[i].nbytes, 0);
+    } else {
+      cr_assert_eq(gets[i].err.code, TPORT_OK, "%d: %s", i, gets[i].err.msg);
+      cr_assert_eq(memcmp(gets[i].data, vals[i], bytes), 0, "element %d", i);
+      free(gets[i].data);
+    }
+    free(vals[i]);
+  }
+  tport_close(c);
+  server_stop(s2, 1000);
 }
