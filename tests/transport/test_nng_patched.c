@@ -16,6 +16,8 @@
  *    straight from the sender's memory, over other transports copied into
  *    the body first; its release runs exactly once, however the message
  *    ends; body-changing calls and duplicates see the tail as the body's end.
+ *  - 0012 (segments): such a tail may be up to four segments lent from four
+ *    places (nng_msg_add_tail), sent or copied in order, released once.
  *
  * The cache is off under AddressSanitizer (TPORT_NNG_MSG_CACHE_BYTES=0, set
  * by the test runs): the reuse test skips there.
@@ -331,6 +333,105 @@ Test(nng_patched, a_lent_tail_is_released_once_however_the_message_ends)
   cr_expect_eq(nng_msg_set_tail(m, NULL, 4, NULL, NULL), NNG_EINVAL);
   cr_expect_eq(nng_msg_set_tail(m, NULL, 0, NULL, NULL), 0);
   nng_msg_free(m);
+}
+
+/* nng_msg_add_tail: a tail of several segments lent from several places
+ * arrives after the body, the segments in order (an empty one adds
+ * nothing), released once. */
+static void reply_with_segments(const char *url)
+{
+  static const size_t lens[4] = {(1 << 20) + 13, 0, 70001, 5};
+  nng_socket rep, req;
+  cr_assert_eq(nng_rep0_open(&rep), 0);
+  cr_assert_eq(nng_req0_open(&req), 0);
+  cr_assert_eq(nng_socket_set_size(req, NNG_OPT_RECVMAXSZ, 4 << 20), 0);
+  cr_assert_eq(nng_listen(rep, url, NULL, 0), 0, "listen on %s", url);
+  cr_assert_eq(nng_dial(req, url, NULL, 0), 0, "dial %s", url);
+  uint8_t *seg[4];
+  size_t total = 0;
+  for (int k = 0; k < 4; k++) {
+    seg[k] = malloc(lens[k] + 1);
+    for (size_t i = 0; i < lens[k]; i++)
+      seg[k][i] = (uint8_t)(i * (k + 3) + k);
+    total += lens[k];
+  }
+  for (int round = 0; round < 3; round++) {
+    atomic_store(&releases, 0);
+    cr_assert_eq(nng_send(req, "ask", 3, 0), 0);
+    nng_msg *m;
+    cr_assert_eq(nng_recvmsg(rep, &m, 0), 0);
+    nng_msg_clear(m);
+    cr_assert_eq(nng_msg_append(m, "HEAD", 4), 0);
+    cr_assert_eq(nng_msg_set_tail(m, seg[0], lens[0], count_release, &releases), 0);
+    for (int k = 1; k < 4; k++)
+      cr_assert_eq(nng_msg_add_tail(m, seg[k], lens[k]), 0);
+    cr_expect_eq(nng_msg_add_tail(m, seg[0], 1), NNG_EBUSY, "a fifth segment");
+    cr_expect_eq(nng_msg_len(m), 4, "the tail is not counted in the body");
+    cr_assert_eq(nng_sendmsg(rep, m, 0), 0);
+    nng_msg *r;
+    cr_assert_eq(nng_recvmsg(req, &r, 0), 0);
+    cr_assert_eq(nng_msg_len(r), 4 + total, "%s: %zu bytes arrived", url, nng_msg_len(r));
+    const uint8_t *at = (const uint8_t *)nng_msg_body(r);
+    cr_expect_eq(memcmp(at, "HEAD", 4), 0, "%s: the body came first", url);
+    at += 4;
+    for (int k = 0; k < 4; k++) {
+      cr_expect_eq(memcmp(at, seg[k], lens[k]), 0, "%s: segment %d differs", url, k);
+      at += lens[k];
+    }
+    nng_msg_free(r);
+    cr_expect_eq(releases_after_wait(1), 1, "%s: released %d times", url,
+                 atomic_load(&releases));
+  }
+  nng_close(req);
+  nng_close(rep);
+  for (int k = 0; k < 4; k++)
+    free(seg[k]);
+}
+
+Test(nng_patched, a_tail_of_several_segments_is_sent_in_order_over_tcp)
+{
+  char url[64];
+  snprintf(url, sizeof url, "tcp://127.0.0.1:%d",
+           20000 + (int)((unsigned)getpid() * 137u % 30000u));
+  reply_with_segments(url);
+}
+
+Test(nng_patched, a_tail_of_several_segments_is_sent_in_order_over_ipc)
+{
+  char url[96];
+  snprintf(url, sizeof url, "ipc:///tmp/tport-nng-segs-%d.sock", (int)getpid());
+  reply_with_segments(url);
+}
+
+Test(nng_patched, a_tail_of_several_segments_is_copied_in_over_inproc)
+{
+  char url[64];
+  snprintf(url, sizeof url, "inproc://tport-nng-segs-%d", (int)getpid());
+  reply_with_segments(url);
+}
+
+Test(nng_patched, a_tail_of_several_segments_is_copied_whole_and_released_once)
+{
+  static const char a[] = "0123456789", b[] = "abcdef";
+  nng_msg *m, *dup;
+  cr_assert_eq(nng_msg_alloc(&m, 0), 0);
+  cr_expect_eq(nng_msg_add_tail(m, a, 10), NNG_EINVAL, "no tail to add to");
+  cr_assert_eq(nng_msg_append(m, "x", 1), 0);
+  atomic_store(&releases, 0);
+  cr_assert_eq(nng_msg_set_tail(m, a, 10, count_release, &releases), 0);
+  cr_expect_eq(nng_msg_add_tail(m, NULL, 3), NNG_EINVAL);
+  cr_assert_eq(nng_msg_add_tail(m, b, 6), 0);
+  cr_assert_eq(nng_msg_dup(&dup, m), 0);
+  cr_expect_eq(nng_msg_len(dup), 17);
+  cr_expect_eq(memcmp(nng_msg_body(dup), "x0123456789abcdef", 17), 0);
+  nng_msg_free(dup);
+  cr_expect_eq(atomic_load(&releases), 0, "the duplicate released the original's tail");
+  cr_assert_eq(nng_msg_flatten(m), 0);
+  cr_expect_eq(atomic_load(&releases), 1);
+  cr_expect_eq(nng_msg_len(m), 17);
+  cr_expect_eq(memcmp(nng_msg_body(m), "x0123456789abcdef", 17), 0);
+  nng_msg_free(m);
+  cr_expect_eq(atomic_load(&releases), 1, "released twice");
 }
 
 /* pub sends one message to every pipe: a tcp pipe whose peer reads slowly
