@@ -6,9 +6,11 @@
  *   - small ones ride together: a PutBatch carries up to BATCH_MAX_ELEMENTS
  *     of them and a chunk's worth of their bytes, each element a PutBegin
  *     that commits at once;
- *   - one of at least BATCH_LEND_MIN up to a chunk goes in a PutBatch of its
- *     own, its bytes lent to the request (nng sends them from the caller's
- *     memory) rather than copied;
+ *   - one of at least BATCH_LEND_MIN up to a chunk rides too, its bytes lent
+ *     to the request (nng sends them from the caller's memory) rather than
+ *     copied, up to four such a request (nng_msg_add_tail: the 1-4 MB
+ *     weights of a state dict went one a request, and on a VM a request's
+ *     wake-ups cost more than its bytes);
  *   - one of several chunks is begun, uncommitted, in a PutBatch with the
  *     others of its kind (the batch's first request), then its chunks go as
  *     PutChunks and its PutCommit follows them.  A chunk waits for its
@@ -37,11 +39,12 @@ bool client_batch_fits(const tport_client *c, size_t nbytes)
   return nbytes < CLIENT_SHM_MIN_BYTES && nbytes <= c->chunk_bytes;
 }
 
-/* An element this large goes in a group of its own, its bytes lent to the
- * request (where the transport can send from them) rather than copied. */
+/* An element this large has its bytes lent to its request (where the
+ * transport can send from them) rather than copied: up to
+ * CLIENT_LEND_SEGMENTS of them a request, after the copied ones. */
 #define BATCH_LEND_MIN ((size_t)256 << 10)
 
-static bool lent_alone(const tport_client *c, size_t nbytes)
+static bool is_lent(const tport_client *c, size_t nbytes)
 {
   return c->lend_chunks && nbytes >= BATCH_LEND_MIN;
 }
@@ -107,31 +110,51 @@ typedef struct put_plan {
 
 /* ---------------------------------------------------------------- PutBatch */
 
-/* A PutBatch of the k PutBegins qs (lens: their payloads' lengths), its
- * head written at the start of a message with room for total bytes of
- * payload after it, or of lent's bytes lent to it. */
+/* The j-th of the k elements a request carries from first on. */
+typedef tport_put_item *(*kth_fn)(put_plan *pp, size_t first, size_t j);
+
+/* A PutBatch of the k PutBegins qp (lens: their payloads' lengths): its
+ * head, then the copied elements' bytes (copied of them in all), then the
+ * nlent lent ones' (the group's last), lent to the message. */
 static int batch_message(put_plan *pp, Tport__PutBeginRequest **qp, uint64_t *lens, size_t k,
-                         size_t total, const void *lent, nng_msg **out, tport_err *err)
+                         kth_fn kth, size_t first, size_t copied, size_t nlent, nng_msg **out,
+                         tport_err *err)
 {
   Tport__PutBatchRequest q = TPORT__PUT_BATCH_REQUEST__INIT;
   q.n_puts = q.n_payload_bytes = k;
   q.puts = qp;
   q.payload_bytes = lens;
-  if (lent)
-    return client_pack_lent(&pp->lent, TPORT__METHOD__METHOD_PUT_BATCH, &q.base, lent, total,
-                            out, err);
   size_t head = frame_head_size(&q.base);
-  if (nng_msg_alloc(out, head + total) != 0)
+  if (nng_msg_alloc(out, head + copied) != 0)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte batch",
-                         head + total);
-  frame_write_head(nng_msg_body(*out), TPORT__METHOD__METHOD_PUT_BATCH, 0, &q.base);
-  return TPORT_OK;
+                         head + copied);
+  uint8_t *at = nng_msg_body(*out);
+  frame_write_head(at, TPORT__METHOD__METHOD_PUT_BATCH, 0, &q.base);
+  at += head;
+  for (size_t j = 0; j < k - nlent; j++) {
+    tport_put_item *it = kth(pp, first, j);
+    if (lens[j])
+      memcpy(at, it->data, it->nbytes);
+    at += lens[j];
+  }
+  if (!nlent)
+    return TPORT_OK;
+  const void *ps[CLIENT_LEND_SEGMENTS];
+  size_t ns[CLIENT_LEND_SEGMENTS];
+  for (size_t j = 0; j < nlent; j++) {
+    tport_put_item *it = kth(pp, first, k - nlent + j);
+    ps[j] = it->data;
+    ns[j] = it->nbytes;
+  }
+  int rc = client_msg_lend(&pp->lent, *out, ps, ns, (int)nlent, err);
+  if (rc)
+    nng_msg_free(*out);
+  return rc;
 }
 
-/* The PutBegins of k elements (kth(ctx, j) the j-th), commit as said, into
- * arrays made here; frees them with a non-zero return too. */
-typedef tport_put_item *(*kth_fn)(put_plan *pp, size_t first, size_t j);
-
+/* The PutBegins of k elements (kth(pp, first, j) the j-th), commit as said,
+ * into arrays made here: a group's (its lent elements last) or the begins'
+ * (no bytes). */
 static int batch_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool commit,
                          nng_msg **out, tport_err *err)
 {
@@ -141,7 +164,7 @@ static int batch_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool 
   uint64_t *lens = calloc(k, sizeof *lens);
   tport_put_options defaults;
   tport_put_options_init(&defaults);
-  size_t total = 0;
+  size_t copied = 0, nlent = 0;
   int rc = descs && qs && qp && lens
                ? TPORT_OK
                : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a batch");
@@ -156,22 +179,13 @@ static int batch_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool 
     }
     qp[j] = &qs[j];
     lens[j] = commit ? it->nbytes : 0;
-    total += lens[j]; /* within a chunk (the groups' bound) */
+    if (commit && is_lent(pp->c, it->nbytes))
+      nlent++; /* the group's last (plan_groups) */
+    else
+      copied += lens[j]; /* within a chunk (the groups' bound) */
   }
-  tport_put_item *one = k == 1 && commit ? kth(pp, first, 0) : NULL;
-  bool lend = one && lent_alone(pp->c, one->nbytes);
   if (!rc)
-    rc = batch_message(pp, qp, lens, k, total, lend ? one->data : NULL, out, err);
-  if (!rc && !lend && total) {
-    /* the elements' bytes after the head, copied in */
-    uint8_t *at = (uint8_t *)nng_msg_body(*out) + nng_msg_len(*out) - total;
-    for (size_t j = 0; j < k; j++) {
-      tport_put_item *it = kth(pp, first, j);
-      if (it->nbytes)
-        memcpy(at, it->data, it->nbytes);
-      at += it->nbytes;
-    }
-  }
+    rc = batch_message(pp, qp, lens, k, kth, first, copied, nlent, out, err);
   free(descs), free(qs), free(qp), free(lens);
   return rc;
 }
@@ -408,39 +422,44 @@ static size_t unit_after(void *ctx, size_t u)
 
 /* ---------------------------------------------------------------- planning */
 
-/* Moves the elements lent alone to the end of idx[0..k), the others kept in
- * order: the small ones then fill groups together instead of being cut
+/* Moves the lent elements to the end of idx[0..k), the others kept in
+ * order: the copied ones then fill groups together instead of being cut
  * into a group between each two lent ones (a state dict alternates a
- * convolution's weight with its batch norm's two vectors: half the requests).
- * The elements are independent; each keeps its own result slot. */
+ * convolution's weight with its batch norm's two vectors: half the
+ * requests), and a group's lent elements follow its copied ones (a
+ * request's body, then what it borrows).  The elements are independent;
+ * each keeps its own result slot. */
 static void lent_last(const tport_client *c, const tport_put_item *items, size_t *idx, size_t k,
                       size_t *scratch)
 {
   size_t a = 0, b = 0;
   for (size_t j = 0; j < k; j++)
-    if (lent_alone(c, items[idx[j]].nbytes))
+    if (is_lent(c, items[idx[j]].nbytes))
       scratch[b++] = idx[j];
     else
       idx[a++] = idx[j];
   memcpy(idx + a, scratch, b * sizeof *idx);
 }
 
-/* The groups of the k riding elements idx[0..k) (BATCH_MAX_ELEMENTS, a
- * chunk of bytes, one lent alone each) into pp->start. */
+/* The groups of the k riding elements idx[0..k) into pp->start: at most
+ * BATCH_MAX_ELEMENTS, a chunk of bytes and CLIENT_LEND_SEGMENTS lent
+ * elements each (the lent ones last, as lent_last put them). */
 static void plan_groups(put_plan *pp, size_t k)
 {
   tport_client *c = pp->c;
-  size_t bytes = 0;
+  size_t bytes = 0, lent = 0;
   lent_last(c, pp->items, pp->idx, k, pp->start);
   pp->ngroups = 0;
   for (size_t j = 0; j < k; j++) {
     size_t n = pp->items[pp->idx[j]].nbytes;
-    if (j == 0 || lent_alone(c, n) || j - pp->start[pp->ngroups - 1] == BATCH_MAX_ELEMENTS ||
-        bytes + n > c->chunk_bytes) {
+    bool lends = is_lent(c, n);
+    if (j == 0 || (lends && lent == CLIENT_LEND_SEGMENTS) ||
+        j - pp->start[pp->ngroups - 1] == BATCH_MAX_ELEMENTS || bytes + n > c->chunk_bytes) {
       pp->start[pp->ngroups++] = j;
-      bytes = 0;
+      bytes = lent = 0;
     }
     bytes += n;
+    lent += lends;
   }
   pp->start[pp->ngroups] = k;
 }

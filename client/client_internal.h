@@ -379,6 +379,12 @@ typedef struct lent_chunks {
   pthread_cond_t cv;
   int outstanding;
 } lent_chunks;
+/* Lends the k (1 to CLIENT_LEND_SEGMENTS) segments ps[i] (ns[i] bytes) to
+ * m, after its body, as its payload's end (copied where nng cannot take
+ * them). */
+#define CLIENT_LEND_SEGMENTS 4
+int client_msg_lend(lent_chunks *l, nng_msg *m, const void *const *ps, const size_t *ns, int k,
+                    tport_err *err);
 /* The request q with the n bytes at p lent to it as its payload (copied
  * where nng cannot take them). */
 int client_pack_lent(lent_chunks *l, uint16_t method, const ProtobufCMessage *q, const void *p,

@@ -28,7 +28,23 @@
  * reading) is let go of once its connection closes, which the wait does
  * after the client's timeout: the connection goes, and with it the tensors
  * put on it without a name (a server that has not read a whole request in
- * two timeouts is taken for gone; the dialer then connects anew). */
+ * two timeouts is taken for gone; the dialer then connects anew).  A
+ * request may borrow up to CLIENT_LEND_SEGMENTS such runs of bytes from as
+ * many places (nng_msg_add_tail): a put batch's PutBatch lends several
+ * tensors at once. */
+
+/* Appends segments [i, k) to m's body (the first append copies what was
+ * lent before them into it, and gives it back). */
+static int append_from(nng_msg *m, const void *const *ps, const size_t *ns, int i, int k,
+                       tport_err *err)
+{
+  for (; i < k; i++)
+    if (ns[i] && nng_msg_append(m, ps[i], ns[i]) != 0)
+      return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte request",
+                           nng_msg_len(m) + ns[i]);
+  return TPORT_OK;
+}
+
 #ifdef TPORT_NNG_LENT_TAIL
 static void lent_chunk_done(void *arg)
 {
@@ -39,25 +55,48 @@ static void lent_chunk_done(void *arg)
   pthread_mutex_unlock(&l->mu);
 }
 
+int client_msg_lend(lent_chunks *l, nng_msg *m, const void *const *ps, const size_t *ns, int k,
+                    tport_err *err)
+{
+  if (k < 1 || k > CLIENT_LEND_SEGMENTS)
+    return tport_err_set(err, TPORT_INTERNAL, "%d segments to lend: 1 to %d", k,
+                         CLIENT_LEND_SEGMENTS);
+  pthread_mutex_lock(&l->mu);
+  l->outstanding++;
+  pthread_mutex_unlock(&l->mu);
+  if (nng_msg_set_tail(m, ps[0], ns[0], lent_chunk_done, l) != 0) {
+    lent_chunk_done(l);
+    return append_from(m, ps, ns, 0, k, err);
+  }
+  for (int i = 1; i < k; i++)
+    if (nng_msg_add_tail(m, ps[i], ns[i]) != 0)
+      return append_from(m, ps, ns, i, k, err);
+  return TPORT_OK;
+}
+
 int client_pack_lent(lent_chunks *l, uint16_t method, const ProtobufCMessage *q, const void *p,
                      size_t n, nng_msg **out, tport_err *err)
 {
   int rc = client_pack(method, q, NULL, 0, out, err);
   if (rc)
     return rc;
-  pthread_mutex_lock(&l->mu);
-  l->outstanding++;
-  pthread_mutex_unlock(&l->mu);
-  if (nng_msg_set_tail(*out, p, n, lent_chunk_done, l) == 0)
-    return TPORT_OK;
-  lent_chunk_done(l);
-  nng_msg_free(*out);
-  return client_pack(method, q, p, n, out, err);
+  rc = client_msg_lend(l, *out, &p, &n, 1, err);
+  if (rc)
+    nng_msg_free(*out);
+  return rc;
 }
 #else
+int client_msg_lend(lent_chunks *l, nng_msg *m, const void *const *ps, const size_t *ns, int k,
+                    tport_err *err)
+{
+  (void)l; /* the system's nng lends nothing: the bytes are copied in */
+  return append_from(m, ps, ns, 0, k, err);
+}
+
 int client_pack_lent(lent_chunks *l, uint16_t method, const ProtobufCMessage *q, const void *p,
                      size_t n, nng_msg **out, tport_err *err)
 {
+  (void)l;
   return client_pack(method, q, p, n, out, err); /* the system's nng lends nothing */
 }
 #endif
