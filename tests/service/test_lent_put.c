@@ -132,6 +132,73 @@ Test(lent, puts_and_gets_over_tcp_tls_and_ipc_arrive_whole)
   drop_tls_cert();
 }
 
+/* A put batch lends up to four tensors a request (deploy/nng/0012's
+ * segments, after the copied small ones): over tcp, ipc and tls every
+ * element arrives whole, with and without CRC32C checks, whatever the
+ * mix in one request (1 MiB chunks: three 300 KB tensors and small ones
+ * share a request; the 2.5 MiB one goes in chunks). */
+Test(lent, a_batch_lending_several_tensors_a_request_arrives_whole)
+{
+  char tcp[64], ipc[96], tls[80];
+  make_tls_cert();
+  pid_t pid = -1;
+  for (int attempt = 0; attempt < 5 && pid < 0; attempt++) {
+    svc_tcp_url(tcp, sizeof tcp);
+    svc_ipc_url(ipc, sizeof ipc);
+    tls_url(tls, sizeof tls);
+    const char *extra[] = {"--listen", ipc,       "--listen", tls,     "--tls-cert",
+                           tls_cert,   "--tls-key", tls_key,  "--chunk", "1MiB", NULL};
+    pid = svc_spawn(tcp, extra);
+  }
+  cr_assert_gt(pid, 0, "tportd did not start on %s", tcp);
+  enum { N = 17 };
+  uint8_t *vals[N];
+  size_t lens[N];
+  int64_t sizes[N];
+  for (int i = 0; i < N; i++) {
+    lens[i] = i == 16 ? (5u << 19) : i % 2 ? 300000 + (size_t)i : 17 + (size_t)i * 3;
+    vals[i] = malloc(lens[i] + 1);
+    fill(vals[i], lens[i] + 1, 11 + (unsigned)i);
+    sizes[i] = (int64_t)lens[i];
+  }
+  const char *urls[3] = {tcp, ipc, tls};
+  for (int u = 0; u < 3; u++) {
+    for (int verify = 0; verify < 2; verify++) {
+      tport_client *c;
+      tport_err err;
+      tport_connect_options o = {
+          .no_shm = true, .verify = verify, .timeout_ms = 20000, .tls_ca = tls_cert};
+      cr_assert_eq(tport_connect(urls[u], &o, &c, &err), 0, "%s", err.msg);
+      tport_put_item puts[N];
+      tport_get_item gets[N];
+      memset(gets, 0, sizeof gets);
+      for (int i = 0; i < N; i++)
+        puts[i] = (tport_put_item){.dtype = TPORT_UINT8,
+                                   .ndim = 1,
+                                   .sizes = &sizes[i],
+                                   .data = vals[i] + (i % 3 == 0), /* odd addresses too */
+                                   .nbytes = lens[i]};
+      cr_assert_eq(tport_put_batch(c, puts, N, &err), 0, "%s%s: %s", urls[u],
+                   verify ? " verify" : "", err.msg);
+      for (int i = 0; i < N; i++)
+        gets[i].ref = puts[i].info.ref;
+      cr_assert_eq(tport_get_batch(c, gets, N, &err), 0, "%s: %s", urls[u], err.msg);
+      for (int i = 0; i < N; i++) {
+        cr_assert_eq(gets[i].nbytes, lens[i]);
+        cr_expect_eq(memcmp(gets[i].data, vals[i] + (i % 3 == 0), lens[i]), 0,
+                     "%s%s: element %d (%zu bytes) differs", urls[u], verify ? " verify" : "", i,
+                     lens[i]);
+        free(gets[i].data);
+      }
+      tport_close(c);
+    }
+  }
+  for (int i = 0; i < N; i++)
+    free(vals[i]);
+  cr_expect_eq(svc_terminate(pid), 0);
+  drop_tls_cert();
+}
+
 /* A get's reply is lent only where the transport writes it from memory
  * (tcp, ipc, and tls, which encrypts it from there: deploy/nng/0011); a
  * ws:// connection's address looks like a tcp one's, and its replies were
