@@ -270,7 +270,8 @@ static int raw_request(nng_socket s, uint16_t method, const ProtobufCMessage *q,
   cr_assert_eq(nng_msg_alloc(&m, frame_head_size(q)), 0);
   frame_write_head(nng_msg_body(m), method, 0, q);
   cr_assert_eq(nng_sendmsg(s, m, 0), 0);
-  cr_assert_eq(nng_recvmsg(s, &m, 0), 0, "the server must answer");
+  int rv_ = nng_recvmsg(s, &m, 0);
+  cr_assert_eq(rv_, 0, "the server must answer (%s)", nng_strerror(rv_));
   int code = svc_reply_status(m, d, msg, NULL);
   nng_msg_free(m);
   return code;
