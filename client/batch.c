@@ -3,11 +3,11 @@
  * server allows (the puts are batch_put.c's).  A GetBatch asks for up to
  * BATCH_MAX_ELEMENTS tensors, and the server answers each inline while its
  * reply has room; a larger one is deferred, and all the deferred ones are
- * read in one window (get_deferred: a GetBegin each, inline in its reply up
- * to a chunk, else a transfer whose GetChunks follow) -- or, with the
- * automatic region on, a larger one by path.c as a tport_get of its own
- * would.  Every element keeps its own result and error: a reply element
- * the server got wrong fails that element.
+ * read in one window (get_deferred: up to a chunk, four to a GetBatch,
+ * inline; larger, a GetBegin each and the GetChunks of its transfer) -- or,
+ * with the automatic region on, a larger one by path.c as a tport_get of
+ * its own would.  Every element keeps its own result and error: a reply
+ * element the server got wrong fails that element.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,18 +94,21 @@ static void get_element(tport_client *c, tport_get_item *it, const Tport__GetBeg
     it->data = it->buf ? it->buf : alloced;
 }
 
-/* The deferred elements: a GetBegin each, all in one window.  One of up to
- * a chunk comes inline in its reply; a larger one (no region: else it went
- * by path.c) is answered with a transfer, whose GetChunks follow in the
- * same window once that reply is in, so that the window never drains
- * between elements (as a get of its own each, the five 8-9 MB tensors of
- * ResNet-50 cost a GetBegin round trip and a drained window apiece).  An
- * element whose GetBegin says other than its GetBatch did (a name
- * replaced meanwhile) or whose chunks are smaller than the client's goes as
- * a get of its own after the window. */
+/* The deferred elements, all in one window.  Those of up to a chunk go in
+ * GetBatches of up to GET_GROUP, each inline in the reply (tportd lends
+ * their bytes from the tensors into it); a larger one (no region: else it
+ * went by path.c) is answered by a GetBegin with a transfer, whose
+ * GetChunks follow in the same window once that reply is in, so that the
+ * window never drains between elements (as a get of its own each, the five
+ * 8-9 MB tensors of ResNet-50 cost a GetBegin round trip and a drained
+ * window apiece; a GetBegin for each of its 37 tensors of 256 KiB to 4 MiB
+ * was a request each).  An element the server defers again or answers
+ * otherwise than its GetBatch did (a name replaced meanwhile), or whose
+ * chunks are smaller than the client's, goes as a get of its own after the
+ * window. */
 
 typedef enum dget_state {
-  DG_WAITING, /* its GetBegin not answered */
+  DG_WAITING, /* its GetBatch or GetBegin not answered */
   DG_READING, /* its chunks go */
   DG_DONE,    /* answered: its result is in the item */
   DG_FAILED,  /* a chunk failed (the item's err): its buffer goes */
@@ -122,21 +125,26 @@ typedef struct dget {
   ProtobufCBinaryData transfer; /* its chunks' transfer (a copy) */
 } dget;
 
+/* A unit: a GetBatch of up to GET_GROUP small elements (those of up to a
+ * chunk), a large element's GetBegin, or one of its GetChunks. */
+typedef enum dunit_kind { DU_GROUP, DU_BEGIN, DU_CHUNK } dunit_kind;
+
+/* The small elements a GetBatch of the window carries at most: as many as
+ * tportd lends from their storages into one reply (LENDS_SEGMENTS; past
+ * them it copies), and a chunk of bytes. */
+#define GET_GROUP 4
+
 typedef struct deferred_gets {
   tport_client *c;
   tport_get_item *items;
   dget *el;
   size_t n;
-  size_t *unit_el;        /* the element of unit u */
-  bool *unit_begin;       /* unit u is its element's GetBegin (else a chunk) */
+  size_t *unit_el;        /* the element of unit u (DU_GROUP: the group) */
+  uint8_t *unit_kind;     /* dunit_kind */
+  size_t *small, *gstart; /* group g: elements small[gstart[g] .. gstart[g + 1]) */
   bool blocks;            /* buffers made from get_blocks.h */
   const atomic_bool *cancel;
 } deferred_gets;
-
-static bool unit_is_begin(const deferred_gets *d, size_t u)
-{
-  return d->unit_begin[u];
-}
 
 static client_get_desc desc_of(const deferred_gets *d, tport_get_item *it)
 {
@@ -158,12 +166,86 @@ static void drop_buffer(const deferred_gets *d, dget *e)
   e->alloced = false;
 }
 
+/* Group g's GetBatch: its elements' GetBegins, each inline. */
+static int group_make(deferred_gets *d, size_t g, nng_msg **out, tport_err *err)
+{
+  size_t first = d->gstart[g], k = d->gstart[g + 1] - first;
+  Tport__Ref refs[GET_GROUP];
+  Tport__GetBeginRequest qs[GET_GROUP], *qp[GET_GROUP];
+  for (size_t j = 0; j < k; j++) {
+    client_ref_to_wire(&d->items[d->el[d->small[first + j]].item].ref, &refs[j]);
+    tport__get_begin_request__init(&qs[j]);
+    qs[j].ref = &refs[j];
+    qs[j].inline_max = d->c->chunk_bytes;
+    qs[j].want_crc32c = d->c->verify;
+    qp[j] = &qs[j];
+  }
+  Tport__GetBatchRequest q = TPORT__GET_BATCH_REQUEST__INIT;
+  q.n_gets = k;
+  q.gets = qp;
+  q.defer_large = true; /* one grown since: deferred again, read on its own */
+  return client_pack(TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0, out, err);
+}
+
+/* Group g answered: each element's bytes from the reply's payload, in
+ * order; one the server deferred again (grown since) goes on its own. */
+static void group_take(deferred_gets *d, client_slot *s, size_t g)
+{
+  size_t first = d->gstart[g], k = d->gstart[g + 1] - first, at = 0;
+  Tport__GetBatchReply *r;
+  client_payload p = {0};
+  tport_err ge;
+  int rc = client_unpack(TPORT__METHOD__METHOD_GET_BATCH, s->reply,
+                         &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&r, &p, &ge);
+  if (!rc && (r->n_gets != k || (r->n_deferred != 0 && r->n_deferred != k))) {
+    rc = tport_err_set(&ge, TPORT_DATA_LOSS, "the server answered %zu of %zu elements",
+                       r->n_gets, k);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  for (size_t j = 0; j < k; j++) {
+    dget *e = &d->el[d->small[first + j]];
+    tport_get_item *it = &d->items[e->item];
+    e->state = DG_DONE;
+    tport_err_clear(&it->err);
+    if (rc) {
+      it->err = ge;
+      continue;
+    }
+    const Tport__GetBeginReply *b = r->gets[j];
+    if (batch_element_status(b->status, &it->err))
+      continue;
+    size_t n = (size_t)b->nbytes;
+    if ((r->n_deferred && r->deferred[j]) || b->transfer.len || b->shm) {
+      e->state = DG_REDO;
+      continue;
+    }
+    if (n > p.len - at) {
+      tport_err_set(&it->err, TPORT_DATA_LOSS,
+                    "the batch's reply carries %zu bytes past offset %zu: this element needs %zu",
+                    p.len - at, at, n);
+      at = p.len;
+      continue;
+    }
+    client_payload inl = {.data = p.data + at, .len = n};
+    at += n;
+    client_get_desc gd = desc_of(d, it);
+    void *alloced = NULL;
+    if (client_socket_get_rest(d->c, &gd, b, &inl, NULL, &alloced, &it->nbytes, &it->info,
+                               &it->err) == TPORT_OK)
+      it->data = it->buf ? it->buf : alloced;
+  }
+  if (!rc)
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+}
+
 static int deferred_make(void *ctx, size_t u, size_t one, nng_msg **out, tport_err *err)
 {
   (void)one;
   deferred_gets *d = ctx;
+  if (d->unit_kind[u] == DU_GROUP)
+    return group_make(d, d->unit_el[u], out, err);
   dget *e = &d->el[d->unit_el[u]];
-  if (unit_is_begin(d, u)) {
+  if (d->unit_kind[u] == DU_BEGIN) {
     Tport__Ref w;
     client_ref_to_wire(&d->items[e->item].ref, &w);
     Tport__GetBeginRequest q = TPORT__GET_BEGIN_REQUEST__INIT;
@@ -217,17 +299,17 @@ static void begin_reading(deferred_gets *d, dget *e, const Tport__GetBeginReply 
   e->state = DG_READING;
 }
 
+/* A large element's GetBegin answered. */
 static void begin_take(deferred_gets *d, client_slot *s, dget *e)
 {
   tport_get_item *it = &d->items[e->item];
   Tport__GetBeginReply *b;
-  client_payload inl = {0};
   e->state = DG_DONE;
   tport_err_clear(&it->err);
   int rc = client_unpack(TPORT__METHOD__METHOD_GET_BEGIN, s->reply,
-                         &tport__get_begin_reply__descriptor, (ProtobufCMessage **)&b, &inl,
+                         &tport__get_begin_reply__descriptor, (ProtobufCMessage **)&b, NULL,
                          &it->err);
-  if (rc == TPORT_RESOURCE_EXHAUSTED && e->nchunks) {
+  if (rc == TPORT_RESOURCE_EXHAUSTED) {
     /* the connection's gets in progress (a server whose --max-transfers
      * is below its window), or room for one: alone, after the window */
     e->state = DG_REDO;
@@ -235,17 +317,7 @@ static void begin_take(deferred_gets *d, client_slot *s, dget *e)
   }
   if (rc)
     return; /* else this element's error */
-  if (e->nchunks) {
-    begin_reading(d, e, b);
-  } else if (b->transfer.len || b->shm) {
-    e->state = DG_REDO; /* larger than the GetBatch said (a name replaced): on its own */
-  } else {
-    client_get_desc g = desc_of(d, it);
-    void *alloced = NULL;
-    if (client_socket_get_rest(d->c, &g, b, &inl, NULL, &alloced, &it->nbytes, &it->info,
-                               &it->err) == TPORT_OK)
-      it->data = it->buf ? it->buf : alloced;
-  }
+  begin_reading(d, e, b);
   protobuf_c_message_free_unpacked(&b->base, NULL);
 }
 
@@ -278,18 +350,20 @@ static int deferred_take(void *ctx, client_slot *s, tport_err *err)
 {
   (void)err;
   deferred_gets *d = ctx;
-  dget *e = &d->el[d->unit_el[s->offset]];
-  if (unit_is_begin(d, s->offset))
-    begin_take(d, s, e);
+  size_t u = s->offset;
+  if (d->unit_kind[u] == DU_GROUP)
+    group_take(d, s, d->unit_el[u]);
+  else if (d->unit_kind[u] == DU_BEGIN)
+    begin_take(d, s, &d->el[d->unit_el[u]]);
   else
-    chunk_take(d, s, e);
+    chunk_take(d, s, &d->el[d->unit_el[u]]);
   return TPORT_OK; /* an element's error is its own: the others go on */
 }
 
 static size_t deferred_after(void *ctx, size_t u)
 {
   deferred_gets *d = ctx;
-  return unit_is_begin(d, u) ? 0 : d->el[d->unit_el[u]].begin_unit + 1;
+  return d->unit_kind[u] == DU_CHUNK ? d->el[d->unit_el[u]].begin_unit + 1 : 0;
 }
 
 /* After the window: each element's result, or the window's error; the
@@ -326,6 +400,56 @@ static void deferred_finish(deferred_gets *d, int rc, const tport_err *werr)
   }
 }
 
+/* The units of d's n elements (items' planned bytes): the small ones'
+ * GetBatches first (up to GET_GROUP and a chunk of bytes each); then each
+ * large one's GetBegin one element ahead of its chunks: answered by the
+ * time they go, and only the transfers of the requests in flight open on
+ * the server (a connection may hold --max-transfers, 16 by default: all of
+ * them begun at once, a state dict's were refused past it).  Returns the
+ * number of units. */
+static size_t plan_deferred(deferred_gets *d, const size_t *planned, size_t k, size_t *large)
+{
+  size_t i = 0, u = 0, nlarge = 0, nsmall = 0, ngroups = 0, bytes = 0, chunk = d->c->chunk_bytes;
+  for (size_t j = 0; j < k; j++) {
+    if (d->items[j].err.code != NOT_ANSWERED)
+      continue;
+    dget *e = &d->el[i];
+    e->item = j;
+    e->planned = planned[j];
+    if (planned[j] > chunk) {
+      e->nchunks = planned[j] / chunk + (planned[j] % chunk != 0);
+      large[nlarge++] = i;
+    } else {
+      if (!nsmall || nsmall - d->gstart[ngroups - 1] == GET_GROUP || bytes + planned[j] > chunk) {
+        d->gstart[ngroups] = nsmall;
+        d->unit_el[u] = ngroups++;
+        d->unit_kind[u++] = DU_GROUP;
+        bytes = 0;
+      }
+      bytes += planned[j];
+      d->small[nsmall++] = i;
+    }
+    i++;
+  }
+  d->gstart[ngroups] = nsmall;
+  for (size_t m = 0; m <= nlarge; m++) {
+    if (m < nlarge) { /* the next one's GetBegin */
+      d->el[large[m]].begin_unit = u;
+      d->unit_el[u] = large[m];
+      d->unit_kind[u++] = DU_BEGIN;
+    }
+    if (m == 0)
+      continue;
+    dget *e = &d->el[large[m - 1]]; /* the one before's chunks */
+    e->first_chunk = u;
+    for (size_t c2 = 0; c2 < e->nchunks; c2++) {
+      d->unit_el[u] = large[m - 1];
+      d->unit_kind[u++] = DU_CHUNK;
+    }
+  }
+  return u;
+}
+
 static void get_deferred(tport_client *c, tport_get_item *items, size_t k, const size_t *planned,
                          bool blocks, const atomic_bool *cancel)
 {
@@ -344,68 +468,23 @@ static void get_deferred(tport_client *c, tport_get_item *items, size_t k, const
                      .el = calloc(n, sizeof(dget)),
                      .n = n,
                      .unit_el = malloc(nunits * sizeof(size_t)),
-                     .unit_begin = malloc(nunits * sizeof(bool)),
+                     .unit_kind = malloc(nunits),
+                     .small = malloc(n * sizeof(size_t)),
+                     .gstart = malloc((n + 1) * sizeof(size_t)),
                      .blocks = blocks,
                      .cancel = cancel};
-  int rc = d.el && d.unit_el && d.unit_begin
-               ? TPORT_OK
-               : tport_err_set(&err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
-  if (!rc) {
-    /* The small ones' GetBegins first; then each large one's GetBegin one
-     * element ahead of its chunks: answered by the time they go, and only
-     * the transfers of the requests in flight open on the server (a
-     * connection may hold --max-transfers, 16 by default: all of them
-     * begun at once, a state dict's were refused past it). */
-    size_t i = 0, u = 0, nlarge = 0;
-    size_t *large = malloc(n * sizeof *large);
-    rc = large ? TPORT_OK : tport_err_set(&err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
-    for (size_t j = 0; !rc && j < k; j++) {
-      if (items[j].err.code != NOT_ANSWERED)
-        continue;
-      dget *e = &d.el[i];
-      e->item = j;
-      e->planned = planned[j];
-      if (planned[j] > chunk) {
-        e->nchunks = planned[j] / chunk + (planned[j] % chunk != 0);
-        large[nlarge++] = i;
-      } else {
-        e->begin_unit = u;
-        d.unit_el[u] = i;
-        d.unit_begin[u++] = true;
-      }
-      i++;
-    }
-    for (size_t m = 0; !rc && m <= nlarge; m++) {
-      if (m < nlarge) { /* the next one's GetBegin */
-        d.el[large[m]].begin_unit = u;
-        d.unit_el[u] = large[m];
-        d.unit_begin[u++] = true;
-      }
-      if (m == 0)
-        continue;
-      dget *e = &d.el[large[m - 1]]; /* the one before's chunks */
-      e->first_chunk = u;
-      for (size_t c2 = 0; c2 < e->nchunks; c2++) {
-        d.unit_el[u] = large[m - 1];
-        d.unit_begin[u++] = false;
-      }
-    }
-    free(large);
-    if (rc) {
-      for (size_t j = 0; j < k; j++)
-        if (items[j].err.code == NOT_ANSWERED)
-          items[j].err = err;
-      free(d.el), free(d.unit_el), free(d.unit_begin);
-      return;
-    }
-    rc = client_run_units(c, u, deferred_make, deferred_take, deferred_after, &d, cancel, &err);
+  size_t *large = malloc(n * sizeof *large);
+  if (d.el && d.unit_el && d.unit_kind && d.small && d.gstart && large) {
+    size_t u = plan_deferred(&d, planned, k, large);
+    int rc = client_run_units(c, u, deferred_make, deferred_take, deferred_after, &d, cancel, &err);
     deferred_finish(&d, rc, &err);
   } else {
+    tport_err_set(&err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
     for (size_t j = 0; j < k; j++)
       if (items[j].err.code == NOT_ANSWERED)
         items[j].err = err;
   }
-  free(d.el), free(d.unit_el), free(d.unit_begin);
+  free(d.el), free(d.unit_el), free(d.unit_kind), free(d.small), free(d.gstart), free(large);
 }
 
 /* One GetBatch of items[0..k). */

@@ -395,8 +395,9 @@ void tport_request_free(tport_request *req);
  * returns).  A larger put element without a region goes in chunks through
  * the same window: begun with the others of its kind in one PutBatch, its
  * chunks (lent too) and its commit following, the window kept full across
- * elements; a get's larger elements are read in one window too (a
- * GetBegin each, one element ahead of its GetChunks); with a region, a
+ * elements; a get's deferred elements are read in one window too (up to
+ * a chunk: four to a GetBatch; larger: a GetBegin each, one element ahead
+ * of its GetChunks); with a region, a
  * larger element goes as a tport_put or tport_get of its own would.  A
  * batch cancelled
  * (tport_cancel) first waits for the replies of the requests it has in

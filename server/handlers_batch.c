@@ -13,6 +13,10 @@
  * INVALID_ARGUMENT), a put's bytes within its message (the frame's limit),
  * and a get's inline bytes within the server's chunk size (an element past
  * it is answered with a transfer, read by GetChunk as a single get's).
+ * A get's element that a GetBegin would lend its bytes to (call_reply_lent)
+ * holds them instead (a lend of the storage), and the batch's reply lends
+ * the last four such payloads from there (deploy/nng 0012's segments: a
+ * tail follows the body, so only a suffix); the others are copied in.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +36,7 @@ typedef struct element {
   uint8_t fallback[8]; /* a failure's reply when own cannot be had */
   const uint8_t *payload;
   size_t payload_len;
+  void *lent; /* payload held by a lend (lends_begin) rather than in msg */
   bool ok;
 } element; /* small: a batch of 4096 allocates 4096 (no error message in it) */
 
@@ -73,7 +78,8 @@ static void run_element(call *c, uint16_t method, int (*handler)(call *), Protob
               .payload = payload,
               .payload_len = n,
               .arrived_ns = c->arrived_ns,
-              .copy_payload = true};
+              .copy_payload = true,
+              .lend_to_batch = method == TPORT__METHOD__METHOD_GET_BEGIN};
   tport_err_clear(&sub.err);
   int rc = handler(&sub);
   frame_view v;
@@ -84,6 +90,10 @@ static void run_element(call *c, uint16_t method, int (*handler)(call *), Protob
   if (rc) {
     if (sub.out)
       nng_msg_free(sub.out);
+#ifdef TPORT_NNG_LENT_TAIL
+    if (sub.lent)
+      lends_end(sub.lent);
+#endif
     element_failed(el, &sub.err);
     return;
   }
@@ -93,6 +103,11 @@ static void run_element(call *c, uint16_t method, int (*handler)(call *), Protob
   el->packed_len = v.msg_len;
   el->payload = v.payload;
   el->payload_len = v.payload_len;
+  if (sub.lent) { /* its bytes are the storage's, held for the batch's reply */
+    el->lent = sub.lent;
+    el->payload = sub.lent_p;
+    el->payload_len = sub.lent_n;
+  }
 }
 
 static void free_elements(element *els, size_t n)
@@ -100,9 +115,36 @@ static void free_elements(element *els, size_t n)
   for (size_t i = 0; i < n && els; i++) {
     if (els[i].msg)
       nng_msg_free(els[i].msg);
+#ifdef TPORT_NNG_LENT_TAIL
+    if (els[i].lent) /* copied into the reply, or the reply failed */
+      lends_end(els[i].lent);
+#endif
     free(els[i].own);
   }
   free(els);
+}
+
+/* How many of the last elements with a payload lend it to the batch's
+ * reply (a suffix of at most LENDS_SEGMENTS, each held by a lend: the
+ * payload trailer keeps the elements' order, and a tail comes after the
+ * body); their first is *from. */
+static int lent_suffix(const element *els, size_t n, size_t *from)
+{
+  int k = 0;
+  *from = n;
+#ifdef TPORT_NNG_LENT_TAIL
+  for (size_t i = n; i-- > 0 && k < LENDS_SEGMENTS;) {
+    if (!els[i].payload_len)
+      continue; /* no bytes: in no one's way */
+    if (!els[i].lent)
+      break;
+    k++;
+    *from = i;
+  }
+#else
+  (void)els;
+#endif
+  return k;
 }
 
 static size_t varint_size(uint64_t v)
@@ -126,14 +168,16 @@ static uint8_t *put_varint(uint8_t *p, uint64_t v)
 /* The batch's reply: head (its status and other fields, packed by
  * protobuf-c), then each element's packed reply as repeated field `field`;
  * its payload trailer the elements' payloads one after another. */
-static int batch_reply(call *c, const ProtobufCMessage *head, uint32_t field, const element *els,
+static int batch_reply(call *c, const ProtobufCMessage *head, uint32_t field, element *els,
                        size_t n)
 {
-  size_t msg_len = protobuf_c_message_get_packed_size(head), payload_len = 0;
+  size_t msg_len = protobuf_c_message_get_packed_size(head), payload_len = 0, from;
   size_t key = varint_size((uint64_t)field << 3 | 2);
+  int nlent = lent_suffix(els, n, &from);
   for (size_t i = 0; i < n; i++) {
     msg_len += key + varint_size(els[i].packed_len) + els[i].packed_len;
-    payload_len += els[i].payload_len; /* within a chunk (the gets' budget) */
+    if (i < from || !els[i].lent)
+      payload_len += els[i].payload_len; /* copied: within a chunk (the gets' budget) */
   }
   if (msg_len > FRAME_MAX_MESSAGE_BYTES)
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED,
@@ -154,11 +198,37 @@ static int batch_reply(call *c, const ProtobufCMessage *head, uint32_t field, co
       memcpy(p, els[i].packed, els[i].packed_len);
     p += els[i].packed_len;
   }
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < from; i++) {
     if (els[i].payload_len)
       memcpy(p, els[i].payload, els[i].payload_len);
     p += els[i].payload_len;
   }
+#ifdef TPORT_NNG_LENT_TAIL
+  if (nlent) {
+    /* the rest lent from their storages, in order, held till nng is done */
+    void *lent[LENDS_SEGMENTS];
+    const void *ps[LENDS_SEGMENTS];
+    size_t ns[LENDS_SEGMENTS], bytes = 0;
+    int k = 0;
+    for (size_t i = from; i < n; i++) {
+      if (!els[i].payload_len)
+        continue;
+      lent[k] = els[i].lent;
+      ps[k] = els[i].payload;
+      ns[k++] = els[i].payload_len;
+      bytes += els[i].payload_len;
+      els[i].lent = NULL; /* the reply's now */
+    }
+    if (!lends_attach_begun(m, lent, ps, ns, k)) {
+      nng_msg_free(m);
+      return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a reply");
+    }
+    atomic_fetch_add(&c->srv->bytes_out, bytes); /* not in the message's own bytes */
+    atomic_fetch_add(&c->srv->bytes_lent, bytes);
+  }
+#else
+  (void)nlent;
+#endif
   c->out = m;
   return TPORT_OK;
 }

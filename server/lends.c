@@ -146,4 +146,39 @@ bool lends_attach(lends *l, nng_msg *msg, uint32_t pipe, tport_storage *st, cons
   }
   return true;
 }
+
+/* Several lends that end together: a batch reply's segments. */
+typedef struct lend_set {
+  void *lent[LENDS_SEGMENTS];
+  int n;
+} lend_set;
+
+static void lend_set_end(void *arg)
+{
+  lend_set *set = arg;
+  for (int i = 0; i < set->n; i++)
+    lends_end(set->lent[i]);
+  free(set);
+}
+
+bool lends_attach_begun(nng_msg *msg, void *const *lent, const void *const *ps, const size_t *ns,
+                        int k)
+{
+  lend_set *set = k >= 1 && k <= LENDS_SEGMENTS ? calloc(1, sizeof *set) : NULL;
+  if (!set) {
+    for (int i = 0; i < k; i++)
+      lends_end(lent[i]);
+    return false;
+  }
+  for (int i = 0; i < k; i++)
+    set->lent[set->n++] = lent[i];
+  if (nng_msg_set_tail(msg, ps[0], ns[0], lend_set_end, set) != 0) {
+    lend_set_end(set);
+    return false;
+  }
+  for (int i = 1; i < k; i++)
+    if (nng_msg_add_tail(msg, ps[i], ns[i]) != 0)
+      return false; /* the set ends when msg is freed: the caller frees it */
+  return true;
+}
 #endif

@@ -60,6 +60,14 @@ bool lends_pipe_takes_lent_bytes(uint32_t pipe);
  * them.  false when out of memory (msg as it was, nothing held). */
 bool lends_attach(lends *l, nng_msg *msg, uint32_t pipe, tport_storage *st, const void *p,
                   size_t n);
+/* The k (1 to LENDS_SEGMENTS) lends begun (lends_begin) for the bytes
+ * ps[i], ns[i] attached to a fresh msg as its tail's segments, in order
+ * (deploy/nng 0012): they end together when nng is done with msg.  false
+ * when they could not be: the caller frees msg, and every lend has ended
+ * or ends with it. */
+#define LENDS_SEGMENTS 4
+bool lends_attach_begun(nng_msg *msg, void *const *lent, const void *const *ps, const size_t *ns,
+                        int k);
 #endif
 
 #endif

@@ -39,6 +39,21 @@ int call_reply_lent(call *c, ProtobufCMessage *reply, tport_storage *st, const v
   (void)st; /* the system's nng (TPORT_SYSTEM_NNG) lends nothing */
   return call_reply(c, reply, payload, n);
 #else
+  if (c->lend_to_batch && n >= REPLY_LEND_MIN_BYTES && c->srv->lends &&
+      lends_pipe_takes_lent_bytes(c->pipe)) {
+    /* the batch's reply lends the bytes (or copies them): held till then */
+    if (!(c->lent = lends_begin(c->srv->lends, c->pipe, st)))
+      return call_reply(c, reply, payload, n);
+    int rc = pack_reply(&c->out, c->method, reply, NULL, 0);
+    if (rc) {
+      lends_end(c->lent);
+      c->lent = NULL;
+      return tport_err_set(&c->err, rc, "out of memory for a reply");
+    }
+    c->lent_p = payload;
+    c->lent_n = n;
+    return TPORT_OK;
+  }
   if (n < REPLY_LEND_MIN_BYTES || c->copy_payload || !c->srv->lends || !lends_pipe_takes_lent_bytes(c->pipe))
     return call_reply(c, reply, payload, n);
   int rc = pack_reply(&c->out, c->method, reply, NULL, 0);

@@ -136,8 +136,15 @@ typedef struct call {
   tport_err err;
   int64_t arrived_ns; /* metrics_now_ns() when the request arrived in full */
   /* an element of a batch (handlers_batch.c): its reply's payload is read
-   * back out of the message, so it is copied in, never lent */
+   * back out of the message, so it is copied in, never lent -- unless
+   * lend_to_batch: then a payload call_reply_lent would lend is left out of
+   * the reply and held for the batch's reply instead (lent: lends_begin's,
+   * for the lent_n bytes at lent_p) */
   bool copy_payload;
+  bool lend_to_batch;
+  void *lent;
+  const void *lent_p;
+  size_t lent_n;
   /* waiting for a name: the context's waiter and first arrival; a handler
    * that registered the waiter sets park_until_ms and gives no reply */
   reg_waiter *waiter;

@@ -9,7 +9,8 @@
  * tport_get_batch reads them in one window too: one GetBegin each, their
  * GetChunks beside the others', more of them than the connection may hold
  * transfers at once, and on a server whose --max-transfers is below its
- * window. */
+ * window; the deferred ones of up to a chunk go four to a GetBatch, their
+ * bytes lent from the tensors into its reply. */
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -319,6 +320,56 @@ Test(batch_chunks, large_gets_past_the_servers_transfer_limit)
       cr_assert_eq(memcmp(gets[i].data, vals[i], bytes), 0, "element %d", i);
       free(gets[i].data);
     }
+    free(vals[i]);
+  }
+  tport_close(c);
+  server_stop(s2, 1000);
+}
+
+/* 1 MiB chunks: 12 tensors of 300 KB are too many for the first GetBatch's
+ * reply (a chunk); the deferred ones come three to a GetBatch (four would
+ * pass the chunk), every byte of them lent from the tensors, values exact. */
+Test(batch_chunks, deferred_gets_share_getbatches_their_bytes_lent)
+{
+  server_config cfg;
+  svc_config(&cfg);
+  cfg.chunk_bytes = (size_t)1 << 20;
+  char u2[256];
+  svc_ipc_url(u2, sizeof u2);
+  free(cfg.listen[0]);
+  cfg.listen[0] = strdup(u2);
+  cfg.nlisten = 1;
+  server *s2;
+  tport_err err;
+  cr_assert_eq(server_start(&cfg, &s2, &err), 0, "%s", err.msg);
+  config_free(&cfg);
+  tport_connect_options o = {.timeout_ms = WAIT_MS, .no_shm = true};
+  tport_client *c;
+  cr_assert_eq(tport_connect(u2, &o, &c, &err), TPORT_OK, "%s", err.msg);
+  enum { N = 12 };
+  size_t bytes = 300000;
+  uint8_t *vals[N];
+  tport_ref refs[N];
+  put_large(c, N, bytes, vals, refs);
+  tport_get_item gets[N];
+  memset(gets, 0, sizeof gets);
+  for (int i = 0; i < N; i++)
+    gets[i].ref = refs[i];
+  uint64_t batches = atomic_load(&s2->requests[TPORT__METHOD__METHOD_GET_BATCH]),
+           begins = atomic_load(&s2->requests[TPORT__METHOD__METHOD_GET_BEGIN]),
+           lent = atomic_load(&s2->bytes_lent);
+  cr_assert_eq(tport_get_batch(c, gets, N, &err), TPORT_OK, "%s", err.msg);
+  uint64_t nb = atomic_load(&s2->requests[TPORT__METHOD__METHOD_GET_BATCH]) - batches;
+  cr_assert_eq(atomic_load(&s2->requests[TPORT__METHOD__METHOD_GET_BEGIN]) - begins, 0,
+               "no GetBegin of their own");
+  /* the first (3 inline, within its 1 MiB), then the other 9 three a request */
+  cr_assert_eq(nb, 4, "%llu GetBatch requests", (unsigned long long)nb);
+  uint64_t l = atomic_load(&s2->bytes_lent) - lent;
+  cr_assert_geq(l, (uint64_t)(N - 3) * bytes, "%llu bytes lent", (unsigned long long)l);
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(gets[i].err.code, TPORT_OK, "%d: %s", i, gets[i].err.msg);
+    cr_assert_eq(memcmp(gets[i].data, vals[i], bytes), 0, "element %d", i);
+    free(gets[i].data);
     free(vals[i]);
   }
   tport_close(c);
