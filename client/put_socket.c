@@ -46,6 +46,9 @@ static int append_from(nng_msg *m, const void *const *ps, const size_t *ns, int 
 }
 
 #ifdef TPORT_NNG_LENT_TAIL
+_Static_assert(CLIENT_LEND_SEGMENTS <= TPORT_NNG_TAIL_SEGMENTS,
+               "a request lends no more segments than nng_msg_add_tail takes (deploy/nng 0012)");
+
 static void lent_chunk_done(void *arg)
 {
   lent_chunks *l = arg;

@@ -26,6 +26,14 @@
 
 #define BATCH_MAX_ELEMENTS 4096
 
+/* The elements a GetBatch holds lends for while it is built: the ones its
+ * reply may lend (none without the patched nng). */
+#ifdef TPORT_NNG_LENT_TAIL
+#define HELD_MAX LENDS_SEGMENTS
+#else
+#define HELD_MAX 1
+#endif
+
 /* What one element's handler answered: its reply as packed (in msg, or
  * in own for a failure's status), and its payload in msg. */
 typedef struct element {
@@ -37,6 +45,7 @@ typedef struct element {
   const uint8_t *payload;
   size_t payload_len;
   void *lent; /* payload held by a lend (lends_begin) rather than in msg */
+  uint8_t *copied; /* or, let go of, copied here */
   bool ok;
 } element; /* small: a batch of 4096 allocates 4096 (no error message in it) */
 
@@ -119,6 +128,7 @@ static void free_elements(element *els, size_t n)
     if (els[i].lent) /* copied into the reply, or the reply failed */
       lends_end(els[i].lent);
 #endif
+    free(els[i].copied);
     free(els[i].own);
   }
   free(els);
@@ -360,6 +370,51 @@ static void get_element(call *c, const Tport__GetBeginRequest *g, bool defer, si
   *budget -= el->payload_len <= *budget ? el->payload_len : *budget;
 }
 
+/* An element's held payload copied out and its lend ended: only the last
+ * LENDS_SEGMENTS can be lent, and a lend may hold a device's read-back
+ * block, which the next elements' reads may be waiting for.  Out of memory:
+ * held on (it is copied into the reply then). */
+static void let_go(element *el)
+{
+#ifdef TPORT_NNG_LENT_TAIL
+  uint8_t *p = malloc(el->payload_len);
+  if (!p)
+    return;
+  memcpy(p, el->payload, el->payload_len);
+  lends_end(el->lent);
+  el->lent = NULL;
+  el->copied = p;
+  el->payload = p;
+#else
+  (void)el;
+#endif
+}
+
+/* After element i: the elements still holding a lend are at most the
+ * LENDS_SEGMENTS that could follow the body as its tail (held[0..*nheld),
+ * oldest first); the others let go. */
+static void keep_lendable(element *els, size_t i, size_t *held, size_t *nheld)
+{
+#ifdef TPORT_NNG_LENT_TAIL
+  if (!els[i].payload_len)
+    return; /* no bytes: in no one's way */
+  if (!els[i].lent) { /* copied: none before it can be in the tail */
+    for (size_t k = 0; k < *nheld; k++)
+      let_go(&els[held[k]]);
+    *nheld = 0;
+    return;
+  }
+  if (*nheld == LENDS_SEGMENTS) {
+    let_go(&els[held[0]]);
+    memmove(held, held + 1, (LENDS_SEGMENTS - 1) * sizeof *held);
+    (*nheld)--;
+  }
+  held[(*nheld)++] = i;
+#else
+  (void)els, (void)i, (void)held, (void)nheld;
+#endif
+}
+
 int h_get_batch(call *c)
 {
   Tport__GetBatchRequest *q = (Tport__GetBatchRequest *)c->req;
@@ -374,10 +429,12 @@ int h_get_batch(call *c)
     free(els), free(deferred);
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for %zu elements", n);
   }
+  size_t held[HELD_MAX], nheld = 0;
   for (size_t i = 0; i < n; i++) {
     bool d;
     get_element(c, q->gets[i], q->defer_large, &budget, &els[i], &d);
     deferred[i] = d && els[i].ok;
+    keep_lendable(els, i, held, &nheld);
   }
   Tport__GetBatchReply r = TPORT__GET_BATCH_REPLY__INIT;
   r.status = wire_ok();

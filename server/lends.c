@@ -147,6 +147,9 @@ bool lends_attach(lends *l, nng_msg *msg, uint32_t pipe, tport_storage *st, cons
   return true;
 }
 
+_Static_assert(LENDS_SEGMENTS <= TPORT_NNG_TAIL_SEGMENTS,
+               "a reply lends no more segments than nng_msg_add_tail takes (deploy/nng 0012)");
+
 /* Several lends that end together: a batch reply's segments. */
 typedef struct lend_set {
   void *lent[LENDS_SEGMENTS];

@@ -375,3 +375,49 @@ Test(batch_chunks, deferred_gets_share_getbatches_their_bytes_lent)
   tport_close(c);
   server_stop(s2, 1000);
 }
+
+
+/* Eight 100 KB tensors inline in one GetBatch reply (1 MiB chunks): the
+ * reply lends the last four from the tensors and copies the first four,
+ * which let go of their storages as soon as a fifth came (a batch holds at
+ * most what it can lend); every value exact. */
+Test(batch_chunks, a_get_batch_lends_its_last_four_payloads_and_copies_the_rest)
+{
+  server_config cfg;
+  svc_config(&cfg);
+  cfg.chunk_bytes = (size_t)1 << 20;
+  char u2[256];
+  svc_ipc_url(u2, sizeof u2);
+  free(cfg.listen[0]);
+  cfg.listen[0] = strdup(u2);
+  cfg.nlisten = 1;
+  server *s2;
+  tport_err err;
+  cr_assert_eq(server_start(&cfg, &s2, &err), 0, "%s", err.msg);
+  config_free(&cfg);
+  tport_connect_options o = {.timeout_ms = WAIT_MS, .no_shm = true};
+  tport_client *c;
+  cr_assert_eq(tport_connect(u2, &o, &c, &err), TPORT_OK, "%s", err.msg);
+  enum { N = 8 };
+  size_t bytes = 100000;
+  uint8_t *vals[N];
+  tport_ref refs[N];
+  put_large(c, N, bytes, vals, refs);
+  tport_get_item gets[N];
+  memset(gets, 0, sizeof gets);
+  for (int i = 0; i < N; i++)
+    gets[i].ref = refs[i];
+  uint64_t batches = atomic_load(&s2->requests[TPORT__METHOD__METHOD_GET_BATCH]),
+           lent = atomic_load(&s2->bytes_lent);
+  cr_assert_eq(tport_get_batch(c, gets, N, &err), TPORT_OK, "%s", err.msg);
+  cr_assert_eq(atomic_load(&s2->requests[TPORT__METHOD__METHOD_GET_BATCH]) - batches, 1);
+  cr_assert_eq(atomic_load(&s2->bytes_lent) - lent, 4 * bytes, "only the last four are lent");
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(gets[i].err.code, TPORT_OK, "%d: %s", i, gets[i].err.msg);
+    cr_assert_eq(memcmp(gets[i].data, vals[i], bytes), 0, "element %d", i);
+    free(gets[i].data);
+    free(vals[i]);
+  }
+  tport_close(c);
+  server_stop(s2, 1000);
+}
