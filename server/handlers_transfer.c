@@ -264,10 +264,7 @@ int h_get_begin(call *c)
       r.crc32c_set = true;
       r.crc32c = transport_crc32c(0, payload, payload ? nbytes : 0);
     }
-    /* a batch holds what it may lend till its reply is built: not a
-     * device's read-back block, which the next element's read may need */
-    if (tensor_device(t).type != TPORT_DEV_CPU)
-      c->lend_to_batch = false;
+    c->lend_to_batch &= tensor_device(t).type == TPORT_DEV_CPU; /* see call */
     rc = payload ? call_reply_lent(c, &r.base, held, payload, nbytes)
                  : call_reply(c, &r.base, NULL, 0);
   }

@@ -139,7 +139,9 @@ typedef struct call {
    * back out of the message, so it is copied in, never lent -- unless
    * lend_to_batch: then a payload call_reply_lent would lend is left out of
    * the reply and held for the batch's reply instead (lent: lends_begin's,
-   * for the lent_n bytes at lent_p) */
+   * for the lent_n bytes at lent_p); h_get_begin clears it for a device's
+   * tensor, whose bytes are in a read-back block the batch's next element
+   * may be waiting for */
   bool copy_payload;
   bool lend_to_batch;
   void *lent;
