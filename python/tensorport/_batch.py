@@ -7,8 +7,9 @@ tport_get_batch_dlpack, into buffers libtport keeps for its gets: the
 values of 1 MiB or more, once collected, give their memory to the next
 get_dict's (within TPORT_GET_CACHE_BYTES), where fresh memory would fault
 in a page at a time (malloc maps every block over 32 MiB anew).  libtport
-sends the small ones together and the large ones each as its own put or
-get, all within the client's window.
+sends the small ones together and up to four larger ones a request (lent,
+not copied), and the largest in chunks, all through one window of the
+client's requests.
 
 Errors are per element.  A put_dict is all or nothing: when an element
 fails, the elements that were put are freed again (with ``replace``, the
