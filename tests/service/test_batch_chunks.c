@@ -54,6 +54,30 @@ static tport_client *connect_plain(void)
   return c;
 }
 
+/* A server of its own on a fresh ipc:// URL, the suite's config with
+ * chunk_bytes and max_transfers (0: as it is), and a client of it. */
+static server *start_own(size_t chunk_bytes, int max_transfers, tport_client **c)
+{
+  server_config cfg;
+  svc_config(&cfg);
+  if (chunk_bytes)
+    cfg.chunk_bytes = chunk_bytes;
+  if (max_transfers)
+    cfg.max_transfers = max_transfers;
+  char u[256];
+  svc_ipc_url(u, sizeof u);
+  free(cfg.listen[0]);
+  cfg.listen[0] = strdup(u);
+  cfg.nlisten = 1;
+  server *s;
+  tport_err err;
+  cr_assert_eq(server_start(&cfg, &s, &err), 0, "%s", err.msg);
+  config_free(&cfg);
+  tport_connect_options o = {.timeout_ms = WAIT_MS, .no_shm = true};
+  cr_assert_eq(tport_connect(u, &o, c, &err), TPORT_OK, "%s", err.msg);
+  return s;
+}
+
 static uint64_t requests(uint16_t method)
 {
   return atomic_load(&srv->requests[method]);
@@ -282,21 +306,9 @@ Test(batch_chunks, large_gets_go_in_the_batch_window)
  * element only. */
 Test(batch_chunks, large_gets_past_the_servers_transfer_limit)
 {
-  server_config cfg;
-  svc_config(&cfg);
-  cfg.max_transfers = 2;
-  char u2[256];
-  svc_ipc_url(u2, sizeof u2);
-  free(cfg.listen[0]);
-  cfg.listen[0] = strdup(u2);
-  cfg.nlisten = 1;
-  server *s2;
-  tport_err err;
-  cr_assert_eq(server_start(&cfg, &s2, &err), 0, "%s", err.msg);
-  config_free(&cfg);
-  tport_connect_options o = {.timeout_ms = WAIT_MS, .no_shm = true};
   tport_client *c;
-  cr_assert_eq(tport_connect(u2, &o, &c, &err), TPORT_OK, "%s", err.msg);
+  server *s2 = start_own(0, 2, &c);
+  tport_err err;
   enum { N = 12 };
   size_t bytes = (size_t)(3 << 16) + 7;
   uint8_t *vals[N];
@@ -331,21 +343,9 @@ Test(batch_chunks, large_gets_past_the_servers_transfer_limit)
  * pass the chunk), every byte of them lent from the tensors, values exact. */
 Test(batch_chunks, deferred_gets_share_getbatches_their_bytes_lent)
 {
-  server_config cfg;
-  svc_config(&cfg);
-  cfg.chunk_bytes = (size_t)1 << 20;
-  char u2[256];
-  svc_ipc_url(u2, sizeof u2);
-  free(cfg.listen[0]);
-  cfg.listen[0] = strdup(u2);
-  cfg.nlisten = 1;
-  server *s2;
-  tport_err err;
-  cr_assert_eq(server_start(&cfg, &s2, &err), 0, "%s", err.msg);
-  config_free(&cfg);
-  tport_connect_options o = {.timeout_ms = WAIT_MS, .no_shm = true};
   tport_client *c;
-  cr_assert_eq(tport_connect(u2, &o, &c, &err), TPORT_OK, "%s", err.msg);
+  server *s2 = start_own((size_t)1 << 20, 0, &c);
+  tport_err err;
   enum { N = 12 };
   size_t bytes = 300000;
   uint8_t *vals[N];
@@ -383,21 +383,9 @@ Test(batch_chunks, deferred_gets_share_getbatches_their_bytes_lent)
  * most what it can lend); every value exact. */
 Test(batch_chunks, a_get_batch_lends_its_last_four_payloads_and_copies_the_rest)
 {
-  server_config cfg;
-  svc_config(&cfg);
-  cfg.chunk_bytes = (size_t)1 << 20;
-  char u2[256];
-  svc_ipc_url(u2, sizeof u2);
-  free(cfg.listen[0]);
-  cfg.listen[0] = strdup(u2);
-  cfg.nlisten = 1;
-  server *s2;
-  tport_err err;
-  cr_assert_eq(server_start(&cfg, &s2, &err), 0, "%s", err.msg);
-  config_free(&cfg);
-  tport_connect_options o = {.timeout_ms = WAIT_MS, .no_shm = true};
   tport_client *c;
-  cr_assert_eq(tport_connect(u2, &o, &c, &err), TPORT_OK, "%s", err.msg);
+  server *s2 = start_own((size_t)1 << 20, 0, &c);
+  tport_err err;
   enum { N = 8 };
   size_t bytes = 100000;
   uint8_t *vals[N];
