@@ -377,6 +377,45 @@ Test(batch_chunks, deferred_gets_share_getbatches_their_bytes_lent)
 }
 
 
+/* Deferred elements are packed largest first: after one that fills the
+ * first GetBatch's 1 MiB, 600 KB, 600 KB, 400 KB and 400 KB go in two
+ * GetBatches (600 + 400 twice; in their order they took three), every
+ * value exact and in its own element. */
+Test(batch_chunks, deferred_gets_are_packed_largest_first)
+{
+  tport_client *c;
+  server *s2 = start_own((size_t)1 << 20, 0, &c);
+  tport_err err;
+  enum { N = 5 };
+  static const size_t sizes[N] = {(size_t)1 << 20, 600000, 600000, 400000, 400000};
+  uint8_t *vals[N];
+  tport_get_item gets[N];
+  memset(gets, 0, sizeof gets);
+  for (int i = 0; i < N; i++) {
+    vals[i] = malloc(sizes[i]);
+    for (size_t j = 0; j < sizes[i]; j++)
+      vals[i][j] = (uint8_t)(i * 31 + j * 7 + j / 997);
+    int64_t sz = (int64_t)sizes[i];
+    tport_tensor_info info;
+    cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, vals[i], sizes[i], NULL, &info, &err),
+                 TPORT_OK, "%s", err.msg);
+    gets[i].ref = info.ref;
+  }
+  uint64_t batches = atomic_load(&s2->requests[TPORT__METHOD__METHOD_GET_BATCH]);
+  cr_assert_eq(tport_get_batch(c, gets, N, &err), TPORT_OK, "%s", err.msg);
+  uint64_t nb = atomic_load(&s2->requests[TPORT__METHOD__METHOD_GET_BATCH]) - batches;
+  cr_assert_eq(nb, 3, "%llu GetBatch requests: the first and two", (unsigned long long)nb);
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(gets[i].err.code, TPORT_OK, "%d: %s", i, gets[i].err.msg);
+    cr_assert_eq(gets[i].nbytes, sizes[i], "element %d", i);
+    cr_assert_eq(memcmp(gets[i].data, vals[i], sizes[i]), 0, "element %d", i);
+    free(gets[i].data);
+    free(vals[i]);
+  }
+  tport_close(c);
+  server_stop(s2, 1000);
+}
+
 /* Eight 100 KB tensors inline in one GetBatch reply (1 MiB chunks): the
  * reply lends the last four from the tensors and copies the first four,
  * which let go of their storages as soon as a fifth came (a batch holds at
