@@ -126,8 +126,7 @@ def get_dict(client, prefix, *, as_torch=False):
     """Client.get_dict (see there)."""
     if not isinstance(prefix, str):
         raise InvalidArgument("prefix is a %s: a str" % type(prefix).__name__)
-    found = sorted((t for t in client.list() if t.name and t.name.startswith(prefix)),
-                   key=lambda t: t.name)
+    found = client._named(prefix)
     if not found:
         return {}
     if as_torch:
@@ -135,10 +134,10 @@ def get_dict(client, prefix, *, as_torch=False):
     n = len(found)
     items = (_lib.GetItem * n)()
     managed = (ctypes.c_void_p * n)()
-    for i, t in enumerate(found):
+    for i, (_, handle, _) in enumerate(found):
         # by handle: what the listing saw, even if a name is replaced meanwhile
-        ctypes.memmove(items[i].ref.handle, t._handle, _lib.HANDLE_BYTES)
-    keys = [t.name[len(prefix):] for t in found]
+        ctypes.memmove(items[i].ref.handle, handle, _lib.HANDLE_BYTES)
+    keys = [name[len(prefix):] for name, _, _ in found]
     rc, err = _run(client, "tport_get_batch_dlpack", items, n, managed)
     outs = []
     try:
@@ -146,14 +145,18 @@ def get_dict(client, prefix, *, as_torch=False):
         if failed:
             raise BatchError("get_dict", failed)
         client._check(rc, err)
-        for i, t in enumerate(found):
-            dtype = None if as_torch else _names.numpy_dtype(t.dtype)
-            ptr, managed[i] = managed[i], None  # the array owns it from here on (its
+        dtypes = {}  # the NumPy dtype of each dtype number the dict holds
+        for i, (_, _, number) in enumerate(found):
+            ptr, managed[i] = managed[i], None  # the value owns it from here on (its
             # maker gives it back if it cannot make it)
+            name = _names.DTYPES[number] if 0 <= number < len(_names.DTYPES) else str(number)
             if as_torch:
-                outs.append(_dlpack.torch_from_managed(ptr, t.dtype))
-            else:
-                outs.append(_dlpack.numpy_from_managed(ptr, dtype))
+                outs.append(_dlpack.torch_from_managed(ptr, name))
+                continue
+            dtype = dtypes.get(number)
+            if dtype is None:
+                dtype = dtypes[number] = _names.numpy_dtype(name)
+            outs.append(_dlpack.numpy_from_managed(ptr, dtype))
     finally:
         for ptr in managed:
             if ptr:  # not handed to an array: the batch failed, or a conversion did

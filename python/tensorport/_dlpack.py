@@ -26,7 +26,6 @@ download them.
 """
 import ctypes
 import sys
-import weakref
 
 from . import _lib, _names
 from .errors import DataLoss, InvalidArgument
@@ -111,6 +110,24 @@ def managed_shape(ptr):
     return tuple(t.shape[i] for i in range(t.ndim))
 
 
+class _Memory:
+    """The base of a NumPy array over a DLManagedTensor's memory (through its
+    ``__array_interface__``): runs the tensor's deleter when the array and all its views
+    are gone.  It keeps the deleter itself (nothing to look up at exit).  Cheaper than a
+    ctypes array with a weakref.finalize (a get_dict makes one per value)."""
+
+    __slots__ = ("__array_interface__", "_ptr", "_deleter")
+
+    def __init__(self, ptr, deleter, interface):
+        self._ptr = ptr
+        self._deleter = deleter
+        self.__array_interface__ = interface
+
+    def __del__(self):
+        if self._deleter:
+            self._deleter(self._ptr)
+
+
 def numpy_from_managed(ptr, dtype):
     """A writable NumPy array (dtype, C order) over a DLManagedTensor's memory, taking
     ownership: the deleter runs when the array and all its views are gone (or at once,
@@ -119,8 +136,9 @@ def numpy_from_managed(ptr, dtype):
     import numpy as np
 
     try:
-        t = _lib.DLManagedTensor.from_address(ptr).dl_tensor
-        shape = managed_shape(ptr)
+        m = _lib.DLManagedTensor.from_address(ptr)
+        t = m.dl_tensor
+        shape = tuple(t.shape[: t.ndim]) if t.ndim > 0 else ()
         element = t.dtype.bits // 8 * t.dtype.lanes
         if dtype.itemsize != element or any(s < 0 for s in shape):
             raise DataLoss("a tensor of %d-byte elements and shape %s read as %s"
@@ -128,12 +146,24 @@ def numpy_from_managed(ptr, dtype):
         n = 1
         for s in shape:
             n *= s
-        buf = (ctypes.c_uint8 * (n * element)).from_address((t.data or 0) + t.byte_offset)
+        if n == 0:  # (NumPy reads a NULL address as no interface at all)
+            call_deleter(ptr)
+            return np.empty(shape, dtype)
+        if not t.data:
+            raise DataLoss("a tensor of %d elements at address NULL" % n)
+        address = t.data + t.byte_offset
+        if dtype.isbuiltin == 1:  # NumPy's own: described by its type string
+            interface = {"data": (address, False), "shape": shape, "typestr": dtype.str,
+                         "version": 3}
+        else:  # (ml_dtypes' bfloat16): its bytes, viewed as it
+            interface = {"data": (address, False), "shape": (n * element,), "typestr": "|u1",
+                         "version": 3}
+        memory = _Memory(ptr, m.deleter, interface)
     except BaseException:
         call_deleter(ptr)  # it was handed over: nobody else frees it
         raise
-    weakref.finalize(buf, call_deleter, ptr)
-    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+    a = np.asarray(memory)
+    return a if dtype.isbuiltin == 1 else a.view(dtype).reshape(shape)
 
 
 def torch_from_managed(ptr, name):
