@@ -34,10 +34,11 @@
 #define HELD_MAX 1
 #endif
 
-/* What one element's handler answered: its reply as packed (in msg, or
- * in own for a failure's status), and its payload in msg. */
+/* What one element's handler answered: its reply as packed (in the
+ * batch's sink at `at`, or in own for a failure's status), and its payload
+ * after it there (or held by a lend). */
 typedef struct element {
-  nng_msg *msg;
+  size_t at;
   const uint8_t *packed;
   size_t packed_len;
   uint8_t *own;
@@ -46,7 +47,7 @@ typedef struct element {
   size_t payload_len;
   void *lent; /* payload held by a lend (lends_begin) rather than in msg */
   uint8_t *copied; /* or, let go of, copied here */
-  bool ok;
+  bool ok, sunk;
 } element; /* small: a batch of 4096 allocates 4096 (no error message in it) */
 
 /* el failed with *why: its reply is a status alone, packed into own. */
@@ -76,11 +77,12 @@ static void element_failed(element *el, const tport_err *why)
 }
 
 /* Runs handler on one element (req, payload) as a call of its own and
- * keeps its answer in el. */
-static void run_element(call *c, uint16_t method, int (*handler)(call *), ProtobufCMessage *req,
-                        const uint8_t *payload, size_t n, element *el)
+ * keeps its answer in el (its reply in sink). */
+static void run_element(call *c, reply_sink *sink, uint16_t method, int (*handler)(call *),
+                        ProtobufCMessage *req, const uint8_t *payload, size_t n, element *el)
 {
   call sub = {.srv = c->srv,
+              .sink = sink,
               .pipe = c->pipe,
               .method = method,
               .req = req,
@@ -91,14 +93,11 @@ static void run_element(call *c, uint16_t method, int (*handler)(call *), Protob
               .lend_to_batch = method == TPORT__METHOD__METHOD_GET_BEGIN};
   tport_err_clear(&sub.err);
   int rc = handler(&sub);
-  frame_view v;
-  if (!rc && !sub.out)
+  if (sub.out) /* (every reply goes to the sink) */
+    nng_msg_free(sub.out);
+  if (!rc && !sub.sunk)
     rc = tport_err_set(&sub.err, TPORT_INTERNAL, "the handler gave no reply");
-  if (!rc)
-    rc = frame_parse(nng_msg_body(sub.out), nng_msg_len(sub.out), &v, &sub.err);
   if (rc) {
-    if (sub.out)
-      nng_msg_free(sub.out);
 #ifdef TPORT_NNG_LENT_TAIL
     if (sub.lent)
       lends_end(sub.lent);
@@ -106,12 +105,10 @@ static void run_element(call *c, uint16_t method, int (*handler)(call *), Protob
     element_failed(el, &sub.err);
     return;
   }
-  el->ok = true;
-  el->msg = sub.out;
-  el->packed = v.msg;
-  el->packed_len = v.msg_len;
-  el->payload = v.payload;
-  el->payload_len = v.payload_len;
+  el->ok = el->sunk = true;
+  el->at = sub.sink_at;
+  el->packed_len = sub.sink_packed;
+  el->payload_len = sub.sink_payload;
   if (sub.lent) { /* its bytes are the storage's, held for the batch's reply */
     el->lent = sub.lent;
     el->payload = sub.lent_p;
@@ -122,8 +119,6 @@ static void run_element(call *c, uint16_t method, int (*handler)(call *), Protob
 static void free_elements(element *els, size_t n)
 {
   for (size_t i = 0; i < n && els; i++) {
-    if (els[i].msg)
-      nng_msg_free(els[i].msg);
 #ifdef TPORT_NNG_LENT_TAIL
     if (els[i].lent) /* copied into the reply, or the reply failed */
       lends_end(els[i].lent);
@@ -179,8 +174,14 @@ static uint8_t *put_varint(uint8_t *p, uint64_t v)
  * protobuf-c), then each element's packed reply as repeated field `field`;
  * its payload trailer the elements' payloads one after another. */
 static int batch_reply(call *c, const ProtobufCMessage *head, uint32_t field, element *els,
-                       size_t n)
+                       size_t n, const reply_sink *sink)
 {
+  for (size_t i = 0; i < n; i++)
+    if (els[i].sunk) { /* the sink has its final place now */
+      els[i].packed = sink->buf + els[i].at;
+      if (!els[i].lent && !els[i].copied)
+        els[i].payload = sink->buf + els[i].at + els[i].packed_len;
+    }
   size_t msg_len = protobuf_c_message_get_packed_size(head), payload_len = 0, from;
   size_t key = varint_size((uint64_t)field << 3 | 2);
   int nlent = lent_suffix(els, n, &from);
@@ -285,19 +286,21 @@ int h_put_batch(call *c)
   element *els = calloc(n ? n : 1, sizeof *els);
   if (!els)
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for %zu elements", n);
+  reply_sink sink = {0};
   size_t off = 0;
   for (size_t i = 0; i < n; i++) {
     size_t len = (size_t)q->payload_bytes[i];
     /* without commit an upload begins (its chunks follow by PutChunk):
      * h_put_begin refuses such an element that carries bytes */
-    run_element(c, TPORT__METHOD__METHOD_PUT_BEGIN, h_put_begin, &q->puts[i]->base,
+    run_element(c, &sink, TPORT__METHOD__METHOD_PUT_BEGIN, h_put_begin, &q->puts[i]->base,
                 c->payload + off, len, &els[i]);
     off += len;
   }
   Tport__PutBatchReply r = TPORT__PUT_BATCH_REPLY__INIT;
   r.status = wire_ok();
-  rc = batch_reply(c, &r.base, 2 /* puts */, els, n);
+  rc = batch_reply(c, &r.base, 2 /* puts */, els, n, &sink);
   free_elements(els, n);
+  free(sink.buf);
   return rc;
 }
 
@@ -349,8 +352,8 @@ static void maybe_defer(call *c, const Tport__GetBeginRequest *g, size_t budget,
 /* One GetBatch element: as a GetBegin of its own, inline only while the
  * reply's inline bytes stay within *budget (which it spends); a large one
  * deferred (*deferred) where the request asks. */
-static void get_element(call *c, const Tport__GetBeginRequest *g, bool defer, size_t *budget,
-                        element *el, bool *deferred)
+static void get_element(call *c, reply_sink *sink, const Tport__GetBeginRequest *g, bool defer,
+                        size_t *budget, element *el, bool *deferred)
 {
   *deferred = false;
   if (g->shm) {
@@ -366,7 +369,7 @@ static void get_element(call *c, const Tport__GetBeginRequest *g, bool defer, si
   Tport__GetBeginRequest one = *g;
   if (one.inline_max > *budget)
     one.inline_max = *budget;
-  run_element(c, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin, &one.base, NULL, 0, el);
+  run_element(c, sink, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin, &one.base, NULL, 0, el);
   *budget -= el->payload_len <= *budget ? el->payload_len : *budget;
 }
 
@@ -430,9 +433,10 @@ int h_get_batch(call *c)
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for %zu elements", n);
   }
   size_t held[HELD_MAX], nheld = 0;
+  reply_sink sink = {0};
   for (size_t i = 0; i < n; i++) {
     bool d;
-    get_element(c, q->gets[i], q->defer_large, &budget, &els[i], &d);
+    get_element(c, &sink, q->gets[i], q->defer_large, &budget, &els[i], &d);
     deferred[i] = d && els[i].ok;
     keep_lendable(els, i, held, &nheld);
   }
@@ -440,8 +444,9 @@ int h_get_batch(call *c)
   r.status = wire_ok();
   r.n_deferred = q->defer_large ? n : 0;
   r.deferred = deferred;
-  rc = batch_reply(c, &r.base, 2 /* gets */, els, n);
+  rc = batch_reply(c, &r.base, 2 /* gets */, els, n, &sink);
   free_elements(els, n);
   free(deferred);
+  free(sink.buf);
   return rc;
 }

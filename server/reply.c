@@ -24,9 +24,46 @@ static int pack_reply(nng_msg **out, uint16_t method, ProtobufCMessage *m, const
   return TPORT_OK;
 }
 
+/* A batch element's reply, packed into its batch's sink: what a message
+ * of its own cost each element (an nng message allocated and freed, a
+ * frame written and parsed back) was ~5% of a PutBatch of 4 KiB tensors. */
+static int sink_reply(call *c, ProtobufCMessage *m, const void *payload, size_t n)
+{
+  reply_sink *s = c->sink;
+  size_t packed = protobuf_c_message_get_packed_size(m), end;
+  if (__builtin_add_overflow(s->len, packed, &end) || __builtin_add_overflow(end, n, &end))
+    return TPORT_RESOURCE_EXHAUSTED;
+  if (end > s->cap) {
+    size_t cap = s->cap ? s->cap : 4096;
+    while (cap < end)
+      if (__builtin_mul_overflow(cap, 2, &cap))
+        return TPORT_RESOURCE_EXHAUSTED;
+    uint8_t *b = realloc(s->buf, cap);
+    if (!b)
+      return TPORT_RESOURCE_EXHAUSTED;
+    s->buf = b;
+    s->cap = cap;
+  }
+  protobuf_c_message_pack(m, s->buf + s->len);
+  if (n)
+    memcpy(s->buf + s->len + packed, payload, n);
+  c->sink_at = s->len;
+  c->sink_packed = packed;
+  c->sink_payload = n;
+  c->sunk = true;
+  s->len = end;
+  return TPORT_OK;
+}
+
+/* The call's reply: its own message, or its batch's sink. */
+static int reply_out(call *c, ProtobufCMessage *m, const void *payload, size_t n)
+{
+  return c->sink ? sink_reply(c, m, payload, n) : pack_reply(&c->out, c->method, m, payload, n);
+}
+
 int call_reply(call *c, ProtobufCMessage *reply, const void *payload, size_t n)
 {
-  int rc = pack_reply(&c->out, c->method, reply, payload, n);
+  int rc = reply_out(c, reply, payload, n);
   if (rc)
     return tport_err_set(&c->err, rc, "out of memory for a %zu-byte reply", n);
   return TPORT_OK;
@@ -44,7 +81,7 @@ int call_reply_lent(call *c, ProtobufCMessage *reply, tport_storage *st, const v
     /* the batch's reply lends the bytes (or copies them): held till then */
     if (!(c->lent = lends_begin(c->srv->lends, c->pipe, st)))
       return call_reply(c, reply, payload, n);
-    int rc = pack_reply(&c->out, c->method, reply, NULL, 0);
+    int rc = reply_out(c, reply, NULL, 0);
     if (rc) {
       lends_end(c->lent);
       c->lent = NULL;

@@ -125,6 +125,12 @@ extern void (*server_test_before_ready)(struct server *s);
 extern void (*server_test_before_handle)(struct server *s, uint32_t pipe, uint16_t method);
 
 /* A request being handled. */
+/* The replies of a batch's elements, one after another (reply.c). */
+typedef struct reply_sink {
+  uint8_t *buf;
+  size_t len, cap;
+} reply_sink;
+
 typedef struct call {
   struct server *srv;
   uint32_t pipe;
@@ -147,6 +153,12 @@ typedef struct call {
   void *lent;
   const void *lent_p;
   size_t lent_n;
+  /* an element of a batch: its reply packed into the batch's buffer (no
+   * frame, no message of its own), sink_packed bytes at sink_at, then its
+   * sink_payload bytes (reply.c); sunk once it is there */
+  struct reply_sink *sink;
+  size_t sink_at, sink_packed, sink_payload;
+  bool sunk;
   /* waiting for a name: the context's waiter and first arrival; a handler
    * that registered the waiter sets park_until_ms and gives no reply */
   reg_waiter *waiter;
