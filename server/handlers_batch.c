@@ -4,10 +4,10 @@
  * Each element is handed to the handler of the single request it stands
  * for (h_put_begin, h_get_begin) as a call of its own: the same checks, the
  * same quota and registry, nothing validated twice in two ways.  The
- * element's reply is read back from the message that handler packed and
- * becomes the element's entry in the batch's reply -- its bytes spliced
- * in as packed (a repeated message field is its elements' encodings one
- * after another), never unpacked and packed again; an element that fails
+ * handler packs the element's reply into the batch's reply_sink (reply.c),
+ * and it becomes the element's entry in the batch's reply -- its bytes
+ * spliced in as packed (a repeated message field is its elements'
+ * encodings one after another), never unpacked and packed again; an element that fails
  * gets its status there and leaves the others alone.  Bounds: at most
  * BATCH_MAX_ELEMENTS elements a request (past it the whole request is
  * INVALID_ARGUMENT), a put's bytes within its message (the frame's limit),
@@ -16,7 +16,13 @@
  * A get's element that a GetBegin would lend its bytes to (call_reply_lent)
  * holds them instead (a lend of the storage), and the batch's reply lends
  * the last four such payloads from there (deploy/nng 0012's segments: a
- * tail follows the body, so only a suffix); the others are copied in.
+ * tail follows the body, so only a suffix); the others are copied in from
+ * the storages they still hold.  Such holds are a host tensor's alone (a
+ * device tensor's bytes are in a read-back block, which h_get_begin never
+ * holds for a batch) and at most the reply's inline budget (a chunk) of
+ * them: copying each out as soon as it could no longer be lent cost a
+ * fresh buffer, page-faulted in, each time (a third of tportd's time in
+ * the GetBatch of ResNet-50's 126 small tensors).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -25,14 +31,6 @@
 #include "wire.h"
 
 #define BATCH_MAX_ELEMENTS 4096
-
-/* The elements a GetBatch holds lends for while it is built: the ones its
- * reply may lend (none without the patched nng). */
-#ifdef TPORT_NNG_LENT_TAIL
-#define HELD_MAX LENDS_SEGMENTS
-#else
-#define HELD_MAX 1
-#endif
 
 /* What one element's handler answered: its reply as packed (in the
  * batch's sink at `at`, or in own for a failure's status), and its payload
@@ -45,8 +43,7 @@ typedef struct element {
   uint8_t fallback[8]; /* a failure's reply when own cannot be had */
   const uint8_t *payload;
   size_t payload_len;
-  void *lent; /* payload held by a lend (lends_begin) rather than in msg */
-  uint8_t *copied; /* or, let go of, copied here */
+  void *lent; /* payload held by a lend (lends_begin) rather than in the sink */
   bool ok, sunk;
 } element; /* small: a batch of 4096 allocates 4096 (no error message in it) */
 
@@ -123,7 +120,6 @@ static void free_elements(element *els, size_t n)
     if (els[i].lent) /* copied into the reply, or the reply failed */
       lends_end(els[i].lent);
 #endif
-    free(els[i].copied);
     free(els[i].own);
   }
   free(els);
@@ -179,7 +175,7 @@ static int batch_reply(call *c, const ProtobufCMessage *head, uint32_t field, el
   for (size_t i = 0; i < n; i++)
     if (els[i].sunk) { /* the sink has its final place now */
       els[i].packed = sink->buf + els[i].at;
-      if (!els[i].lent && !els[i].copied)
+      if (!els[i].lent)
         els[i].payload = sink->buf + els[i].at + els[i].packed_len;
     }
   size_t msg_len = protobuf_c_message_get_packed_size(head), payload_len = 0, from;
@@ -373,51 +369,6 @@ static void get_element(call *c, reply_sink *sink, const Tport__GetBeginRequest 
   *budget -= el->payload_len <= *budget ? el->payload_len : *budget;
 }
 
-/* An element's held payload copied out and its lend ended: only the last
- * LENDS_SEGMENTS can be lent, and a lend may hold a device's read-back
- * block, which the next elements' reads may be waiting for.  Out of memory:
- * held on (it is copied into the reply then). */
-static void let_go(element *el)
-{
-#ifdef TPORT_NNG_LENT_TAIL
-  uint8_t *p = malloc(el->payload_len);
-  if (!p)
-    return;
-  memcpy(p, el->payload, el->payload_len);
-  lends_end(el->lent);
-  el->lent = NULL;
-  el->copied = p;
-  el->payload = p;
-#else
-  (void)el;
-#endif
-}
-
-/* After element i: the elements still holding a lend are at most the
- * LENDS_SEGMENTS that could follow the body as its tail (held[0..*nheld),
- * oldest first); the others let go. */
-static void keep_lendable(element *els, size_t i, size_t *held, size_t *nheld)
-{
-#ifdef TPORT_NNG_LENT_TAIL
-  if (!els[i].payload_len)
-    return; /* no bytes: in no one's way */
-  if (!els[i].lent) { /* copied: none before it can be in the tail */
-    for (size_t k = 0; k < *nheld; k++)
-      let_go(&els[held[k]]);
-    *nheld = 0;
-    return;
-  }
-  if (*nheld == LENDS_SEGMENTS) {
-    let_go(&els[held[0]]);
-    memmove(held, held + 1, (LENDS_SEGMENTS - 1) * sizeof *held);
-    (*nheld)--;
-  }
-  held[(*nheld)++] = i;
-#else
-  (void)els, (void)i, (void)held, (void)nheld;
-#endif
-}
-
 int h_get_batch(call *c)
 {
   Tport__GetBatchRequest *q = (Tport__GetBatchRequest *)c->req;
@@ -432,13 +383,11 @@ int h_get_batch(call *c)
     free(els), free(deferred);
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for %zu elements", n);
   }
-  size_t held[HELD_MAX], nheld = 0;
   reply_sink sink = {0};
   for (size_t i = 0; i < n; i++) {
     bool d;
     get_element(c, &sink, q->gets[i], q->defer_large, &budget, &els[i], &d);
     deferred[i] = d && els[i].ok;
-    keep_lendable(els, i, held, &nheld);
   }
   Tport__GetBatchReply r = TPORT__GET_BATCH_REPLY__INIT;
   r.status = wire_ok();
