@@ -417,9 +417,8 @@ Test(batch_chunks, deferred_gets_are_packed_largest_first)
 }
 
 /* Eight 100 KB tensors inline in one GetBatch reply (1 MiB chunks): the
- * reply lends the last four from the tensors and copies the first four,
- * which let go of their storages as soon as a fifth came (a batch holds at
- * most what it can lend); every value exact. */
+ * reply lends the last four from the tensors and copies the first four
+ * from the storages it held for them; every value exact. */
 Test(batch_chunks, a_get_batch_lends_its_last_four_payloads_and_copies_the_rest)
 {
   tport_client *c;
