@@ -7,8 +7,8 @@
  * handler packs the element's reply into the batch's reply_sink (reply.c),
  * and it becomes the element's entry in the batch's reply -- its bytes
  * spliced in as packed (a repeated message field is its elements'
- * encodings one after another), never unpacked and packed again; an element that fails
- * gets its status there and leaves the others alone.  Bounds: at most
+ * encodings one after another), never unpacked and packed again; an
+ * element that fails gets its status there and leaves the others alone.  Bounds: at most
  * BATCH_MAX_ELEMENTS elements a request (past it the whole request is
  * INVALID_ARGUMENT), a put's bytes within its message (the frame's limit),
  * and a get's inline bytes within the server's chunk size (an element past

@@ -124,13 +124,13 @@ extern void (*server_test_before_ready)(struct server *s);
  * tests. */
 extern void (*server_test_before_handle)(struct server *s, uint32_t pipe, uint16_t method);
 
-/* A request being handled. */
 /* The replies of a batch's elements, one after another (reply.c). */
 typedef struct reply_sink {
   uint8_t *buf;
   size_t len, cap;
 } reply_sink;
 
+/* A request being handled. */
 typedef struct call {
   struct server *srv;
   uint32_t pipe;
