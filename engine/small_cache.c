@@ -24,9 +24,18 @@ _Static_assert(HOST_CACHE_MIN_BYTES == (size_t)1 << 20, "the classes end at the 
 /* The default limit: a sixty-fourth of physical memory, at most this. */
 #define DEFAULT_MAX ((size_t)256 << 20)
 
+/* A kept block and its usable size, read when it was freed: read again
+ * when it is handed out, malloc's header is one more cache miss on the
+ * path of every small put (2.5% of tportd's samples in a PutBatch of
+ * 4 KiB tensors). */
+typedef struct kept_block {
+  void *p;
+  size_t usable;
+} kept_block;
+
 typedef struct size_class {
   pthread_mutex_t mu;
-  void **blocks; /* a stack: the most recently freed on top */
+  kept_block *blocks; /* a stack: the most recently freed on top */
   size_t n, cap;
 } size_class;
 
@@ -94,13 +103,14 @@ void *small_cache_alloc(size_t bytes)
   pthread_once(&once, init_classes);
   int k = class_up(bytes);
   size_class *c = &classes[k];
-  void *p = NULL;
+  kept_block b = {0};
   pthread_mutex_lock(&c->mu);
   if (c->n)
-    p = c->blocks[--c->n];
+    b = c->blocks[--c->n];
   pthread_mutex_unlock(&c->mu);
+  void *p = b.p;
   if (p) {
-    size_t usable = malloc_usable_size(p);
+    size_t usable = b.usable;
     atomic_fetch_sub(&cached, usable);
     atomic_fetch_add(&in_use, usable);
     atomic_fetch_add(&hits, 1);
@@ -136,13 +146,13 @@ void small_cache_free(void *p)
   pthread_mutex_lock(&c->mu);
   if (c->n == c->cap) {
     size_t cap = c->cap ? c->cap * 2 : 64;
-    void **grown = realloc(c->blocks, cap * sizeof *grown);
+    kept_block *grown = realloc(c->blocks, cap * sizeof *grown);
     if (grown)
       c->blocks = grown, c->cap = cap;
   }
   if (c->n < c->cap) {
     POISON(p, usable);
-    c->blocks[c->n++] = p;
+    c->blocks[c->n++] = (kept_block){p, usable};
     atomic_fetch_add(&cached, usable); /* before a trim can take it back */
     kept = true;
   }
@@ -160,8 +170,9 @@ static void trim(size_t keep)
     size_class *c = &classes[k];
     pthread_mutex_lock(&c->mu);
     while (c->n && atomic_load(&cached) > keep) {
-      void *p = c->blocks[--c->n];
-      size_t usable = malloc_usable_size(p);
+      kept_block b = c->blocks[--c->n];
+      void *p = b.p;
+      size_t usable = b.usable;
       atomic_fetch_sub(&cached, usable);
       UNPOISON(p, usable);
       free(p);

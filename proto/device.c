@@ -49,9 +49,16 @@ int device_parse(const char *s, const char *field, tport_device *out, tport_err 
 
 const char *device_format(tport_device d, char *buf, size_t len)
 {
-  if (d.type == TPORT_DEV_CPU || d.index < 0)
-    snprintf(buf, len, "%s", device_type_name(d.type));
-  else
+  if (d.type == TPORT_DEV_CPU || d.index < 0) {
+    /* (not snprintf: every tensor's reply names its device) */
+    const char *name = device_type_name(d.type);
+    size_t n = strlen(name);
+    if (len) {
+      n = n < len - 1 ? n : len - 1;
+      memcpy(buf, name, n);
+      buf[n] = '\0';
+    }
+  } else
     snprintf(buf, len, "%s:%d", device_type_name(d.type), d.index);
   return buf;
 }
