@@ -79,11 +79,14 @@ Test(idle_trim, memory_freed_by_a_burst_goes_back_once_idle, .timeout = 120)
  * one (engine/small_cache.c).  Before, glibc handed a freed top back at
  * once, and every burst of small puts faulted its pages in again (a fault
  * per 4 KiB tensor, 12% of a batch put's time).  A burst of 1,000 tensors
- * of 64 KiB (16,000 pages), freed, then the same again at once: the second
- * faults in a few of its pages (its requests' and entries' memory), not
- * all.  A pair is tried again (three at most) when the server was idle for
- * a reaper round between its bursts: the idle trim then gives the memory
- * back, as it should. */
+ * of 64 KiB (16,000 pages), freed, then the same again at once: every
+ * tensor of the second is one the first freed (the small cache's hits, in
+ * the operator's Stats).  Its page faults are logged, not judged: what is
+ * left of them (900-3,500 alone, up to 6,200 beside other suites; 6,100
+ * without the cache) is mostly the requests' 64 KiB bodies, and does not
+ * tell the two apart on a loaded machine.  A pair is tried again (three at
+ * most) when the server was idle for a reaper round between its bursts:
+ * the idle trim then gives the memory back, as it should. */
 #define BURST 1000
 #define BURST_BYTES ((size_t)64 << 10)
 
@@ -112,30 +115,32 @@ Test(idle_trim, a_burst_freed_is_kept_for_the_next_while_busy, .timeout = 120)
 #endif
   char url[64];
   pid_t pid = spawn(url, sizeof url);
-  tport_client *c = svc_connect(url, "keep");
+  tport_client *c = svc_connect(url, "keep"), *ops = svc_connect(url, SVC_OPERATOR);
   uint8_t *data = malloc((size_t)BURST * BURST_BYTES);
   memset(data, 0x3c, (size_t)BURST * BURST_BYTES);
   tport_put_item *items = calloc(BURST, sizeof *items);
   tport_ref *refs = calloc(BURST, sizeof *refs);
-  long pages = (long)((size_t)BURST * BURST_BYTES / 4096), first = 0, second = 0;
-  for (int pair = 0; pair < 3; pair++) {
+  long pages = (long)((size_t)BURST * BURST_BYTES / 4096);
+  int64_t kept = 0;
+  for (int pair = 0; pair < 3 && kept < BURST; pair++) {
     long f0 = svc_minor_faults(pid);
     burst(c, data, items, refs);
     long f1 = svc_minor_faults(pid);
+    int64_t h1 = svc_counter(ops, "small_cache_hits");
     burst(c, data, items, refs);
+    int64_t h2 = svc_counter(ops, "small_cache_hits");
     long f2 = svc_minor_faults(pid);
     cr_assert(f0 >= 0 && f1 >= f0 && f2 >= f1, "tportd's fault counts are unreadable");
-    first = f1 - f0, second = f2 - f1;
+    kept = h2 - h1;
     cr_log_info("idle_trim: %ld pages of tensors: %ld faults in the first burst, %ld in the "
-                "second",
-                pages, first, second);
-    if (second < pages / 4)
-      break;
+                "second; %lld of the second's tensors in blocks the first freed",
+                pages, f1 - f0, f2 - f1, (long long)kept);
   }
-  cr_expect_lt(second, pages / 4,
-               "the second burst faulted %ld times for %ld pages of tensors (the first %ld): "
-               "the heap gave back what the first freed",
-               second, pages, first);
+  cr_expect_geq(kept, BURST,
+                "%lld of the second burst's %d tensors were in blocks the first freed: the "
+                "rest came from the heap anew",
+                (long long)kept, BURST);
+  tport_close(ops);
   tport_close(c);
   free(refs), free(items), free(data);
   cr_expect_eq(svc_terminate(pid), 0);
