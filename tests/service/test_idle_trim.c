@@ -110,9 +110,6 @@ static void burst(tport_client *c, const uint8_t *data, tport_put_item *items, t
 
 Test(idle_trim, a_burst_freed_is_kept_for_the_next_while_busy, .timeout = 120)
 {
-#ifdef SVC_UNDER_SANITIZER
-  cr_skip_test("the sanitizer's allocator, not glibc's: its page faults are not the heap's");
-#endif
   char url[64];
   pid_t pid = spawn(url, sizeof url);
   tport_client *c = svc_connect(url, "keep"), *ops = svc_connect(url, SVC_OPERATOR);
