@@ -104,12 +104,6 @@ def capsule_pointer(capsule):
 # ---------------------------------------------------------------- out
 
 
-def managed_shape(ptr):
-    """The shape of a DLManagedTensor, as a tuple."""
-    t = _lib.DLManagedTensor.from_address(ptr).dl_tensor
-    return tuple(t.shape[i] for i in range(t.ndim))
-
-
 class _Memory:
     """The base of a NumPy array over a DLManagedTensor's memory (through its
     ``__array_interface__``): runs the tensor's deleter when the array and all its views
