@@ -239,19 +239,47 @@ Test(batch_chunks, a_cancelled_batch_leaves_exactly_what_it_says)
   tport_close(c);
 }
 
-/* n large uint8 tensors (4 chunks and a bit) put one by one, named. */
+/* The i-th uint8 tensor of bytes, its values in *val (the caller's to
+ * free), put alone. */
+static void put_one(tport_client *c, int i, size_t bytes, uint8_t **val, tport_ref *ref)
+{
+  *val = malloc(bytes);
+  for (size_t j = 0; j < bytes; j++)
+    (*val)[j] = (uint8_t)(i * 13 + j * 5 + j / 1000);
+  int64_t sz = (int64_t)bytes;
+  tport_tensor_info info;
+  tport_err err;
+  cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, *val, bytes, NULL, &info, &err), TPORT_OK,
+               "%s", err.msg);
+  *ref = info.ref;
+}
+
+/* n large uint8 tensors (4 chunks and a bit) put one by one. */
 static void put_large(tport_client *c, int n, size_t bytes, uint8_t **vals, tport_ref *refs)
 {
+  for (int i = 0; i < n; i++)
+    put_one(c, i, bytes, &vals[i], &refs[i]);
+}
+
+/* A get batch's items for refs, each into a buffer libtport makes. */
+static void gets_of(const tport_ref *refs, int n, tport_get_item *gets)
+{
+  memset(gets, 0, (size_t)n * sizeof *gets);
+  for (int i = 0; i < n; i++)
+    gets[i].ref = refs[i];
+}
+
+/* Every element of a get batch read and its values exact (sizes[i] bytes
+ * of vals[i], or bytes each where sizes is NULL); its buffer and vals[i]
+ * freed. */
+static void expect_values(tport_get_item *gets, uint8_t **vals, const size_t *sizes, size_t bytes,
+                          int n)
+{
   for (int i = 0; i < n; i++) {
-    vals[i] = malloc(bytes);
-    for (size_t j = 0; j < bytes; j++)
-      vals[i][j] = (uint8_t)(i * 13 + j * 5 + j / 1000);
-    int64_t sz = (int64_t)bytes;
-    tport_tensor_info info;
-    tport_err err;
-    cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, vals[i], bytes, NULL, &info, &err),
-                 TPORT_OK, "%s", err.msg);
-    refs[i] = info.ref;
+    cr_assert_eq(gets[i].err.code, TPORT_OK, "%d: %s", i, gets[i].err.msg);
+    cr_assert_eq(memcmp(gets[i].data, vals[i], sizes ? sizes[i] : bytes), 0, "element %d", i);
+    free(gets[i].data);
+    free(vals[i]);
   }
 }
 
@@ -315,10 +343,8 @@ Test(batch_chunks, large_gets_past_the_servers_transfer_limit)
   tport_ref refs[N];
   put_large(c, N, bytes, vals, refs);
   tport_get_item gets[N];
-  memset(gets, 0, sizeof gets);
+  gets_of(refs, N, gets);
   uint8_t tiny[100];
-  for (int i = 0; i < N; i++)
-    gets[i].ref = refs[i];
   gets[5].buf = tiny;
   gets[5].cap = sizeof tiny;
   cr_assert_eq(tport_get_batch(c, gets, N, &err), TPORT_OUT_OF_RANGE, "%s", err.msg);
@@ -352,9 +378,7 @@ Test(batch_chunks, deferred_gets_share_getbatches_their_bytes_lent)
   tport_ref refs[N];
   put_large(c, N, bytes, vals, refs);
   tport_get_item gets[N];
-  memset(gets, 0, sizeof gets);
-  for (int i = 0; i < N; i++)
-    gets[i].ref = refs[i];
+  gets_of(refs, N, gets);
   uint64_t batches = atomic_load(&s2->requests[TPORT__METHOD__METHOD_GET_BATCH]),
            begins = atomic_load(&s2->requests[TPORT__METHOD__METHOD_GET_BEGIN]),
            lent = atomic_load(&s2->bytes_lent);
@@ -366,12 +390,7 @@ Test(batch_chunks, deferred_gets_share_getbatches_their_bytes_lent)
   cr_assert_eq(nb, 4, "%llu GetBatch requests", (unsigned long long)nb);
   uint64_t l = atomic_load(&s2->bytes_lent) - lent;
   cr_assert_geq(l, (uint64_t)(N - 3) * bytes, "%llu bytes lent", (unsigned long long)l);
-  for (int i = 0; i < N; i++) {
-    cr_assert_eq(gets[i].err.code, TPORT_OK, "%d: %s", i, gets[i].err.msg);
-    cr_assert_eq(memcmp(gets[i].data, vals[i], bytes), 0, "element %d", i);
-    free(gets[i].data);
-    free(vals[i]);
-  }
+  expect_values(gets, vals, NULL, bytes, N);
   tport_close(c);
   server_stop(s2, 1000);
 }
@@ -389,29 +408,18 @@ Test(batch_chunks, deferred_gets_are_packed_largest_first)
   enum { N = 5 };
   static const size_t sizes[N] = {(size_t)1 << 20, 600000, 600000, 400000, 400000};
   uint8_t *vals[N];
+  tport_ref refs[N];
+  for (int i = 0; i < N; i++)
+    put_one(c, i, sizes[i], &vals[i], &refs[i]);
   tport_get_item gets[N];
-  memset(gets, 0, sizeof gets);
-  for (int i = 0; i < N; i++) {
-    vals[i] = malloc(sizes[i]);
-    for (size_t j = 0; j < sizes[i]; j++)
-      vals[i][j] = (uint8_t)(i * 31 + j * 7 + j / 997);
-    int64_t sz = (int64_t)sizes[i];
-    tport_tensor_info info;
-    cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, vals[i], sizes[i], NULL, &info, &err),
-                 TPORT_OK, "%s", err.msg);
-    gets[i].ref = info.ref;
-  }
+  gets_of(refs, N, gets);
   uint64_t batches = atomic_load(&s2->requests[TPORT__METHOD__METHOD_GET_BATCH]);
   cr_assert_eq(tport_get_batch(c, gets, N, &err), TPORT_OK, "%s", err.msg);
   uint64_t nb = atomic_load(&s2->requests[TPORT__METHOD__METHOD_GET_BATCH]) - batches;
   cr_assert_eq(nb, 3, "%llu GetBatch requests: the first and two", (unsigned long long)nb);
-  for (int i = 0; i < N; i++) {
-    cr_assert_eq(gets[i].err.code, TPORT_OK, "%d: %s", i, gets[i].err.msg);
-    cr_assert_eq(gets[i].nbytes, sizes[i], "element %d", i);
-    cr_assert_eq(memcmp(gets[i].data, vals[i], sizes[i]), 0, "element %d", i);
-    free(gets[i].data);
-    free(vals[i]);
-  }
+  for (int i = 0; i < N; i++)
+    cr_assert_eq(gets[i].nbytes, sizes[i], "element %d: %s", i, gets[i].err.msg);
+  expect_values(gets, vals, sizes, 0, N);
   tport_close(c);
   server_stop(s2, 1000);
 }
@@ -430,20 +438,13 @@ Test(batch_chunks, a_get_batch_lends_its_last_four_payloads_and_copies_the_rest)
   tport_ref refs[N];
   put_large(c, N, bytes, vals, refs);
   tport_get_item gets[N];
-  memset(gets, 0, sizeof gets);
-  for (int i = 0; i < N; i++)
-    gets[i].ref = refs[i];
+  gets_of(refs, N, gets);
   uint64_t batches = atomic_load(&s2->requests[TPORT__METHOD__METHOD_GET_BATCH]),
            lent = atomic_load(&s2->bytes_lent);
   cr_assert_eq(tport_get_batch(c, gets, N, &err), TPORT_OK, "%s", err.msg);
   cr_assert_eq(atomic_load(&s2->requests[TPORT__METHOD__METHOD_GET_BATCH]) - batches, 1);
   cr_assert_eq(atomic_load(&s2->bytes_lent) - lent, 4 * bytes, "only the last four are lent");
-  for (int i = 0; i < N; i++) {
-    cr_assert_eq(gets[i].err.code, TPORT_OK, "%d: %s", i, gets[i].err.msg);
-    cr_assert_eq(memcmp(gets[i].data, vals[i], bytes), 0, "element %d", i);
-    free(gets[i].data);
-    free(vals[i]);
-  }
+  expect_values(gets, vals, NULL, bytes, N);
   tport_close(c);
   server_stop(s2, 1000);
 }
