@@ -149,7 +149,7 @@ def get_dict(client, prefix, *, as_torch=False):
         for i, (_, _, number) in enumerate(found):
             ptr, managed[i] = managed[i], None  # the value owns it from here on (its
             # maker gives it back if it cannot make it)
-            name = _names.DTYPES[number] if 0 <= number < len(_names.DTYPES) else str(number)
+            name = _names.dtype_of_number(number)
             if as_torch:
                 outs.append(_dlpack.torch_from_managed(ptr, name))
                 continue

@@ -54,7 +54,7 @@ def _info_from_c(c):
         TensorInfo(
             ref=h.hex(),
             name=_s(c.ref.name) or None,
-            dtype=_names.DTYPES[c.dtype] if 0 <= c.dtype < len(_names.DTYPES) else str(c.dtype),
+            dtype=_names.dtype_of_number(c.dtype),
             shape=tuple(c.sizes[: c.ndim]),
             strides=tuple(c.strides[: c.ndim]),
             storage_offset=c.storage_offset,

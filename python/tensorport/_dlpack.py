@@ -145,19 +145,18 @@ def numpy_from_managed(ptr, dtype):
             return np.empty(shape, dtype)
         if not t.data:
             raise DataLoss("a tensor of %d elements at address NULL" % n)
-        address = t.data + t.byte_offset
-        if dtype.isbuiltin == 1:  # NumPy's own: described by its type string
-            interface = {"data": (address, False), "shape": shape, "typestr": dtype.str,
-                         "version": 3}
-        else:  # (ml_dtypes' bfloat16): its bytes, viewed as it
-            interface = {"data": (address, False), "shape": (n * element,), "typestr": "|u1",
-                         "version": 3}
+        # NumPy's own dtypes by their type string; another (ml_dtypes' bfloat16) as
+        # its bytes, viewed as it below
+        own = dtype.isbuiltin == 1
+        interface = {"data": (t.data + t.byte_offset, False), "version": 3,
+                     "shape": shape if own else (n * element,),
+                     "typestr": dtype.str if own else "|u1"}
         memory = _Memory(ptr, m.deleter, interface)
     except BaseException:
         call_deleter(ptr)  # it was handed over: nobody else frees it
         raise
     a = np.asarray(memory)
-    return a if dtype.isbuiltin == 1 else a.view(dtype).reshape(shape)
+    return a if own else a.view(dtype).reshape(shape)
 
 
 def torch_from_managed(ptr, name):

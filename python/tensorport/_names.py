@@ -110,6 +110,11 @@ def looks_like_dtype(x):
 # ---------------------------------------------------------------- NumPy and torch dtypes
 
 
+def dtype_of_number(number):
+    """The dtype name of libtport's tport_dtype number (its digits if unknown)."""
+    return DTYPES[number] if 0 <= number < len(DTYPES) else str(number)
+
+
 def numpy_dtype(name):
     """The NumPy dtype for a tensorport dtype: bfloat16 is ml_dtypes.bfloat16 when that
     package is present, else uint16 (its bit patterns, the .npy convention)."""

@@ -568,37 +568,35 @@ class Client:
         """The :class:`Tensor` for a handle (32 hex digits) or a name; NotFound if there is none."""
         return self._tensor(self._info_c(ref))
 
-    def list(self):
-        """This tenant's tensors (those of this connection and those kept), as Tensors."""
+    def _listed(self, take):
+        """take(info) of each tport_tensor_info of tport_list (this tenant's tensors),
+        None results left out."""
         self.flush_frees()
         p = ctypes.POINTER(_lib.TensorInfoC)()
         n = ctypes.c_size_t()
         self._call("tport_list", ctypes.byref(p), ctypes.byref(n))
         try:
-            return [self._tensor(p[i]) for i in range(n.value)]
+            return [x for x in (take(p[i]) for i in range(n.value)) if x is not None]
         finally:
             _libc_free(ctypes.cast(p, ctypes.c_void_p))
+
+    def list(self):
+        """This tenant's tensors (those of this connection and those kept), as Tensors."""
+        return self._listed(self._tensor)
 
     def _named(self, prefix):
         """(name, handle, dtype number) of this tenant's tensors named ``prefix...``,
         sorted by name: read off tport_list's array without a Tensor for each of
         the tenant's tensors (get_dict's listing; ~20 us a tensor as Tensors)."""
-        self.flush_frees()
-        p = ctypes.POINTER(_lib.TensorInfoC)()
-        n = ctypes.c_size_t()
-        self._call("tport_list", ctypes.byref(p), ctypes.byref(n))
         want = prefix.encode("utf-8")
-        try:
-            found = []
-            for i in range(n.value):
-                c = p[i]
-                name = c.ref.name
-                if name and name.startswith(want):
-                    found.append((_s(name), bytes(c.ref.handle), c.dtype))
-        finally:
-            _libc_free(ctypes.cast(p, ctypes.c_void_p))
-        found.sort()
-        return found
+
+        def named(c):
+            name = c.ref.name
+            if name and name.startswith(want):
+                return (_s(name), bytes(c.ref.handle), c.dtype)
+            return None
+
+        return sorted(self._listed(named))
 
     def free(self, ref):
         """Frees a tensor (a Tensor, a handle or a name) on the server."""
