@@ -110,6 +110,54 @@ int main(int argc, char **argv)
   line("d2h_staged", n, th, "pinned_cudaMemcpy", bench_median(b, reps));
   line("d2h_staged", n, th, "pageable_cudaMemcpy", bench_median(b2, reps));
 
+  /* ---- a same-device copy as tportd makes one for a CUDA IPC request,
+   * without the request: into a tensor that exists (a get into the client's
+   * allocation) and into a new one (a put: allocated from the caching
+   * allocator, copied, synchronized, released), the other side a cudaMalloc
+   * of its own wrapped as the client's allocation is; uint8 as tport-bench-ipc
+   * puts, float32 beside it (the copy kernel's widest accesses) */
+  {
+    void *other;
+    if (cudaMalloc(&other, n) != cudaSuccess)
+      die("cudaMalloc", NULL);
+    tport_dtype dts[2] = {TPORT_UINT8, TPORT_FLOAT32};
+    const char *names[2][2] = {{"d2d_engine_copy_u8", "d2d_engine_to_new_u8"},
+                               {"d2d_engine_copy_f32", "d2d_engine_to_new_f32"}};
+    for (int k = 0; k < 2; k++) {
+      int64_t count = (int64_t)(n / tport_dtype_size(dts[k]));
+      tport_tensor *w;
+      if (tensor_wrap_device(g0, other, n, dts[k], 1, &count, NULL, 0, &w, &e))
+        die("tensor_wrap_device", &e);
+      tport_tensor *stored;
+      if (tensor_empty(g0, dts[k], 1, &count, TPORT_MF_CONTIGUOUS, 0, &stored, &e))
+        die("tensor_empty", &e);
+      double tn[64];
+      for (int r = -1; r < reps; r++) {
+        double t0 = bench_now();
+        if (tensor_copy_(w, stored, false, &e) || tensor_sync(w, &e))
+          die(names[k][0], &e);
+        double t1 = bench_now();
+        to_options o = {.has_device = true, .device = g0, .copy = true};
+        tport_tensor *fresh;
+        bool aliased;
+        if (tensor_to(w, &o, &fresh, &aliased, &e) || tensor_sync(fresh, &e))
+          die(names[k][1], &e);
+        tensor_release(fresh);
+        double t2 = bench_now();
+        cudaMemcpy(dev, other, n, cudaMemcpyDeviceToDevice);
+        cudaDeviceSynchronize();
+        double t3 = bench_now();
+        if (r >= 0)
+          t[r] = t1 - t0, tn[r] = t2 - t1, b[r] = t3 - t2;
+      }
+      line(names[k][0], n, bench_median(t, reps), "d2d_cudaMemcpy", bench_median(b, reps));
+      line(names[k][1], n, bench_median(tn, reps), "d2d_cudaMemcpy", bench_median(b, reps));
+      tensor_release(stored);
+      tensor_release(w);
+    }
+    cudaFree(other);
+  }
+
   /* ---- layout conversion kernels vs a D2D cudaMemcpy of the same bytes */
   int64_t nchw[] = {64, 64, 56, 56};
   struct {
