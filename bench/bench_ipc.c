@@ -144,18 +144,6 @@ int main(int argc, char **argv)
     }
   }
   if (phases) {
-    /* the caching allocator's counters after the loop: every put after the
-     * first should have found its block cached (reps hits or more) */
-    tport_counter *cs = NULL;
-    size_t ncs = 0;
-    if (tport_stats(c, &cs, &ncs, NULL) == TPORT_OK) {
-      printf("{\"phases\": true, \"reps\": %d", reps);
-      for (size_t i = 0; i < ncs; i++)
-        if (strncmp(cs[i].name, "cuda0_", 6) == 0)
-          printf(", \"%s\": %lld", cs[i].name, (long long)cs[i].value);
-      printf("}\n");
-      free(cs);
-    }
     /* what a request costs beside its copy: an info (no device work) and a
      * 4 KiB put by IPC from the same allocation */
     int64_t small_shape[1] = {4096};
