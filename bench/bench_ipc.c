@@ -25,7 +25,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,6 +49,59 @@ static void die(const char *what, const char *msg)
   exit(1);
 }
 
+/* With --phases, tportd's /metrics on this loopback port: the server's
+ * own time for each method and stage beside what the client measured. */
+static int metrics_port;
+
+/* Prints the sums and counts of tportd's request and stage durations as
+ * one JSON line {"server_metrics": {...}} (nothing when it cannot). */
+static void print_server_metrics(void)
+{
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)metrics_port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+    if (fd >= 0)
+      close(fd);
+    return;
+  }
+  const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  if (write(fd, req, sizeof req - 1) != (ssize_t)(sizeof req - 1)) {
+    close(fd);
+    return;
+  }
+  size_t cap = 1 << 22, n = 0;
+  char *buf = malloc(cap + 1);
+  ssize_t k;
+  while (buf && n < cap && (k = read(fd, buf + n, cap - n)) > 0)
+    n += (size_t)k;
+  close(fd);
+  if (!buf)
+    return;
+  buf[n] = 0;
+  printf("{\"server_metrics\": {");
+  const char *sep = "";
+  for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+    if (strncmp(line, "tport_request_duration_seconds_", 31) != 0 &&
+        strncmp(line, "tport_stage_duration_seconds_", 29) != 0)
+      continue;
+    if (!strstr(line, "_sum{") && !strstr(line, "_count{"))
+      continue;
+    char *sp = strrchr(line, ' ');
+    if (!sp)
+      continue;
+    *sp = 0;
+    printf("%s\"", sep);
+    for (const char *q = line; *q; q++)
+      printf(*q == '"' ? "\\%c" : "%c", *q);
+    printf("\": %s", sp + 1);
+    sep = ", ";
+  }
+  printf("}}\n");
+  fflush(stdout);
+  free(buf);
+}
+
 static pid_t spawn_tportd(const char *url, const char *sock)
 {
   char self[PATH_MAX], exe[PATH_MAX + 16];
@@ -57,8 +113,11 @@ static pid_t spawn_tportd(const char *url, const char *sock)
   pid_t pid = fork();
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    char http[32] = "off";
+    if (metrics_port)
+      snprintf(http, sizeof http, "127.0.0.1:%d", metrics_port);
     execl(exe, exe, "--listen", url, "--devices", "cpu,cuda", "--shm-socket", sock, "--http-listen",
-          "off", (char *)NULL);
+          http, (char *)NULL);
     _exit(127);
   }
   return pid;
@@ -95,6 +154,8 @@ int main(int argc, char **argv)
   snprintf(dir, sizeof dir, "/tmp/tport-bench-ipc-%d", (int)getpid());
   snprintf(sock, sizeof sock, "%s/shm.sock", dir);
   snprintf(url, sizeof url, "ipc:///tmp/tport-bench-ipc-%d.sock", (int)getpid());
+  if (phases)
+    metrics_port = 20000 + (int)(getpid() % 20000);
   pid_t pid = spawn_tportd(url, sock);
   tport_client *c = NULL;
   tport_err err;
@@ -144,6 +205,7 @@ int main(int argc, char **argv)
     }
   }
   if (phases) {
+    print_server_metrics(); /* the loop's requests alone (and the warm-up's) */
     /* what a request costs beside its copy: an info (no device work) and a
      * 4 KiB put by IPC from the same allocation */
     int64_t small_shape[1] = {4096};

@@ -95,6 +95,12 @@ typedef struct copy_job {
   copy_split split;
   atomic_size_t next; /* the next piece to take */
   atomic_size_t done; /* pieces copied */
+  /* a stream's (else NULL / false): which pieces are copied, whether its
+   * caller waits for one, and whether pieces may still be taken */
+  atomic_uchar *piece_done;
+  atomic_bool waiting;
+  atomic_bool stopped;
+  int seats; /* workers that may still join it (pool.mu) */
 } copy_job;
 
 static struct {
@@ -107,6 +113,7 @@ static struct {
   int active;          /* workers holding a pointer to job */
   int nworkers;        /* workers started (and not yet joined) */
   int nthreads;        /* threads a copy uses, the caller included */
+  bool threads_set;    /* ... as TPORT_COPY_THREADS says */
   bool stopping;       /* the destructor ran: no more workers, no more jobs */
   pthread_t workers[COPY_POOL_MAX_THREADS];
 } pool = {.once = PTHREAD_ONCE_INIT,
@@ -115,21 +122,38 @@ static struct {
           .work = PTHREAD_COND_INITIALIZER,
           .finished = PTHREAD_COND_INITIALIZER};
 
+static void wake_finished(void)
+{
+  pthread_mutex_lock(&pool.mu);
+  pthread_cond_broadcast(&pool.finished);
+  pthread_mutex_unlock(&pool.mu);
+}
+
+/* Copies piece k of j; false when there is none to take. */
+static bool run_one(copy_job *j)
+{
+  if (atomic_load_explicit(&j->stopped, memory_order_acquire))
+    return false;
+  size_t k = atomic_fetch_add(&j->next, 1);
+  if (k >= j->split.npieces)
+    return false;
+  size_t off, len;
+  copy_split_piece(&j->split, k, &off, &len);
+  memcpy(j->dst + off, j->src + off, len);
+  /* seq_cst, as the waiter's flag: either this thread sees it waiting
+   * (and wakes it) or the waiter sees this piece done */
+  if (j->piece_done)
+    atomic_store(&j->piece_done[k], 1);
+  if (atomic_fetch_add(&j->done, 1) + 1 == j->split.npieces ||
+      (j->piece_done && atomic_load(&j->waiting)))
+    wake_finished();
+  return true;
+}
+
 static void run_pieces(copy_job *j)
 {
-  for (;;) {
-    size_t k = atomic_fetch_add(&j->next, 1);
-    if (k >= j->split.npieces)
-      return;
-    size_t off, len;
-    copy_split_piece(&j->split, k, &off, &len);
-    memcpy(j->dst + off, j->src + off, len);
-    if (atomic_fetch_add(&j->done, 1) + 1 == j->split.npieces) {
-      pthread_mutex_lock(&pool.mu);
-      pthread_cond_broadcast(&pool.finished);
-      pthread_mutex_unlock(&pool.mu);
-    }
-  }
+  while (run_one(j))
+    ;
 }
 
 /* arg: the generation before the job its creator is about to publish (the
@@ -145,8 +169,9 @@ static void *worker_main(void *arg)
       break; /* a job running now is finished by its caller */
     seen = pool.generation;
     copy_job *j = pool.job;
-    if (!j)
-      continue; /* woke after that job was done */
+    if (!j || j->seats <= 0)
+      continue; /* woke after that job was done, or it has its threads */
+    j->seats--;
     pool.active++;
     pthread_mutex_unlock(&pool.mu);
     run_pieces(j);
@@ -201,8 +226,10 @@ static void pool_init(void)
   if (n > COPY_POOL_DEFAULT_MAX)
     n = COPY_POOL_DEFAULT_MAX;
   uint64_t v; /* tport_connect refuses a value that does not parse (env.c) */
-  if (client_env_count("TPORT_COPY_THREADS", &v, NULL) == TPORT_OK && v)
+  if (client_env_count("TPORT_COPY_THREADS", &v, NULL) == TPORT_OK && v) {
     n = v > COPY_POOL_MAX_THREADS ? COPY_POOL_MAX_THREADS : (int)v;
+    pool.threads_set = true;
+  }
   pool.nthreads = n;
   pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
@@ -242,7 +269,7 @@ void copy_pool_copy(void *dst, const void *src, size_t n)
   /* a few pieces per thread (a thread the scheduler holds back costs one
    * piece, not its share), none below COPY_POOL_MIN_PIECE */
   size_t want = (size_t)threads * 4, most = n / COPY_POOL_MIN_PIECE;
-  copy_job j = {.dst = dst, .src = src};
+  copy_job j = {.dst = dst, .src = src, .seats = threads - 1};
   copy_split_make(&j.split, (uintptr_t)dst, n, want < most ? want : most);
   atomic_init(&j.next, 0);
   atomic_init(&j.done, 0);
@@ -267,6 +294,132 @@ void copy_pool_copy(void *dst, const void *src, size_t n)
   pool.job = NULL; /* a worker waking late finds no job */
   pthread_mutex_unlock(&pool.mu);
   pthread_mutex_unlock(&pool.busy);
+}
+
+/* ---------------------------------------------------------------- streams */
+
+/* A stream's pieces: small enough that the copied prefix grows steadily
+ * (the caller sends a chunk as soon as it is in), large enough to outweigh
+ * a thread's wake-up, and at most STREAM_MAX_PIECES of them. */
+#define STREAM_MAX_PIECES 4096
+
+/* A stream's threads, its caller's included: the pool's when
+ * TPORT_COPY_THREADS says how many, else half of them.  A stream runs
+ * while its caller sends and a server on this host copies out; on a
+ * 16-core H200 host (bench/RESULTS.md, twelfth session) 8 threads
+ * streamed 256 MiB to cuda:0 at 0.56x the explicit region, 16 (every
+ * core copying, tportd's threads starved) at 0.45-0.49. */
+static int stream_threads(void)
+{
+  int n = pool.nthreads;
+  if (pool.threads_set)
+    return n;
+  return n / 2 > 2 ? n / 2 : (n < 2 ? n : 2);
+}
+
+bool copy_pool_stream_begin(copy_stream *s, void *dst, const void *src, size_t n)
+{
+  s->job = NULL;
+  s->ready = 0;
+  if (n < COPY_POOL_MIN_BYTES || copy_pool_threads() <= 1 || stream_threads() < 2 ||
+      pthread_mutex_trylock(&pool.busy) != 0)
+    return false;
+  size_t want = n / COPY_POOL_MIN_PIECE;
+  if (want > STREAM_MAX_PIECES)
+    want = STREAM_MAX_PIECES;
+  copy_job *j = calloc(1, sizeof *j);
+  if (j) {
+    j->dst = dst;
+    j->src = src;
+    copy_split_make(&j->split, (uintptr_t)dst, n, want);
+    j->piece_done = calloc(j->split.npieces, sizeof *j->piece_done);
+  }
+  pthread_mutex_lock(&pool.mu);
+  if (j && j->piece_done && !pool.stopping)
+    pool_grow(pool.nthreads - 1);
+  if (!j || !j->piece_done || pool.stopping || pool.nworkers == 0 || j->split.npieces < 2) {
+    pthread_mutex_unlock(&pool.mu);
+    pthread_mutex_unlock(&pool.busy);
+    if (j)
+      free((void *)j->piece_done);
+    free(j);
+    return false;
+  }
+  atomic_init(&j->next, 0);
+  atomic_init(&j->done, 0);
+  atomic_init(&j->waiting, false);
+  atomic_init(&j->stopped, false);
+  j->seats = stream_threads() - 1;
+  pool.job = j;
+  pool.generation++;
+  pthread_cond_broadcast(&pool.work);
+  pthread_mutex_unlock(&pool.mu);
+  s->job = j;
+  return true;
+}
+
+/* Moves s->ready over the pieces copied from it on. */
+static void advance(copy_stream *s)
+{
+  copy_job *j = s->job;
+  while (s->ready < j->split.n) {
+    /* the piece holding byte ready starts there (pieces tile the copy) */
+    size_t k = s->ready < j->split.head + j->split.piece || j->split.npieces == 1
+                   ? 0
+                   : 1 + (s->ready - j->split.head - j->split.piece) / j->split.piece;
+    if (!atomic_load(&j->piece_done[k]))
+      return;
+    size_t off, len;
+    copy_split_piece(&j->split, k, &off, &len);
+    s->ready = off + len;
+  }
+}
+
+void copy_pool_stream_wait(copy_stream *s, size_t upto)
+{
+  copy_job *j = s->job;
+  if (!j)
+    return;
+  if (upto > j->split.n)
+    upto = j->split.n;
+  advance(s);
+  while (s->ready < upto) {
+    /* a piece of our own rather than wait idle; once none is left to
+     * take, wait for the ones being copied */
+    if (!run_one(j)) {
+      pthread_mutex_lock(&pool.mu);
+      atomic_store(&j->waiting, true);
+      advance(s);
+      while (s->ready < upto) {
+        pthread_cond_wait(&pool.finished, &pool.mu);
+        advance(s);
+      }
+      atomic_store(&j->waiting, false);
+      pthread_mutex_unlock(&pool.mu);
+    }
+    advance(s);
+  }
+}
+
+void copy_pool_stream_end(copy_stream *s, bool finish)
+{
+  copy_job *j = s->job;
+  if (!j)
+    return;
+  if (finish)
+    run_pieces(j); /* the caller helps with what is left */
+  atomic_store_explicit(&j->stopped, true, memory_order_release);
+  pthread_mutex_lock(&pool.mu);
+  /* no piece starts now; the job is freed once no worker holds it */
+  while (pool.active > 0 || (finish && atomic_load(&j->done) < j->split.npieces))
+    pthread_cond_wait(&pool.finished, &pool.mu);
+  pool.job = NULL;
+  pthread_mutex_unlock(&pool.mu);
+  pthread_mutex_unlock(&pool.busy);
+  free((void *)j->piece_done);
+  free(j);
+  s->job = NULL;
+  s->ready = 0;
 }
 
 /* At exit (and dlclose): the workers stop and are joined.  A job running

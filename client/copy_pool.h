@@ -2,6 +2,7 @@
 #ifndef TPORT_CLIENT_COPY_POOL_H
 #define TPORT_CLIENT_COPY_POOL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +25,33 @@
  * pool when n is at least COPY_POOL_MIN_BYTES and the pool is free, else
  * one memcpy in the calling thread.  Safe from any number of threads. */
 void copy_pool_copy(void *dst, const void *src, size_t n);
+
+/* A copy that runs in the background while its caller uses what is
+ * copied: a put through the automatic region sends each chunk as soon as
+ * its bytes are in the region, while the pool copies the next ones (the
+ * caller's sends and the server's copies out overlap the pool's copy in).
+ * Pieces are taken in order, so the copied prefix grows from the start.
+ * A stream holds the pool from begin to end: end it on the thread that
+ * began it, on every path (a fork waits for it as for any copy).  It uses
+ * half the pool's threads unless TPORT_COPY_THREADS set them: the other
+ * cores are the sender's and the server's. */
+typedef struct copy_stream {
+  struct copy_job *job; /* NULL: no stream (begin said false) */
+  size_t ready;         /* bytes [0, ready) are known to be copied */
+} copy_stream;
+
+/* Starts copying n bytes from src to dst in the background; false when the
+ * pool cannot take it (busy, off, n too small, out of memory): copy some
+ * other way then (s is left empty, and end is a no-op). */
+bool copy_pool_stream_begin(copy_stream *s, void *dst, const void *src, size_t n);
+/* Returns once bytes [0, upto) of the stream are copied (upto at most n);
+ * the caller copies pieces itself meanwhile rather than wait idle. */
+void copy_pool_stream_wait(copy_stream *s, size_t upto);
+/* Ends the stream: no piece starts after this is called, and none is
+ * still being copied when it returns (with finish, every piece is copied
+ * first; without, what was not started is left uncopied).  The pool is
+ * free again. */
+void copy_pool_stream_end(copy_stream *s, bool finish);
 
 /* The threads a large copy uses, the caller's included (1: the pool is
  * off).  Read once, on first use, from TPORT_COPY_THREADS (1 or more),

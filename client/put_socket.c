@@ -127,10 +127,11 @@ void client_lent_wait(tport_client *c, lent_chunks *l)
 
 /* ---------------------------------------------------------------- chunks */
 
-/* Through the region, the caller's bytes are copied in this far ahead of
- * the chunk being sent: one copy by the pool's threads (copy_pool.c) for
- * several chunks, large enough to be worth waking them, while the server
- * copies the chunks before out. */
+/* Through the region, the caller's bytes are copied in by the pool's
+ * threads in the background (a copy_stream), each chunk sent as soon as
+ * its bytes are in, so that the pool's copy in and the server's copies out
+ * overlap.  Where the pool is busy (another thread's copy), they are
+ * copied in on this thread this far ahead of the chunk being sent. */
 #define PUT_COPY_AHEAD ((size_t)16 << 20)
 
 typedef struct put_ctx {
@@ -139,7 +140,8 @@ typedef struct put_ctx {
   size_t nbytes;
   bool verify;
   struct tport_shm *region; /* same host: each chunk goes through it */
-  size_t copied;            /* ... and bytes [0, copied) are in it */
+  copy_stream *stream;      /* ... copied in by the pool (NULL: by hand) */
+  size_t copied;            /* ... bytes [0, copied) in it, by hand */
   lent_chunks *lent;        /* NULL: chunks copied into their requests */
   client_stage *stage;      /* device memory: each chunk staged through the ring */
 } put_ctx;
@@ -160,7 +162,9 @@ static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
   } else if (p->region) {
     /* into the region, a batch at a time (off + len <= nbytes); the server
      * copies this chunk out while the next batch is copied in */
-    if (off + len > p->copied) {
+    if (p->stream) {
+      copy_pool_stream_wait(p->stream, off + len);
+    } else if (off + len > p->copied) {
       size_t need = off + len - p->copied, step = p->nbytes - p->copied;
       size_t ahead = need > PUT_COPY_AHEAD ? need : PUT_COPY_AHEAD;
       if (step > ahead)
@@ -260,10 +264,17 @@ static int put_chunks(tport_client *c, const client_put_desc *d, const Tport__Re
                 .region = region,
                 .lent = c->lend_chunks && !region ? &lent : NULL,
                 .stage = stage};
+  copy_stream stream;
+  if (region && copy_pool_stream_begin(&stream, region->data, d->data, d->nbytes))
+    pc.stream = &stream;
   /* a server's chunks may differ from its Hello's: the ring follows them */
   if (!stage || (rc = stage_set_chunk(stage, chunk, err)) == TPORT_OK)
     rc = client_run_window(c, d->nbytes, chunk, put_make, put_take, &pc, d->opts->progress,
                            d->opts->progress_arg, d->cancel, err);
+  /* every chunk was sent (and so copied in) when it went well; else what
+   * was not started is left: the region is not read past a failed put */
+  if (pc.stream)
+    copy_pool_stream_end(pc.stream, false);
   client_lent_wait(c, &lent); /* the caller's bytes are theirs again */
   pthread_cond_destroy(&lent.cv);
   pthread_mutex_destroy(&lent.mu);

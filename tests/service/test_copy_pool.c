@@ -216,6 +216,121 @@ Test(copy_pool, a_forked_child_copies_whole)
   cr_assert_eq(bg.bad, bg.n, "byte %zu of %zu is wrong", bg.bad, bg.n);
 }
 
+/* ---------------------------------------------------------------- streams */
+
+/* A stream at every size and alignment: each wait returns with the bytes
+ * before it in place (checked right then, before the stream ends), waits
+ * may come in any steps, and nothing outside the destination is written. */
+Test(copy_pool, a_stream_has_each_prefix_in_place_when_its_wait_returns)
+{
+  static const size_t shifts[][2] = {{0, 0}, {1, 0}, {7, 4093}};
+  size_t most = sizes[NSIZES - 1] + 8192;
+  uint8_t *src = malloc(most), *dst = malloc(most + 64);
+  cr_assert(src && dst);
+  for (size_t i = 0; i < NSIZES; i++)
+    for (size_t k = 0; k < sizeof shifts / sizeof *shifts; k++) {
+      size_t n = sizes[i], so = shifts[k][0], dof = shifts[k][1];
+      fill(src + so, n, (unsigned)(i * 7 + k));
+      memset(dst, 0xa5, most + 64);
+      uint8_t *d = dst + 32 + dof;
+      copy_stream st;
+      bool on = copy_pool_stream_begin(&st, d, src + so, n);
+      if (!on) {
+        /* what the caller does then: it copies for itself */
+        cr_assert(n < COPY_POOL_MIN_BYTES || copy_pool_threads() <= 1,
+                  "%zu bytes with %d threads and a free pool: no stream", n, copy_pool_threads());
+        memcpy(d, src + so, n);
+      }
+      /* odd steps, as chunks of a window would ask */
+      size_t step = (size_t)1 << 20 | (k * 4099 + 1);
+      for (size_t upto = step < n ? step : n;; upto = n - upto < step ? n : upto + step) {
+        copy_pool_stream_wait(&st, upto);
+        size_t bad = first_diff(d, src + so, upto);
+        cr_assert_eq(bad, upto, "%zu bytes: waited for %zu, byte %zu is wrong", n, upto, bad);
+        if (upto == n)
+          break;
+      }
+      copy_pool_stream_end(&st, false);
+      cr_assert_eq(first_not(dst, 32 + dof, 0xa5), 32 + dof, "a byte before was written");
+      size_t after = most + 64 - (32 + dof + n);
+      cr_assert_eq(first_not(d + n, after, 0xa5), after, "a byte past the destination was written");
+    }
+  free(src);
+  free(dst);
+}
+
+/* A stream ended early (a put that failed) stops: no byte is written
+ * after end returns, the copied ones are right, and the pool is free for
+ * the next copy or stream. */
+Test(copy_pool, a_stream_ended_early_writes_nothing_after_its_end)
+{
+  size_t n = (size_t)64 << 20;
+  /* dst on a page: pieces are whole pages of it, so each page is either
+   * copied or untouched */
+  uint8_t *src = malloc(n), *dst = aligned_alloc(4096, n), *snap = malloc(n);
+  cr_assert(src && dst && snap);
+  for (int round = 0; round < 8; round++) {
+    fill(src, n, 40u + (unsigned)round);
+    memset(dst, 0, n);
+    copy_stream st;
+    if (!copy_pool_stream_begin(&st, dst, src, n)) {
+      cr_assert(copy_pool_threads() <= 1, "no stream with %d threads", copy_pool_threads());
+      break;
+    }
+    if (round % 2)
+      copy_pool_stream_wait(&st, (size_t)(round + 1) << 20);
+    copy_pool_stream_end(&st, false);
+    memcpy(snap, dst, n);
+    usleep(20000); /* a worker still copying would change dst now */
+    cr_assert_eq(memcmp(snap, dst, n), 0, "round %d: the destination changed after end", round);
+    /* whatever was copied is right, the rest untouched */
+    for (size_t off = 0; off < n; off += 4096) {
+      bool zero = first_not(dst + off, 4096, 0) == 4096;
+      cr_assert(zero || first_diff(dst + off, src + off, 4096) == 4096,
+                "round %d: page %zu is neither copied nor untouched", round, off / 4096);
+    }
+    /* finished: every byte */
+    cr_assert(copy_pool_stream_begin(&st, dst, src, n), "the pool is not free after end");
+    copy_pool_stream_end(&st, true);
+    cr_assert_eq(first_diff(dst, src, n), n, "round %d: an ended-with-finish stream", round);
+  }
+  free(src);
+  free(dst);
+  free(snap);
+}
+
+/* While a stream holds the pool, other threads' copies and streams do not
+ * wait for it: they copy inline (a stream says no) and are whole. */
+Test(copy_pool, other_copies_go_inline_while_a_stream_runs)
+{
+  size_t n = (size_t)32 << 20;
+  uint8_t *src = malloc(n), *dst = malloc(n);
+  cr_assert(src && dst);
+  fill(src, n, 77);
+  copy_stream st;
+  bool on = copy_pool_stream_begin(&st, dst, src, n);
+  copier c = {.n = 2 * T + 11, .seed = 5, .rounds = 3};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, copy_rounds, &c), 0);
+  pthread_join(t, NULL);
+  cr_assert_eq(c.bad, c.n, "byte %zu of %zu is wrong", c.bad, c.n);
+  if (on) {
+    copy_stream other;
+    uint8_t *d2 = malloc(n);
+    cr_assert(d2);
+    cr_assert_not(copy_pool_stream_begin(&other, d2, src, n), "two streams hold the pool");
+    copy_pool_stream_end(&other, true); /* a no-op on a stream that did not begin */
+    free(d2);
+  } else {
+    memcpy(dst, src, n);
+  }
+  copy_pool_stream_wait(&st, n);
+  copy_pool_stream_end(&st, false);
+  cr_assert_eq(first_diff(dst, src, n), n);
+  free(src);
+  free(dst);
+}
+
 /* ---------------------------------------------------------------- through the automatic region */
 
 static char sock_dir[64];
