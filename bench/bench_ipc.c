@@ -226,6 +226,34 @@ int main(int argc, char **argv)
         ti[r - 1] = t2 - t1;
       }
     }
+    /* the GPU switching between the two processes' contexts: the loop's
+     * put follows the client's own cudaMemcpy (the baseline), its get the
+     * put; here a put right after a put of tportd's and a D2D right after
+     * a D2D, each with no other process's work just before it */
+    double tpp[64], tdd[64];
+    for (int r = 0; r <= reps; r++) {
+      tport_tensor_info a, b;
+      if (tport_put_dlpack(c, &t, &po, &a, &err))
+        die("tport_put_dlpack", err.msg);
+      double t0 = bench_now();
+      if (tport_put_dlpack(c, &t, &po, &b, &err))
+        die("tport_put_dlpack", err.msg);
+      double t1 = bench_now();
+      tport_free(c, &a.ref, NULL);
+      tport_free(c, &b.ref, NULL);
+      cudaMemcpy(dst, src, n, cudaMemcpyDeviceToDevice);
+      cudaDeviceSynchronize();
+      double t2 = bench_now();
+      cudaMemcpy(dst, src, n, cudaMemcpyDeviceToDevice);
+      cudaDeviceSynchronize();
+      double t3 = bench_now();
+      if (r > 0) {
+        tpp[r - 1] = t1 - t0;
+        tdd[r - 1] = t3 - t2;
+      }
+    }
+    printf("{\"phases\": true, \"put_after_put_s\": %.6f, \"d2d_after_d2d_s\": %.6f}\n",
+           bench_median(tpp, reps), bench_median(tdd, reps));
     /* the client's own calls per request (client/cuda_ipc.c resolve) */
     double th[64], tsync[64];
     for (int r = 0; r < reps; r++) {
