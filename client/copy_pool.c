@@ -100,6 +100,9 @@ typedef struct copy_job {
   atomic_uchar *piece_done;
   atomic_bool waiting;
   atomic_bool stopped;
+  /* a gated stream's: bytes [0, avail) of src may be read (else SIZE_MAX) */
+  atomic_size_t avail;
+  bool gated;
   int seats; /* workers that may still join it (pool.mu) */
 } copy_job;
 
@@ -107,7 +110,7 @@ static struct {
   pthread_once_t once;
   pthread_mutex_t busy; /* held by the caller whose job runs (and across fork) */
   pthread_mutex_t mu;   /* everything below */
-  pthread_cond_t work, finished;
+  pthread_cond_t work, finished, supplied;
   copy_job *job;       /* the job running, on its caller's stack; NULL: none */
   uint64_t generation; /* bumped for every job published */
   int active;          /* workers holding a pointer to job */
@@ -120,7 +123,8 @@ static struct {
           .busy = PTHREAD_MUTEX_INITIALIZER,
           .mu = PTHREAD_MUTEX_INITIALIZER,
           .work = PTHREAD_COND_INITIALIZER,
-          .finished = PTHREAD_COND_INITIALIZER};
+          .finished = PTHREAD_COND_INITIALIZER,
+          .supplied = PTHREAD_COND_INITIALIZER};
 
 static void wake_finished(void)
 {
@@ -129,13 +133,38 @@ static void wake_finished(void)
   pthread_mutex_unlock(&pool.mu);
 }
 
-/* Copies piece k of j; false when there is none to take. */
-static bool run_one(copy_job *j)
+/* Whether piece k of a gated job may be read now. */
+static bool piece_supplied(copy_job *j, size_t k)
+{
+  size_t off, len;
+  copy_split_piece(&j->split, k, &off, &len);
+  return off + len <= atomic_load(&j->avail);
+}
+
+/* Takes the next piece of j into *k; false when there is none to take
+ * (all taken, the job stopped, or a gated job's next not supplied yet). */
+static bool take_piece(copy_job *j, size_t *k)
 {
   if (atomic_load_explicit(&j->stopped, memory_order_acquire))
     return false;
-  size_t k = atomic_fetch_add(&j->next, 1);
-  if (k >= j->split.npieces)
+  if (!j->gated) {
+    *k = atomic_fetch_add(&j->next, 1);
+    return *k < j->split.npieces;
+  }
+  size_t next = atomic_load(&j->next);
+  do {
+    if (next >= j->split.npieces || !piece_supplied(j, next))
+      return false;
+  } while (!atomic_compare_exchange_weak(&j->next, &next, next + 1));
+  *k = next;
+  return true;
+}
+
+/* Copies piece k of j; false when there is none to take. */
+static bool run_one(copy_job *j)
+{
+  size_t k;
+  if (!take_piece(j, &k))
     return false;
   size_t off, len;
   copy_split_piece(&j->split, k, &off, &len);
@@ -176,6 +205,16 @@ static void *worker_main(void *arg)
     pthread_mutex_unlock(&pool.mu);
     run_pieces(j);
     pthread_mutex_lock(&pool.mu);
+    /* a gated stream's worker stays for the pieces still to be supplied */
+    while (j->gated && !atomic_load(&j->stopped) && atomic_load(&j->next) < j->split.npieces) {
+      if (!piece_supplied(j, atomic_load(&j->next))) {
+        pthread_cond_wait(&pool.supplied, &pool.mu);
+        continue;
+      }
+      pthread_mutex_unlock(&pool.mu);
+      run_pieces(j);
+      pthread_mutex_lock(&pool.mu);
+    }
     if (--pool.active == 0)
       pthread_cond_broadcast(&pool.finished);
   }
@@ -205,6 +244,7 @@ static void atfork_child(void)
   pool.job = NULL;
   pthread_cond_init(&pool.work, NULL);
   pthread_cond_init(&pool.finished, NULL);
+  pthread_cond_init(&pool.supplied, NULL);
   pthread_mutex_unlock(&pool.mu);
   pthread_mutex_unlock(&pool.busy);
 }
@@ -317,7 +357,7 @@ static int stream_threads(void)
   return n / 2 > 2 ? n / 2 : (n < 2 ? n : 2);
 }
 
-bool copy_pool_stream_begin(copy_stream *s, void *dst, const void *src, size_t n)
+static bool stream_begin(copy_stream *s, void *dst, const void *src, size_t n, bool gated)
 {
   s->job = NULL;
   s->ready = 0;
@@ -349,6 +389,8 @@ bool copy_pool_stream_begin(copy_stream *s, void *dst, const void *src, size_t n
   atomic_init(&j->done, 0);
   atomic_init(&j->waiting, false);
   atomic_init(&j->stopped, false);
+  atomic_init(&j->avail, gated ? 0 : SIZE_MAX);
+  j->gated = gated;
   j->seats = stream_threads() - 1;
   pool.job = j;
   pool.generation++;
@@ -356,6 +398,31 @@ bool copy_pool_stream_begin(copy_stream *s, void *dst, const void *src, size_t n
   pthread_mutex_unlock(&pool.mu);
   s->job = j;
   return true;
+}
+
+bool copy_pool_stream_begin(copy_stream *s, void *dst, const void *src, size_t n)
+{
+  return stream_begin(s, dst, src, n, false);
+}
+
+bool copy_pool_stream_begin_gated(copy_stream *s, void *dst, const void *src, size_t n)
+{
+  return stream_begin(s, dst, src, n, true);
+}
+
+void copy_pool_stream_supply(copy_stream *s, size_t upto)
+{
+  copy_job *j = s->job;
+  if (!j || !j->gated)
+    return;
+  if (upto > j->split.n)
+    upto = j->split.n;
+  if (upto <= atomic_load(&j->avail))
+    return;
+  atomic_store(&j->avail, upto);
+  pthread_mutex_lock(&pool.mu);
+  pthread_cond_broadcast(&pool.supplied);
+  pthread_mutex_unlock(&pool.mu);
 }
 
 /* Moves s->ready over the pieces copied from it on. */
@@ -406,10 +473,13 @@ void copy_pool_stream_end(copy_stream *s, bool finish)
   copy_job *j = s->job;
   if (!j)
     return;
-  if (finish)
-    run_pieces(j); /* the caller helps with what is left */
+  if (finish) {
+    copy_pool_stream_supply(s, j->split.n); /* finishing says it is all there */
+    run_pieces(j);                          /* the caller helps with what is left */
+  }
   atomic_store_explicit(&j->stopped, true, memory_order_release);
   pthread_mutex_lock(&pool.mu);
+  pthread_cond_broadcast(&pool.supplied); /* a gated stream's workers leave */
   /* no piece starts now; the job is freed once no worker holds it */
   while (pool.active > 0 || (finish && atomic_load(&j->done) < j->split.npieces))
     pthread_cond_wait(&pool.finished, &pool.mu);

@@ -44,13 +44,20 @@ typedef struct copy_stream {
  * pool cannot take it (busy, off, n too small, out of memory): copy some
  * other way then (s is left empty, and end is a no-op). */
 bool copy_pool_stream_begin(copy_stream *s, void *dst, const void *src, size_t n);
+/* A stream whose source arrives in order (a get's chunks, written into
+ * the region one after another): no byte of src is read before the caller
+ * supplies it.  false as for copy_pool_stream_begin. */
+bool copy_pool_stream_begin_gated(copy_stream *s, void *dst, const void *src, size_t n);
+/* Bytes [0, upto) of a gated stream's source may be read now (no-op for
+ * others); upto only grows. */
+void copy_pool_stream_supply(copy_stream *s, size_t upto);
 /* Returns once bytes [0, upto) of the stream are copied (upto at most n);
  * the caller copies pieces itself meanwhile rather than wait idle. */
 void copy_pool_stream_wait(copy_stream *s, size_t upto);
 /* Ends the stream: no piece starts after this is called, and none is
  * still being copied when it returns (with finish, every piece is copied
- * first; without, what was not started is left uncopied).  The pool is
- * free again. */
+ * first -- a gated stream's source is all supplied then; without, what was
+ * not started is left uncopied).  The pool is free again. */
 void copy_pool_stream_end(copy_stream *s, bool finish);
 
 /* The threads a large copy uses, the caller's included (1: the pool is

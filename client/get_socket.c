@@ -76,6 +76,85 @@ static int get_take(void *vctx, client_slot *s, tport_err *err)
   return rc;
 }
 
+/* ---------------------------------------------------------------- chunks through the region */
+
+/* A large get through the automatic region: each GetChunk names the slice
+ * of the region its bytes go to, and the pool copies them out as their
+ * replies come (a gated copy_stream), while the server writes the next. */
+typedef struct region_get_ctx {
+  ProtobufCBinaryData transfer;
+  const struct tport_shm *region;
+  uint8_t *buf;
+  bool verify;
+  client_stage *stage; /* into device memory: each chunk through the ring */
+  copy_stream *out;    /* region -> buf by the pool (NULL: copied here) */
+} region_get_ctx;
+
+static int region_get_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err *err)
+{
+  region_get_ctx *g = vctx;
+  Tport__GetChunkRequest q = TPORT__GET_CHUNK_REQUEST__INIT;
+  q.transfer = g->transfer;
+  q.offset = off;
+  q.length = len;
+  q.want_crc32c = g->verify;
+  Tport__ShmSlice slice = client_slice(g->region, off, len);
+  q.shm = &slice;
+  return client_pack(TPORT__METHOD__METHOD_GET_CHUNK, &q.base, NULL, 0, out, err);
+}
+
+static int region_get_take(void *vctx, client_slot *s, tport_err *err)
+{
+  region_get_ctx *g = vctx;
+  ProtobufCMessage *r;
+  client_payload p = {0};
+  int rc = client_unpack(TPORT__METHOD__METHOD_GET_CHUNK, s->reply,
+                         &tport__get_chunk_reply__descriptor, &r, &p, err);
+  if (rc)
+    return rc;
+  Tport__GetChunkReply *gr = (Tport__GetChunkReply *)r;
+  const uint8_t *bytes = tport_shm_data(g->region) + s->offset;
+  if (p.len != 0)
+    rc = tport_err_set(err, TPORT_DATA_LOSS,
+                       "chunk at %zu: %zu bytes came in the reply, the region was to hold them",
+                       s->offset, p.len);
+  else
+    rc = client_check_crc32c(g->verify, gr->crc32c_set, gr->crc32c, bytes, s->len, s->offset, err);
+  if (!rc && g->stage)
+    rc = stage_get_chunk(g->stage, s->offset, bytes, s->len, err);
+  else if (!rc && g->out)
+    copy_pool_stream_supply(g->out, s->offset + s->len); /* replies come in order */
+  else if (!rc)
+    copy_pool_copy(g->buf + s->offset, bytes, s->len);
+  protobuf_c_message_free_unpacked(r, NULL);
+  return rc;
+}
+
+static int get_by_region(tport_client *c, const client_get_desc *g, const Tport__GetBeginReply *b,
+                         const struct tport_shm *region, uint8_t *buf, client_stage *stage,
+                         size_t chunk, tport_err *err)
+{
+  size_t n = (size_t)b->nbytes;
+  if (!region || b->transfer.len == 0 || n > tport_shm_size(region))
+    /* a hostile or broken server: chunks into a region none was offered
+     * for, or that cannot hold them */
+    return tport_err_set(err, TPORT_DATA_LOSS,
+                         "the server asks for a get's chunks into a region that %s",
+                         region ? "cannot hold them" : "was not offered");
+  region_get_ctx rg = {b->transfer, region, buf, c->verify, stage, NULL};
+  copy_stream out;
+  if (!stage && copy_pool_stream_begin_gated(&out, buf, tport_shm_data(region), n))
+    rg.out = &out;
+  int rc = client_run_window(c, n, chunk, region_get_make, region_get_take, &rg, g->progress,
+                             g->progress_arg, g->cancel, err);
+  /* every chunk is in the region when it went well: the rest copied out */
+  if (rg.out)
+    copy_pool_stream_end(rg.out, rc == TPORT_OK);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- GetBegin */
+
 static int get_begin(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
                      Tport__GetBeginReply **out, client_payload *payload, tport_err *err)
 {
@@ -122,7 +201,9 @@ static int get_bytes(tport_client *c, const client_get_desc *g, const Tport__Get
 {
   size_t n = (size_t)b->nbytes;
   int rc = TPORT_OK;
-  if (b->shm && !region) {
+  if (b->shm_chunks) {
+    rc = get_by_region(c, g, b, region, buf, stage, chunk, err);
+  } else if (b->shm && !region) {
     /* a hostile or broken server: no region was offered to write into */
     rc = tport_err_set(err, TPORT_DATA_LOSS,
                        "the server says it wrote the tensor into a region, but none was offered");

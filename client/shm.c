@@ -247,7 +247,7 @@ int tport_put_shm(tport_client *c, tport_shm *r, size_t offset, tport_dtype dtyp
 /* GetBegin into a slice of r; with fallback, a tensor that does not fit
  * (or fits inline) comes back the ordinary way instead: *in_region says. */
 static int get_begin_shm(tport_client *c, const tport_ref *ref, uint32_t wait_ms, tport_shm *r,
-                         size_t offset, size_t cap, bool fallback, int fmt,
+                         size_t offset, size_t cap, bool fallback, bool chunks, int fmt,
                          Tport__GetBeginReply **out, client_payload *payload, tport_err *err)
 {
   Tport__Ref w;
@@ -259,6 +259,7 @@ static int get_begin_shm(tport_client *c, const tport_ref *ref, uint32_t wait_ms
   Tport__ShmSlice slice = client_slice(r, offset, cap);
   q.shm = &slice;
   q.shm_fallback = fallback;
+  q.shm_chunks = chunks; /* a large one a chunk at a time (get_socket.c) */
   q.memory_format_set = fmt >= 0;
   q.memory_format = (Tport__MemoryFormat)(fmt >= 0 ? fmt : 0);
   q.wait_ms = wait_ms;
@@ -296,7 +297,7 @@ static int get_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t o
   if (rc)
     return rc;
   Tport__GetBeginReply *b;
-  if ((rc = get_begin_shm(c, ref, 0, r, offset, cap, false, fmt, &b, NULL, err)) != TPORT_OK)
+  if ((rc = get_begin_shm(c, ref, 0, r, offset, cap, false, false, fmt, &b, NULL, err)) != TPORT_OK)
     return rc;
   if (!b->shm)
     rc = tport_err_set(err, TPORT_INTERNAL, "the server did not write into the region");
@@ -401,5 +402,5 @@ void client_shm_close(tport_client *c)
 int client_shm_get_begin(tport_client *c, const tport_ref *ref, uint32_t wait_ms, tport_shm *r,
                          Tport__GetBeginReply **out, client_payload *payload, tport_err *err)
 {
-  return get_begin_shm(c, ref, wait_ms, r, 0, r->nbytes, true, -1, out, payload, err);
+  return get_begin_shm(c, ref, wait_ms, r, 0, r->nbytes, true, true, -1, out, payload, err);
 }

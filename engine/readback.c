@@ -338,6 +338,39 @@ int reader_read(tensor_reader *r, size_t off, size_t n, tport_storage **held,
   return TPORT_OK;
 }
 
+int reader_read_into(tensor_reader *r, size_t off, size_t n, uint8_t *dst, bool pinned,
+                     tport_err *err)
+{
+  if (off > r->nbytes || n > r->nbytes - off)
+    return tport_err_set(err, TPORT_OUT_OF_RANGE,
+                         "bytes [%zu, %zu + %zu) are outside the tensor's %zu", off, off, n,
+                         r->nbytes);
+  if (n > reader_max_read(r))
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "a read of %zu bytes: at most %zu at once",
+                         n, reader_max_read(r));
+  if (n == 0)
+    return TPORT_OK;
+  /* the values' bytes [off, off + n) (src is contiguous) copied as a tensor
+   * is: after the work pending on src, straight into dst where the device
+   * can reach it, else staged; waited for before dst is the caller's */
+  tport_tensor *view = NULL, *to = NULL;
+  int64_t count = (int64_t)n;
+  int rc = tensor_byte_view(r->src, off, n, &view, err);
+  if (!rc)
+    rc = pinned ? tensor_wrap_host_pinned(dst, n, TPORT_UINT8, 1, &count, NULL, 0, &to, err)
+                : tensor_wrap_host(dst, n, TPORT_UINT8, 1, &count, NULL, 0, &to, err);
+  if (!rc)
+    rc = tensor_copy_(to, view, false, err);
+  /* a copy enqueued before a failure still ends before dst goes back */
+  if (to) {
+    int synced = tensor_sync(to, rc ? NULL : err);
+    rc = rc ? rc : synced;
+  }
+  tensor_release(to);
+  tensor_release(view);
+  return rc;
+}
+
 void reader_close(tensor_reader *r)
 {
   if (!r)

@@ -174,6 +174,26 @@ static int check_expect(call *c, const Tport__GetBeginRequest *q, const tport_te
   return TPORT_OK;
 }
 
+/* The most one GetChunk of t may ask for: a device's chunks are read back
+ * into pool blocks, no larger than READER_MAX_CHUNK. */
+static size_t get_chunk_bytes(const server *s, const tport_tensor *t)
+{
+  size_t chunk = s->cfg.chunk_bytes;
+  if (tensor_device(t).type != TPORT_DEV_CPU && chunk > READER_MAX_CHUNK)
+    chunk = READER_MAX_CHUNK;
+  return chunk;
+}
+
+/* Whether a get of want bytes goes into the offered region a chunk at a
+ * time (GetChunk names each slice) instead of whole at GetBegin: where the
+ * client asks so and the tensor is more than two chunks, so that it copies
+ * one out while the next is written. */
+static bool by_region_chunks(const Tport__GetBeginRequest *q, size_t want, size_t chunk)
+{
+  return q->shm && q->shm_fallback && q->shm_chunks && !q->memory_format_set &&
+         want <= q->shm->length && want / 2 > chunk;
+}
+
 int h_get_begin(call *c)
 {
   Tport__GetBeginRequest *q = (Tport__GetBeginRequest *)c->req;
@@ -193,7 +213,9 @@ int h_get_begin(call *c)
   if (!rc && q->memory_format_set && (!q->shm || q->shm_fallback))
     rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                        "memory_format: a get in another order writes into a region (shm)");
-  if (!rc && q->shm && !(q->shm_fallback && (small || want > q->shm->length))) {
+  size_t chunk_bytes = get_chunk_bytes(s, t);
+  bool region_chunks = by_region_chunks(q, want, chunk_bytes);
+  if (!rc && q->shm && !region_chunks && !(q->shm_fallback && (small || want > q->shm->length))) {
     rc = get_into_region(c, q, e, t);
     reg_put(&s->reg, e);
     return rc;
@@ -206,11 +228,7 @@ int h_get_begin(call *c)
     return rc;
   }
   g->pipe = c->pipe;
-  /* a device's chunks are read back into pool blocks, which are no larger
-   * than READER_MAX_CHUNK: the client is told to ask for no more */
-  g->chunk = s->cfg.chunk_bytes;
-  if (tensor_device(t).type != TPORT_DEV_CPU && g->chunk > READER_MAX_CHUNK)
-    g->chunk = READER_MAX_CHUNK;
+  g->chunk = chunk_bytes; /* the client is told to ask for no more */
   /* small tensors come back in this reply; an empty one has nothing to wait for */
   bool inline_data = want <= q->inline_max && want <= g->chunk;
   bool keep = want > 0 && !inline_data;
@@ -232,7 +250,7 @@ int h_get_begin(call *c)
     rc = stage_for_get(c, t, g);
   /* a device's first chunks start copying now, charged as a chunk's are:
    * the client's first GetChunk finds its block copied or copying */
-  if (!rc && keep && g->from_device)
+  if (!rc && keep && g->from_device && !region_chunks)
     reader_read_ahead(g->reader, g->chunk);
   if (!rc && !random_ids(g->id, TRANSFER_ID_BYTES))
     rc = tport_err_set(&c->err, TPORT_INTERNAL, "cannot create a transfer id");
@@ -260,6 +278,7 @@ int h_get_begin(call *c)
     r.chunk_bytes = chunk;
     r.transfer.data = id;
     r.transfer.len = keep ? TRANSFER_ID_BYTES : 0;
+    r.shm_chunks = keep && region_chunks;
     if (q->want_crc32c && !keep) {
       r.crc32c_set = true;
       r.crc32c = transport_crc32c(0, payload, payload ? nbytes : 0);
@@ -274,6 +293,50 @@ int h_get_begin(call *c)
     reg_reservation_release(&res); /* what no copy took */
   reg_put(&s->reg, e);
   return rc;
+}
+
+/* A chunk of g written into the slice of this connection's region that q
+ * names (exactly the chunk's length), then a reply with no payload: from
+ * a device straight into the region where the driver knows it (pinned). */
+static int get_chunk_into_region(call *c, const Tport__GetChunkRequest *q, get_transfer *g)
+{
+  server *s = c->srv;
+  if (q->shm->length != q->length)
+    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                         "shm.length is %llu: it must be the chunk's length (%llu)",
+                         (unsigned long long)q->shm->length, (unsigned long long)q->length);
+  shm_region *region = NULL;
+  uint8_t *p = NULL;
+  bool pinned = false;
+  int rc = shm_hold(s->shm, c->pipe, q->shm->region, q->shm->offset, q->shm->length, &region, &p,
+                    &pinned, &c->err);
+  if (rc)
+    return rc;
+  /* what the copy allocates on the way (staging) is the tenant's while it runs */
+  reg_reservation res;
+  rc = wire_charge_begin(c, &res, 0, "a chunk");
+  if (!rc) {
+    int64_t t0 = metrics_now_ns();
+    rc = reader_read_into(g->reader, (size_t)q->offset, (size_t)q->length, p, pinned, &c->err);
+    if (g->from_device)
+      metrics_stage_since(&s->metrics, STAGE_DEVICE_TO_HOST, t0);
+    wire_charge_end(&res);
+    reg_reservation_release(&res);
+  }
+  Tport__GetChunkReply r = TPORT__GET_CHUNK_REPLY__INIT;
+  if (!rc && q->want_crc32c) {
+    r.crc32c_set = true;
+    r.crc32c = transport_crc32c(0, p, (size_t)q->length);
+  }
+  shm_unhold(s->shm, region);
+  if (rc)
+    return rc;
+  if (q->offset == 0)
+    shm_count_transfer(s->shm); /* a get's first chunk */
+  atomic_fetch_add(&s->bytes_out, (size_t)q->length);
+  r.status = wire_ok();
+  r.offset = q->offset;
+  return call_reply(c, &r.base, NULL, 0);
 }
 
 int h_get_chunk(call *c)
@@ -295,6 +358,11 @@ int h_get_chunk(call *c)
   else if (q->length > g->chunk)
     rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT, "length %llu is over the chunk size %zu",
                        (unsigned long long)q->length, g->chunk);
+  if (!rc && q->shm) {
+    rc = get_chunk_into_region(c, q, g);
+    transfers_release(&s->xfers, g, rc ? 0 : (size_t)q->length);
+    return rc;
+  }
   const uint8_t *bytes = NULL;
   tport_storage *held = NULL;
   /* a read-back block (and those read ahead) is charged to the tenant

@@ -54,6 +54,13 @@ size_t reader_max_read(const tensor_reader *r);
  * values.  Thread-safe. */
 int reader_read(tensor_reader *r, size_t off, size_t n, tport_storage **held,
                 const uint8_t **bytes, tport_err *err);
+/* Bytes [off, off + n) of the values (n at most reader_max_read) copied
+ * into dst, host memory of the caller's (a slice of a same-host region;
+ * pinned: registered with the device's driver, so a device copies into it
+ * directly), the copy waited for: no block of the pool, nothing lent.
+ * OUT_OF_RANGE outside the values.  Thread-safe. */
+int reader_read_into(tensor_reader *r, size_t off, size_t n, uint8_t *dst, bool pinned,
+                     tport_err *err);
 /* Starts copying the first reads of n bytes (a get's chunks: 0, n, ...)
  * from a device before they are asked for, so that the round trip between
  * the reply naming the transfer and its first chunk request overlaps the

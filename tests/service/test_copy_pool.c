@@ -331,6 +331,56 @@ Test(copy_pool, other_copies_go_inline_while_a_stream_runs)
   free(dst);
 }
 
+/* A gated stream (a get's chunks arriving in the region one after
+ * another) reads no source byte before it is supplied: the source holds
+ * other bytes until then, so a piece copied early would be wrong.  Ended
+ * early, it writes nothing after its end. */
+Test(copy_pool, a_gated_stream_reads_only_what_was_supplied)
+{
+  size_t n = ((size_t)37 << 20) | 13, step = ((size_t)3 << 20) + 4099;
+  uint8_t *want = malloc(n), *src = malloc(n), *dst = malloc(n), *snap = malloc(n);
+  cr_assert(want && src && dst && snap);
+  for (int round = 0; round < 4; round++) {
+    fill(want, n, 60u + (unsigned)round);
+    memset(src, 0x5a, n);
+    memset(dst, 0, n);
+    copy_stream st;
+    bool on = copy_pool_stream_begin_gated(&st, dst, src, n);
+    cr_assert(on || copy_pool_threads() <= 1, "no stream with %d threads", copy_pool_threads());
+    size_t upto = 0;
+    bool early = round == 3;
+    while (upto < n) {
+      size_t next = n - upto < step ? n : upto + step;
+      memcpy(src + upto, want + upto, next - upto); /* the chunk arrives */
+      if (!on)
+        memcpy(dst + upto, src + upto, next - upto);
+      copy_pool_stream_supply(&st, next);
+      upto = next;
+      if (early && upto > n / 2)
+        break;
+      usleep(1000); /* the workers catch up and wait */
+    }
+    copy_pool_stream_end(&st, !early);
+    if (!early) {
+      size_t bad = first_diff(dst, want, n);
+      cr_assert_eq(bad, n, "round %d: byte %zu was copied before it was supplied", round, bad);
+      continue;
+    }
+    memcpy(snap, dst, n);
+    usleep(20000);
+    cr_assert_eq(memcmp(snap, dst, n), 0, "the destination changed after end");
+    for (size_t i = 0; i < n; i++)
+      cr_assert(dst[i] == 0 || dst[i] == want[i] || (i >= upto && !on),
+                "byte %zu: neither copied from what was supplied nor untouched", i);
+    cr_assert_eq(first_not(dst + upto, n - upto, 0), n - upto,
+                 "a byte never supplied was copied");
+  }
+  free(want);
+  free(src);
+  free(dst);
+  free(snap);
+}
+
 /* ---------------------------------------------------------------- through the automatic region */
 
 static char sock_dir[64];
