@@ -344,17 +344,20 @@ void copy_pool_copy(void *dst, const void *src, size_t n)
 #define STREAM_MAX_PIECES 4096
 
 /* A stream's threads, its caller's included: the pool's when
- * TPORT_COPY_THREADS says how many, else half of them.  A stream runs
- * while its caller sends and a server on this host copies out; on a
- * 16-core H200 host (bench/RESULTS.md, twelfth session) 8 threads
- * streamed 256 MiB to cuda:0 at 0.56x the explicit region, 16 (every
- * core copying, tportd's threads starved) at 0.45-0.49. */
+ * TPORT_COPY_THREADS says how many, else three quarters of them.  A stream
+ * runs while its caller sends and a server on this host writes or reads
+ * the region; on a 16-core H200 host (bench/RESULTS.md, twelfth session)
+ * the automatic region to and from cuda:0 at 256 MiB ran at 0.55-0.56x
+ * the explicit region with 8 threads, 0.62 (put) and 0.64 (get) with 12,
+ * and 0.45-0.49 (put) with 16: every core copying, tportd's threads
+ * starve. */
 static int stream_threads(void)
 {
   int n = pool.nthreads;
   if (pool.threads_set)
     return n;
-  return n / 2 > 2 ? n / 2 : (n < 2 ? n : 2);
+  int most = n * 3 / 4;
+  return most > 2 ? most : (n < 2 ? n : 2);
 }
 
 static bool stream_begin(copy_stream *s, void *dst, const void *src, size_t n, bool gated)

@@ -33,8 +33,8 @@ void copy_pool_copy(void *dst, const void *src, size_t n);
  * Pieces are taken in order, so the copied prefix grows from the start.
  * A stream holds the pool from begin to end: end it on the thread that
  * began it, on every path (a fork waits for it as for any copy).  It uses
- * half the pool's threads unless TPORT_COPY_THREADS set them: the other
- * cores are the sender's and the server's. */
+ * three quarters of the pool's threads unless TPORT_COPY_THREADS set them:
+ * the other cores are the sender's and the server's. */
 typedef struct copy_stream {
   struct copy_job *job; /* NULL: no stream (begin said false) */
   size_t ready;         /* bytes [0, ready) are known to be copied */
