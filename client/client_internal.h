@@ -319,6 +319,10 @@ int client_shm_put(tport_client *c, struct tport_shm *r, size_t offset, size_t n
  * tensor of that many bytes had no room in it, grow it). */
 struct tport_shm *client_shm_auto_take(tport_client *c, size_t cap);
 void client_shm_auto_done(tport_client *c, size_t want);
+/* Unlocks the automatic region and never uses it again: the server may
+ * still write into it (a get's chunk requests were in flight when it
+ * failed), so the next transfer gets a fresh one. */
+void client_shm_auto_retire(tport_client *c);
 /* Unmaps the client's regions (tport_close). */
 void client_shm_close(tport_client *c);
 /* GetBegin with the automatic region r offered: the server writes the
@@ -401,10 +405,11 @@ int client_socket_put(tport_client *c, const client_put_desc *d, struct tport_sh
 /* A get by requests on the socket, with region (locked by the caller)
  * offered: *alloced the buffer (g->alloc), *nbytes the tensor's bytes;
  * *region_want the bytes of a tensor the region had no room for (0: none),
- * for client_shm_auto_done. */
+ * for client_shm_auto_done; *region_spoiled when the server may still
+ * write into the region (client_shm_auto_retire then). */
 int client_socket_get(tport_client *c, const client_get_desc *g, struct tport_shm *region,
                       void **alloced, size_t *nbytes, tport_tensor_info *info, size_t *region_want,
-                      tport_err *err);
+                      bool *region_spoiled, tport_err *err);
 /* With verify: the n bytes at p (the chunk at off) must have the CRC32C
  * the server sent (set: whether it sent one). */
 int client_check_crc32c(bool verify, bool set, uint32_t sent, const uint8_t *p, size_t n,

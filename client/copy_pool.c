@@ -206,7 +206,8 @@ static void *worker_main(void *arg)
     run_pieces(j);
     pthread_mutex_lock(&pool.mu);
     /* a gated stream's worker stays for the pieces still to be supplied */
-    while (j->gated && !atomic_load(&j->stopped) && atomic_load(&j->next) < j->split.npieces) {
+    while (j->gated && !atomic_load(&j->stopped) && !pool.stopping &&
+           atomic_load(&j->next) < j->split.npieces) {
       if (!piece_supplied(j, atomic_load(&j->next))) {
         pthread_cond_wait(&pool.supplied, &pool.mu);
         continue;
@@ -452,6 +453,9 @@ void copy_pool_stream_wait(copy_stream *s, size_t upto)
     return;
   if (upto > j->split.n)
     upto = j->split.n;
+  /* a gated stream's bytes past what was supplied could never be copied */
+  if (upto > atomic_load(&j->avail))
+    upto = atomic_load(&j->avail);
   advance(s);
   while (s->ready < upto) {
     /* a piece of our own rather than wait idle; once none is left to
@@ -506,6 +510,7 @@ __attribute__((destructor)) static void copy_pool_stop(void)
   memcpy(ids, pool.workers, (size_t)n * sizeof *ids);
   pool.nworkers = 0;
   pthread_cond_broadcast(&pool.work);
+  pthread_cond_broadcast(&pool.supplied); /* a gated stream's workers too: its owner copies the rest */
   pthread_mutex_unlock(&pool.mu);
   for (int i = 0; i < n; i++)
     pthread_join(ids[i], NULL);

@@ -51,7 +51,8 @@ bool copy_pool_stream_begin_gated(copy_stream *s, void *dst, const void *src, si
 /* Bytes [0, upto) of a gated stream's source may be read now (no-op for
  * others); upto only grows. */
 void copy_pool_stream_supply(copy_stream *s, size_t upto);
-/* Returns once bytes [0, upto) of the stream are copied (upto at most n);
+/* Returns once bytes [0, upto) of the stream are copied (upto at most n,
+ * and for a gated stream at most what was supplied);
  * the caller copies pieces itself meanwhile rather than wait idle. */
 void copy_pool_stream_wait(copy_stream *s, size_t upto);
 /* Ends the stream: no piece starts after this is called, and none is

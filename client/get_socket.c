@@ -264,18 +264,23 @@ int client_socket_get_rest(tport_client *c, const client_get_desc *g, const Tpor
 
 int client_socket_get(tport_client *c, const client_get_desc *g, struct tport_shm *region,
                       void **alloced, size_t *nbytes, tport_tensor_info *info, size_t *region_want,
-                      tport_err *err)
+                      bool *region_spoiled, tport_err *err)
 {
   Tport__GetBeginReply *b;
   client_payload inl = {0};
   *region_want = 0;
+  *region_spoiled = false;
   int rc = region ? client_shm_get_begin(c, g->ref, g->wait_ms, region, &b, &inl, err)
                   : get_begin(c, g->ref, g->wait_ms, &b, &inl, err);
   if (rc)
     return rc;
   rc = client_socket_get_rest(c, g, b, &inl, region, alloced, nbytes, info, err);
   /* a tensor too large for the region came by socket: next time it fits */
-  *region_want = b->shm ? 0 : (size_t)b->nbytes;
+  *region_want = b->shm || b->shm_chunks ? 0 : (size_t)b->nbytes;
+  /* chunks into the region stopped half way (an error, a cancel, a reply
+   * that did not come): requests the window gave up on may still be
+   * written there by the server, after this region's next user's bytes */
+  *region_spoiled = rc && b->shm_chunks && region;
   if (inl.msg)
     nng_msg_free(inl.msg);
   protobuf_c_message_free_unpacked(&b->base, NULL);

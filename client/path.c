@@ -138,8 +138,11 @@ int client_get(tport_client *c, const client_get_desc *g, void **alloced, size_t
    * the tensor there when it is large and fits); device memory is staged */
   struct tport_shm *region = g->dev ? NULL : client_shm_auto_take(c, g->alloc ? 0 : g->cap);
   size_t want = 0;
-  int rc = client_socket_get(c, g, region, alloced, nbytes, info, &want, err);
-  if (region)
+  bool spoiled = false;
+  int rc = client_socket_get(c, g, region, alloced, nbytes, info, &want, &spoiled, err);
+  if (region && spoiled)
+    client_shm_auto_retire(c);
+  else if (region)
     client_shm_auto_done(c, want);
   return rc;
 }

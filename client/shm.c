@@ -388,6 +388,17 @@ void client_shm_auto_done(tport_client *c, size_t want)
   pthread_mutex_unlock(&c->shm_mu);
 }
 
+void client_shm_auto_retire(tport_client *c)
+{
+  /* released on the server, which unmaps it after its last write; here
+   * unmapped now: a late write lands in memory nobody reads */
+  if (c->shm_cache) {
+    tport_shm_release(c->shm_cache, NULL);
+    c->shm_cache = NULL;
+  }
+  pthread_mutex_unlock(&c->shm_mu);
+}
+
 void client_shm_close(tport_client *c)
 {
   /* the server's side goes with the connection */

@@ -350,6 +350,8 @@ int reader_read_into(tensor_reader *r, size_t off, size_t n, uint8_t *dst, bool 
                          n, reader_max_read(r));
   if (n == 0)
     return TPORT_OK;
+  if ((engine_test_faults() & ENGINE_FAIL_READ_INTO) && off > 0)
+    return tport_err_set(err, TPORT_INTERNAL, "test fault: reads past the first chunk fail");
   /* the values' bytes [off, off + n) (src is contiguous) copied as a tensor
    * is: after the work pending on src, straight into dst where the device
    * can reach it, else staged; waited for before dst is the caller's */

@@ -104,11 +104,15 @@ typedef struct tport_connect_options {
    * the socket.  The client's copies into and out of the region of 4 MiB or
    * more are split across a few threads of libtport's own, started on the
    * first such copy (TPORT_COPY_THREADS=N: that many, 1: none; by default
-   * the CPU count, at most 8). */
+   * the CPU count, at most 16); a tensor of more than two chunks goes
+   * through the region a chunk at a time, those threads copying while the
+   * server reads or writes (three quarters of them unless set). */
   bool no_shm;
 } tport_connect_options;
 
-/* Progress of a transfer: bytes done of total.  Called on the calling thread. */
+/* Progress of a transfer: bytes done of total.  Called on the calling
+ * thread, between its requests; it must not fork (a transfer through the
+ * automatic region holds libtport's copy threads, which a fork waits for). */
 typedef void (*tport_progress_fn)(void *arg, uint64_t done, uint64_t total);
 
 typedef struct tport_put_options {

@@ -331,7 +331,7 @@ static int get_chunk_into_region(call *c, const Tport__GetChunkRequest *q, get_t
   shm_unhold(s->shm, region);
   if (rc)
     return rc;
-  if (q->offset == 0)
+  if (q->offset == 0 && q->length > 0)
     shm_count_transfer(s->shm); /* a get's first chunk */
   atomic_fetch_add(&s->bytes_out, (size_t)q->length);
   r.status = wire_ok();

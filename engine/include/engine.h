@@ -140,6 +140,9 @@ enum {
    * and installing it: the window a worker preempted there opens.  Not a
    * step switched off: the mark must stay right with it. */
   ENGINE_SLOW_MARK = 1u << 4,
+  /* reader_read_into fails for bytes past the first (a get a chunk at a
+   * time through a region stops half way) */
+  ENGINE_FAIL_READ_INTO = 1u << 5,
 };
 void engine_set_test_faults(unsigned faults);
 unsigned engine_test_faults(void);

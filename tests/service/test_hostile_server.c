@@ -76,6 +76,19 @@ static void lie_about_size(nng_socket s)
   get_begin_reply(s, &r, 1 << 20, "abcd", 4);
 }
 
+/* A GetBegin's reply asking for the chunks of a 192 KiB tensor into a
+ * region, though the client offered none. */
+static void lie_about_chunks(nng_socket s)
+{
+  Tport__GetBeginReply r = TPORT__GET_BEGIN_REPLY__INIT;
+  static uint8_t id[16] = {1};
+  r.nbytes = 3 * (64 << 10);
+  r.transfer.data = id;
+  r.transfer.len = sizeof id;
+  r.shm_chunks = true;
+  get_begin_reply(s, &r, 3 * (64 << 10), NULL, 0);
+}
+
 /* What the fake answers a GetBegin with. */
 static void (*get_lie)(nng_socket) = lie_about_region;
 
@@ -173,4 +186,31 @@ Test(hostile_server, a_tensor_described_larger_than_its_bytes_is_refused, .timeo
   tport_close(c);
   fake_stop(&f);
   get_lie = lie_about_region;
+}
+
+/* A server that asks for a get's chunks into a region never offered gets
+ * an error, not a GetChunk naming a slice of nothing. */
+Test(hostile_server, chunks_into_a_region_never_offered_are_refused, .timeout = 30)
+{
+  get_lie = lie_about_chunks;
+  fake f;
+  fake_start(&f);
+  tport_connect_options o = {.timeout_ms = 5000, .no_shm = true};
+  tport_client *c;
+  tport_err err;
+  cr_assert_eq(tport_connect(f.url, &o, &c, &err), TPORT_OK, "%s", err.msg);
+  tport_ref ref;
+  tport_ref_name(&ref, "t");
+  size_t n = 3 * (64 << 10);
+  uint8_t *buf = malloc(n);
+  int rc = tport_get(c, &ref, buf, n, NULL, NULL, NULL, &err);
+  cr_expect_eq(rc, TPORT_DATA_LOSS, "%d %s", rc, err.msg);
+  cr_expect(strstr(err.msg, "region") != NULL, "%s", err.msg);
+  void *p = NULL;
+  size_t got = 0;
+  cr_expect_eq(tport_get_alloc(c, &ref, &p, &got, NULL, &err), TPORT_DATA_LOSS, "%s", err.msg);
+  cr_expect_null(p);
+  free(buf);
+  tport_close(c);
+  fake_stop(&f);
 }

@@ -14,6 +14,7 @@
 
 #include "client_internal.h"
 #include "crc32c.h"
+#include "engine.h"
 #include "service_util.h"
 
 #define CHUNK ((size_t)64 << 10) /* svc_config's */
@@ -304,5 +305,41 @@ Test(shm_chunks, libtport_gets_large_tensors_a_chunk_at_a_time)
       }
     tport_close(c);
   }
+  stop(s);
+}
+
+/* A get that fails half way (here: the server's reads past the first
+ * chunk fail) had chunk requests in flight that the server may still
+ * write into the region after the get returned: libtport never uses that
+ * region again, and the next get, through a fresh one, is whole.  Before
+ * the fix the next transfer reused it. */
+Test(shm_chunks, a_get_that_fails_half_way_never_reuses_its_region)
+{
+  char url[96];
+  server *s = start(url, sizeof url);
+  tport_client *c = connect_to(url, false);
+  size_t n = 8 * CHUNK;
+  uint8_t *v, *back = malloc(n);
+  tport_tensor_info info = put_bytes(c, "cpu", n, 11, &v);
+  tport_err err;
+  cr_assert_eq(tport_get(c, &info.ref, back, n, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+  cr_assert_not_null(c->shm_cache, "the get did not take the automatic region");
+  uint64_t first = c->shm_cache->id;
+  engine_set_test_faults(ENGINE_FAIL_READ_INTO);
+  int rc = tport_get(c, &info.ref, back, n, NULL, NULL, NULL, &err);
+  engine_set_test_faults(0);
+  cr_assert_eq(rc, TPORT_INTERNAL, "%d %s", rc, err.msg);
+  cr_assert(strstr(err.msg, "test fault") != NULL, "%s", err.msg);
+  cr_assert(c->shm_cache == NULL || c->shm_cache->id != first,
+            "region %llu is still the automatic region after a get into it failed half way",
+            (unsigned long long)first);
+  memset(back, 0, n);
+  cr_assert_eq(tport_get(c, &info.ref, back, n, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+  cr_assert_eq(memcmp(back, v, n), 0);
+  cr_assert_not_null(c->shm_cache);
+  cr_assert_neq(c->shm_cache->id, first, "the next get went through the region that failed");
+  free(back);
+  free(v);
+  tport_close(c);
   stop(s);
 }
