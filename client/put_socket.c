@@ -160,8 +160,9 @@ static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
     if (rc)
       return rc;
   } else if (p->region) {
-    /* into the region, a batch at a time (off + len <= nbytes); the server
-     * copies this chunk out while the next batch is copied in */
+    /* into the region: the stream's copy waited for up to this chunk's
+     * end, or (no stream) a batch at a time here; the server copies this
+     * chunk out while the next ones are copied in */
     if (p->stream) {
       copy_pool_stream_wait(p->stream, off + len);
     } else if (off + len > p->copied) {
