@@ -17,16 +17,16 @@
  *   tport-bench-ipc [--mib N] [--reps R] [--phases]    (tportd: beside this program)
  */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <cuda_runtime_api.h>
 #include <libgen.h>
 #include <limits.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>

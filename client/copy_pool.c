@@ -510,7 +510,8 @@ __attribute__((destructor)) static void copy_pool_stop(void)
   memcpy(ids, pool.workers, (size_t)n * sizeof *ids);
   pool.nworkers = 0;
   pthread_cond_broadcast(&pool.work);
-  pthread_cond_broadcast(&pool.supplied); /* a gated stream's workers too: its owner copies the rest */
+  /* a gated stream's workers too: its owner copies what is left */
+  pthread_cond_broadcast(&pool.supplied);
   pthread_mutex_unlock(&pool.mu);
   for (int i = 0; i < n; i++)
     pthread_join(ids[i], NULL);

@@ -16,11 +16,18 @@
 #include "crc32c.h"
 #include "cuda_stage.h"
 
+/* A transfer's chunks: in the replies' payloads, or (region) written by
+ * the server into the slices of the automatic region the requests name --
+ * a large get a chunk at a time through the region, the pool copying each
+ * chunk out as its reply comes (a gated copy_stream) while the server
+ * writes the next. */
 typedef struct get_ctx {
   ProtobufCBinaryData transfer;
   uint8_t *buf;
   bool verify;
-  client_stage *stage; /* into device memory: each chunk through the ring */
+  client_stage *stage;            /* into device memory: each chunk through the ring */
+  const struct tport_shm *region; /* NULL: the bytes come in the replies */
+  copy_stream *out;               /* region -> buf by the pool (NULL: copied here) */
 } get_ctx;
 
 int client_check_crc32c(bool verify, bool set, uint32_t sent, const uint8_t *p, size_t n,
@@ -50,6 +57,11 @@ static int get_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
   q.offset = off;
   q.length = len;
   q.want_crc32c = g->verify;
+  Tport__ShmSlice slice;
+  if (g->region) {
+    slice = client_slice(g->region, off, len);
+    q.shm = &slice;
+  }
   return client_pack(TPORT__METHOD__METHOD_GET_CHUNK, &q.base, NULL, 0, out, err);
 }
 
@@ -63,72 +75,27 @@ static int get_take(void *vctx, client_slot *s, tport_err *err)
   if (rc)
     return rc;
   Tport__GetChunkReply *gr = (Tport__GetChunkReply *)r;
-  if (p.len != s->len)
-    rc = tport_err_set(err, TPORT_DATA_LOSS, "chunk at %zu: %zu bytes came, %zu expected",
-                       s->offset, p.len, s->len);
-  else
-    rc = client_check_crc32c(g->verify, gr->crc32c_set, gr->crc32c, p.data, p.len, s->offset, err);
-  if (!rc && g->stage)
-    rc = stage_get_chunk(g->stage, s->offset, p.data, p.len, err);
-  else if (!rc)
-    memcpy(g->buf + s->offset, p.data, p.len);
-  protobuf_c_message_free_unpacked(r, NULL);
-  return rc;
-}
-
-/* ---------------------------------------------------------------- chunks through the region */
-
-/* A large get through the automatic region: each GetChunk names the slice
- * of the region its bytes go to, and the pool copies them out as their
- * replies come (a gated copy_stream), while the server writes the next. */
-typedef struct region_get_ctx {
-  ProtobufCBinaryData transfer;
-  const struct tport_shm *region;
-  uint8_t *buf;
-  bool verify;
-  client_stage *stage; /* into device memory: each chunk through the ring */
-  copy_stream *out;    /* region -> buf by the pool (NULL: copied here) */
-} region_get_ctx;
-
-static int region_get_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err *err)
-{
-  region_get_ctx *g = vctx;
-  Tport__GetChunkRequest q = TPORT__GET_CHUNK_REQUEST__INIT;
-  q.transfer = g->transfer;
-  q.offset = off;
-  q.length = len;
-  q.want_crc32c = g->verify;
-  Tport__ShmSlice slice = client_slice(g->region, off, len);
-  q.shm = &slice;
-  return client_pack(TPORT__METHOD__METHOD_GET_CHUNK, &q.base, NULL, 0, out, err);
-}
-
-static int region_get_take(void *vctx, client_slot *s, tport_err *err)
-{
-  region_get_ctx *g = vctx;
-  ProtobufCMessage *r;
-  client_payload p = {0};
-  int rc = client_unpack(TPORT__METHOD__METHOD_GET_CHUNK, s->reply,
-                         &tport__get_chunk_reply__descriptor, &r, &p, err);
-  if (rc)
-    return rc;
-  Tport__GetChunkReply *gr = (Tport__GetChunkReply *)r;
-  const uint8_t *bytes = tport_shm_data(g->region) + s->offset;
-  if (p.len != 0)
-    rc = tport_err_set(err, TPORT_DATA_LOSS,
-                       "chunk at %zu: %zu bytes came in the reply, the region was to hold them",
-                       s->offset, p.len);
+  const uint8_t *bytes = g->region ? tport_shm_data(g->region) + s->offset : p.data;
+  size_t in_reply = g->region ? 0 : s->len;
+  if (p.len != in_reply)
+    rc = tport_err_set(err, TPORT_DATA_LOSS, "chunk at %zu: %zu bytes came in the reply, %zu %s",
+                       s->offset, p.len, in_reply,
+                       g->region ? "(the region holds them)" : "expected");
   else
     rc = client_check_crc32c(g->verify, gr->crc32c_set, gr->crc32c, bytes, s->len, s->offset, err);
   if (!rc && g->stage)
     rc = stage_get_chunk(g->stage, s->offset, bytes, s->len, err);
   else if (!rc && g->out)
     copy_pool_stream_supply(g->out, s->offset + s->len); /* replies come in order */
-  else if (!rc)
+  else if (!rc && g->region)
     copy_pool_copy(g->buf + s->offset, bytes, s->len);
+  else if (!rc)
+    memcpy(g->buf + s->offset, bytes, s->len);
   protobuf_c_message_free_unpacked(r, NULL);
   return rc;
 }
+
+/* ---------------------------------------------------------------- chunks through the region */
 
 static int get_by_region(tport_client *c, const client_get_desc *g, const Tport__GetBeginReply *b,
                          const struct tport_shm *region, uint8_t *buf, client_stage *stage,
@@ -141,12 +108,12 @@ static int get_by_region(tport_client *c, const client_get_desc *g, const Tport_
     return tport_err_set(err, TPORT_DATA_LOSS,
                          "the server asks for a get's chunks into a region that %s",
                          region ? "cannot hold them" : "was not offered");
-  region_get_ctx rg = {b->transfer, region, buf, c->verify, stage, NULL};
+  get_ctx rg = {b->transfer, buf, c->verify, stage, region, NULL};
   copy_stream out;
   if (!stage && copy_pool_stream_begin_gated(&out, buf, tport_shm_data(region), n))
     rg.out = &out;
-  int rc = client_run_window(c, n, chunk, region_get_make, region_get_take, &rg, g->progress,
-                             g->progress_arg, g->cancel, err);
+  int rc = client_run_window(c, n, chunk, get_make, get_take, &rg, g->progress, g->progress_arg,
+                             g->cancel, err);
   /* every chunk is in the region when it went well: the rest copied out */
   if (rg.out)
     copy_pool_stream_end(rg.out, rc == TPORT_OK);
@@ -226,7 +193,7 @@ static int get_bytes(tport_client *c, const client_get_desc *g, const Tport__Get
     if (!rc && g->progress)
       g->progress(g->progress_arg, n, n);
   } else if (n) {
-    get_ctx gc = {b->transfer, buf, c->verify, stage};
+    get_ctx gc = {b->transfer, buf, c->verify, stage, NULL, NULL};
     rc = client_run_window(c, n, chunk, get_make, get_take, &gc, g->progress, g->progress_arg,
                            g->cancel, err);
   }

@@ -308,8 +308,8 @@ static int read_host(tensor_reader *r, size_t off, tport_storage **held, const u
   return TPORT_OK;
 }
 
-int reader_read(tensor_reader *r, size_t off, size_t n, tport_storage **held,
-                const uint8_t **bytes, tport_err *err)
+/* A read of bytes [off, off + n): inside the values, at most one read. */
+static int check_read(const tensor_reader *r, size_t off, size_t n, tport_err *err)
 {
   if (off > r->nbytes || n > r->nbytes - off)
     return tport_err_set(err, TPORT_OUT_OF_RANGE,
@@ -318,6 +318,15 @@ int reader_read(tensor_reader *r, size_t off, size_t n, tport_storage **held,
   if (n > reader_max_read(r))
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "a read of %zu bytes: at most %zu at once",
                          n, reader_max_read(r));
+  return TPORT_OK;
+}
+
+int reader_read(tensor_reader *r, size_t off, size_t n, tport_storage **held,
+                const uint8_t **bytes, tport_err *err)
+{
+  int rc = check_read(r, off, n, err);
+  if (rc)
+    return rc;
   if (n == 0) {
     *held = NULL;
     *bytes = NULL;
@@ -328,7 +337,7 @@ int reader_read(tensor_reader *r, size_t off, size_t n, tport_storage **held,
   pthread_mutex_lock(&r->mu);
   tport_storage *st = take_and_read_ahead(r, off, n);
   pthread_mutex_unlock(&r->mu);
-  int rc = st ? TPORT_OK : start_read(r, off, n, true, &st, err);
+  rc = st ? TPORT_OK : start_read(r, off, n, true, &st, err);
   if (!rc && (rc = storage_sync(st, err)) != TPORT_OK)
     storage_release(st); /* its copy failed: back once the event is done */
   if (rc)
@@ -341,15 +350,9 @@ int reader_read(tensor_reader *r, size_t off, size_t n, tport_storage **held,
 int reader_read_into(tensor_reader *r, size_t off, size_t n, uint8_t *dst, bool pinned,
                      tport_err *err)
 {
-  if (off > r->nbytes || n > r->nbytes - off)
-    return tport_err_set(err, TPORT_OUT_OF_RANGE,
-                         "bytes [%zu, %zu + %zu) are outside the tensor's %zu", off, off, n,
-                         r->nbytes);
-  if (n > reader_max_read(r))
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "a read of %zu bytes: at most %zu at once",
-                         n, reader_max_read(r));
-  if (n == 0)
-    return TPORT_OK;
+  int rc = check_read(r, off, n, err);
+  if (rc || n == 0)
+    return rc;
   if ((engine_test_faults() & ENGINE_FAIL_READ_INTO) && off > 0)
     return tport_err_set(err, TPORT_INTERNAL, "test fault: reads past the first chunk fail");
   /* the values' bytes [off, off + n) (src is contiguous) copied as a tensor
@@ -357,7 +360,7 @@ int reader_read_into(tensor_reader *r, size_t off, size_t n, uint8_t *dst, bool 
    * can reach it, else staged; waited for before dst is the caller's */
   tport_tensor *view = NULL, *to = NULL;
   int64_t count = (int64_t)n;
-  int rc = tensor_byte_view(r->src, off, n, &view, err);
+  rc = tensor_byte_view(r->src, off, n, &view, err);
   if (!rc)
     rc = pinned ? tensor_wrap_host_pinned(dst, n, TPORT_UINT8, 1, &count, NULL, 0, &to, err)
                 : tensor_wrap_host(dst, n, TPORT_UINT8, 1, &count, NULL, 0, &to, err);

@@ -20,6 +20,16 @@
 
 static atomic_int seq;
 
+void svc_config_shm(server_config *cfg, const char *tag, char *dir, size_t dirlen)
+{
+  svc_config(cfg);
+  snprintf(dir, dirlen, "/tmp/tport-%s-%d", tag, (int)getpid());
+  char path[128];
+  snprintf(path, sizeof path, "%s/shm.sock", dir);
+  cfg->shm_socket = strdup(path);
+  cfg->shm_socket_set = true;
+}
+
 void svc_config(server_config *cfg)
 {
   config_defaults(cfg);

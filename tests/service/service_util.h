@@ -19,6 +19,9 @@
  * svc_start_with, which starts it in this process on a fresh inproc:// URL
  * (and frees the config). */
 void svc_config(server_config *cfg);
+/* svc_config with a shm socket at DIR/shm.sock, DIR being
+ * /tmp/tport-TAG-PID (written into dir): rmdir it after server_stop. */
+void svc_config_shm(server_config *cfg, const char *tag, char *dir, size_t dirlen);
 server *svc_start_with(server_config *cfg, char *url, size_t len);
 /* An in-process server on a fresh inproc:// URL with cpu and sim:2. */
 server *svc_start_inproc(char *url, size_t len, const char *extra_devices);

@@ -385,19 +385,14 @@ Test(copy_pool, a_gated_stream_reads_only_what_was_supplied)
 
 static char sock_dir[64];
 
-/* An in-process server with shared memory and 1 MiB chunks: a put of more
- * than two goes chunk by chunk through the region, copied in by batches of
- * 16 MiB; a smaller one at once. */
+/* An in-process server with shared memory and 1 MiB chunks: a put or a
+ * get of more than two goes chunk by chunk through the region, copied in
+ * and out by a stream of the pool; a smaller one at once. */
 static server *start(char *url, size_t len)
 {
-  snprintf(sock_dir, sizeof sock_dir, "/tmp/tport-copy-%d", (int)getpid());
-  char path[128];
-  snprintf(path, sizeof path, "%s/shm.sock", sock_dir);
   server_config cfg;
-  svc_config(&cfg);
+  svc_config_shm(&cfg, "copy", sock_dir, sizeof sock_dir);
   cfg.chunk_bytes = (size_t)1 << 20;
-  cfg.shm_socket = strdup(path);
-  cfg.shm_socket_set = true;
   return svc_start_with(&cfg, url, len);
 }
 

@@ -34,13 +34,8 @@ static char sock_dir[64];
 /* An in-process server with shared memory on a socket of this test's own. */
 static server *start_max(char *url, size_t len, size_t quota, size_t max)
 {
-  snprintf(sock_dir, sizeof sock_dir, "/tmp/tport-shm-%d", (int)getpid());
-  char path[128];
-  snprintf(path, sizeof path, "%s/shm.sock", sock_dir);
   server_config cfg;
-  svc_config(&cfg);
-  cfg.shm_socket = strdup(path);
-  cfg.shm_socket_set = true;
+  svc_config_shm(&cfg, "shm", sock_dir, sizeof sock_dir);
   if (quota)
     cfg.shm_quota = quota;
   cfg.shm_max = max;

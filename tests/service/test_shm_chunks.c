@@ -23,13 +23,8 @@ static char sock_dir[64];
 
 static server *start(char *url, size_t len)
 {
-  snprintf(sock_dir, sizeof sock_dir, "/tmp/tport-shmc-%d", (int)getpid());
-  char path[128];
-  snprintf(path, sizeof path, "%s/shm.sock", sock_dir);
   server_config cfg;
-  svc_config(&cfg);
-  cfg.shm_socket = strdup(path);
-  cfg.shm_socket_set = true;
+  svc_config_shm(&cfg, "shmc", sock_dir, sizeof sock_dir);
   return svc_start_with(&cfg, url, len);
 }
 
