@@ -18,12 +18,18 @@
  *   client thread, another client) is one memcpy in its own thread instead
  *   of waiting: no deadlock, no queue, and the two copies still run side by
  *   side.
+ * - Streams: a job its caller does not wait for at once -- the copy into
+ *   the region of a put sent chunk by chunk (the caller waits for each
+ *   chunk's bytes), or out of it for a get (gated: a piece is taken only
+ *   once the caller supplied its source bytes).  Pieces are taken in
+ *   order; a stream holds the pool until its end, takes three quarters of
+ *   its threads, and its end returns only once no piece is being copied.
  * - Exit and dlclose: a destructor stops and joins the workers (a worker
  *   must not outlive the code it runs, and nothing is left for valgrind).
  *   A copy that starts after that is one memcpy.
  * - fork: the child has none of the workers.  The prepare handler waits
- *   for a running copy to finish (it holds the pool while the process is
- *   copied), so the child inherits an idle pool with no job; the child
+ *   for a running copy or stream to finish (it holds the pool while the
+ *   process is copied), so the child inherits an idle pool with no job; the child
  *   handler forgets the parent's workers, and the child's first large copy
  *   starts its own.
  */
@@ -108,10 +114,11 @@ typedef struct copy_job {
 
 static struct {
   pthread_once_t once;
-  pthread_mutex_t busy; /* held by the caller whose job runs (and across fork) */
+  pthread_mutex_t busy; /* held by the caller whose job or stream runs (and across fork) */
   pthread_mutex_t mu;   /* everything below */
   pthread_cond_t work, finished, supplied;
-  copy_job *job;       /* the job running, on its caller's stack; NULL: none */
+  copy_job *job;       /* the job running (a copy's on its caller's stack, a
+                        * stream's on the heap); NULL: none */
   uint64_t generation; /* bumped for every job published */
   int active;          /* workers holding a pointer to job */
   int nworkers;        /* workers started (and not yet joined) */
