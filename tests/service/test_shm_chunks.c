@@ -301,7 +301,8 @@ Test(shm_chunks, libtport_gets_large_tensors_a_chunk_at_a_time)
         cr_assert_eq(client_get(c, &g, NULL, NULL, NULL, &err), 0, "%s", err.msg);
         /* through the region (one transfer there), by GetChunks: one a chunk */
         cr_assert_eq(counter(url, "shm_transfers"), shm0 + 1, "the get did not use the region");
-        cr_assert_eq(counter(url, "requests_GetChunk"), chunks0 + (int64_t)((sizes[i] + CHUNK - 1) / CHUNK),
+        cr_assert_eq(counter(url, "requests_GetChunk"),
+                     chunks0 + (int64_t)((sizes[i] + CHUNK - 1) / CHUNK),
                      "the get was not a chunk at a time");
         cr_assert_eq(last, sizes[i], "progress stopped at %zu of %zu", last, sizes[i]);
         cr_assert_eq(memcmp(back, v, sizes[i]), 0, "%zu bytes from %s (verify %d)", sizes[i],
