@@ -35,7 +35,7 @@ static void uncharge(shm_table *t, const shm_region *r)
     return;
   if (is_ipc(r))
     u->ipc--;
-  else
+  if (host_mapped(r->kind))
     u->bytes -= r->nbytes;
   if (u->bytes == 0 && u->ipc == 0) {
     HASH_DEL(t->tenants, u);
@@ -72,7 +72,7 @@ bool region_remove(shm_table *t, shm_region *r)
   t->stats.regions--;
   if (is_ipc(r))
     t->stats.ipc_regions--;
-  else
+  if (host_mapped(r->kind))
     t->stats.bytes -= r->nbytes;
   r->released = true;
   /* the handoff thread owns a region it is checking: it frees it */
@@ -143,14 +143,14 @@ static int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_
 {
   if (nbytes == 0)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "a region holds at least one byte");
-  if (kind == KIND_MEMFD && nbytes > t->cfg.quota)
-    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
-                         "a region of %llu bytes is over the tenant's shm quota (%zu bytes)",
-                         (unsigned long long)nbytes, t->cfg.quota);
   if (nbytes > (uint64_t)PTRDIFF_MAX)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT,
                          "an allocation of %llu bytes is more than this host can address",
                          (unsigned long long)nbytes);
+  if (host_mapped(kind) && nbytes > t->cfg.quota)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                         "a region of %llu bytes is over the tenant's shm quota (%zu bytes)",
+                         (unsigned long long)nbytes, t->cfg.quota);
   shm_region *r = calloc(1, sizeof *r);
   if (!r)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
@@ -180,8 +180,10 @@ static int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_
   else if (mine >= t->cfg.max_regions)
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
                        "this connection holds %zu regions already: release one first", mine);
-  else if (kind != KIND_MEMFD)
-    rc = ipc_refusal(t, pipe, tenant, handle, u, err);
+  else if (kind != KIND_MEMFD && (rc = ipc_refusal(t, pipe, tenant, handle, u, err)) != TPORT_OK)
+    ; /* said why */
+  else if (!host_mapped(kind))
+    ; /* a CUDA IPC handle: no host bytes */
   else if (t->stats.bytes + r->nbytes > t->cfg.total_max)
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
                        "the server holds %llu bytes of regions: %llu more would pass its limit "
@@ -205,9 +207,9 @@ static int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_
     free_dead(dead);
     return rc;
   }
-  if (kind == KIND_MEMFD) {
+  if (host_mapped(kind))
     u->bytes += r->nbytes;
-  } else {
+  if (kind != KIND_MEMFD) {
     u->ipc++;
     t->stats.ipc_regions++;
   }
@@ -221,7 +223,7 @@ static int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_
     r->tokened = true;
   }
   t->stats.regions++;
-  if (kind == KIND_MEMFD)
+  if (host_mapped(kind))
     t->stats.bytes += r->nbytes;
   *id = r->id;
   memcpy(token, r->token, sizeof r->token);

@@ -97,6 +97,17 @@ static inline bool is_ipc(const shm_region *r)
   return r->kind != KIND_MEMFD;
 }
 
+/* Memory tportd maps as host memory, whose bytes count against
+ * --shm-quota and --shm-max: a memfd region, and a descriptor a client
+ * hands over as its GPU memory (KIND_IPC_FD is mmapped like a memfd: a
+ * hostile client may send any sealed memfd that way, and pages tportd
+ * writes there would be tportd's).  A CUDA IPC handle is the client's GPU
+ * memory, counted by --cuda-ipc-max alone. */
+static inline bool host_mapped(region_kind k)
+{
+  return k != KIND_IPC_CUDA;
+}
+
 /* Unmaps a region nobody holds any more.  Never under mu. */
 void region_free(shm_region *r);
 /* Takes r out of the tables and the quota (mu held); true when the caller

@@ -68,8 +68,9 @@ static void shm_paths(void)
   snprintf(sock_path, sizeof sock_path, "%s/shm.sock", sock_dir);
 }
 
-/* An in-process server with a shm socket of this test's own. */
-static server *start_server(size_t max_ipc)
+/* An in-process server with a shm socket of this test's own (quota 0:
+ * the default --shm-quota). */
+static server *start_server_quota(size_t max_ipc, size_t quota)
 {
   shm_paths();
   server_config cfg;
@@ -77,7 +78,14 @@ static server *start_server(size_t max_ipc)
   cfg.shm_socket = strdup(sock_path);
   cfg.shm_socket_set = true;
   cfg.cuda_ipc_max = max_ipc;
+  if (quota)
+    cfg.shm_quota = quota;
   return svc_start_with(&cfg, url, sizeof url);
+}
+
+static server *start_server(size_t max_ipc)
+{
+  return start_server_quota(max_ipc, 0);
 }
 
 static void start_emu(void)
@@ -634,6 +642,34 @@ Test(cuda_ipc, past_the_tenants_bound_puts_are_staged)
   for (int i = 0; i < 5; i++)
     rt.free_(bufs[i]);
   free(want);
+}
+
+/* A descriptor handed over as GPU memory is mapped by tportd as host memory
+ * (a memfd, here and from a hostile client alike): its bytes count against
+ * the tenant's --shm-quota and the server's region bytes as a region's do.
+ * Before the fix only --cuda-ipc-max bounded them: a tenant could have
+ * tportd map 256 descriptors of any size. */
+Test(cuda_ipc, a_descriptor_handed_over_counts_against_the_shm_quota)
+{
+  server_stop(srv, 1000);
+  size_t quota = (size_t)1 << 20;
+  srv = start_server_quota(0, quota);
+  tport_client *c = connect_as(NULL);
+  uint8_t h[64];
+  memset(h, 0x3c, sizeof h);
+  uint64_t id = 0;
+  tport_err err;
+  int rc = raw_register(c, 2 * quota, h, sizeof h, true, &id, NULL, &err);
+  cr_assert_eq(rc, TPORT_RESOURCE_EXHAUSTED, "a descriptor twice the quota: %d %s", rc, err.msg);
+  cr_assert(strstr(err.msg, "quota") != NULL, "%s", err.msg);
+  int64_t before = counter("shm_region_bytes");
+  cr_assert_eq(raw_register(c, quota / 2 + 1, h, sizeof h, true, &id, NULL, &err), 0, "%s",
+               err.msg);
+  cr_assert_eq(counter("shm_region_bytes"), before + (int64_t)(quota / 2 + 1));
+  h[0] ^= 1; /* another allocation: the two pass the quota together */
+  rc = raw_register(c, quota / 2 + 1, h, sizeof h, true, &id, NULL, &err);
+  cr_assert_eq(rc, TPORT_RESOURCE_EXHAUSTED, "two descriptors past the quota: %d %s", rc, err.msg);
+  tport_close(c);
 }
 
 Test(cuda_ipc, the_client_keeps_a_bounded_number_of_allocations)
