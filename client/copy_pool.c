@@ -365,15 +365,14 @@ static int stream_threads(void)
   if (pool.threads_set)
     return n;
   int most = n * 3 / 4;
-  return most > 2 ? most : (n < 2 ? n : 2);
+  return most > 2 ? most : 2; /* a stream begins only where the pool has 2 or more */
 }
 
 static bool stream_begin(copy_stream *s, void *dst, const void *src, size_t n, bool gated)
 {
   s->job = NULL;
   s->ready = 0;
-  if (n < COPY_POOL_MIN_BYTES || copy_pool_threads() <= 1 || stream_threads() < 2 ||
-      pthread_mutex_trylock(&pool.busy) != 0)
+  if (n < COPY_POOL_MIN_BYTES || copy_pool_threads() <= 1 || pthread_mutex_trylock(&pool.busy) != 0)
     return false;
   size_t want = n / COPY_POOL_MIN_PIECE;
   if (want > STREAM_MAX_PIECES)

@@ -222,6 +222,17 @@ int64_t svc_counter(tport_client *c, const char *name)
   return r;
 }
 
+int64_t svc_server_counter(const char *url, const char *name)
+{
+  tport_client *ops;
+  tport_err err;
+  tport_connect_options o = {.tenant = SVC_OPERATOR, .timeout_ms = 20000, .no_shm = true};
+  cr_assert_eq(tport_connect(url, &o, &ops, &err), 0, "%s", err.msg);
+  int64_t v = svc_counter(ops, name);
+  tport_close(ops);
+  return v;
+}
+
 int svc_reply_status(nng_msg *m, const ProtobufCMessageDescriptor *d, char *msg,
                      ProtobufCMessage **out)
 {

@@ -57,6 +57,9 @@ void svc_local_answer_sa(const nng_sockaddr *sa, const uint8_t *challenge, const
 int svc_hello(nng_socket s, const char *tenant, char *msg);
 /* A counter from tport_stats (-1 when absent). */
 int64_t svc_counter(tport_client *c, const char *name);
+/* A server-wide counter of the server at url, asked as SVC_OPERATOR (Stats
+ * shows them to the operator only). */
+int64_t svc_server_counter(const char *url, const char *name);
 /* A process's resident memory in KiB (/proc/PID/status VmRSS; -1: none). */
 long svc_rss_kb(pid_t pid);
 /* pid's minor page faults so far (/proc/PID/stat); -1 when unreadable. */

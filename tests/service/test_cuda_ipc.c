@@ -109,13 +109,7 @@ static void stop(void)
 
 static int64_t counter(const char *name)
 {
-  tport_client *ops;
-  tport_err err;
-  tport_connect_options o = {.tenant = SVC_OPERATOR, .timeout_ms = 20000, .no_shm = true};
-  cr_assert_eq(tport_connect(url, &o, &ops, &err), 0, "%s", err.msg);
-  int64_t v = svc_counter(ops, name);
-  tport_close(ops);
-  return v;
+  return svc_server_counter(url, name);
 }
 
 static tport_client *connect_as(const char *tenant)

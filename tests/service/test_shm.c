@@ -53,17 +53,6 @@ static void stop(server *s)
   rmdir(sock_dir);
 }
 
-/* A server-wide counter (Stats shows them to the operator only). */
-static int64_t counter(const char *url, const char *name)
-{
-  tport_client *ops;
-  tport_err err;
-  tport_connect_options o = {.tenant = SVC_OPERATOR, .timeout_ms = 20000, .no_shm = true};
-  cr_assert_eq(tport_connect(url, &o, &ops, &err), 0, "%s", err.msg);
-  int64_t v = svc_counter(ops, name);
-  tport_close(ops);
-  return v;
-}
 
 static tport_client *connect_as(const char *url, const char *tenant, bool no_shm)
 {
@@ -288,7 +277,7 @@ Test(shm, bytes_exact_every_dtype_and_layout_on_cpu_and_sim)
   uint8_t *in = tport_shm_data(r), *out = in + cap + 4096;
   uint8_t *want = malloc(cap);
   const char *devices[] = {"cpu", "sim:0"};
-  int64_t transfers0 = counter(url, "shm_transfers");
+  int64_t transfers0 = svc_server_counter(url, "shm_transfers");
   int n = 0;
   for (int dv = 0; dv < 2; dv++)
     for (int dt = 0; dt < TPORT_NUM_DTYPES; dt++)
@@ -330,7 +319,7 @@ Test(shm, bytes_exact_every_dtype_and_layout_on_cpu_and_sim)
         cr_assert_eq(tport_free(c, &info.ref, NULL), 0);
         n++;
       }
-  cr_assert_geq(counter(url, "shm_transfers") - transfers0, 2 * n);
+  cr_assert_geq(svc_server_counter(url, "shm_transfers") - transfers0, 2 * n);
   free(want);
   cr_assert_eq(tport_shm_release(r, &err), 0, "%s", err.msg);
   tport_close(plain);
@@ -480,12 +469,12 @@ Test(shm, automatic_region_for_large_puts_and_gets)
   int64_t sz = (int64_t)n;
   tport_err err;
   tport_tensor_info info;
-  int64_t t0 = counter(url, "shm_transfers");
+  int64_t t0 = svc_server_counter(url, "shm_transfers");
   cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, buf, n, NULL, &info, &err), 0, "%s",
                err.msg);
-  cr_assert_eq(counter(url, "shm_transfers"), t0 + 1, "the put took the socket");
+  cr_assert_eq(svc_server_counter(url, "shm_transfers"), t0 + 1, "the put took the socket");
   cr_assert_eq(tport_get(c, &info.ref, back, n, NULL, NULL, NULL, &err), 0, "%s", err.msg);
-  cr_assert_eq(counter(url, "shm_transfers"), t0 + 2, "the get took the socket");
+  cr_assert_eq(svc_server_counter(url, "shm_transfers"), t0 + 2, "the get took the socket");
   cr_assert_eq(memcmp(buf, back, n), 0);
   void *alloc = NULL;
   size_t got = 0;
@@ -507,7 +496,7 @@ Test(shm, automatic_region_for_large_puts_and_gets)
   for (int i = 0; i < 1024; i++)
     for (int j = 0; j < 768; j++)
       cr_assert_eq(back[i * 768 + j], buf[i * 1536 + 2 * j]);
-  int64_t t1 = counter(url, "shm_transfers");
+  int64_t t1 = svc_server_counter(url, "shm_transfers");
   cr_assert_eq(t1, t0 + 5);
   /* no_shm: the socket */
   memset(back, 0, n);
@@ -518,7 +507,7 @@ Test(shm, automatic_region_for_large_puts_and_gets)
   int64_t small = 1000;
   cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &small, NULL, buf, 1000, NULL, &info, &err), 0);
   cr_assert_eq(tport_get(c, &info.ref, back, 1000, NULL, NULL, NULL, &err), 0);
-  cr_assert_eq(counter(url, "shm_transfers"), t1);
+  cr_assert_eq(svc_server_counter(url, "shm_transfers"), t1);
   /* verify: CRC32C over the region's bytes on both ends */
   tport_client *v;
   cr_assert_eq(tport_connect(url, &(tport_connect_options){.tenant = "t", .verify = true}, &v,
@@ -529,7 +518,7 @@ Test(shm, automatic_region_for_large_puts_and_gets)
   memset(back, 0, n);
   cr_assert_eq(tport_get(v, &info.ref, back, n, NULL, NULL, NULL, &err), 0, "%s", err.msg);
   cr_assert_eq(memcmp(buf, back, n), 0);
-  cr_assert_eq(counter(url, "shm_transfers"), t1 + 2);
+  cr_assert_eq(svc_server_counter(url, "shm_transfers"), t1 + 2);
   tport_close(v);
   free(buf);
   free(back);
@@ -641,7 +630,7 @@ Test(shm, unsealed_shrinkable_small_and_non_memfd_descriptors_are_refused)
   int p[2];
   cr_assert_eq(pipe(p), 0);
   bad[6].fd = p[0];
-  int64_t refused0 = counter(url, "shm_handoffs_refused");
+  int64_t refused0 = svc_server_counter(url, "shm_handoffs_refused");
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     cr_assert_eq(hand(c, n, bad[i].fd, &id, &err), TPORT_INVALID_ARGUMENT, "%s: %d %s",
                  bad[i].what, err.code, err.msg);
@@ -650,8 +639,9 @@ Test(shm, unsealed_shrinkable_small_and_non_memfd_descriptors_are_refused)
     close(bad[i].fd);
   }
   close(p[1]);
-  cr_assert_eq(counter(url, "shm_handoffs_refused") - refused0, (int64_t)(sizeof bad / sizeof *bad));
-  cr_assert_eq(counter(url, "shm_regions"), 0);
+  cr_assert_eq(svc_server_counter(url, "shm_handoffs_refused") - refused0,
+               (int64_t)(sizeof bad / sizeof *bad));
+  cr_assert_eq(svc_server_counter(url, "shm_regions"), 0);
   /* still serving: a good one goes through */
   int fd = memfd_with(n, F_SEAL_SHRINK | F_SEAL_SEAL);
   cr_assert_eq(hand(c, n, fd, &id, &err), 0, "%s", err.msg);
@@ -1177,14 +1167,14 @@ Test(shm, a_region_never_handed_over_expires_with_its_token)
       cr_assert(strstr(err.msg, "shm quota"), "%s", err.msg);
       cr_assert_eq(raw_register(b, 1 << 20, &id2, token2, spath, &err), TPORT_RESOURCE_EXHAUSTED);
       cr_assert(strstr(err.msg, "--shm-max"), "%s", err.msg);
-      cr_assert_eq(counter(url, "shm_regions"), 1);
+      cr_assert_eq(svc_server_counter(url, "shm_regions"), 1);
     } else {
       /* past its expiry (a deadline on the monotonic clock: sleeping past
        * it is certain to reach it) it is gone, the counters say so, and
        * its bytes count no more for the tenant or for all */
       usleep(400 * 1000);
-      cr_assert_eq(counter(url, "shm_regions"), 0);
-      cr_assert_eq(counter(url, "shm_region_bytes"), 0);
+      cr_assert_eq(svc_server_counter(url, "shm_regions"), 0);
+      cr_assert_eq(svc_server_counter(url, "shm_region_bytes"), 0);
       cr_assert_eq(raw_register(b, 1 << 20, &id2, token2, spath, &err), 0,
                    "bob is refused for alice's expired region: %s", err.msg);
       cr_assert_eq(raw_release(b, id2, &err), 0, "%s", err.msg);
@@ -1246,7 +1236,7 @@ Test(shm, a_refused_automatic_region_falls_back_to_the_socket)
   int64_t sz = (int64_t)n;
   tport_tensor_info info;
   tport_err err;
-  int64_t asked0 = counter(url, "requests_ShmRegister");
+  int64_t asked0 = svc_server_counter(url, "requests_ShmRegister");
   for (int i = 0; i < 3; i++) {
     cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, buf, n, NULL, &info, &err), 0, "%s",
                  err.msg);
@@ -1254,10 +1244,10 @@ Test(shm, a_refused_automatic_region_falls_back_to_the_socket)
     cr_assert_eq(tport_get(c, &info.ref, back, n, NULL, NULL, NULL, &err), 0, "%s", err.msg);
     cr_assert_eq(memcmp(buf, back, n), 0);
   }
-  cr_assert_eq(counter(url, "shm_transfers"), 0);
-  cr_assert_eq(counter(url, "requests_ShmRegister") - asked0, 1,
+  cr_assert_eq(svc_server_counter(url, "shm_transfers"), 0);
+  cr_assert_eq(svc_server_counter(url, "requests_ShmRegister") - asked0, 1,
                "asked for a region %lld times in a second",
-               (long long)(counter(url, "requests_ShmRegister") - asked0));
+               (long long)(svc_server_counter(url, "requests_ShmRegister") - asked0));
   free(buf);
   free(back);
   tport_close(c);

@@ -253,18 +253,6 @@ Test(shm_chunks, a_chunks_slice_is_checked_before_a_byte_is_written)
 
 /* ---------------------------------------------------------------- libtport */
 
-/* A server-wide counter (Stats shows them to the operator only). */
-static int64_t counter(const char *url, const char *name)
-{
-  tport_client *ops;
-  tport_err err;
-  tport_connect_options o = {.tenant = SVC_OPERATOR, .timeout_ms = 20000, .no_shm = true};
-  cr_assert_eq(tport_connect(url, &o, &ops, &err), 0, "%s", err.msg);
-  int64_t v = svc_counter(ops, name);
-  tport_close(ops);
-  return v;
-}
-
 static void count_progress(void *arg, size_t done, size_t total)
 {
   size_t *last = arg;
@@ -297,11 +285,13 @@ Test(shm_chunks, libtport_gets_large_tensors_a_chunk_at_a_time)
                              .cap = sizes[i],
                              .progress = count_progress,
                              .progress_arg = &last};
-        int64_t chunks0 = counter(url, "requests_GetChunk"), shm0 = counter(url, "shm_transfers");
+        int64_t chunks0 = svc_server_counter(url, "requests_GetChunk"),
+                shm0 = svc_server_counter(url, "shm_transfers");
         cr_assert_eq(client_get(c, &g, NULL, NULL, NULL, &err), 0, "%s", err.msg);
         /* through the region (one transfer there), by GetChunks: one a chunk */
-        cr_assert_eq(counter(url, "shm_transfers"), shm0 + 1, "the get did not use the region");
-        cr_assert_eq(counter(url, "requests_GetChunk"),
+        cr_assert_eq(svc_server_counter(url, "shm_transfers"), shm0 + 1,
+                     "the get did not use the region");
+        cr_assert_eq(svc_server_counter(url, "requests_GetChunk"),
                      chunks0 + (int64_t)((sizes[i] + CHUNK - 1) / CHUNK),
                      "the get was not a chunk at a time");
         cr_assert_eq(last, sizes[i], "progress stopped at %zu of %zu", last, sizes[i]);
