@@ -142,6 +142,11 @@ size_t storage_nbytes(const tport_storage *s)
   return s->nbytes;
 }
 
+bool tensor_sole_owner(const tport_tensor *t)
+{
+  return t && t->storage && atomic_load(&t->refs) == 1 && atomic_load(&t->storage->refs) == 1;
+}
+
 tport_storage *storage_retain(tport_storage *s)
 {
   atomic_fetch_add(&s->refs, 1);

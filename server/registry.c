@@ -19,6 +19,41 @@ int64_t reg_now_ms(void)
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Adds the entries that keep the registry's hashes from emptying
+ * (registry.handle_keep).  Out of memory, the tables come and go as before:
+ * slower, no different. */
+static void keep_tables(registry *r)
+{
+  r->handle_keep = calloc(1, sizeof *r->handle_keep);
+  r->charge_keep = calloc(1, sizeof *r->charge_keep);
+  reg_oom = false;
+  if (r->handle_keep)
+    HASH_ADD(hh, r->by_handle, handle, REG_HANDLE_BYTES, r->handle_keep);
+  if (reg_oom) {
+    free(r->handle_keep);
+    r->handle_keep = NULL;
+  }
+  reg_oom = false;
+  if (r->charge_keep)
+    HASH_ADD(hh, r->charges, key, sizeof r->charge_keep->key, r->charge_keep);
+  if (reg_oom) {
+    free(r->charge_keep);
+    r->charge_keep = NULL;
+  }
+}
+
+static void drop_tables(registry *r)
+{
+  if (r->handle_keep)
+    HASH_DELETE(hh, r->by_handle, r->handle_keep);
+  if (r->charge_keep)
+    HASH_DELETE(hh, r->charges, r->charge_keep);
+  free(r->handle_keep);
+  free(r->charge_keep);
+  r->handle_keep = NULL;
+  r->charge_keep = NULL;
+}
+
 void reg_init(registry *r, const reg_limits *limits)
 {
   memset(r, 0, sizeof *r);
@@ -32,6 +67,7 @@ void reg_init(registry *r, const reg_limits *limits)
   pthread_mutex_init(&r->mu, &a);
   pthread_mutexattr_destroy(&a);
   r->limits = *limits;
+  keep_tables(r);
 }
 
 void reg_upload_free(reg_upload *up)
@@ -102,7 +138,7 @@ void entry_unlink(registry *r, reg_entry *e, reg_entry **dead)
   entry_owner_unlink(e);
   e->removed = true;
   if (e->charged)
-    tenant_uncharge(e->tn, e->charged);
+    tenant_uncharge(r, e->tn, e->charged);
   e->charged = NULL;
   e->tn->bytes -= e->reserved;
   e->reserved = 0;
@@ -139,6 +175,7 @@ void reg_destroy(registry *r)
   }
   pthread_mutex_unlock(&r->mu);
   entry_free_dead(r, dead);
+  drop_tables(r);
   pthread_mutex_destroy(&r->mu);
 }
 
@@ -209,11 +246,12 @@ static int add_check(registry *r, reg_session *s, const reg_entry *e, const tpor
 {
   *holder = NULL;
   reg_tenant *tn = s ? s->tn : NULL;
-  /* an upload's landing was made by its PutBegin: no tenant pays for it
-   * yet, and a lookup (a cache miss or two in a table of every tensor the
-   * tenant holds) would only say so */
-  bool fresh = e->up != NULL;
-  size_t add = !tn ? 0 : fresh ? storage_nbytes(st) : tenant_charge_cost(tn, st);
+  /* an upload's landing was made by its PutBegin, and a tensor that alone
+   * holds its storage shares it with no entry: no tenant pays for either
+   * yet, and a lookup (a cache miss or two in a table of every tensor held)
+   * would only say so */
+  bool fresh = e->up != NULL || tensor_sole_owner(e->tensor);
+  size_t add = !tn ? 0 : fresh ? storage_nbytes(st) : tenant_charge_cost(r, tn, st);
   if (!s)
     return tport_err_set(err, TPORT_ABORTED, "the connection is closing");
   int rc = take_name ? name_holder(tn, e->name, replace, holder, err) : TPORT_OK;
@@ -228,7 +266,7 @@ static int add_check(registry *r, reg_session *s, const reg_entry *e, const tpor
                          "tenant '%s' would hold %zu more bytes than its %zu: its quota is %zu",
                          tn->name, add > SIZE_MAX - reserve ? SIZE_MAX : add + reserve,
                          tenant_held(tn), r->limits.tenant_quota_bytes);
-  if (!tenant_charge_new(tn, st, fresh))
+  if (!tenant_charge_new(r, tn, st, fresh))
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for an entry");
   return TPORT_OK;
 }
@@ -309,7 +347,7 @@ static int add_entry(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up
     else if (take_name && (rc = name_take(r, e, holder, &dead, err)) != TPORT_OK)
       HASH_DELETE(hh, r->by_handle, e);
     if (rc)
-      tenant_uncharge(s->tn, st);
+      tenant_uncharge(r, s->tn, st);
   }
   if (rc) {
     pthread_mutex_unlock(&r->mu);
@@ -363,7 +401,7 @@ int reg_find(registry *r, uint32_t pipe, const uint8_t *handle, size_t handle_le
   }
   if (handle_len) {
     HASH_FIND(hh, r->by_handle, handle, REG_HANDLE_BYTES, hit);
-    if (hit && hit->tn != s->tn)
+    if (hit && (hit == r->handle_keep || hit->tn != s->tn))
       hit = NULL; /* another tenant's: exactly as if it did not exist */
   } else if (strlen(name) < REG_NAME_MAX) {
     hit = find_name(s->tn, name);

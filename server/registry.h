@@ -111,6 +111,14 @@ typedef struct reg_limits {
 typedef struct registry {
   pthread_mutex_t mu;
   reg_entry *by_handle; /* hash */
+  struct reg_charge *charges; /* hash: what each tenant pays, per storage */
+  /* Entries that keep the two hashes above from ever emptying: uthash frees
+   * an empty table, and a client that puts 10,000 tensors and closes made
+   * the next one regrow both from 32 buckets, rehashing every entry at each
+   * doubling (~10% of tportd's time in a batch of small puts).  Never found:
+   * the handle's all zero and its tenant none, the charge's tenant none. */
+  reg_entry *handle_keep;
+  struct reg_charge *charge_keep;
   reg_entry *entries;   /* list */
   struct reg_session *sessions;
   struct reg_tenant *tenants;

@@ -22,9 +22,16 @@ static _Thread_local bool reg_oom __attribute__((unused));
 
 #include "registry.h"
 
-/* What a tenant pays for one storage, however many entries reference it. */
-typedef struct reg_charge {
+/* What a tenant pays for one storage, however many entries reference it:
+ * in the registry's one table (registry.charges), keyed by both, so that it
+ * outlives a tenant's record and keeps its buckets. */
+typedef struct reg_charge_key {
+  const struct reg_tenant *tenant;
   const tport_storage *storage;
+} reg_charge_key;
+
+typedef struct reg_charge {
+  reg_charge_key key;
   size_t nbytes;
   int count;
   UT_hash_handle hh;
@@ -51,7 +58,7 @@ typedef struct reg_tenant {
   uint64_t tensors; /* entries, uploads included */
   uint64_t uploads;
   int refs;         /* sessions, entries and transfers that name it */
-  reg_charge *charges;
+  uint64_t charges; /* its records in registry.charges (entries', so none once it is forgotten) */
   reg_entry *names; /* hash (hh_name) */
   reg_waiter *waiters; /* list: requests waiting for one of its names */
   uint64_t nwaiters;
@@ -96,12 +103,12 @@ void tenant_unref(registry *r, reg_tenant *t);
 void tenant_forget(registry *r, reg_tenant *t);
 /* Bytes the tenant would newly pay for storage s; its charge for s taken
  * (false: out of memory) and given back, counted per storage. */
-size_t tenant_charge_cost(reg_tenant *t, const tport_storage *s);
-bool tenant_charge(reg_tenant *t, const tport_storage *s);
+size_t tenant_charge_cost(registry *r, reg_tenant *t, const tport_storage *s);
+bool tenant_charge(registry *r, reg_tenant *t, const tport_storage *s);
 /* tenant_charge of a storage that fresh says no entry has yet (an upload's
  * landing, made by its PutBegin): no lookup, its cost its size. */
-bool tenant_charge_new(reg_tenant *t, const tport_storage *s, bool fresh);
-void tenant_uncharge(reg_tenant *t, const tport_storage *s);
+bool tenant_charge_new(registry *r, reg_tenant *t, const tport_storage *s, bool fresh);
+void tenant_uncharge(registry *r, reg_tenant *t, const tport_storage *s);
 /* Gives res's bytes back to its tenant. */
 void reservation_drop(registry *r, reg_reservation *res);
 

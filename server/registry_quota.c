@@ -81,6 +81,17 @@ reg_tenant *tenant_ref(registry *r, const char *name)
 
 void tenant_forget(registry *r, reg_tenant *t)
 {
+  /* its charges went with its entries; were one left, a tenant made later
+   * at the same address would inherit it (the table is keyed by address) */
+  reg_charge *c, *tmp;
+  if (t->charges)
+    HASH_ITER(hh, r->charges, c, tmp)
+    {
+      if (c->key.tenant == t) {
+        HASH_DELETE(hh, r->charges, c);
+        free(c);
+      }
+    }
   HASH_DEL(r->tenants, t);
   r->ntenants--;
   account_unref(t->acct);
@@ -97,51 +108,57 @@ void tenant_unref(registry *r, reg_tenant *t)
   tenant_forget(r, t);
 }
 
-/* Bytes the tenant would newly pay for storage s.  mu held. */
-size_t tenant_charge_cost(reg_tenant *t, const tport_storage *s)
+static reg_charge *charge_find(registry *r, const reg_tenant *t, const tport_storage *s)
 {
+  reg_charge_key k = {.tenant = t, .storage = s};
   reg_charge *c;
+  HASH_FIND(hh, r->charges, &k, sizeof k, c);
+  return c;
+}
+
+/* Bytes the tenant would newly pay for storage s.  mu held. */
+size_t tenant_charge_cost(registry *r, reg_tenant *t, const tport_storage *s)
+{
   if (!s)
     return 0;
-  HASH_FIND_PTR(t->charges, &s, c);
-  return c ? 0 : storage_nbytes(s);
+  return charge_find(r, t, s) ? 0 : storage_nbytes(s);
 }
 
-bool tenant_charge(reg_tenant *t, const tport_storage *s)
+bool tenant_charge(registry *r, reg_tenant *t, const tport_storage *s)
 {
-  return tenant_charge_new(t, s, false);
+  return tenant_charge_new(r, t, s, false);
 }
 
-bool tenant_charge_new(reg_tenant *t, const tport_storage *s, bool fresh)
+bool tenant_charge_new(registry *r, reg_tenant *t, const tport_storage *s, bool fresh)
 {
-  reg_charge *c = NULL;
-  if (!fresh)
-    HASH_FIND_PTR(t->charges, &s, c);
+  reg_charge *c = fresh ? NULL : charge_find(r, t, s);
   if (!c) {
     c = calloc(1, sizeof *c);
     if (!c)
       return false;
-    c->storage = s;
+    c->key.tenant = t;
+    c->key.storage = s;
     c->nbytes = storage_nbytes(s);
     reg_oom = false;
-    HASH_ADD_PTR(t->charges, storage, c);
+    HASH_ADD(hh, r->charges, key, sizeof c->key, c);
     if (reg_oom) {
       free(c);
       return false;
     }
     t->bytes += c->nbytes;
+    t->charges++;
   }
   c->count++;
   return true;
 }
 
-void tenant_uncharge(reg_tenant *t, const tport_storage *s)
+void tenant_uncharge(registry *r, reg_tenant *t, const tport_storage *s)
 {
-  reg_charge *c;
-  HASH_FIND_PTR(t->charges, &s, c);
+  reg_charge *c = charge_find(r, t, s);
   if (c && --c->count == 0) {
     t->bytes -= c->nbytes;
-    HASH_DEL(t->charges, c);
+    t->charges--;
+    HASH_DELETE(hh, r->charges, c);
     free(c);
   }
 }

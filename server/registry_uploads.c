@@ -171,10 +171,10 @@ int reg_commit_end(registry *r, reg_entry *e, tport_tensor *final, tport_err *er
   /* the landing is the stored tensor's storage (no conversion at commit):
    * the charge stays as it is */
   bool same = final->storage == e->charged;
-  if (!same && !tenant_charge(tn, final->storage))
+  if (!same && !tenant_charge(r, tn, final->storage))
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for an entry");
   else if (up->replace && (rc = commit_take_name(r, e, &dead, err)) != TPORT_OK && !same)
-    tenant_uncharge(tn, final->storage);
+    tenant_uncharge(r, tn, final->storage);
   if (rc) {
     up->state = UP_RECEIVING;
     pthread_mutex_unlock(&r->mu);
@@ -183,7 +183,7 @@ int reg_commit_end(registry *r, reg_entry *e, tport_tensor *final, tport_err *er
     return rc;
   }
   if (!same)
-    tenant_uncharge(tn, e->charged);
+    tenant_uncharge(r, tn, e->charged);
   e->charged = final->storage;
   tn->bytes -= e->reserved;
   e->reserved = 0;

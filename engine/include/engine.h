@@ -233,6 +233,9 @@ void engine_release_idle(void);
 /* ---- storages held outside the engine (a reply lent a storage's bytes) */
 /* The bytes of s (its tensors may view only part of them). */
 size_t storage_nbytes(const tport_storage *s);
+/* Whether t is the only tensor over its storage and held once: no other
+ * holder (a registry entry, a lend) can share its bytes until t is shared. */
+bool tensor_sole_owner(const tport_tensor *t);
 tport_storage *storage_retain(tport_storage *s);
 void storage_release(tport_storage *s);
 /* Drops a reference but never frees on this thread: the last one puts the

@@ -683,6 +683,19 @@ Test(hostile, absurd_values_are_refused_by_name)
     snprintf(what, sizeof what, "Info of a %zu-byte handle", h_lens[i]);
     refused(what, info_of(&r, &bad, msg), msg, TPORT_INVALID_ARGUMENT, "handle|ref");
   }
+  /* the registry keeps its handle table with an entry of the all-zero
+   * handle (registry.handle_keep): never found, never freed */
+  uint8_t zero[16] = {0};
+  Tport__Ref zref = mkref(zero, 16, NULL);
+  refused("Info of the all-zero handle", info_of(&r, &zref, msg), msg, TPORT_NOT_FOUND, "handle");
+  refused("GetBegin of the all-zero handle", raw_get_begin(&r, &zref, 0, msg, NULL), msg,
+          TPORT_NOT_FOUND, "handle");
+  Tport__FreeRequest zq = TPORT__FREE_REQUEST__INIT;
+  zq.ref = &zref;
+  for (int i = 0; i < 2; i++)
+    refused("Free of the all-zero handle",
+            raw_call(&r, TPORT__METHOD__METHOD_FREE, &zq.base, NULL, 0, NULL, msg, NULL, NULL),
+            msg, TPORT_NOT_FOUND, "handle");
   char long_name[201];
   memset(long_name, 'n', 200);
   long_name[200] = 0;
