@@ -151,39 +151,41 @@ static int hold_slice(call *c, const Tport__ShmSlice *sl, shm_region **held, uin
                   &c->err);
 }
 
-/* A put from a region: the client's bytes, in its layout, converted (to
- * the device, dtype and memory format asked) by one copy straight into the
- * tensor that is stored -- what an upload's landing and commit make of
- * them, without the landing.  The copy ends before the region may go. */
-static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_layout *l,
-                           tport_dtype from, tport_device dev, const to_options *convert)
+/* Where the bytes of a put that commits at once are: its payload, or a
+ * region's slice (held, until the copy from it has ended). */
+typedef struct put_source {
+  uint8_t *p;
+  size_t len;
+  bool pinned;         /* host memory the GPU driver reads directly */
+  bool on_dev;         /* GPU memory of mem_dev (a CUDA IPC region) */
+  tport_device mem_dev;
+  shm_region *held;    /* the region's; NULL for the payload */
+} put_source;
+
+/* A put that commits at once: the client's bytes, in its layout, converted
+ * (to the device, dtype and memory format asked) by one copy straight into
+ * the tensor that is stored -- what an upload's landing and commit make of
+ * them, without the landing, its chunk maps and their steps under the
+ * registry's lock.  From a region, the copy ends before the region may go;
+ * from the payload (freed with the request), a device copy is staged before
+ * this returns and may still be in flight where the put is non_blocking. */
+static int put_at_once(call *c, const Tport__PutBeginRequest *q, const meta_layout *l,
+                       tport_dtype from, tport_device dev, const to_options *convert,
+                       const put_source *in)
 {
   server *s = c->srv;
-  shm_region *held = NULL;
-  uint8_t *p = NULL;
-  bool pinned = false, on_dev = false;
-  tport_device mem_dev;
-  int rc = hold_whole(c, q->shm, &held, &p, &pinned, &mem_dev, &on_dev);
-  if (rc)
-    return rc;
-  size_t len = (size_t)q->shm->length;
-  if (on_dev && q->crc32c_set)
-    rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
-                       "crc32c: the bytes of a CUDA IPC region are not read by the host");
-  else
-    rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, 0, p, len);
+  bool region = in->held != NULL;
   tport_tensor *src = NULL, *final = NULL;
   reg_reservation paid = REG_RESERVATION_INIT(&s->reg, c->pipe);
-  if (!rc)
-    rc = wrap_any(p, len, pinned, on_dev, mem_dev, from, l->ndim, l->sizes, l->strides, &src,
-                  &c->err);
+  int rc = wrap_any(in->p, in->len, in->pinned, in->on_dev, in->mem_dev, from, l->ndim, l->sizes,
+                l->strides, &src, &c->err);
   int64_t t0 = metrics_now_ns();
   if (!rc) {
     to_options o = *convert;
     o.has_device = true;
     o.device = dev;
-    o.copy = true; /* never an alias of the client's memory */
-    o.non_blocking = false;
+    o.copy = true; /* never an alias of the client's memory nor the payload */
+    o.non_blocking = !region && q->non_blocking;
     bool aliased = false;
     /* the stored tensor is charged before it is made */
     size_t need = 0;
@@ -193,10 +195,10 @@ static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_
       wire_charge_end(&paid);
     }
     if (!rc && (aliased || final->storage == src->storage))
-      rc = tport_err_set(&c->err, TPORT_INTERNAL, "a put from a region aliased the region");
-    if (!rc)
+      rc = tport_err_set(&c->err, TPORT_INTERNAL, "a put aliased the client's bytes");
+    if (!rc && !o.non_blocking)
       rc = tensor_sync(final, &c->err);
-    rc = settle_region(src, pinned, rc, &c->err);
+    rc = settle_region(src, in->pinned, rc, &c->err);
   }
   metrics_stage_since(&s->metrics,
                       dev.type != TPORT_DEV_CPU ? STAGE_HOST_TO_DEVICE
@@ -204,20 +206,41 @@ static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_
                                                                     : STAGE_STAGE,
                       t0);
   tensor_release(src);
-  shm_unhold(s->shm, held);
   if (rc) {
     tensor_release(final);
     reg_reservation_release(&paid);
     return rc;
   }
-  atomic_fetch_add(&s->bytes_in, len);
-  shm_count_transfer(s->shm);
+  if (region) {
+    atomic_fetch_add(&s->bytes_in, in->len);
+    shm_count_transfer(s->shm);
+  }
   reg_entry *e;
   rc = (q->replace ? reg_add_replacing : reg_add)(&s->reg, c->pipe, final, NULL, q->name, q->keep,
                                                   q->ttl_ms, 0, &paid, &e, &c->err);
   if (rc)
     return rc; /* final freed with the entry that could not be */
   return put_begin_reply(c, e, final);
+}
+
+/* A put from a region (a PutBegin with commit that names a slice). */
+static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_layout *l,
+                           tport_dtype from, tport_device dev, const to_options *convert)
+{
+  put_source in = {0};
+  int rc = hold_whole(c, q->shm, &in.held, &in.p, &in.pinned, &in.mem_dev, &in.on_dev);
+  if (rc)
+    return rc;
+  in.len = (size_t)q->shm->length;
+  if (in.on_dev && q->crc32c_set)
+    rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                       "crc32c: the bytes of a CUDA IPC region are not read by the host");
+  else
+    rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, 0, in.p, in.len);
+  if (!rc)
+    rc = put_at_once(c, q, l, from, dev, convert, &in);
+  shm_unhold(c->srv->shm, in.held);
+  return rc;
 }
 
 /* A PutBegin's descriptor and what comes with it, checked: a dense tensor
@@ -417,6 +440,11 @@ int h_put_begin(call *c)
   unsigned flags = q->managed || (s->cfg.uvm && dev.type != TPORT_DEV_CPU) ? STORAGE_MANAGED : 0;
   if (q->shm && !flags)
     return put_from_region(c, q, &l, put.from, dev, &put.convert);
+  if (q->commit && !q->shm && !flags) {
+    /* the whole tensor in the payload (its crc32c checked above) */
+    put_source in = {.p = (uint8_t *)c->payload, .len = c->payload_len};
+    return put_at_once(c, q, &l, put.from, dev, &put.convert, &in);
+  }
   /* The landing tensor (converting on arrival, the final one) and what a
    * conversion at the commit will make are charged before either exists:
    * a put the tenant cannot hold is refused here, having allocated nothing.
