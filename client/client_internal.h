@@ -69,6 +69,7 @@ struct tport_client {
   atomic_bool get_expect; /* the last Hello's get_expect: GetBegin checks expect_* */
   pthread_mutex_t shm_mu;
   struct tport_shm *shm_cache;
+  struct tport_shm *shm_retired; /* unmapped, not yet released on the server (shm_mu) */
   int64_t shm_retry_ms; /* a region refused for now (quota): not asked again before this */
   /* the application's regions, unmapped by tport_close */
   pthread_mutex_t regions_mu;
@@ -209,10 +210,14 @@ size_t client_requests_take(tport_client *c, client_run_fn run, tport_request **
  * its waiters woken, then the library's reference dropped. */
 void client_request_finish(tport_request *r, int status, const tport_err *e);
 /* The same for a request (no payload) that waits for a name on the
- * server: its reply may take wait_ms longer than the client's timeout. */
+ * server: its reply may take wait_ms longer than the client's timeout.
+ * *unanswered (when not NULL): it failed after the request went out and
+ * before its reply was read (a timeout, a cancel, the connection lost) --
+ * the server may still carry it out. */
 int client_exchange_waiting(tport_client *c, uint32_t wait_ms, uint16_t method,
                             const ProtobufCMessage *q, const ProtobufCMessageDescriptor *d,
-                            ProtobufCMessage **out, client_payload *reply_payload, tport_err *err);
+                            ProtobufCMessage **out, client_payload *reply_payload,
+                            bool *unanswered, tport_err *err);
 
 /* ---------------------------------------------------------------- session.c */
 
@@ -229,10 +234,12 @@ int client_credits_take(tport_client *c, int k, tport_err *err);
 int client_rpc(tport_client *c, uint16_t method, const ProtobufCMessage *q, const void *payload,
                size_t n, const ProtobufCMessageDescriptor *d, ProtobufCMessage **out,
                client_payload *reply_payload, tport_err *err);
-/* client_rpc of a request (no payload) that may wait wait_ms for a name. */
+/* client_rpc of a request (no payload) that may wait wait_ms for a name;
+ * *unanswered as client_exchange_waiting's. */
 int client_rpc_waiting(tport_client *c, uint32_t wait_ms, uint16_t method,
                        const ProtobufCMessage *q, const ProtobufCMessageDescriptor *d,
-                       ProtobufCMessage **out, client_payload *reply_payload, tport_err *err);
+                       ProtobufCMessage **out, client_payload *reply_payload, bool *unanswered,
+                       tport_err *err);
 
 /* ---------------------------------------------------------------- wire.c */
 
@@ -286,6 +293,7 @@ struct tport_shm {
   size_t nbytes;
   unsigned pipe;                 /* the connection it was registered on */
   struct tport_shm *prev, *next; /* the client's regions (regions_mu) */
+  struct tport_shm *retired;     /* the automatic regions retired after it (shm_mu) */
 };
 
 /* Bytes [off, off + len) of a region, as the wire names them. */
@@ -309,10 +317,13 @@ static inline Tport__ShmSlice client_slice(const struct tport_shm *r, size_t off
 int client_shm_tensor_at(const struct tport_shm *r, size_t offset, tport_dtype dtype, int ndim,
                          const int64_t *sizes, size_t *nbytes, tport_err *err);
 /* A put from nbytes at offset of r, in one request (opts NULL: the
- * defaults). */
+ * defaults).  *unanswered (when not NULL): it failed with the request sent
+ * and no answer read, so the server may still read r (and store what it
+ * finds there then). */
 int client_shm_put(tport_client *c, struct tport_shm *r, size_t offset, size_t nbytes,
                    tport_dtype dtype, int ndim, const int64_t *sizes, const int64_t *strides,
-                   const tport_put_options *opts, tport_tensor_info *out, tport_err *err);
+                   const tport_put_options *opts, tport_tensor_info *out, bool *unanswered,
+                   tport_err *err);
 /* The automatic region for a transfer of up to cap bytes (cap 0: whatever
  * size it has; grown to cap where it may be), locked: NULL when there is
  * none to use (busy, off).  Unlock with client_shm_auto_done (want: a
@@ -327,10 +338,11 @@ void client_shm_auto_retire(tport_client *c);
 void client_shm_close(tport_client *c);
 /* GetBegin with the automatic region r offered: the server writes the
  * tensor there when it fits and is not small (reply's shm), else answers
- * as an ordinary GetBegin. */
+ * as an ordinary GetBegin.  *unanswered: it failed with the request sent
+ * and no answer read, so the server may still write r. */
 int client_shm_get_begin(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
                          struct tport_shm *r, Tport__GetBeginReply **out, client_payload *payload,
-                         tport_err *err);
+                         bool *unanswered, tport_err *err);
 /* The bytes a get wrote at offset of r (at most cap): checked against the
  * reply (and its CRC32C with verify). */
 int client_shm_check_get(tport_client *c, const Tport__GetBeginReply *b, const struct tport_shm *r,

@@ -134,7 +134,7 @@ static int get_begin(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
   q.wait_ms = wait_ms;
   return client_rpc_waiting(c, wait_ms, TPORT__METHOD__METHOD_GET_BEGIN, &q.base,
                             &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload,
-                            err);
+                            NULL, err);
 }
 
 int client_get_destination(tport_client *c, const client_get_desc *g, const Tport__GetBeginReply *b,
@@ -237,10 +237,16 @@ int client_socket_get(tport_client *c, const client_get_desc *g, struct tport_sh
   client_payload inl = {0};
   *region_want = 0;
   *region_spoiled = false;
-  int rc = region ? client_shm_get_begin(c, g->ref, g->wait_ms, region, &b, &inl, err)
+  bool unanswered = false;
+  int rc = region ? client_shm_get_begin(c, g->ref, g->wait_ms, region, &b, &inl, &unanswered, err)
                   : get_begin(c, g->ref, g->wait_ms, &b, &inl, err);
-  if (rc)
+  if (rc) {
+    /* a GetBegin the server may still carry out (its reply did not come:
+     * a timeout, a cancel) may still write the region, after its next
+     * user's bytes */
+    *region_spoiled = region && unanswered;
     return rc;
+  }
   rc = client_socket_get_rest(c, g, b, &inl, region, alloced, nbytes, info, err);
   /* a tensor too large for the region came by socket: next time it fits */
   *region_want = b->shm || b->shm_chunks ? 0 : (size_t)b->nbytes;

@@ -43,7 +43,8 @@ int tport_info_wait(tport_client *c, const tport_ref *ref, uint32_t wait_ms, tpo
   q.wait_ms = wait_ms;
   Tport__InfoReply *r;
   int rc = client_rpc_waiting(c, wait_ms, TPORT__METHOD__METHOD_INFO, &q.base,
-                              &tport__info_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
+                              &tport__info_reply__descriptor, (ProtobufCMessage **)&r, NULL, NULL,
+                              err);
   if (!rc) {
     client_info_from_wire(r->info, out);
     protobuf_c_message_free_unpacked(&r->base, NULL);

@@ -81,8 +81,16 @@ static int put_by_region(tport_client *c, const client_put_desc *d, tport_tensor
     d->fill(tport_shm_data(r), d->nbytes, d->fill_arg);
   else
     fill_copy(tport_shm_data(r), d->nbytes, (void *)d->data);
-  int rc = client_shm_put(c, r, 0, d->nbytes, d->dtype, d->ndim, d->sizes, d->strides, o, out, err);
-  client_shm_auto_done(c, 0);
+  bool unanswered = false;
+  int rc = client_shm_put(c, r, 0, d->nbytes, d->dtype, d->ndim, d->sizes, d->strides, o, out,
+                          &unanswered, err);
+  /* a put the server may still carry out reads the region then: the next
+   * transfer's bytes must not be there (a named put with replace would
+   * publish them) */
+  if (unanswered)
+    client_shm_auto_retire(c);
+  else
+    client_shm_auto_done(c, 0);
   return rc;
 }
 

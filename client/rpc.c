@@ -259,7 +259,7 @@ int client_slot_finish(client_slot *s, tport_err *err)
 static int exchange(tport_client *c, uint32_t wait_ms, uint16_t method, const ProtobufCMessage *q,
                     const void *payload, size_t n, const ProtobufCMessageDescriptor *d,
                     ProtobufCMessage **out, client_payload *reply_payload, nng_pipe *reply_pipe,
-                    tport_err *err)
+                    bool *unanswered, tport_err *err)
 {
   client_slot s;
   nng_msg *m;
@@ -277,6 +277,8 @@ static int exchange(tport_client *c, uint32_t wait_ms, uint16_t method, const Pr
   if (!rc) {
     client_slot_send(&s, m);
     rc = client_slot_finish(&s, err);
+    if (rc && unanswered)
+      *unanswered = !s.refused; /* it went out (or may have): no answer read */
   }
   if (abortable)
     client_request_abortable(NULL);
@@ -298,12 +300,13 @@ int client_exchange(tport_client *c, uint16_t method, const ProtobufCMessage *q,
                     ProtobufCMessage **out, client_payload *reply_payload, nng_pipe *reply_pipe,
                     tport_err *err)
 {
-  return exchange(c, 0, method, q, payload, n, d, out, reply_payload, reply_pipe, err);
+  return exchange(c, 0, method, q, payload, n, d, out, reply_payload, reply_pipe, NULL, err);
 }
 
 int client_exchange_waiting(tport_client *c, uint32_t wait_ms, uint16_t method,
                             const ProtobufCMessage *q, const ProtobufCMessageDescriptor *d,
-                            ProtobufCMessage **out, client_payload *reply_payload, tport_err *err)
+                            ProtobufCMessage **out, client_payload *reply_payload,
+                            bool *unanswered, tport_err *err)
 {
-  return exchange(c, wait_ms, method, q, NULL, 0, d, out, reply_payload, NULL, err);
+  return exchange(c, wait_ms, method, q, NULL, 0, d, out, reply_payload, NULL, unanswered, err);
 }

@@ -212,14 +212,20 @@ int client_rpc(tport_client *c, uint16_t method, const ProtobufCMessage *q, cons
 
 int client_rpc_waiting(tport_client *c, uint32_t wait_ms, uint16_t method,
                        const ProtobufCMessage *q, const ProtobufCMessageDescriptor *d,
-                       ProtobufCMessage **out, client_payload *reply_payload, tport_err *err)
+                       ProtobufCMessage **out, client_payload *reply_payload, bool *unanswered,
+                       tport_err *err)
 {
-  if (!wait_ms)
-    return client_rpc(c, method, q, NULL, 0, d, out, reply_payload, err);
+  if (unanswered)
+    *unanswered = false;
   /* A request that waits for a name holds no credit: parked on the server
    * it holds no worker and counts against no window there (tportd bounds
    * such requests by their own count, 16 a connection), and holding one
    * here for seconds would stall the requests that publish the name. */
-  int rc = hello_again(c, err);
-  return rc ? rc : client_exchange_waiting(c, wait_ms, method, q, d, out, reply_payload, err);
+  int rc = wait_ms ? hello_again(c, err) : client_credits_take(c, 1, err);
+  if (rc)
+    return rc;
+  rc = client_exchange_waiting(c, wait_ms, method, q, d, out, reply_payload, unanswered, err);
+  if (!wait_ms)
+    client_credits_give(c, 1);
+  return rc;
 }

@@ -201,7 +201,8 @@ int client_shm_tensor_at(const tport_shm *r, size_t offset, tport_dtype dtype, i
 
 int client_shm_put(tport_client *c, tport_shm *r, size_t offset, size_t nbytes, tport_dtype dtype,
                    int ndim, const int64_t *sizes, const int64_t *strides,
-                   const tport_put_options *opts, tport_tensor_info *out, tport_err *err)
+                   const tport_put_options *opts, tport_tensor_info *out, bool *unanswered,
+                   tport_err *err)
 {
   tport_put_options defaults;
   if (!opts) {
@@ -219,8 +220,9 @@ int client_shm_put(tport_client *c, tport_shm *r, size_t offset, size_t nbytes, 
     q.crc32c = transport_crc32c(0, r->data + offset, nbytes);
   }
   Tport__PutBeginReply *b;
-  int rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, NULL, 0,
-                      &tport__put_begin_reply__descriptor, (ProtobufCMessage **)&b, NULL, err);
+  int rc = client_rpc_waiting(c, 0, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base,
+                              &tport__put_begin_reply__descriptor, (ProtobufCMessage **)&b, NULL,
+                              unanswered, err);
   if (rc)
     return rc;
   if (opts->progress)
@@ -241,14 +243,17 @@ int tport_put_shm(tport_client *c, tport_shm *r, size_t offset, tport_dtype dtyp
   int rc = client_shm_tensor_at(r, offset, dtype, ndim, sizes, &nbytes, err);
   if (rc)
     return rc;
-  return client_shm_put(c, r, offset, nbytes, dtype, ndim, sizes, strides, opts, out, err);
+  return client_shm_put(c, r, offset, nbytes, dtype, ndim, sizes, strides, opts, out, NULL, err);
 }
 
 /* GetBegin into a slice of r; with fallback, a tensor that does not fit
- * (or fits inline) comes back the ordinary way instead: *in_region says. */
+ * (or fits inline) comes back the ordinary way instead: *in_region says.
+ * *unanswered (when not NULL) as client_rpc_waiting's: the server may
+ * still write the slice. */
 static int get_begin_shm(tport_client *c, const tport_ref *ref, uint32_t wait_ms, tport_shm *r,
                          size_t offset, size_t cap, bool fallback, bool chunks, int fmt,
-                         Tport__GetBeginReply **out, client_payload *payload, tport_err *err)
+                         Tport__GetBeginReply **out, client_payload *payload, bool *unanswered,
+                         tport_err *err)
 {
   Tport__Ref w;
   client_ref_to_wire(ref, &w);
@@ -265,7 +270,7 @@ static int get_begin_shm(tport_client *c, const tport_ref *ref, uint32_t wait_ms
   q.wait_ms = wait_ms;
   return client_rpc_waiting(c, wait_ms, TPORT__METHOD__METHOD_GET_BEGIN, &q.base,
                             &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload,
-                            err);
+                            unanswered, err);
 }
 
 /* The bytes a get wrote into the region: as many as it said, with the
@@ -297,7 +302,7 @@ static int get_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t o
   if (rc)
     return rc;
   Tport__GetBeginReply *b;
-  if ((rc = get_begin_shm(c, ref, 0, r, offset, cap, false, false, fmt, &b, NULL, err)) != TPORT_OK)
+  if ((rc = get_begin_shm(c, ref, 0, r, offset, cap, false, false, fmt, &b, NULL, NULL, err)) != TPORT_OK)
     return rc;
   if (!b->shm)
     rc = tport_err_set(err, TPORT_INTERNAL, "the server did not write into the region");
@@ -326,6 +331,23 @@ int tport_get_shm_format(tport_client *c, const tport_ref *ref, tport_shm *r, si
 
 /* ---------------------------------------------------------------- the automatic region */
 
+/* Releases on the server the automatic regions retired since the last
+ * region was made (shm_mu held): a server that did not answer in time may
+ * answer now; one of an earlier connection has them no more. */
+static void release_retired(tport_client *c)
+{
+  while (c->shm_retired) {
+    tport_shm *r = c->shm_retired;
+    c->shm_retired = r->retired;
+    if (r->pipe == atomic_load(&c->live_pipe)) {
+      tport_shm_release(r, NULL);
+      continue;
+    }
+    unlink_region(c, r);
+    region_unmap(r);
+  }
+}
+
 /* Makes the cached region hold at least need bytes (shm_mu held). */
 static bool cache_fit(tport_client *c, size_t need)
 {
@@ -344,6 +366,7 @@ static bool cache_fit(tport_client *c, size_t need)
   if (now_ms < c->shm_retry_ms)
     return c->shm_cache != NULL && c->shm_cache->nbytes >= need;
   size_t old = c->shm_cache ? c->shm_cache->nbytes : 0;
+  release_retired(c);
   size_t want = need > 2 * old ? need : 2 * old;
   if (want > CLIENT_SHM_MAX_BYTES)
     want = need;
@@ -390,10 +413,16 @@ void client_shm_auto_done(tport_client *c, size_t want)
 
 void client_shm_auto_retire(tport_client *c)
 {
-  /* released on the server, which unmaps it after its last write; here
-   * unmapped now: a late write lands in memory nobody reads */
-  if (c->shm_cache) {
-    tport_shm_release(c->shm_cache, NULL);
+  /* unmapped here now: a late write lands in memory nobody reads here.
+   * Released on the server (which unmaps it after its last write) when the
+   * next region is made: not now, right after the server did not answer in
+   * time, which would make the caller wait that long again. */
+  tport_shm *r = c->shm_cache;
+  if (r) {
+    munmap(r->data, r->nbytes);
+    r->data = NULL;
+    r->retired = c->shm_retired;
+    c->shm_retired = r;
     c->shm_cache = NULL;
   }
   pthread_mutex_unlock(&c->shm_mu);
@@ -407,11 +436,14 @@ void client_shm_close(tport_client *c)
     unlink_region(c, r);
     region_unmap(r);
   }
-  c->shm_cache = NULL; /* it was one of them */
+  c->shm_cache = NULL; /* it was one of them, and so were the retired */
+  c->shm_retired = NULL;
 }
 
 int client_shm_get_begin(tport_client *c, const tport_ref *ref, uint32_t wait_ms, tport_shm *r,
-                         Tport__GetBeginReply **out, client_payload *payload, tport_err *err)
+                         Tport__GetBeginReply **out, client_payload *payload, bool *unanswered,
+                         tport_err *err)
 {
-  return get_begin_shm(c, ref, wait_ms, r, 0, r->nbytes, true, true, -1, out, payload, err);
+  return get_begin_shm(c, ref, wait_ms, r, 0, r->nbytes, true, true, -1, out, payload, unanswered,
+                       err);
 }

@@ -470,7 +470,11 @@ int tport_get_batch_dlpack_async(tport_client *c, tport_get_item *items, size_t 
  * get into it: the bytes are copied once, by the server, and never cross a
  * socket.  A region lives until tport_shm_release (or the connection's
  * end, on the server's side).  Needs a local URL and a server that offers
- * shared memory (tport_shm_available). */
+ * shared memory (tport_shm_available).  A put or get of a region that
+ * fails before the server's answer came (DEADLINE_EXCEEDED from the
+ * client's timeout, a cancel, the connection lost) may still be carried
+ * out: the server may read or write the slice later, so put other bytes
+ * there only in a region made since (libtport's automatic region does so). */
 typedef struct tport_shm tport_shm;
 
 bool tport_shm_available(tport_client *c);

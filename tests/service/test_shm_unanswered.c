@@ -1,0 +1,182 @@
+/*
+ * test_shm_unanswered.c: a request through libtport's automatic region
+ * whose answer never came (the client's timeout) may still be carried out
+ * by the server -- a get's bytes written into the region, a put's read
+ * from it -- so that region is never the automatic one again: the next
+ * transfer gets a fresh one.  Before, the next transfer's bytes went into
+ * the same region, where a late write could land on them, and a late put
+ * stored (and published, under a name) the next transfer's bytes.
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "client_internal.h"
+#include "service_util.h"
+
+static char sock_dir[64];
+
+/* A server with the shm socket; chunks of 1 MiB, so that a tensor of 512
+ * KiB is offered the automatic region and moved there in one request. */
+static server *start(char *url, size_t len, int workers)
+{
+  server_config cfg;
+  svc_config_shm(&cfg, "shmu", sock_dir, sizeof sock_dir);
+  cfg.chunk_bytes = 1 << 20;
+  if (workers)
+    cfg.workers = workers;
+  return svc_start_with(&cfg, url, len);
+}
+
+static void stop(server *s)
+{
+  server_stop(s, 0);
+  rmdir(sock_dir);
+}
+
+static tport_client *connect_to(const char *url)
+{
+  tport_client *c;
+  tport_err err;
+  tport_connect_options o = {.tenant = "t", .timeout_ms = 20000};
+  cr_assert_eq(tport_connect(url, &o, &c, &err), 0, "connect %s: %s", url, err.msg);
+  return c;
+}
+
+#define N ((size_t)512 << 10)
+
+static uint8_t *values(unsigned seed)
+{
+  uint8_t *v = malloc(N);
+  cr_assert(v);
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < N; i++) {
+    x = x * 1664525u + 1013904223u;
+    v[i] = (uint8_t)(x >> 24);
+  }
+  return v;
+}
+
+/* Puts v (N bytes) to device under name (NULL: none); the call's status. */
+static int put(tport_client *c, const uint8_t *v, const char *device, const char *name,
+               tport_tensor_info *info, tport_err *err)
+{
+  tport_put_options o;
+  tport_put_options_init(&o);
+  o.device = device;
+  o.name = name;
+  int64_t sz = (int64_t)N;
+  return tport_put(c, TPORT_UINT8, 1, &sz, NULL, v, N, &o, info, err);
+}
+
+static uint64_t region_id(const tport_client *c)
+{
+  cr_assert_not_null(c->shm_cache, "no automatic region");
+  return c->shm_cache->id;
+}
+
+Test(shm_unanswered, a_get_whose_answer_never_came_never_reuses_its_region)
+{
+  char url[96];
+  server *s = start(url, sizeof url, 0);
+  tport_client *c = connect_to(url);
+  uint8_t *v = values(12), *back = malloc(N);
+  tport_tensor_info info;
+  tport_err err;
+  cr_assert_eq(put(c, v, "sim:0", NULL, &info, &err), 0, "%s", err.msg);
+  cr_assert_eq(tport_get(c, &info.ref, back, N, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+  uint64_t first = region_id(c);
+  sim_set_delay_range(600000, 600000); /* each sim op 0.6 s */
+  int timeout = c->timeout_ms;
+  c->timeout_ms = 150;
+  int rc = tport_get(c, &info.ref, back, N, NULL, NULL, NULL, &err);
+  c->timeout_ms = timeout;
+  cr_assert_eq(rc, TPORT_DEADLINE_EXCEEDED, "%s (%s)", tport_strerror(rc), err.msg);
+  cr_assert(c->shm_cache == NULL || c->shm_cache->id != first,
+            "region %llu is still the automatic region after a get into it got no answer",
+            (unsigned long long)first);
+  usleep(900000); /* the late write ends */
+  sim_set_delay_range(0, 0);
+  memset(back, 0, N);
+  cr_assert_eq(tport_get(c, &info.ref, back, N, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+  cr_assert_eq(memcmp(back, v, N), 0);
+  cr_assert_neq(region_id(c), first, "the next get went through the region written late");
+  /* the retired region was released on the server when the next was made */
+  cr_assert_eq(svc_server_counter(url, "shm_regions"), 1);
+  free(back);
+  free(v);
+  tport_close(c);
+  stop(s);
+}
+
+typedef struct slow_get {
+  const char *url;
+  tport_ref ref;
+} slow_get;
+
+/* Another connection's get from sim:0 (slowed): holds the one worker. */
+static void *get_slowly(void *arg)
+{
+  slow_get *g = arg;
+  tport_client *c = connect_to(g->url);
+  uint8_t *back = malloc(N);
+  tport_err err;
+  tport_get(c, &g->ref, back, N, NULL, NULL, NULL, &err);
+  free(back);
+  tport_close(c);
+  return NULL;
+}
+
+/* One worker, busy with another connection's slow get: a named put through
+ * the region waits in the queue past the client's timeout, and the next put
+ * is queued behind it.  The late put reads the region when it runs; were
+ * the next put's bytes there, "first" would hold them. */
+Test(shm_unanswered, a_put_whose_answer_never_came_stores_its_own_bytes)
+{
+  char url[96];
+  server *s = start(url, sizeof url, 1);
+  tport_client *c = connect_to(url);
+  uint8_t *a = values(21), *b = values(22), *back = malloc(N);
+  tport_tensor_info slow;
+  tport_err err;
+  cr_assert_eq(put(c, a, "sim:0", NULL, &slow, &err), 0, "%s", err.msg);
+  cr_assert_eq(put(c, a, "cpu", NULL, NULL, &err), 0, "%s", err.msg); /* makes the region */
+  uint64_t first = region_id(c);
+  sim_set_delay_range(500000, 500000);
+  slow_get g = {.url = url, .ref = slow.ref};
+  pthread_t t;
+  pthread_create(&t, NULL, get_slowly, &g);
+  usleep(100000); /* its request holds the worker */
+  int timeout = c->timeout_ms;
+  c->timeout_ms = 100;
+  int rc = put(c, a, "cpu", "first", NULL, &err);
+  c->timeout_ms = timeout;
+  cr_assert_eq(rc, TPORT_DEADLINE_EXCEEDED, "%s (%s)", tport_strerror(rc), err.msg);
+  cr_assert(c->shm_cache == NULL || c->shm_cache->id != first,
+            "region %llu is still the automatic region after a put from it got no answer",
+            (unsigned long long)first);
+  cr_assert_eq(put(c, b, "cpu", "second", NULL, &err), 0, "%s", err.msg);
+  pthread_join(t, NULL);
+  sim_set_delay_range(0, 0);
+  tport_ref byname = {0};
+  snprintf(byname.name, sizeof byname.name, "first");
+  tport_tensor_info i;
+  for (int k = 0; k < 200 && tport_info(c, &byname, &i, &err) != 0; k++)
+    usleep(10000);
+  cr_assert_eq(tport_get(c, &byname, back, N, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+  cr_assert(memcmp(back, a, N) == 0,
+            "the put that got no answer stored bytes that are not its own%s",
+            memcmp(back, b, N) == 0 ? " (the next put's)" : "");
+  snprintf(byname.name, sizeof byname.name, "second");
+  cr_assert_eq(tport_get(c, &byname, back, N, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+  cr_assert_eq(memcmp(back, b, N), 0);
+  free(back);
+  free(a);
+  free(b);
+  tport_close(c);
+  stop(s);
+}
