@@ -87,26 +87,29 @@ DEF_LD(c128, c128_t)
            : (creal((c128_t)(x)) != 0 || cimag((c128_t)(x)) != 0), default                         \
            : ((x) != 0))
 
-#define ST_BOOL(p, x) (*(uint8_t *)(p) = (uint8_t)NONZERO(x))
-#define ST_UINT8(p, x) (*(uint8_t *)(p) = (uint8_t)(uint64_t)TO_I64ISH(REAL(x)))
-#define ST_INT8(p, x) (*(int8_t *)(p) = (int8_t)TO_I32ISH(REAL(x)))
-#define ST_INT16(p, x) (*(int16_t *)(p) = (int16_t)TO_I32ISH(REAL(x)))
-#define ST_INT32(p, x) (*(int32_t *)(p) = (int32_t)TO_I32ISH(REAL(x)))
-#define ST_INT64(p, x) (*(int64_t *)(p) = TO_I64ISH(REAL(x)))
-#define ST_FLOAT16(p, x) (*(uint16_t *)(p) = f16_from_f32((float)REAL(x)))
-#define ST_BFLOAT16(p, x) (*(uint16_t *)(p) = bf16_from_f32((float)REAL(x)))
-#define ST_FLOAT32(p, x) (*(float *)(p) = (float)REAL(x))
-#define ST_FLOAT64(p, x) (*(double *)(p) = (double)REAL(x))
+/* Stores likewise through memcpy: a destination may be unaligned too (a
+ * get into a region's slice at the client's offset). */
+#define ST_AS(T, p, v)                                                                             \
+  do {                                                                                             \
+    T st_v_ = (v);                                                                                 \
+    memcpy((p), &st_v_, sizeof st_v_);                                                             \
+  } while (0)
+#define ST_BOOL(p, x) ST_AS(uint8_t, p, (uint8_t)NONZERO(x))
+#define ST_UINT8(p, x) ST_AS(uint8_t, p, (uint8_t)(uint64_t)TO_I64ISH(REAL(x)))
+#define ST_INT8(p, x) ST_AS(int8_t, p, (int8_t)TO_I32ISH(REAL(x)))
+#define ST_INT16(p, x) ST_AS(int16_t, p, (int16_t)TO_I32ISH(REAL(x)))
+#define ST_INT32(p, x) ST_AS(int32_t, p, (int32_t)TO_I32ISH(REAL(x)))
+#define ST_INT64(p, x) ST_AS(int64_t, p, TO_I64ISH(REAL(x)))
+#define ST_FLOAT16(p, x) ST_AS(uint16_t, p, f16_from_f32((float)REAL(x)))
+#define ST_BFLOAT16(p, x) ST_AS(uint16_t, p, bf16_from_f32((float)REAL(x)))
+#define ST_FLOAT32(p, x) ST_AS(float, p, (float)REAL(x))
+#define ST_FLOAT64(p, x) ST_AS(double, p, (double)REAL(x))
 #define ST_COMPLEX64(p, x)                                                                         \
-  (*(c64_t *)(p) = _Generic((x), c64_t                                                             \
-                            : (x), c128_t                                                          \
-                            : (c64_t)(x), default                                                  \
-                            : CMPLXF((float)(x), 0.0f)))
+  ST_AS(c64_t, p,                                                                                  \
+        _Generic((x), c64_t : (x), c128_t : (c64_t)(x), default : CMPLXF((float)(x), 0.0f)))
 #define ST_COMPLEX128(p, x)                                                                        \
-  (*(c128_t *)(p) = _Generic((x), c64_t                                                            \
-                             : (c128_t)(x), c128_t                                                 \
-                             : (x), default                                                        \
-                             : CMPLX((double)(x), 0.0)))
+  ST_AS(c128_t, p,                                                                                 \
+        _Generic((x), c64_t : (c128_t)(x), c128_t : (x), default : CMPLX((double)(x), 0.0)))
 
 #define SZ_BOOL 1
 #define SZ_UINT8 1
@@ -219,63 +222,32 @@ cast_loop_fn cpu_cast_loop(tport_dtype dst, tport_dtype src)
   return cast_table[dst][src];
 }
 
-/* ---- negation and conjugation, in place, in the destination dtype. */
-#define DEF_NEG(NAME, T)                                                                           \
-  static void neg_##NAME(char *p, int64_t n, int64_t s)                                            \
+/* ---- negation and conjugation, in place, in the destination dtype (an
+ * element moved out and back through memcpy: it may be unaligned). */
+#define DEF_INPLACE(NAME, T, OP)                                                                   \
+  static void NAME(char *p, int64_t n, int64_t s)                                                  \
   {                                                                                                \
     for (int64_t i = 0; i < n; i++) {                                                              \
-      T *e = (T *)(p + i * s);                                                                     \
-      *e = (T)(-*e);                                                                               \
+      T e;                                                                                         \
+      memcpy(&e, p + i * s, sizeof e);                                                             \
+      e = OP;                                                                                      \
+      memcpy(p + i * s, &e, sizeof e);                                                             \
     }                                                                                              \
   }
-DEF_NEG(u8, uint8_t)
-DEF_NEG(i8, int8_t)
-DEF_NEG(i16, int16_t)
-
-DEF_NEG(f32, float)
-DEF_NEG(f64, double)
-DEF_NEG(c64, c64_t)
-DEF_NEG(c128, c128_t)
-
+DEF_INPLACE(neg_u8, uint8_t, (uint8_t)(-e))
+DEF_INPLACE(neg_i8, int8_t, (int8_t)(-e))
+DEF_INPLACE(neg_i16, int16_t, (int16_t)(-e))
+DEF_INPLACE(neg_f32, float, -e)
+DEF_INPLACE(neg_f64, double, -e)
+DEF_INPLACE(neg_c64, c64_t, -e)
+DEF_INPLACE(neg_c128, c128_t, -e)
 /* int32/int64 negation wraps like PyTorch's (INT_MIN stays INT_MIN) without UB. */
-static void neg_i32(char *p, int64_t n, int64_t s)
-{
-  for (int64_t i = 0; i < n; i++) {
-    int32_t *e = (int32_t *)(p + i * s);
-    *e = (int32_t)(0u - (uint32_t)*e);
-  }
-}
-
-static void neg_i64(char *p, int64_t n, int64_t s)
-{
-  for (int64_t i = 0; i < n; i++) {
-    int64_t *e = (int64_t *)(p + i * s);
-    *e = (int64_t)(0u - (uint64_t)*e);
-  }
-}
-
+DEF_INPLACE(neg_i32, int32_t, (int32_t)(0u - (uint32_t)e))
+DEF_INPLACE(neg_i64, int64_t, (int64_t)(0u - (uint64_t)e))
 /* float16/bfloat16: negation flips the sign bit (exact, NaN included). */
-static void neg_half(char *p, int64_t n, int64_t s)
-{
-  for (int64_t i = 0; i < n; i++)
-    *(uint16_t *)(p + i * s) ^= 0x8000u;
-}
-
-static void conj_c64(char *p, int64_t n, int64_t s)
-{
-  for (int64_t i = 0; i < n; i++) {
-    c64_t *e = (c64_t *)(p + i * s);
-    *e = conjf(*e);
-  }
-}
-
-static void conj_c128(char *p, int64_t n, int64_t s)
-{
-  for (int64_t i = 0; i < n; i++) {
-    c128_t *e = (c128_t *)(p + i * s);
-    *e = conj(*e);
-  }
-}
+DEF_INPLACE(neg_half, uint16_t, (uint16_t)(e ^ 0x8000u))
+DEF_INPLACE(conj_c64, c64_t, conjf(e))
+DEF_INPLACE(conj_c128, c128_t, conj(e))
 
 unary_loop_fn cpu_neg_loop(tport_dtype dt)
 {

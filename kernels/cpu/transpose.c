@@ -66,14 +66,20 @@ bool cpu_transpose_eligible(const plan *p, size_t dsize, size_t ssize)
 
 /* ---- the plain loop: dst[i1*ds1 + i0*es] = src[i0*ss0 + i1*es]. */
 
-/* One tile with typed loads and stores, no call per row, so that the compiler
- * keeps the tile in registers and cache. */
+/* One tile with element-sized moves, no call per row, so that the compiler
+ * keeps the tile in registers and cache.  Either side may be unaligned (a
+ * put converts straight from the received message, a get into a region's
+ * slice at the client's offset): each move goes through a fixed-size
+ * memcpy, the same plain move on x86-64 without the undefined behaviour. */
 #define RAW_TILE(T)                                                                                \
   for (int64_t i1 = 0; i1 < n1; i1++) {                                                            \
-    T *d = (T *)(dst + i1 * ds1);                                                                  \
+    char *d = dst + i1 * ds1;                                                                      \
     const char *s = src + i1 * (int64_t)sizeof(T);                                                 \
-    for (int64_t i0 = 0; i0 < n0; i0++)                                                            \
-      d[i0] = *(const T *)(s + i0 * ss0);                                                          \
+    for (int64_t i0 = 0; i0 < n0; i0++) {                                                          \
+      T v;                                                                                         \
+      memcpy(&v, s + i0 * ss0, sizeof v);                                                          \
+      memcpy(d + i0 * (int64_t)sizeof v, &v, sizeof v);                                            \
+    }                                                                                              \
   }
 
 typedef struct {

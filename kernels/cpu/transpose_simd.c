@@ -24,12 +24,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The scalar edge: also the whole block off x86-64. */
+/* The scalar edge: also the whole block off x86-64.  Moves through
+ * fixed-size memcpy: either side may be unaligned (transpose.c's RAW_TILE). */
 #define SCALAR_RECT(T)                                                                             \
   for (int64_t i1 = i1a; i1 < i1b; i1++)                                                           \
-    for (int64_t i0 = i0a; i0 < i0b; i0++)                                                         \
-      *(T *)(dst + i1 * ds1 + i0 * (int64_t)sizeof(T)) =                                           \
-          *(const T *)(src + i0 * ss0 + i1 * (int64_t)sizeof(T));
+    for (int64_t i0 = i0a; i0 < i0b; i0++) {                                                       \
+      T v;                                                                                         \
+      memcpy(&v, src + i0 * ss0 + i1 * (int64_t)sizeof(T), sizeof v);                              \
+      memcpy(dst + i1 * ds1 + i0 * (int64_t)sizeof(T), &v, sizeof v);                              \
+    }
 
 static void scalar_rect(size_t es, char *dst, const char *src, int64_t i0a, int64_t i0b,
                         int64_t i1a, int64_t i1b, int64_t ds1, int64_t ss0)
