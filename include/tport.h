@@ -278,8 +278,13 @@ int tport_stats(tport_client *c, tport_counter **out, size_t *n, tport_err *err)
  * chunk size, allocated once and kept until tport_close): transfers of
  * device memory on one client take turns on it; use several clients to run
  * them side by side.  The calling thread's current device is the tensor's
- * during the call and restored before it returns.  Same host: device
- * memory goes over the socket too (CUDA IPC handles are not passed yet). */
+ * during the call and restored before it returns.  Same host (the server's
+ * shm socket reachable, shared memory not turned off by no_shm or
+ * TPORT_SHM=0, TPORT_CUDA_IPC not 0): instead of the ring, the allocation
+ * itself is handed to the server by CUDA IPC, once per connection, and
+ * copied device to device; a put or get that fails before the server's
+ * answer came (the client's timeout, the connection lost) may still be
+ * carried out there, reading or writing the memory later. */
 int tport_put_dlpack(tport_client *c, const DLTensor *t, const tport_put_options *opts,
                      tport_tensor_info *out, tport_err *err);
 int tport_get_dlpack(tport_client *c, const tport_ref *ref, DLManagedTensor **out, tport_err *err);
@@ -472,9 +477,9 @@ int tport_get_batch_dlpack_async(tport_client *c, tport_get_item *items, size_t 
  * end, on the server's side).  Needs a local URL and a server that offers
  * shared memory (tport_shm_available).  A put or get of a region that
  * fails before the server's answer came (DEADLINE_EXCEEDED from the
- * client's timeout, a cancel, the connection lost) may still be carried
- * out: the server may read or write the slice later, so put other bytes
- * there only in a region made since (libtport's automatic region does so). */
+ * client's timeout, the connection lost) may still be carried out: the
+ * server may read or write the slice later, so put other bytes there only
+ * in a region made since (libtport's automatic region does so). */
 typedef struct tport_shm tport_shm;
 
 bool tport_shm_available(tport_client *c);
