@@ -156,10 +156,10 @@ static int hold_slice(call *c, const Tport__ShmSlice *sl, shm_region **held, uin
 typedef struct put_source {
   uint8_t *p;
   size_t len;
-  bool pinned;         /* host memory the GPU driver reads directly */
-  bool on_dev;         /* GPU memory of mem_dev (a CUDA IPC region) */
+  bool pinned; /* host memory the GPU driver reads directly */
+  bool on_dev; /* GPU memory of mem_dev (a CUDA IPC region) */
   tport_device mem_dev;
-  shm_region *held;    /* the region's; NULL for the payload */
+  shm_region *held; /* the region's; NULL for the payload */
 } put_source;
 
 /* A put that commits at once: the client's bytes, in its layout, converted
@@ -177,8 +177,10 @@ static int put_at_once(call *c, const Tport__PutBeginRequest *q, const meta_layo
   bool region = in->held != NULL;
   tport_tensor *src = NULL, *final = NULL;
   reg_reservation paid = REG_RESERVATION_INIT(&s->reg, c->pipe);
-  int rc = wrap_any(in->p, in->len, in->pinned, in->on_dev, in->mem_dev, from, l->ndim, l->sizes,
-                l->strides, &src, &c->err);
+  int rc = reg_add_check(&s->reg, q->name, q->ttl_ms, &c->err); /* before the copy */
+  if (!rc)
+    rc = wrap_any(in->p, in->len, in->pinned, in->on_dev, in->mem_dev, from, l->ndim, l->sizes,
+                  l->strides, &src, &c->err);
   int64_t t0 = metrics_now_ns();
   if (!rc) {
     to_options o = *convert;
@@ -187,8 +189,7 @@ static int put_at_once(call *c, const Tport__PutBeginRequest *q, const meta_layo
     o.copy = true; /* never an alias of the client's memory nor the payload */
     o.non_blocking = !region && q->non_blocking;
     bool aliased = false;
-    /* the stored tensor is charged before it is made */
-    size_t need = 0;
+    size_t need = 0; /* the stored tensor is charged before it is made */
     rc = tensor_to_nbytes(src, &o, &need, &c->err);
     if (!rc && (rc = wire_charge_begin(c, &paid, need, "the put's tensor")) == TPORT_OK) {
       rc = tensor_to(src, &o, &final, &aliased, &c->err);
@@ -200,11 +201,8 @@ static int put_at_once(call *c, const Tport__PutBeginRequest *q, const meta_layo
       rc = tensor_sync(final, &c->err);
     rc = settle_region(src, in->pinned, rc, &c->err);
   }
-  metrics_stage_since(&s->metrics,
-                      dev.type != TPORT_DEV_CPU ? STAGE_HOST_TO_DEVICE
-                      : (convert->has_dtype || convert->has_format) ? STAGE_CONVERT
-                                                                    : STAGE_STAGE,
-                      t0);
+  metrics_stage st = convert->has_dtype || convert->has_format ? STAGE_CONVERT : STAGE_STAGE;
+  metrics_stage_since(&s->metrics, dev.type != TPORT_DEV_CPU ? STAGE_HOST_TO_DEVICE : st, t0);
   tensor_release(src);
   if (rc) {
     tensor_release(final);

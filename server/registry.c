@@ -295,18 +295,23 @@ static void add_link(registry *r, reg_session *s, reg_entry *e, bool keep, uint6
   tn->uploads += e->up != NULL;
 }
 
+int reg_add_check(const registry *r, const char *name, uint64_t ttl_ms, tport_err *err)
+{
+  if (name && *name && strlen(name) >= REG_NAME_MAX)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "name is %zu bytes: the limit is %d",
+                         strlen(name), REG_NAME_MAX - 1);
+  if (ttl_ms > r->limits.max_ttl_ms)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "ttl_ms is %llu: the longest is %llu",
+                         (unsigned long long)ttl_ms, (unsigned long long)r->limits.max_ttl_ms);
+  return TPORT_OK;
+}
+
 static int add_entry(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
                      bool keep, uint64_t ttl_ms, size_t reserve, reg_reservation *paid,
                      bool replace, reg_entry **out, tport_err *err)
 {
-  int rc = TPORT_OK;
   bool named = name && *name;
-  if (named && strlen(name) >= REG_NAME_MAX)
-    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "name is %zu bytes: the limit is %d",
-                       strlen(name), REG_NAME_MAX - 1);
-  else if (ttl_ms > r->limits.max_ttl_ms)
-    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "ttl_ms is %llu: the longest is %llu",
-                       (unsigned long long)ttl_ms, (unsigned long long)r->limits.max_ttl_ms);
+  int rc = reg_add_check(r, name, ttl_ms, err);
   reg_entry *e = rc ? NULL : calloc(1, sizeof *e);
   if (!rc && (!e || !random_ids(e->handle, REG_HANDLE_BYTES)))
     rc = tport_err_set(err, TPORT_INTERNAL, "cannot create a handle");

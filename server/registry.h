@@ -267,6 +267,9 @@ extern void (*reg_test_entry_free)(registry *r);
  * that charges the entry (success or not), so the bytes are never counted
  * twice nor left uncounted.  Returns the entry with a reference for the
  * caller (reg_put it). */
+/* reg_add's checks of its arguments alone (the name's length, ttl_ms),
+ * for a caller to make before the work of the tensor it would add. */
+int reg_add_check(const registry *r, const char *name, uint64_t ttl_ms, tport_err *err);
 int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
             bool keep, uint64_t ttl_ms, size_t reserve, reg_reservation *paid, reg_entry **out,
             tport_err *err);

@@ -712,6 +712,15 @@ Test(hostile, absurd_values_are_refused_by_name)
   refused("PutBegin with a 200-byte name",
           raw_call(&r, TPORT__METHOD__METHOD_PUT_BEGIN, &nq.base, NULL, 0, NULL, msg, NULL, NULL),
           msg, TPORT_INVALID_ARGUMENT, "name");
+  nq.commit = true; /* the whole tensor in the request: refused before it is copied */
+  refused("PutBegin with commit and a 200-byte name",
+          raw_call(&r, TPORT__METHOD__METHOD_PUT_BEGIN, &nq.base, v16, 4, NULL, msg, NULL, NULL),
+          msg, TPORT_INVALID_ARGUMENT, "name");
+  nq.name = "ttl";
+  nq.ttl_ms = UINT64_MAX;
+  refused("PutBegin with commit and ttl_ms UINT64_MAX",
+          raw_call(&r, TPORT__METHOD__METHOD_PUT_BEGIN, &nq.base, v16, 4, NULL, msg, NULL, NULL),
+          msg, TPORT_INVALID_ARGUMENT, "ttl");
   Tport__Ref empty = mkref(NULL, 0, "");
   refused("Info of a ref with a 0-byte name and no handle", info_of(&r, &empty, msg), msg,
           TPORT_INVALID_ARGUMENT, "name|ref|handle");
