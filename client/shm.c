@@ -332,8 +332,8 @@ int tport_get_shm_format(tport_client *c, const tport_ref *ref, tport_shm *r, si
 /* ---------------------------------------------------------------- the automatic region */
 
 /* Releases on the server the automatic regions retired since the last
- * region was made (shm_mu held): a server that did not answer in time may
- * answer now; one of an earlier connection has them no more. */
+ * use (shm_mu held): a server that did not answer in time may answer now;
+ * one of an earlier connection has them no more. */
 static void release_retired(tport_client *c)
 {
   while (c->shm_retired) {
@@ -392,6 +392,7 @@ tport_shm *client_shm_auto_take(tport_client *c, size_t cap)
 {
   if (!atomic_load(&c->shm_auto) || pthread_mutex_trylock(&c->shm_mu) != 0)
     return NULL;
+  release_retired(c); /* a get of any size comes here: retired ones do not linger */
   if (atomic_load(&c->shm_auto) &&
       ((cap >= CLIENT_SHM_MIN_BYTES && cap <= CLIENT_SHM_MAX_BYTES) ||
        (c->shm_cache && c->shm_cache->pipe != atomic_load(&c->live_pipe))))
@@ -414,9 +415,9 @@ void client_shm_auto_done(tport_client *c, size_t want)
 void client_shm_auto_retire(tport_client *c)
 {
   /* unmapped here now: a late write lands in memory nobody reads here.
-   * Released on the server (which unmaps it after its last write) when the
-   * next region is made: not now, right after the server did not answer in
-   * time, which would make the caller wait that long again. */
+   * Released on the server (which unmaps it after its last write) by the
+   * automatic region's next use: not now, right after the server did not
+   * answer in time, which would make the caller wait that long again. */
   tport_shm *r = c->shm_cache;
   if (r) {
     munmap(r->data, r->nbytes);
