@@ -12,15 +12,17 @@
  * upload's state machine (which chunks are claimed and received) is the
  * registry's (registry.h).
  *
- * Same host: a PutBegin (with commit) may name a slice of a region
- * (regions.h) instead of carrying bytes: they are copied once, from the
- * region into the tensor, converted on the way where the put asks for it.
+ * A PutBegin with commit -- its bytes in the payload, or (same host) in a
+ * slice of a region (regions.h) it names -- makes no upload: put_once.c
+ * copies them once into the stored tensor, converted on the way.  Only one
+ * into managed memory still lands and commits here.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "crc32c.h"
 #include "dtype.h"
+#include "put_once.h"
 #include "validate.h"
 #include "wire.h"
 #include "wrap.h"
@@ -77,8 +79,7 @@ static int land(call *c, tport_tensor *landing, int st, size_t off, const uint8_
 
 /* A payload sent with its CRC32C must arrive with it: else DATA_LOSS, naming
  * the chunk, and nothing is written (the client may send it again). */
-static int check_crc32c_of(call *c, bool set, uint32_t sent, uint64_t off, const uint8_t *p,
-                           size_t n)
+int check_crc32c_of(call *c, bool set, uint32_t sent, uint64_t off, const uint8_t *p, size_t n)
 {
   if (!set)
     return TPORT_OK;
@@ -120,7 +121,7 @@ static int put_bytes(call *c, reg_entry *e, uint64_t off, const uint8_t *p, size
 
 /* PutBegin's reply: the entry's ref, the chunking, and the stored tensor
  * when the put committed (final); releases the caller's reference to e. */
-static int put_begin_reply(call *c, reg_entry *e, tport_tensor *final)
+int put_begin_reply(call *c, reg_entry *e, tport_tensor *final)
 {
   server *s = c->srv;
   wire_info wi;
@@ -149,96 +150,6 @@ static int hold_slice(call *c, const Tport__ShmSlice *sl, shm_region **held, uin
 {
   return shm_hold(c->srv->shm, c->pipe, sl->region, sl->offset, sl->length, held, p, pinned,
                   &c->err);
-}
-
-/* Where the bytes of a put that commits at once are: its payload, or a
- * region's slice (held, until the copy from it has ended). */
-typedef struct put_source {
-  uint8_t *p;
-  size_t len;
-  bool pinned; /* host memory the GPU driver reads directly */
-  bool on_dev; /* GPU memory of mem_dev (a CUDA IPC region) */
-  tport_device mem_dev;
-  shm_region *held; /* the region's; NULL for the payload */
-} put_source;
-
-/* A put that commits at once: the client's bytes, in its layout, converted
- * (to the device, dtype and memory format asked) by one copy straight into
- * the tensor that is stored -- what an upload's landing and commit make of
- * them, without the landing, its chunk maps and their steps under the
- * registry's lock.  From a region, the copy ends before the region may go;
- * from the payload (freed with the request), a device copy is staged before
- * this returns and may still be in flight where the put is non_blocking. */
-static int put_at_once(call *c, const Tport__PutBeginRequest *q, const meta_layout *l,
-                       tport_dtype from, tport_device dev, const to_options *convert,
-                       const put_source *in)
-{
-  server *s = c->srv;
-  bool region = in->held != NULL;
-  tport_tensor *src = NULL, *final = NULL;
-  reg_reservation paid = REG_RESERVATION_INIT(&s->reg, c->pipe);
-  int rc = reg_add_check(&s->reg, q->name, q->ttl_ms, &c->err); /* before the copy */
-  if (!rc)
-    rc = wrap_any(in->p, in->len, in->pinned, in->on_dev, in->mem_dev, from, l->ndim, l->sizes,
-                  l->strides, &src, &c->err);
-  int64_t t0 = metrics_now_ns();
-  if (!rc) {
-    to_options o = *convert;
-    o.has_device = true;
-    o.device = dev;
-    o.copy = true; /* never an alias of the client's memory nor the payload */
-    o.non_blocking = !region && q->non_blocking;
-    bool aliased = false;
-    size_t need = 0; /* the stored tensor is charged before it is made */
-    rc = tensor_to_nbytes(src, &o, &need, &c->err);
-    if (!rc && (rc = wire_charge_begin(c, &paid, need, "the put's tensor")) == TPORT_OK) {
-      rc = tensor_to(src, &o, &final, &aliased, &c->err);
-      wire_charge_end(&paid);
-    }
-    if (!rc && (aliased || final->storage == src->storage))
-      rc = tport_err_set(&c->err, TPORT_INTERNAL, "a put aliased the client's bytes");
-    if (!rc && !o.non_blocking)
-      rc = tensor_sync(final, &c->err);
-    rc = settle_region(src, in->pinned, rc, &c->err);
-  }
-  metrics_stage st = convert->has_dtype || convert->has_format ? STAGE_CONVERT : STAGE_STAGE;
-  metrics_stage_since(&s->metrics, dev.type != TPORT_DEV_CPU ? STAGE_HOST_TO_DEVICE : st, t0);
-  tensor_release(src);
-  if (rc) {
-    tensor_release(final);
-    reg_reservation_release(&paid);
-    return rc;
-  }
-  if (region) {
-    atomic_fetch_add(&s->bytes_in, in->len);
-    shm_count_transfer(s->shm);
-  }
-  reg_entry *e;
-  rc = (q->replace ? reg_add_replacing : reg_add)(&s->reg, c->pipe, final, NULL, q->name, q->keep,
-                                                  q->ttl_ms, 0, &paid, &e, &c->err);
-  if (rc)
-    return rc; /* final freed with the entry that could not be */
-  return put_begin_reply(c, e, final);
-}
-
-/* A put from a region (a PutBegin with commit that names a slice). */
-static int put_from_region(call *c, const Tport__PutBeginRequest *q, const meta_layout *l,
-                           tport_dtype from, tport_device dev, const to_options *convert)
-{
-  put_source in = {0};
-  int rc = hold_whole(c, q->shm, &in.held, &in.p, &in.pinned, &in.mem_dev, &in.on_dev);
-  if (rc)
-    return rc;
-  in.len = (size_t)q->shm->length;
-  if (in.on_dev && q->crc32c_set)
-    rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
-                       "crc32c: the bytes of a CUDA IPC region are not read by the host");
-  else
-    rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, 0, in.p, in.len);
-  if (!rc)
-    rc = put_at_once(c, q, l, from, dev, convert, &in);
-  shm_unhold(c->srv->shm, in.held);
-  return rc;
 }
 
 /* A PutBegin's descriptor and what comes with it, checked: a dense tensor
@@ -437,11 +348,11 @@ int h_put_begin(call *c)
   /* --uvm: every put to a device lands in managed memory */
   unsigned flags = q->managed || (s->cfg.uvm && dev.type != TPORT_DEV_CPU) ? STORAGE_MANAGED : 0;
   if (q->shm && !flags)
-    return put_from_region(c, q, &l, put.from, dev, &put.convert);
+    return put_once_from_region(c, q, &l, put.from, dev, &put.convert);
   if (q->commit && !q->shm && !flags) {
     /* the whole tensor in the payload (its crc32c checked above) */
     put_source in = {.p = (uint8_t *)c->payload, .len = c->payload_len};
-    return put_at_once(c, q, &l, put.from, dev, &put.convert, &in);
+    return put_once(c, q, &l, put.from, dev, &put.convert, &in);
   }
   /* The landing tensor (converting on arrival, the final one) and what a
    * conversion at the commit will make are charged before either exists:
