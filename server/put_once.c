@@ -9,8 +9,48 @@
  */
 #include "put_once.h"
 
+#include "crc32c.h"
 #include "wire.h"
 #include "wrap.h"
+
+/* A payload sent with its CRC32C must arrive with it: else DATA_LOSS, naming
+ * the chunk, and nothing is written (the client may send it again). */
+int check_crc32c_of(call *c, bool set, uint32_t sent, uint64_t off, const uint8_t *p, size_t n)
+{
+  if (!set)
+    return TPORT_OK;
+  uint32_t got = transport_crc32c(0, p, n);
+  if (got == sent)
+    return TPORT_OK;
+  return tport_err_set(&c->err, TPORT_DATA_LOSS,
+                       "the chunk at offset %llu (%zu bytes) arrived with CRC32C 0x%08x; it was "
+                       "sent with 0x%08x",
+                       (unsigned long long)off, n, got, sent);
+}
+
+/* PutBegin's reply: the entry's ref, the chunking, and the stored tensor
+ * when the put committed (final); releases the caller's reference to e. */
+int put_begin_reply(call *c, reg_entry *e, tport_tensor *final)
+{
+  server *s = c->srv;
+  wire_info wi;
+  Tport__PutBeginReply r = TPORT__PUT_BEGIN_REPLY__INIT;
+  if (final) {
+    wire_fill_info(&wi, e, final);
+    r.info = &wi.info;
+  }
+  Tport__Ref ref = TPORT__REF__INIT;
+  ref.handle.data = e->handle;
+  ref.handle.len = REG_HANDLE_BYTES;
+  ref.name = e->name;
+  r.status = wire_ok();
+  r.ref = &ref;
+  r.chunk_bytes = s->cfg.chunk_bytes;
+  r.window = (uint32_t)s->cfg.window;
+  int rc = call_reply(c, &r.base, NULL, 0);
+  reg_put(&s->reg, e);
+  return rc;
+}
 
 /* To the cpu as it is: a tensor with the client's layout, its bytes
  * copied in (no tensor over the client's bytes, no copy plan).  Charged

@@ -32,9 +32,10 @@ int put_once(call *c, const Tport__PutBeginRequest *q, const meta_layout *l, tpo
 int put_once_from_region(call *c, const Tport__PutBeginRequest *q, const meta_layout *l,
                          tport_dtype from, tport_device dev, const to_options *convert);
 
-/* handlers_put.c: PutBegin's reply (the stored tensor's info when the put
- * committed; releases the caller's reference to e), and the check of bytes
- * sent with their CRC32C (DATA_LOSS naming the chunk at off). */
+/* Shared with the uploads of handlers_put.c: PutBegin's reply (the stored
+ * tensor's info when the put committed; releases the caller's reference to
+ * e), and the check of bytes sent with their CRC32C (DATA_LOSS naming the
+ * chunk at off). */
 int put_begin_reply(call *c, reg_entry *e, tport_tensor *final);
 int check_crc32c_of(call *c, bool set, uint32_t sent, uint64_t off, const uint8_t *p, size_t n);
 
