@@ -16,6 +16,7 @@
 
 #include "backend.h"
 #include "client_internal.h"
+#include "server_internal.h"
 #include "service_util.h"
 
 static char sock_dir[64];
@@ -105,52 +106,88 @@ Test(shm_unanswered, a_get_whose_answer_never_came_never_reuses_its_region)
   cr_assert_eq(tport_get(c, &info.ref, back, N, NULL, NULL, NULL, &err), 0, "%s", err.msg);
   cr_assert_eq(memcmp(back, v, N), 0);
   cr_assert_neq(region_id(c), first, "the next get went through the region written late");
-  /* the retired region was released on the server when the next was made */
-  cr_assert_eq(svc_server_counter(url, "shm_regions"), 1);
+  /* the retired region is released on the server at the region's next use
+   * (once the late write has let go of it) */
+  int64_t regions = 0;
+  for (int k = 0; k < 500 && (regions = svc_server_counter(url, "shm_regions")) != 1; k++)
+    usleep(10000);
+  cr_assert_eq(regions, 1, "%lld regions on the server", (long long)regions);
   free(back);
   free(v);
   tport_close(c);
   stop(s);
 }
 
-typedef struct slow_get {
-  const char *url;
-  tport_ref ref;
-} slow_get;
+/* ---- holding the one worker: a List of another connection waits in
+ * server_test_before_handle until released (no timing decides the order) */
 
-/* Another connection's get from sim:0 (slowed): holds the one worker. */
-static void *get_slowly(void *arg)
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
+static bool holding, hold_on;
+
+static void hold_list(server *s, uint32_t pipe, uint16_t method)
 {
-  slow_get *g = arg;
-  tport_client *c = connect_to(g->url);
-  uint8_t *back = malloc(N);
+  (void)s;
+  (void)pipe;
+  if (method != TPORT__METHOD__METHOD_LIST)
+    return;
+  pthread_mutex_lock(&hold_mu);
+  holding = true;
+  pthread_cond_broadcast(&hold_cv);
+  while (hold_on)
+    pthread_cond_wait(&hold_cv, &hold_mu);
+  holding = false;
+  pthread_mutex_unlock(&hold_mu);
+}
+
+static void *list_once(void *arg)
+{
+  tport_client *c = connect_to(arg);
+  tport_tensor_info *v;
+  size_t n;
   tport_err err;
-  tport_get(c, &g->ref, back, N, NULL, NULL, NULL, &err);
-  free(back);
+  if (tport_list(c, &v, &n, &err) == 0)
+    free(v);
   tport_close(c);
   return NULL;
 }
 
-/* One worker, busy with another connection's slow get: a named put through
- * the region waits in the queue past the client's timeout, and the next put
- * is queued behind it.  The late put reads the region when it runs; were
- * the next put's bytes there, "first" would hold them. */
+/* Waits until the server has n requests queued or at work. */
+static void wait_busy(server *s, int n)
+{
+  for (int i = 0;; i++) {
+    pthread_mutex_lock(&s->qmu);
+    int b = s->busy;
+    pthread_mutex_unlock(&s->qmu);
+    if (b >= n)
+      return;
+    cr_assert_lt(i, 2000, "%d requests in the server, waited for %d", b, n);
+    usleep(5000);
+  }
+}
+
+/* One worker, held by another connection's List: a named put through the
+ * region waits in the queue past the client's timeout, and the next put
+ * (or, now, the release of the retired region it begins with) is queued
+ * behind it.  When the late put runs it reads the region: were the next
+ * put's bytes there, "first" would hold them. */
 Test(shm_unanswered, a_put_whose_answer_never_came_stores_its_own_bytes)
 {
   char url[96];
   server *s = start(url, sizeof url, 1);
   tport_client *c = connect_to(url);
   uint8_t *a = values(21), *b = values(22), *back = malloc(N);
-  tport_tensor_info slow;
   tport_err err;
-  cr_assert_eq(put(c, a, "sim:0", NULL, &slow, &err), 0, "%s", err.msg);
   cr_assert_eq(put(c, a, "cpu", NULL, NULL, &err), 0, "%s", err.msg); /* makes the region */
   uint64_t first = region_id(c);
-  sim_set_delay_range(500000, 500000);
-  slow_get g = {.url = url, .ref = slow.ref};
+  hold_on = true;
+  server_test_before_handle = hold_list;
   pthread_t t;
-  pthread_create(&t, NULL, get_slowly, &g);
-  usleep(100000); /* its request holds the worker */
+  pthread_create(&t, NULL, list_once, url);
+  pthread_mutex_lock(&hold_mu);
+  while (!holding)
+    pthread_cond_wait(&hold_cv, &hold_mu);
+  pthread_mutex_unlock(&hold_mu);
   int timeout = c->timeout_ms;
   c->timeout_ms = 100;
   int rc = put(c, a, "cpu", "first", NULL, &err);
@@ -159,9 +196,23 @@ Test(shm_unanswered, a_put_whose_answer_never_came_stores_its_own_bytes)
   cr_assert(c->shm_cache == NULL || c->shm_cache->id != first,
             "region %llu is still the automatic region after a put from it got no answer",
             (unsigned long long)first);
-  cr_assert_eq(put(c, b, "cpu", "second", NULL, &err), 0, "%s", err.msg);
+  int64_t sz = (int64_t)N;
+  tport_put_options o;
+  tport_put_options_init(&o);
+  o.name = "second";
+  tport_request *second;
+  cr_assert_eq(tport_put_async(c, TPORT_UINT8, 1, &sz, NULL, b, N, &o, NULL, NULL, NULL, &second,
+                               &err),
+               0, "%s", err.msg);
+  wait_busy(s, 3); /* the List, the late put, the next request */
+  pthread_mutex_lock(&hold_mu);
+  hold_on = false;
+  pthread_cond_broadcast(&hold_cv);
+  pthread_mutex_unlock(&hold_mu);
   pthread_join(t, NULL);
-  sim_set_delay_range(0, 0);
+  cr_assert_eq(tport_wait(second, -1, &err), 0, "%s", err.msg);
+  tport_request_free(second);
+  server_test_before_handle = NULL;
   tport_ref byname = {0};
   snprintf(byname.name, sizeof byname.name, "first");
   tport_tensor_info i;
