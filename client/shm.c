@@ -302,7 +302,8 @@ static int get_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t o
   if (rc)
     return rc;
   Tport__GetBeginReply *b;
-  if ((rc = get_begin_shm(c, ref, 0, r, offset, cap, false, false, fmt, &b, NULL, NULL, err)) != TPORT_OK)
+  rc = get_begin_shm(c, ref, 0, r, offset, cap, false, false, fmt, &b, NULL, NULL, err);
+  if (rc)
     return rc;
   if (!b->shm)
     rc = tport_err_set(err, TPORT_INTERNAL, "the server did not write into the region");
@@ -366,7 +367,6 @@ static bool cache_fit(tport_client *c, size_t need)
   if (now_ms < c->shm_retry_ms)
     return c->shm_cache != NULL && c->shm_cache->nbytes >= need;
   size_t old = c->shm_cache ? c->shm_cache->nbytes : 0;
-  release_retired(c);
   size_t want = need > 2 * old ? need : 2 * old;
   if (want > CLIENT_SHM_MAX_BYTES)
     want = need;
