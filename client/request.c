@@ -93,8 +93,10 @@ void client_request_finish(tport_request *r, int status, const tport_err *e)
   r->status = status;
   if (status && e)
     r->err = *e;
+  else if (status)
+    tport_err_set(&r->err, status, "%s", tport_status_name(status));
   else
-    tport_err_set(&r->err, status, "%s", status ? tport_status_name(status) : "");
+    tport_err_clear(&r->err); /* no formatting: 10,000 small puts finish here */
   r->finished = true;
   pthread_mutex_unlock(&done_mu);
   /* the callback first: a wait that returns has seen it return, so that
