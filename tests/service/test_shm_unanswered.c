@@ -39,15 +39,6 @@ static void stop(server *s)
   rmdir(sock_dir);
 }
 
-static tport_client *connect_to(const char *url)
-{
-  tport_client *c;
-  tport_err err;
-  tport_connect_options o = {.tenant = "t", .timeout_ms = 20000};
-  cr_assert_eq(tport_connect(url, &o, &c, &err), 0, "connect %s: %s", url, err.msg);
-  return c;
-}
-
 #define N ((size_t)512 << 10)
 
 static uint8_t *values(unsigned seed)
@@ -84,7 +75,7 @@ Test(shm_unanswered, a_get_whose_answer_never_came_never_reuses_its_region)
 {
   char url[96];
   server *s = start(url, sizeof url, 0);
-  tport_client *c = connect_to(url);
+  tport_client *c = svc_connect(url, "t");
   uint8_t *v = values(12), *back = malloc(N);
   tport_tensor_info info;
   tport_err err;
@@ -142,7 +133,7 @@ static void hold_list(server *s, uint32_t pipe, uint16_t method)
 
 static void *list_once(void *arg)
 {
-  tport_client *c = connect_to(arg);
+  tport_client *c = svc_connect(arg, "t");
   tport_tensor_info *v;
   size_t n;
   tport_err err;
@@ -175,7 +166,7 @@ Test(shm_unanswered, a_put_whose_answer_never_came_stores_its_own_bytes)
 {
   char url[96];
   server *s = start(url, sizeof url, 1);
-  tport_client *c = connect_to(url);
+  tport_client *c = svc_connect(url, "t");
   uint8_t *a = values(21), *b = values(22), *back = malloc(N);
   tport_err err;
   cr_assert_eq(put(c, a, "cpu", NULL, NULL, &err), 0, "%s", err.msg); /* makes the region */
