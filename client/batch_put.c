@@ -21,7 +21,8 @@
  *     tensors cost ~6 ms of 60).
  * Where the automatic region is on, tensors of at least its size go by
  * path.c as a tport_put of their own would (one copy into the region beats
- * the socket).  An element begun with a server that refuses it (a server
+ * the socket), and the small ones' bytes go through it too: each group in
+ * flight has a slot of it (batch_region.h), the request names slices.  An element begun with a server that refuses it (a server
  * before uncommitted batch elements) or whose chunks are smaller than the
  * client's goes by path.c too, after the window.  Every element keeps its
  * own result; one that fails mid-way is aborted on the server.
@@ -30,23 +31,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena.h"
-#include "batch.h"
-#include "crc32c.h"
+#include "batch_put.h"
 
 bool client_batch_fits(const tport_client *c, size_t nbytes)
 {
   return nbytes < CLIENT_SHM_MIN_BYTES && nbytes <= c->chunk_bytes;
-}
-
-/* An element this large has its bytes lent to its request (where the
- * transport can send from them) rather than copied: up to
- * CLIENT_LEND_SEGMENTS of them a request, after the copied ones. */
-#define BATCH_LEND_MIN ((size_t)256 << 10)
-
-static bool is_lent(const tport_client *c, size_t nbytes)
-{
-  return c->lend_chunks && nbytes >= BATCH_LEND_MIN;
 }
 
 /* Whether an element rides in a batch's request: a small one always; one
@@ -63,173 +52,34 @@ static bool chunked_in_batch(const tport_client *c, size_t nbytes)
   return nbytes > c->chunk_bytes && !atomic_load(&c->shm_auto);
 }
 
-/* ---------------------------------------------------------------- the plan */
-
-typedef enum unit_kind { U_BEGINS, U_GROUP, U_CHUNK, U_END } unit_kind;
-
-/* Where an element in chunks stands. */
-typedef enum chunked_state {
-  CH_WAITING, /* its PutBegin not answered */
-  CH_BEGUN,   /* an upload on the server: chunks go */
-  CH_FAILED,  /* a chunk failed (the element's err says why): aborted */
-  CH_REDO,    /* refused here: put by path.c after the window (aborted if begun) */
-  CH_LOST,    /* its PutBegin's answer unreadable: nothing more to send */
-  CH_ENDED,   /* committed or aborted */
-} chunked_state;
-
-typedef struct chunked {
-  size_t item;                  /* in items */
-  size_t begin_unit;            /* the unit whose answer begins it */
-  size_t first_chunk, nchunks;  /* its chunks' units */
-  chunked_state state;
-  bool begun;                   /* an upload exists on the server (to end) */
-  bool aborting;                /* its end unit sent PutAbort, not PutCommit */
-  size_t landed;                /* bytes answered */
-  uint8_t handle[TPORT_HANDLE_BYTES];
-  Tport__Ref ref;
-} chunked;
-
-typedef struct unit {
-  unit_kind kind;
-  size_t which; /* the group (U_GROUP, U_BEGINS), or the element in chunks */
-} unit;
-
-typedef struct put_plan {
-  tport_client *c;
-  tport_put_item *items;
-  size_t *idx, *start;  /* the groups: group g is idx[start[g] .. start[g + 1]) */
-  size_t ngroups;
-  chunked *ch;          /* the elements in chunks */
-  size_t nch, *bstart;  /* begins' group b is ch[bstart[b] .. bstart[b + 1]) */
-  size_t nbegins;
-  unit *units;
-  size_t nunits;
-  lent_chunks lent;     /* bytes lent to requests, the caller's again at the end */
-  arena replies;        /* where a PutBatch's reply is unpacked (reset after it) */
-} put_plan;
-
-/* ---------------------------------------------------------------- PutBatch */
-
-/* The j-th of the k elements a request carries from first on. */
-typedef tport_put_item *(*kth_fn)(put_plan *pp, size_t first, size_t j);
-
-/* A PutBatch of the k PutBegins qp (lens: their payloads' lengths): its
- * head, then the copied elements' bytes (copied of them in all), then the
- * nlent lent ones' (the group's last), lent to the message. */
-static int batch_message(put_plan *pp, Tport__PutBeginRequest **qp, uint64_t *lens, size_t k,
-                         kth_fn kth, size_t first, size_t copied, size_t nlent, nng_msg **out,
-                         tport_err *err)
-{
-  Tport__PutBatchRequest q = TPORT__PUT_BATCH_REQUEST__INIT;
-  q.n_puts = q.n_payload_bytes = k;
-  q.puts = qp;
-  q.payload_bytes = lens;
-  size_t head = frame_head_size(&q.base);
-  if (nng_msg_alloc(out, head + copied) != 0)
-    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte batch",
-                         head + copied);
-  uint8_t *at = nng_msg_body(*out);
-  frame_write_head(at, TPORT__METHOD__METHOD_PUT_BATCH, 0, &q.base);
-  at += head;
-  for (size_t j = 0; j < k - nlent; j++) {
-    tport_put_item *it = kth(pp, first, j);
-    if (lens[j])
-      memcpy(at, it->data, it->nbytes);
-    at += lens[j];
-  }
-  if (!nlent)
-    return TPORT_OK;
-  const void *ps[CLIENT_LEND_SEGMENTS];
-  size_t ns[CLIENT_LEND_SEGMENTS];
-  for (size_t j = 0; j < nlent; j++) {
-    tport_put_item *it = kth(pp, first, k - nlent + j);
-    ps[j] = it->data;
-    ns[j] = it->nbytes;
-  }
-  int rc = client_msg_lend(&pp->lent, *out, ps, ns, (int)nlent, err);
-  if (rc)
-    nng_msg_free(*out);
-  return rc;
-}
-
-/* The PutBegins of k elements (kth(pp, first, j) the j-th), commit as said,
- * into arrays made here: a group's (its lent elements last) or the begins'
- * (no bytes). */
-static int batch_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool commit,
-                         nng_msg **out, tport_err *err)
-{
-  Tport__TensorDesc *descs = calloc(k, sizeof *descs);
-  Tport__PutBeginRequest *qs = calloc(k, sizeof *qs);
-  Tport__PutBeginRequest **qp = calloc(k, sizeof *qp);
-  uint64_t *lens = calloc(k, sizeof *lens);
-  tport_put_options defaults;
-  tport_put_options_init(&defaults);
-  size_t copied = 0, nlent = 0;
-  int rc = descs && qs && qp && lens
-               ? TPORT_OK
-               : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a batch");
-  for (size_t j = 0; !rc && j < k; j++) {
-    tport_put_item *it = kth(pp, first, j);
-    client_put_request(pp->c, it->dtype, it->ndim, it->sizes, it->strides,
-                       it->opts ? it->opts : &defaults, &descs[j], &qs[j]);
-    qs[j].commit = commit;
-    if (commit && pp->c->verify) {
-      qs[j].crc32c_set = true;
-      qs[j].crc32c = transport_crc32c(0, it->data, it->nbytes);
-    }
-    qp[j] = &qs[j];
-    lens[j] = commit ? it->nbytes : 0;
-    if (commit && is_lent(pp->c, it->nbytes))
-      nlent++; /* the group's last (plan_groups) */
-    else
-      copied += lens[j]; /* within a chunk (the groups' bound) */
-  }
-  if (!rc)
-    rc = batch_message(pp, qp, lens, k, kth, first, copied, nlent, out, err);
-  free(descs), free(qs), free(qp), free(lens);
-  return rc;
-}
-
-static tport_put_item *group_kth(put_plan *pp, size_t first, size_t j)
-{
-  return &pp->items[pp->idx[first + j]];
-}
-
-static tport_put_item *begun_kth(put_plan *pp, size_t first, size_t j)
-{
-  return &pp->items[pp->ch[first + j].item];
-}
-
-/* A PutBatch's reply: its k elements' replies, or an error for all. */
-static int batch_reply(put_plan *pp, client_slot *s, size_t k, Tport__PutBatchReply **r,
-                       tport_err *err)
-{
-  int rc = client_unpack_in(TPORT__METHOD__METHOD_PUT_BATCH, s->reply,
-                            &tport__put_batch_reply__descriptor, &pp->replies,
-                            (ProtobufCMessage **)r, NULL, err);
-  if (!rc && (*r)->n_puts != k)
-    rc = tport_err_set(err, TPORT_DATA_LOSS, "the server answered %zu of %zu elements",
-                       (*r)->n_puts, k);
-  return rc;
-}
-
 /* ---------------------------------------------------------------- the units */
 
+/* Group g's PutBatch, its bytes in a slot of the region where one is free. */
 static int group_make(put_plan *pp, size_t g, nng_msg **out, tport_err *err)
 {
   size_t first = pp->start[g];
-  return batch_request(pp, first, pp->start[g + 1] - first, group_kth, true, out, err);
+  pp->slot[g] = batch_region_take(pp->c, &pp->region);
+  int rc = batch_put_request(pp, first, pp->start[g + 1] - first, batch_put_group_kth, true,
+                             pp->slot[g], out, err);
+  if (rc) { /* never sent */
+    batch_region_give(&pp->region, pp->slot[g]);
+    pp->slot[g] = BATCH_NO_SLOT;
+  }
+  return rc;
 }
 
-/* Group g's reply: each element's result, or the group's error for all. */
+/* Group g's reply: each element's result, or the group's error for all.
+ * Answered, the server has read its slot: free again. */
 static void group_take(put_plan *pp, client_slot *s, size_t g)
 {
   size_t first = pp->start[g], k = pp->start[g + 1] - first;
+  batch_region_give(&pp->region, pp->slot[g]);
+  pp->slot[g] = BATCH_NO_SLOT;
   Tport__PutBatchReply *r = NULL;
   tport_err ge;
-  int rc = batch_reply(pp, s, k, &r, &ge);
+  int rc = batch_put_reply(pp, s, k, &r, &ge);
   for (size_t j = 0; j < k; j++) {
-    tport_put_item *it = group_kth(pp, first, j);
+    tport_put_item *it = batch_put_group_kth(pp, first, j);
     tport_err_clear(&it->err);
     if (rc) {
       it->err = ge;
@@ -242,129 +92,6 @@ static void group_take(put_plan *pp, client_slot *s, size_t g)
   }
 }
 
-static int begins_make(put_plan *pp, size_t b, nng_msg **out, tport_err *err)
-{
-  size_t first = pp->bstart[b];
-  return batch_request(pp, first, pp->bstart[b + 1] - first, begun_kth, false, out, err);
-}
-
-/* Begins' group b answered: each element begun (its handle kept), or to be
- * put on its own after the window (refused, or chunked finer than here). */
-static void begins_take(put_plan *pp, client_slot *s, size_t b)
-{
-  size_t first = pp->bstart[b], k = pp->bstart[b + 1] - first;
-  Tport__PutBatchReply *r = NULL;
-  tport_err ge;
-  int rc = batch_reply(pp, s, k, &r, &ge);
-  for (size_t j = 0; j < k; j++) {
-    chunked *e = &pp->ch[first + j];
-    tport_put_item *it = &pp->items[e->item];
-    if (rc) { /* whether any began cannot be known: the connection's end frees them */
-      it->err = ge;
-      e->state = CH_LOST;
-      continue;
-    }
-    const Tport__PutBeginReply *b1 = r->puts[j];
-    tport_err why;
-    if (batch_element_status(b1->status, &why) != TPORT_OK) {
-      e->state = CH_REDO; /* the put of its own says what is wrong, if anything */
-      continue;
-    }
-    if (!b1->ref || b1->ref->handle.len != TPORT_HANDLE_BYTES) {
-      tport_err_set(&it->err, TPORT_DATA_LOSS, "the server's reply names no upload");
-      e->state = CH_LOST;
-      continue;
-    }
-    memcpy(e->handle, b1->ref->handle.data, TPORT_HANDLE_BYTES);
-    tport__ref__init(&e->ref);
-    e->ref.handle.data = e->handle;
-    e->ref.handle.len = TPORT_HANDLE_BYTES;
-    e->begun = true;
-    /* a server whose chunks are smaller than the ones planned here */
-    e->state = b1->chunk_bytes && b1->chunk_bytes < pp->c->chunk_bytes ? CH_REDO : CH_BEGUN;
-  }
-}
-
-static int chunk_make(put_plan *pp, size_t u, chunked *e, nng_msg **out, tport_err *err)
-{
-  if (e->state != CH_BEGUN) {
-    *out = NULL; /* nothing more of it goes */
-    return TPORT_OK;
-  }
-  tport_put_item *it = &pp->items[e->item];
-  size_t chunk = pp->c->chunk_bytes, off = (u - e->first_chunk) * chunk;
-  size_t len = it->nbytes - off < chunk ? it->nbytes - off : chunk;
-  const uint8_t *bytes = (const uint8_t *)it->data + off;
-  Tport__PutChunkRequest q = TPORT__PUT_CHUNK_REQUEST__INIT;
-  q.ref = &e->ref;
-  q.offset = off;
-  if (pp->c->verify) {
-    q.crc32c_set = true;
-    q.crc32c = transport_crc32c(0, bytes, len);
-  }
-  if (pp->c->lend_chunks)
-    return client_pack_lent(&pp->lent, TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, bytes, len, out,
-                            err);
-  return client_pack(TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, bytes, len, out, err);
-}
-
-static void chunk_take(put_plan *pp, client_slot *s, size_t u, chunked *e)
-{
-  tport_put_item *it = &pp->items[e->item];
-  ProtobufCMessage *r;
-  if (client_unpack(TPORT__METHOD__METHOD_PUT_CHUNK, s->reply,
-                    &tport__put_chunk_reply__descriptor, &r, NULL, &it->err) != TPORT_OK) {
-    e->state = CH_FAILED; /* its commit becomes an abort */
-    return;
-  }
-  protobuf_c_message_free_unpacked(r, NULL);
-  size_t chunk = pp->c->chunk_bytes, off = (u - e->first_chunk) * chunk;
-  e->landed += it->nbytes - off < chunk ? it->nbytes - off : chunk;
-  if (it->opts && it->opts->progress)
-    it->opts->progress(it->opts->progress_arg, e->landed, it->nbytes);
-}
-
-/* PutCommit where every chunk landed, PutAbort where it was begun and
- * something failed, nothing where nothing was begun. */
-static int end_message(tport_client *c, chunked *e, const tport_put_item *it, nng_msg **out,
-                       tport_err *err)
-{
-  if (!e->begun || e->state == CH_ENDED) {
-    *out = NULL;
-    return TPORT_OK;
-  }
-  e->aborting = e->state != CH_BEGUN;
-  if (e->aborting) {
-    Tport__PutAbortRequest aq = TPORT__PUT_ABORT_REQUEST__INIT;
-    aq.ref = &e->ref;
-    return client_pack(TPORT__METHOD__METHOD_PUT_ABORT, &aq.base, NULL, 0, out, err);
-  }
-  Tport__PutCommitRequest cq = TPORT__PUT_COMMIT_REQUEST__INIT;
-  cq.ref = &e->ref;
-  cq.non_blocking = it->opts && it->opts->non_blocking;
-  return client_pack(TPORT__METHOD__METHOD_PUT_COMMIT, &cq.base, NULL, 0, out, err);
-}
-
-static void end_take(put_plan *pp, client_slot *s, chunked *e)
-{
-  tport_put_item *it = &pp->items[e->item];
-  chunked_state was = e->state;
-  e->state = CH_ENDED;
-  e->begun = false;
-  if (e->aborting) {
-    e->state = was == CH_REDO ? CH_REDO : CH_ENDED; /* its own put still to come */
-    return; /* best effort: the element's error is what failed before */
-  }
-  Tport__PutCommitReply *cr;
-  if (client_unpack(TPORT__METHOD__METHOD_PUT_COMMIT, s->reply,
-                    &tport__put_commit_reply__descriptor, (ProtobufCMessage **)&cr, NULL,
-                    &it->err) != TPORT_OK)
-    return;
-  tport_err_clear(&it->err);
-  client_info_from_wire(cr->info, &it->info);
-  protobuf_c_message_free_unpacked(&cr->base, NULL);
-}
-
 static int unit_make(void *ctx, size_t u, size_t one, nng_msg **out, tport_err *err)
 {
   (void)one;
@@ -372,13 +99,13 @@ static int unit_make(void *ctx, size_t u, size_t one, nng_msg **out, tport_err *
   const unit *un = &pp->units[u];
   switch (un->kind) {
   case U_BEGINS:
-    return begins_make(pp, un->which, out, err);
+    return batch_put_begins_make(pp, un->which, out, err);
   case U_GROUP:
     return group_make(pp, un->which, out, err);
   case U_CHUNK:
-    return chunk_make(pp, u, &pp->ch[un->which], out, err);
+    return batch_put_chunk_make(pp, u, &pp->ch[un->which], out, err);
   default:
-    return end_message(pp->c, &pp->ch[un->which], &pp->items[pp->ch[un->which].item], out, err);
+    return batch_put_end_make(pp, &pp->ch[un->which], out, err);
   }
 }
 
@@ -392,7 +119,7 @@ static int unit_take(void *ctx, client_slot *s, tport_err *err)
   const unit *un = &pp->units[u];
   switch (un->kind) {
   case U_BEGINS:
-    begins_take(pp, s, un->which);
+    batch_put_begins_take(pp, s, un->which);
     arena_reset(&pp->replies); /* what the reply was unpacked into */
     break;
   case U_GROUP:
@@ -400,10 +127,10 @@ static int unit_take(void *ctx, client_slot *s, tport_err *err)
     arena_reset(&pp->replies);
     break;
   case U_CHUNK:
-    chunk_take(pp, s, u, &pp->ch[un->which]);
+    batch_put_chunk_take(pp, s, u, &pp->ch[un->which]);
     break;
   default:
-    end_take(pp, s, &pp->ch[un->which]);
+    batch_put_end_take(pp, s, &pp->ch[un->which]);
   }
   return TPORT_OK;
 }
@@ -434,7 +161,7 @@ static void lent_last(const tport_client *c, const tport_put_item *items, size_t
 {
   size_t a = 0, b = 0;
   for (size_t j = 0; j < k; j++)
-    if (is_lent(c, items[idx[j]].nbytes))
+    if (batch_put_is_lent(c, items[idx[j]].nbytes))
       scratch[b++] = idx[j];
     else
       idx[a++] = idx[j];
@@ -452,7 +179,7 @@ static void plan_groups(put_plan *pp, size_t k)
   pp->ngroups = 0;
   for (size_t j = 0; j < k; j++) {
     size_t n = pp->items[pp->idx[j]].nbytes;
-    bool lends = is_lent(c, n);
+    bool lends = batch_put_is_lent(c, n);
     if (j == 0 || (lends && lent == CLIENT_LEND_SEGMENTS) ||
         j - pp->start[pp->ngroups - 1] == BATCH_MAX_ELEMENTS || bytes + n > c->chunk_bytes) {
       pp->start[pp->ngroups++] = j;
@@ -529,6 +256,21 @@ static void finish_window(put_plan *pp, int rc, const tport_err *werr)
       pp->items[pp->idx[j]].err = *werr;
 }
 
+/* Same host: a slot of the automatic region for each group that may be in
+ * flight at once, as large as the largest group (at most a chunk). */
+static void open_region(put_plan *pp)
+{
+  size_t most = 0;
+  for (size_t g = 0; g < pp->ngroups; g++) {
+    size_t bytes = 0;
+    for (size_t j = pp->start[g]; j < pp->start[g + 1]; j++)
+      bytes += pp->items[pp->idx[j]].nbytes;
+    most = bytes > most ? bytes : most;
+  }
+  size_t window = (size_t)pp->c->window;
+  batch_region_open(pp->c, &pp->region, pp->ngroups < window ? pp->ngroups : window, most);
+}
+
 /* The riding elements idx[0..k) and the elements in chunks ch[0..nch)
  * through one window. */
 static void put_window(tport_client *c, tport_put_item *items, size_t *idx, size_t k, chunked *ch,
@@ -539,6 +281,7 @@ static void put_window(tport_client *c, tport_put_item *items, size_t *idx, size
                  .items = items,
                  .idx = idx,
                  .start = malloc((k + 1) * sizeof(size_t)),
+                 .slot = malloc((k + 1) * sizeof(size_t)),
                  .ch = ch,
                  .nch = nch,
                  .bstart = malloc((nch / BATCH_MAX_ELEMENTS + 2) * sizeof(size_t)),
@@ -546,14 +289,19 @@ static void put_window(tport_client *c, tport_put_item *items, size_t *idx, size
                  .lent = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0}};
   tport_err err;
   tport_err_set(&err, TPORT_INTERNAL, "the batch stopped before this element was answered");
-  int rc = pp.start && pp.bstart && pp.units
+  int rc = pp.start && pp.slot && pp.bstart && pp.units
                ? TPORT_OK
                : tport_err_set(&err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   arena_init(&pp.replies);
   if (!rc) {
     plan_groups(&pp, k);
     plan_units(&pp);
+    for (size_t g = 0; g < pp.ngroups; g++)
+      pp.slot[g] = BATCH_NO_SLOT;
+    if (atomic_load(&c->shm_auto))
+      open_region(&pp);
     rc = client_run_units(c, pp.nunits, unit_make, unit_take, unit_after, &pp, cancel, &err);
+    batch_region_close(c, &pp.region); /* before the elements put on their own use it */
   } else {
     pp.ngroups = 0;
     if (pp.start)
@@ -566,7 +314,7 @@ static void put_window(tport_client *c, tport_put_item *items, size_t *idx, size
     for (size_t j = 0; j < k; j++)
       items[idx[j]].err = err;
   arena_fini(&pp.replies);
-  free(pp.start), free(pp.bstart), free(pp.units);
+  free(pp.start), free(pp.slot), free(pp.bstart), free(pp.units);
 }
 
 int client_put_batch(tport_client *c, tport_put_item *items, size_t n, const atomic_bool *cancel,

@@ -407,8 +407,11 @@ void tport_request_free(tport_request *req);
  * elements; a get's deferred elements are read in one window too (up to
  * a chunk: four to a GetBatch; larger: a GetBegin each, one element ahead
  * of its GetChunks); with a region, a
- * larger element goes as a tport_put or tport_get of its own would.  A
- * batch cancelled
+ * larger element goes as a tport_put or tport_get of its own would, and
+ * the small put elements' bytes are copied into the automatic region (a
+ * part of it for each PutBatch in flight) rather than sent on the socket:
+ * a put batch whose requests time out unanswered retires that region, as
+ * a tport_put does.  A batch cancelled
  * (tport_cancel) first waits for the replies of the requests it has in
  * flight, so that each element's result says what the server did; an
  * element begun and not committed is aborted.  Each element has its

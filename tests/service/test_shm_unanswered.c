@@ -222,3 +222,85 @@ Test(shm_unanswered, a_put_whose_answer_never_came_stores_its_own_bytes)
   tport_close(c);
   stop(s);
 }
+
+/* The same for a put batch whose small elements went through slots of the
+ * automatic region (client/batch_region.h): the batch's one request waits
+ * behind the held List past the client's timeout, the next put through
+ * the region is queued behind it; when the late batch runs, each element
+ * must store its own bytes. */
+Test(shm_unanswered, a_put_batch_whose_answer_never_came_stores_its_own_bytes)
+{
+  enum { K = 128, EACH = 4096 };
+  char url[96];
+  server *s = start(url, sizeof url, 1);
+  tport_client *c = svc_connect(url, "t");
+  uint8_t *a = values(31), *b = values(32), *back = malloc(N);
+  tport_err err;
+  cr_assert_eq(put(c, a, "cpu", NULL, NULL, &err), 0, "%s", err.msg); /* makes the region */
+  uint64_t first = region_id(c);
+  tport_put_item items[K];
+  tport_put_options opts[K];
+  char names[K][16];
+  int64_t each = EACH;
+  for (int i = 0; i < K; i++) {
+    tport_put_options_init(&opts[i]);
+    snprintf(names[i], sizeof names[i], "b%d", i);
+    opts[i].name = names[i];
+    items[i] = (tport_put_item){.dtype = TPORT_UINT8,
+                                .ndim = 1,
+                                .sizes = &each,
+                                .data = a + (size_t)i * EACH,
+                                .nbytes = EACH,
+                                .opts = &opts[i]};
+  }
+  hold_on = true;
+  server_test_before_handle = hold_list;
+  pthread_t t;
+  pthread_create(&t, NULL, list_once, url);
+  pthread_mutex_lock(&hold_mu);
+  while (!holding)
+    pthread_cond_wait(&hold_cv, &hold_mu);
+  pthread_mutex_unlock(&hold_mu);
+  int timeout = c->timeout_ms;
+  c->timeout_ms = 100;
+  int rc = tport_put_batch(c, items, K, &err);
+  c->timeout_ms = timeout;
+  cr_assert_eq(rc, TPORT_DEADLINE_EXCEEDED, "%s (%s)", tport_strerror(rc), err.msg);
+  cr_assert(c->shm_cache == NULL || c->shm_cache->id != first,
+            "region %llu is still the automatic region after a batch from it got no answer",
+            (unsigned long long)first);
+  int64_t sz = (int64_t)N;
+  tport_put_options o;
+  tport_put_options_init(&o);
+  o.name = "second";
+  tport_request *second;
+  cr_assert_eq(tport_put_async(c, TPORT_UINT8, 1, &sz, NULL, b, N, &o, NULL, NULL, NULL, &second,
+                               &err),
+               0, "%s", err.msg);
+  wait_busy(s, 3); /* the List, the late batch, the next request */
+  pthread_mutex_lock(&hold_mu);
+  hold_on = false;
+  pthread_cond_broadcast(&hold_cv);
+  pthread_mutex_unlock(&hold_mu);
+  pthread_join(t, NULL);
+  cr_assert_eq(tport_wait(second, -1, &err), 0, "%s", err.msg);
+  tport_request_free(second);
+  server_test_before_handle = NULL;
+  for (int i = 0; i < K; i++) {
+    tport_ref byname = {0};
+    snprintf(byname.name, sizeof byname.name, "b%d", i);
+    tport_tensor_info info;
+    for (int k = 0; k < 200 && tport_info(c, &byname, &info, &err) != 0; k++)
+      usleep(10000);
+    cr_assert_eq(tport_get(c, &byname, back, EACH, NULL, NULL, NULL, &err), 0, "%s: %s",
+                 names[i], err.msg);
+    cr_assert(memcmp(back, a + (size_t)i * EACH, EACH) == 0,
+              "element %d of the batch that got no answer stored bytes not its own%s", i,
+              memcmp(back, b + (size_t)i * EACH, EACH) == 0 ? " (the next put's)" : "");
+  }
+  free(back);
+  free(a);
+  free(b);
+  tport_close(c);
+  stop(s);
+}
