@@ -13,10 +13,14 @@
  *       tport_put_batch.
  *
  * value and baseline are seconds; ratio is baseline / value (> 1: faster
- * than the baseline).  tportd runs in this process (cpu device, no shm
- * socket: the bytes cross the socket, as in the transfer suite) on a
- * loopback tcp port and an ipc:// path; each rep connects anew, so that the
- * tensors of the one before (connection-scoped) are gone.
+ * than the baseline).  tportd runs in this process (cpu device) on a
+ * loopback tcp port and an ipc:// path, its shm socket on as tportd's
+ * defaults have it: the tcp and ipc rows' clients keep off it (no_shm: the
+ * bytes cross the socket, as a remote client's would), the ipc_shm rows'
+ * use it as a same-host client does by default (large tensors and a
+ * batch's small ones through the automatic region).  Each rep connects
+ * anew, so that the tensors of the one before (connection-scoped) are gone
+ * -- and so a batch through the region makes its region in the time.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,11 +95,15 @@ static int64_t numel(const shape *s)
 
 /* ---------------------------------------------------------------- timing */
 
+/* Whether the clients of the rows now running may use shared memory. */
+static bool use_shm;
+
 static tport_client *connect_to(const char *url)
 {
   tport_client *c;
   tport_err err;
-  if (tport_connect(url, NULL, &c, &err))
+  tport_connect_options o = {.no_shm = !use_shm};
+  if (tport_connect(url, &o, &c, &err))
     die("connect", &err);
   return c;
 }
@@ -351,6 +359,10 @@ int main(int argc, char **argv)
   cfg.nlisten = 2;
   cfg.devices = strdup("cpu");
   cfg.log_level = 0;
+  char sock[160];
+  snprintf(sock, sizeof sock, "%s/shm.sock", dir);
+  cfg.shm_socket = strdup(sock);
+  cfg.shm_socket_set = true;
   server *s;
   tport_err err;
   if (server_start(&cfg, &s, &err))
@@ -366,17 +378,22 @@ int main(int argc, char **argv)
     d->bytes[i] = (float)(i % 1000) * 0.001f;
   if (d->n != MAX_TENSORS || params != 25557032)
     die("the ResNet-50 shapes are not torchvision's (161 tensors, 25,557,032 parameters)", NULL);
-  const char *urls[2] = {tcp, ipc}, *names[2] = {"tcp", "ipc"};
-  for (int t = 0; t < 2 && strcmp(rows, "small"); t++)
+  const char *urls[3] = {tcp, ipc, ipc}, *names[3] = {"tcp", "ipc", "ipc_shm"};
+  for (int t = 0; t < 3 && strcmp(rows, "small"); t++) {
+    use_shm = t == 2;
     state_dict_rows(urls[t], names[t], d, reps);
-  for (int t = 0; t < 2 && strcmp(rows, "dict"); t++)
+  }
+  for (int t = 0; t < 3 && strcmp(rows, "dict"); t++) {
+    use_shm = t == 2;
     small_rows(urls[t], names[t], reps);
+  }
   server_stop(s, 1000);
   free(d->bytes);
   free(d);
   char path[160];
   snprintf(path, sizeof path, "%s/p.ipc", dir);
   unlink(path);
+  unlink(sock);
   rmdir(dir);
   return 0;
 }
