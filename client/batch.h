@@ -1,7 +1,8 @@
 /*
  * batch.h: what the put and get halves of a batch share (batch.c,
  * batch_put.c): an element's status from its reply, the batch's from its
- * elements', and the bounds of one request.
+ * elements' (batch_common.c), and the bounds of one request; and the get
+ * batch's deferred elements (batch_get_deferred.c).
  */
 #ifndef TPORT_CLIENT_BATCH_H
 #define TPORT_CLIENT_BATCH_H
@@ -26,5 +27,11 @@ int batch_element_status(const Tport__Status *st, tport_err *err);
 /* The batch's status from its n elements' errors (stride bytes apart):
  * OK, or the first failed element's, named. */
 int batch_result(const tport_err *errs, size_t stride, size_t n, tport_err *err);
+
+/* The elements of items[0..k) a GetBatch deferred (err.code NOT_ANSWERED;
+ * planned[j]: element j's bytes, as it said), all in one window; each gets
+ * its result (buffers made from get_blocks.h where blocks). */
+void batch_get_deferred(tport_client *c, tport_get_item *items, size_t k, const size_t *planned,
+                        bool blocks, const atomic_bool *cancel);
 
 #endif

@@ -1,0 +1,442 @@
+/*
+ * batch_get_deferred.c: the elements of a get batch that its GetBatch
+ * deferred (batch.h), all in one window.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batch.h"
+#include "get_blocks.h"
+
+/* The deferred elements, all in one window.  Those of up to a chunk go in
+ * GetBatches of up to GET_GROUP, each inline in the reply (tportd lends
+ * their bytes from the tensors into it); a larger one (no region: else it
+ * went by path.c) is answered by a GetBegin with a transfer, whose
+ * GetChunks follow in the same window once that reply is in, so that the
+ * window never drains between elements (as a get of its own each, the five
+ * 8-9 MB tensors of ResNet-50 cost a GetBegin round trip and a drained
+ * window apiece; a GetBegin for each of its 37 tensors of 256 KiB to 4 MiB
+ * was a request each).  An element the server defers again or answers
+ * otherwise than its GetBatch did (a name replaced meanwhile), or whose
+ * chunks are smaller than the client's, goes as a get of its own after the
+ * window. */
+
+typedef enum dget_state {
+  DG_WAITING, /* its GetBatch or GetBegin not answered */
+  DG_READING, /* its chunks go */
+  DG_DONE,    /* answered: its result is in the item */
+  DG_FAILED,  /* a chunk failed (the item's err): its buffer goes */
+  DG_REDO,    /* a get of its own after the window */
+} dget_state;
+
+typedef struct dget {
+  size_t item;
+  size_t planned;               /* its bytes, as the GetBatch said */
+  size_t begin_unit, first_chunk, nchunks;
+  dget_state state;
+  uint8_t *buf;                 /* where its chunks go */
+  bool alloced;                 /* buf made here (freed when it fails) */
+  ProtobufCBinaryData transfer; /* its chunks' transfer (a copy) */
+} dget;
+
+/* A unit: a GetBatch of up to GET_GROUP small elements (those of up to a
+ * chunk), a large element's GetBegin, or one of its GetChunks. */
+typedef enum dunit_kind { DU_GROUP, DU_BEGIN, DU_CHUNK } dunit_kind;
+
+/* The small elements a GetBatch of the window carries at most: as many as
+ * tportd lends from their storages into one reply (LENDS_SEGMENTS; past
+ * them it copies), and a chunk of bytes. */
+#define GET_GROUP 4
+
+typedef struct deferred_gets {
+  tport_client *c;
+  tport_get_item *items;
+  dget *el;
+  size_t n;
+  size_t *unit_el;        /* the element of unit u (DU_GROUP: the group) */
+  uint8_t *unit_kind;     /* dunit_kind */
+  size_t *small, *gstart; /* group g: elements small[gstart[g] .. gstart[g + 1]) */
+  bool blocks;            /* buffers made from get_blocks.h */
+  const atomic_bool *cancel;
+} deferred_gets;
+
+static client_get_desc desc_of(const deferred_gets *d, tport_get_item *it)
+{
+  return (client_get_desc){.ref = &it->ref,
+                           .buf = it->buf,
+                           .cap = it->cap,
+                           .alloc = it->buf == NULL,
+                           .alloc_blocks = d->blocks,
+                           .cancel = d->cancel};
+}
+
+static void drop_buffer(const deferred_gets *d, dget *e)
+{
+  if (e->alloced && d->blocks)
+    get_block_free(e->buf);
+  else if (e->alloced)
+    free(e->buf);
+  e->buf = NULL;
+  e->alloced = false;
+}
+
+/* Group g's GetBatch: its elements' GetBegins, each inline. */
+static int group_make(deferred_gets *d, size_t g, nng_msg **out, tport_err *err)
+{
+  size_t first = d->gstart[g], k = d->gstart[g + 1] - first;
+  Tport__Ref refs[GET_GROUP];
+  Tport__GetBeginRequest qs[GET_GROUP], *qp[GET_GROUP];
+  for (size_t j = 0; j < k; j++) {
+    client_ref_to_wire(&d->items[d->el[d->small[first + j]].item].ref, &refs[j]);
+    tport__get_begin_request__init(&qs[j]);
+    qs[j].ref = &refs[j];
+    qs[j].inline_max = d->c->chunk_bytes;
+    qs[j].want_crc32c = d->c->verify;
+    qp[j] = &qs[j];
+  }
+  Tport__GetBatchRequest q = TPORT__GET_BATCH_REQUEST__INIT;
+  q.n_gets = k;
+  q.gets = qp;
+  q.defer_large = true; /* one grown since: deferred again, read on its own */
+  return client_pack(TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0, out, err);
+}
+
+/* Group g answered: each element's bytes from the reply's payload, in
+ * order; one the server deferred again (grown since) goes on its own. */
+static void group_take(deferred_gets *d, client_slot *s, size_t g)
+{
+  size_t first = d->gstart[g], k = d->gstart[g + 1] - first, at = 0;
+  Tport__GetBatchReply *r;
+  client_payload p = {0};
+  tport_err ge;
+  int rc = client_unpack(TPORT__METHOD__METHOD_GET_BATCH, s->reply,
+                         &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&r, &p, &ge);
+  if (!rc && (r->n_gets != k || (r->n_deferred != 0 && r->n_deferred != k))) {
+    rc = tport_err_set(&ge, TPORT_DATA_LOSS, "the server answered %zu of %zu elements",
+                       r->n_gets, k);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  for (size_t j = 0; j < k; j++) {
+    dget *e = &d->el[d->small[first + j]];
+    tport_get_item *it = &d->items[e->item];
+    e->state = DG_DONE;
+    tport_err_clear(&it->err);
+    if (rc) {
+      it->err = ge;
+      continue;
+    }
+    const Tport__GetBeginReply *b = r->gets[j];
+    if (batch_element_status(b->status, &it->err))
+      continue;
+    size_t n = (size_t)b->nbytes;
+    if ((r->n_deferred && r->deferred[j]) || b->transfer.len || b->shm) {
+      e->state = DG_REDO;
+      continue;
+    }
+    if (n > p.len - at) {
+      tport_err_set(&it->err, TPORT_DATA_LOSS,
+                    "the batch's reply carries %zu bytes past offset %zu: this element needs %zu",
+                    p.len - at, at, n);
+      at = p.len;
+      continue;
+    }
+    client_payload inl = {.data = p.data + at, .len = n};
+    at += n;
+    client_get_desc gd = desc_of(d, it);
+    void *alloced = NULL;
+    if (client_socket_get_rest(d->c, &gd, b, &inl, NULL, &alloced, &it->nbytes, &it->info,
+                               &it->err) == TPORT_OK)
+      it->data = it->buf ? it->buf : alloced;
+  }
+  if (!rc)
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+}
+
+static int deferred_make(void *ctx, size_t u, size_t one, nng_msg **out, tport_err *err)
+{
+  (void)one;
+  deferred_gets *d = ctx;
+  if (d->unit_kind[u] == DU_GROUP)
+    return group_make(d, d->unit_el[u], out, err);
+  dget *e = &d->el[d->unit_el[u]];
+  if (d->unit_kind[u] == DU_BEGIN) {
+    Tport__Ref w;
+    client_ref_to_wire(&d->items[e->item].ref, &w);
+    Tport__GetBeginRequest q = TPORT__GET_BEGIN_REQUEST__INIT;
+    q.ref = &w;
+    q.inline_max = d->c->chunk_bytes;
+    q.want_crc32c = d->c->verify;
+    return client_pack(TPORT__METHOD__METHOD_GET_BEGIN, &q.base, NULL, 0, out, err);
+  }
+  if (e->state != DG_READING) {
+    *out = NULL; /* nothing more of it is read */
+    return TPORT_OK;
+  }
+  size_t chunk = d->c->chunk_bytes, off = (u - e->first_chunk) * chunk;
+  Tport__GetChunkRequest q = TPORT__GET_CHUNK_REQUEST__INIT;
+  q.transfer = e->transfer;
+  q.offset = off;
+  q.length = e->planned - off < chunk ? e->planned - off : chunk;
+  q.want_crc32c = d->c->verify;
+  return client_pack(TPORT__METHOD__METHOD_GET_CHUNK, &q.base, NULL, 0, out, err);
+}
+
+/* A large element's GetBegin answered with b: its destination, its
+ * transfer kept for its chunks. */
+static void begin_reading(deferred_gets *d, dget *e, const Tport__GetBeginReply *b)
+{
+  tport_get_item *it = &d->items[e->item];
+  bool as_planned = b->transfer.len && !b->shm && b->nbytes == e->planned &&
+                    (!b->chunk_bytes || b->chunk_bytes >= d->c->chunk_bytes);
+  if (!as_planned) {
+    e->state = DG_REDO; /* its transfer is left to expire */
+    return;
+  }
+  client_get_desc g = desc_of(d, it);
+  e->buf = it->buf; /* the caller's, unless one is made (g.alloc) */
+  if (client_get_destination(d->c, &g, b, e->planned, d->c->chunk_bytes, &e->buf, NULL,
+                             &it->err) != TPORT_OK) {
+    e->state = DG_DONE; /* no room for it: this element's error */
+    return;
+  }
+  e->alloced = g.alloc;
+  e->transfer.data = malloc(b->transfer.len);
+  if (!e->transfer.data) {
+    tport_err_set(&it->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+    drop_buffer(d, e);
+    e->state = DG_DONE;
+    return;
+  }
+  memcpy(e->transfer.data, b->transfer.data, b->transfer.len);
+  e->transfer.len = b->transfer.len;
+  client_info_from_wire(b->info, &it->info);
+  e->state = DG_READING;
+}
+
+/* A large element's GetBegin answered. */
+static void begin_take(deferred_gets *d, client_slot *s, dget *e)
+{
+  tport_get_item *it = &d->items[e->item];
+  Tport__GetBeginReply *b;
+  e->state = DG_DONE;
+  tport_err_clear(&it->err);
+  int rc = client_unpack(TPORT__METHOD__METHOD_GET_BEGIN, s->reply,
+                         &tport__get_begin_reply__descriptor, (ProtobufCMessage **)&b, NULL,
+                         &it->err);
+  if (rc == TPORT_RESOURCE_EXHAUSTED) {
+    /* the connection's gets in progress (a server whose --max-transfers
+     * is below its window), or room for one: alone, after the window */
+    e->state = DG_REDO;
+    tport_err_clear(&it->err);
+  }
+  if (rc)
+    return; /* else this element's error */
+  begin_reading(d, e, b);
+  protobuf_c_message_free_unpacked(&b->base, NULL);
+}
+
+static void chunk_take(deferred_gets *d, client_slot *s, dget *e)
+{
+  tport_get_item *it = &d->items[e->item];
+  ProtobufCMessage *r;
+  client_payload p = {0};
+  if (client_unpack(TPORT__METHOD__METHOD_GET_CHUNK, s->reply, &tport__get_chunk_reply__descriptor,
+                    &r, &p, &it->err) != TPORT_OK) {
+    e->state = DG_FAILED;
+    return;
+  }
+  Tport__GetChunkReply *gr = (Tport__GetChunkReply *)r;
+  size_t chunk = d->c->chunk_bytes, off = (s->offset - e->first_chunk) * chunk;
+  size_t len = e->planned - off < chunk ? e->planned - off : chunk;
+  int rc = p.len == len ? client_check_crc32c(d->c->verify, gr->crc32c_set, gr->crc32c, p.data,
+                                              p.len, off, &it->err)
+                        : tport_err_set(&it->err, TPORT_DATA_LOSS,
+                                        "chunk at %zu: %zu bytes came, %zu expected", off, p.len,
+                                        len);
+  if (rc)
+    e->state = DG_FAILED;
+  else if (e->state == DG_READING)
+    memcpy(e->buf + off, p.data, p.len);
+  protobuf_c_message_free_unpacked(r, NULL);
+}
+
+static int deferred_take(void *ctx, client_slot *s, tport_err *err)
+{
+  (void)err;
+  deferred_gets *d = ctx;
+  size_t u = s->offset;
+  if (d->unit_kind[u] == DU_GROUP)
+    group_take(d, s, d->unit_el[u]);
+  else if (d->unit_kind[u] == DU_BEGIN)
+    begin_take(d, s, &d->el[d->unit_el[u]]);
+  else
+    chunk_take(d, s, &d->el[d->unit_el[u]]);
+  return TPORT_OK; /* an element's error is its own: the others go on */
+}
+
+static size_t deferred_after(void *ctx, size_t u)
+{
+  deferred_gets *d = ctx;
+  return d->unit_kind[u] == DU_CHUNK ? d->el[d->unit_el[u]].begin_unit + 1 : 0;
+}
+
+/* After the window: each element's result, or the window's error; the
+ * ones to redo get by path.c. */
+static void deferred_finish(deferred_gets *d, int rc, const tport_err *werr)
+{
+  for (size_t i = 0; i < d->n; i++) {
+    dget *e = &d->el[i];
+    tport_get_item *it = &d->items[e->item];
+    if (e->state == DG_READING && !rc) {
+      it->data = e->buf; /* every chunk in */
+      it->nbytes = e->planned;
+      tport_err_clear(&it->err);
+      e->buf = NULL;
+    } else if (e->state == DG_READING || e->state == DG_WAITING) {
+      it->err = *werr; /* the window stopped first */
+    } else if (e->state == DG_REDO && !rc && !batch_cancelled(d->cancel, &it->err)) {
+      client_get_desc g = desc_of(d, it);
+      void *alloced = NULL;
+      tport_err_clear(&it->err);
+      memset(&it->info, 0, sizeof it->info);
+      if (client_get(d->c, &g, &alloced, &it->nbytes, &it->info, &it->err) == TPORT_OK)
+        it->data = it->buf ? it->buf : alloced;
+    } else if (e->state == DG_REDO) {
+      it->err = *werr;
+    }
+    if (it->err.code != TPORT_OK) {
+      memset(&it->info, 0, sizeof it->info);
+      it->nbytes = 0;
+    }
+    if (e->buf)
+      drop_buffer(d, e);
+    free(e->transfer.data);
+  }
+}
+
+/* The small deferred elements (d->small[0 .. nsmall), their bytes in
+ * d->el[].planned) into GetBatches of up to GET_GROUP and a chunk of bytes
+ * each, first fit in decreasing size: in the order of their names,
+ * ResNet-50's 42 deferred tensors of 0.5 to 4 MiB took 21 GetBatches,
+ * packed 15 (on a VM every request costs wake-ups beyond its bytes).
+ * Leaves each group's elements together in d->small, group g's from
+ * d->gstart[g]; returns the number of groups. */
+static size_t pack_groups(deferred_gets *d, size_t nsmall)
+{
+  _Static_assert(BATCH_MAX_ELEMENTS <= UINT16_MAX, "a group's number fits group_of");
+  size_t chunk = d->c->chunk_bytes, ngroups = 0;
+  size_t *order = d->unit_el; /* scratch: the units are planned after */
+  uint16_t group_of[BATCH_MAX_ELEMENTS];
+  size_t count[BATCH_MAX_ELEMENTS], bytes[BATCH_MAX_ELEMENTS];
+  /* insertion sort by bytes, largest first (at most BATCH_MAX_ELEMENTS) */
+  for (size_t i = 0; i < nsmall; i++) {
+    size_t j = i, e = d->small[i];
+    for (; j > 0 && d->el[order[j - 1]].planned < d->el[e].planned; j--)
+      order[j] = order[j - 1];
+    order[j] = e;
+  }
+  for (size_t i = 0; i < nsmall; i++) {
+    size_t e = order[i], g = 0, n = d->el[e].planned;
+    while (g < ngroups && (count[g] == GET_GROUP || bytes[g] + n > chunk))
+      g++;
+    if (g == ngroups)
+      count[ngroups] = bytes[ngroups] = 0, ngroups++;
+    count[g]++, bytes[g] += n;
+    group_of[i] = (uint16_t)g;
+  }
+  /* each group's elements together, groups in order */
+  size_t at = 0;
+  for (size_t g = 0; g < ngroups; g++) {
+    d->gstart[g] = at;
+    for (size_t i = 0; i < nsmall; i++)
+      if (group_of[i] == g)
+        d->small[at++] = order[i];
+  }
+  d->gstart[ngroups] = nsmall;
+  return ngroups;
+}
+
+/* The units of d's n elements (items' planned bytes): the small ones'
+ * GetBatches first (pack_groups); then each large one's GetBegin one
+ * element ahead of its chunks: answered by the time they go, and only the
+ * transfers of the requests in flight open on the server (a connection
+ * may hold --max-transfers, 16 by default: all of them begun at once, a
+ * state dict's were refused past it).  Returns the number of units. */
+static size_t plan_deferred(deferred_gets *d, const size_t *planned, size_t k, size_t *large)
+{
+  size_t i = 0, u = 0, nlarge = 0, nsmall = 0, chunk = d->c->chunk_bytes;
+  for (size_t j = 0; j < k; j++) {
+    if (d->items[j].err.code != NOT_ANSWERED)
+      continue;
+    dget *e = &d->el[i];
+    e->item = j;
+    e->planned = planned[j];
+    if (planned[j] > chunk) {
+      e->nchunks = planned[j] / chunk + (planned[j] % chunk != 0);
+      large[nlarge++] = i;
+    } else {
+      d->small[nsmall++] = i;
+    }
+    i++;
+  }
+  size_t ngroups = pack_groups(d, nsmall);
+  for (size_t g = 0; g < ngroups; g++) {
+    d->unit_el[u] = g;
+    d->unit_kind[u++] = DU_GROUP;
+  }
+  for (size_t m = 0; m <= nlarge; m++) {
+    if (m < nlarge) { /* the next one's GetBegin */
+      d->el[large[m]].begin_unit = u;
+      d->unit_el[u] = large[m];
+      d->unit_kind[u++] = DU_BEGIN;
+    }
+    if (m == 0)
+      continue;
+    dget *e = &d->el[large[m - 1]]; /* the one before's chunks */
+    e->first_chunk = u;
+    for (size_t c2 = 0; c2 < e->nchunks; c2++) {
+      d->unit_el[u] = large[m - 1];
+      d->unit_kind[u++] = DU_CHUNK;
+    }
+  }
+  return u;
+}
+
+void batch_get_deferred(tport_client *c, tport_get_item *items, size_t k, const size_t *planned,
+                        bool blocks, const atomic_bool *cancel)
+{
+  size_t n = 0, nunits = 0, chunk = c->chunk_bytes;
+  for (size_t j = 0; j < k; j++)
+    if (items[j].err.code == NOT_ANSWERED) {
+      n++;
+      nunits += 1 + (planned[j] > chunk ? planned[j] / chunk + 1 : 0);
+    }
+  if (!n)
+    return;
+  tport_err err;
+  tport_err_set(&err, TPORT_INTERNAL, "the batch stopped before this element was answered");
+  deferred_gets d = {.c = c,
+                     .items = items,
+                     .el = calloc(n, sizeof(dget)),
+                     .n = n,
+                     .unit_el = malloc(nunits * sizeof(size_t)),
+                     .unit_kind = malloc(nunits),
+                     .small = malloc(n * sizeof(size_t)),
+                     .gstart = malloc((n + 1) * sizeof(size_t)),
+                     .blocks = blocks,
+                     .cancel = cancel};
+  size_t *large = malloc(n * sizeof *large);
+  if (d.el && d.unit_el && d.unit_kind && d.small && d.gstart && large) {
+    size_t u = plan_deferred(&d, planned, k, large);
+    int rc = client_run_units(c, u, deferred_make, deferred_take, deferred_after, &d, cancel, &err);
+    deferred_finish(&d, rc, &err);
+  } else {
+    tport_err_set(&err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+    for (size_t j = 0; j < k; j++)
+      if (items[j].err.code == NOT_ANSWERED)
+        items[j].err = err;
+  }
+  free(d.el), free(d.unit_el), free(d.unit_kind), free(d.small), free(d.gstart), free(large);
+}
+
