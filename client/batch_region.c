@@ -1,8 +1,9 @@
-/* batch_region.c: slots of the automatic region for a put batch's groups
+/* batch_region.c: slots of the automatic region for a batch's groups
  * (batch_region.h). */
 #include "batch_region.h"
 
-void batch_region_open(tport_client *c, batch_region *br, size_t nslots, size_t slot_bytes)
+void batch_region_open(tport_client *c, batch_region *br, size_t nslots, size_t slot_bytes,
+                       bool grow)
 {
   *br = (batch_region){0};
   if (nslots == 0 || nslots > CLIENT_MAX_WINDOW || slot_bytes == 0 ||
@@ -11,15 +12,22 @@ void batch_region_open(tport_client *c, batch_region *br, size_t nslots, size_t 
   size_t cap = nslots * slot_bytes;
   /* fewer bytes go faster by the socket than a region is made and mapped
    * (a fresh region's pages fault in at ~1.4 ms a MiB on a VM) */
-  if (cap < CLIENT_SHM_MIN_BYTES)
+  if (grow && cap < CLIENT_SHM_MIN_BYTES)
     return;
-  struct tport_shm *r = client_shm_auto_take(c, cap);
-  if (!r)
-    return;
-  if (tport_shm_size(r) < cap) {
-    client_shm_auto_done(c, 0);
+  struct tport_shm *r = client_shm_auto_take(c, grow ? cap : 0);
+  if (!r) {
+    br->want = grow ? 0 : cap; /* none yet: made at the close, for the next */
     return;
   }
+  size_t fit = tport_shm_size(r) / slot_bytes;
+  size_t want = fit < nslots ? cap : 0;
+  if (!grow && fit < nslots)
+    nslots = fit; /* what the region holds now */
+  if (nslots == 0 || fit < nslots) {
+    client_shm_auto_done(c, want); /* grown for the next batch */
+    return;
+  }
+  br->want = want;
   br->r = r;
   br->slot_bytes = slot_bytes;
   for (size_t i = 0; i < nslots; i++)
@@ -50,13 +58,18 @@ void batch_region_give(batch_region *br, size_t slot)
 
 void batch_region_close(tport_client *c, batch_region *br)
 {
-  if (!br->r)
+  if (!br->r) {
+    struct tport_shm *r = br->want ? client_shm_auto_take(c, br->want) : NULL;
+    if (r)
+      client_shm_auto_done(c, 0);
+    br->want = 0;
     return;
+  }
   /* a request sent and never answered may still be read by the server:
    * the next transfer's bytes must not be there then */
   if (br->out)
     client_shm_auto_retire(c);
   else
-    client_shm_auto_done(c, 0);
+    client_shm_auto_done(c, br->want); /* grown for the next batch */
   br->r = NULL;
 }

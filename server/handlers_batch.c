@@ -12,7 +12,10 @@
  * BATCH_MAX_ELEMENTS elements a request (past it the whole request is
  * INVALID_ARGUMENT), a put's bytes within its message (the frame's limit),
  * and a get's inline bytes within the server's chunk size (an element past
- * it is answered with a transfer, read by GetChunk as a single get's).
+ * it is answered with a transfer, read by GetChunk as a single get's); a
+ * get's element that names a slice of the client's region is written there
+ * whole by h_get_begin, as a single GetBegin into a region is (no chunks
+ * into a region: that is a transfer for one large tensor).
  * A get's element that a GetBegin would lend its bytes to (call_reply_lent)
  * holds them instead (a lend of the storage), and the batch's reply lends
  * the last four such payloads from there (deploy/nng 0012's segments: a
@@ -322,9 +325,10 @@ static int defer_element(call *c, reg_entry *e, tport_tensor *t, element *el)
   return TPORT_OK;
 }
 
-/* With defer_large: an element too large for the reply's room (inline_max
- * and *budget) is answered by defer_element (*deferred); else not at all. */
-static void maybe_defer(call *c, const Tport__GetBeginRequest *g, size_t budget, element *el,
+/* With defer_large: an element too large for its room (the reply's:
+ * inline_max and the budget; a region slice's: its length) or than a chunk
+ * is answered by defer_element (*deferred); else not at all. */
+static void maybe_defer(call *c, const Tport__GetBeginRequest *g, size_t room, element *el,
                         bool *deferred)
 {
   reg_entry *e;
@@ -336,7 +340,7 @@ static void maybe_defer(call *c, const Tport__GetBeginRequest *g, size_t budget,
     *deferred = true; /* answered: not found, or still uploading */
     return;
   }
-  size_t n = tensor_nbytes(t), room = g->inline_max < budget ? (size_t)g->inline_max : budget;
+  size_t n = tensor_nbytes(t);
   if (n > room || n > c->srv->cfg.chunk_bytes) {
     if (defer_element(&look, e, t, el))
       refuse_element(el, look.err.code, look.err.msg);
@@ -346,21 +350,26 @@ static void maybe_defer(call *c, const Tport__GetBeginRequest *g, size_t budget,
 }
 
 /* One GetBatch element: as a GetBegin of its own, inline only while the
- * reply's inline bytes stay within *budget (which it spends); a large one
- * deferred (*deferred) where the request asks. */
+ * reply's inline bytes stay within *budget (which it spends), or written
+ * into the region slice it names; a large one deferred (*deferred) where
+ * the request asks. */
 static void get_element(call *c, reply_sink *sink, const Tport__GetBeginRequest *g, bool defer,
                         size_t *budget, element *el, bool *deferred)
 {
   *deferred = false;
-  if (g->shm) {
-    refuse_element(el, TPORT_INVALID_ARGUMENT, "a batch's gets name no region (shm)");
+  if (g->shm && g->shm_chunks) { /* a transfer of its own, for one large tensor */
+    refuse_element(el, TPORT_INVALID_ARGUMENT,
+                   "a batch's gets are not read into a region a chunk at a time (shm_chunks)");
     return;
   }
   if (g->wait_ms) { /* an element is no context of its own: it cannot park */
     refuse_element(el, TPORT_INVALID_ARGUMENT, "a batch's gets wait for no name (wait_ms)");
     return;
   }
-  if (defer && (maybe_defer(c, g, *budget, el, deferred), *deferred))
+  size_t room = g->inline_max < *budget ? (size_t)g->inline_max : *budget;
+  if (g->shm) /* (a slice is checked against the region by the get itself) */
+    room = g->shm->length < SIZE_MAX ? (size_t)g->shm->length : SIZE_MAX;
+  if (defer && (maybe_defer(c, g, room, el, deferred), *deferred))
     return;
   Tport__GetBeginRequest one = *g;
   if (one.inline_max > *budget)

@@ -189,3 +189,159 @@ Test(shm_batch, empty_elements_among_them)
   tport_close(c);
   stop(s);
 }
+
+/* ---------------------------------------------------------------- gets */
+
+/* Puts n tensors of each bytes (values from seed) by a client without
+ * shared memory; their refs into refs. */
+static uint8_t *put_n(tport_client *c, size_t n, size_t each, tport_ref *refs)
+{
+  uint8_t *v = malloc(n * each);
+  fill(v, n * each, (uint32_t)(n + each));
+  int64_t sz = (int64_t)each;
+  for (size_t i = 0; i < n; i++) {
+    tport_tensor_info info;
+    tport_err err;
+    cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, v + i * each, each, NULL, &info, &err),
+                 0, "%s", err.msg);
+    refs[i] = info.ref;
+  }
+  return v;
+}
+
+/* A get batch of the n refs into fresh buffers: every element exact. */
+static void get_all(tport_client *c, size_t n, size_t each, const tport_ref *refs,
+                    const uint8_t *v)
+{
+  tport_get_item *items = calloc(n, sizeof *items);
+  uint8_t *into = malloc(n * each);
+  memset(into, 0xee, n * each);
+  for (size_t i = 0; i < n; i++)
+    items[i] = (tport_get_item){.ref = refs[i], .buf = into + i * each, .cap = each};
+  tport_err err;
+  cr_assert_eq(tport_get_batch(c, items, n, &err), 0, "%s", err.msg);
+  for (size_t i = 0; i < n; i++) {
+    cr_assert_eq(items[i].nbytes, each, "element %zu", i);
+    cr_assert(memcmp(into + i * each, v + i * each, each) == 0, "element %zu's bytes", i);
+  }
+  free(items);
+  free(into);
+}
+
+/* 1 MiB chunks: of 40 tensors of 200 KB the GetBatch answers five inline
+ * (a chunk of reply) and defers the rest, read in GetBatches of four; on
+ * the same host those are written into slots of the region, once it holds
+ * them (the first batch grows it: a fresh region's pages cost more than
+ * the socket's copies). */
+Test(shm_batch, deferred_gets_are_written_into_the_region)
+{
+  enum { K = 40, EACH = 200000 };
+  char url[96];
+  server *s = start(url, sizeof url, (size_t)1 << 20);
+  tport_client *p = connect_with(url, false, true);
+  tport_ref refs[K];
+  uint8_t *v = put_n(p, K, EACH, refs);
+  for (int verify = 0; verify < 2; verify++) {
+    tport_client *c = connect_with(url, verify, false);
+    /* the same tenant's tensors: this client may read them by ref */
+    get_all(c, K, EACH, refs, v); /* grows the region */
+    cr_assert_not_null(c->shm_cache);
+    cr_assert_geq(tport_shm_size(c->shm_cache), (size_t)8 * 4 * EACH);
+    int64_t before = svc_server_counter(url, "shm_transfers");
+    get_all(c, K, EACH, refs, v);
+    int64_t through = svc_server_counter(url, "shm_transfers") - before;
+    cr_assert_geq(through, K - 5, "%lld of %d deferred gets came through the region (verify %d)",
+                  (long long)through, K - 5, verify);
+    tport_close(c);
+  }
+  free(v);
+  tport_close(p);
+  stop(s);
+}
+
+/* A GetBatch's elements naming region slices no client library would:
+ * each answered on its own (past the region, another's region, chunks
+ * into a region, a slice too small: deferred where asked, else refused),
+ * the good ones beside them written where they said. */
+Test(shm_batch, hostile_region_slices_in_a_get_batch_cost_their_element_only)
+{
+  enum { N = 1000, K = 6 };
+  char url[96];
+  server *s = start(url, sizeof url, (size_t)1 << 20);
+  tport_client *c = connect_with(url, false, false);
+  tport_client *other = connect_with(url, false, false);
+  tport_shm *r, *theirs;
+  tport_err err;
+  cr_assert_eq(tport_shm_create(c, (size_t)1 << 16, &r, &err), 0, "%s", err.msg);
+  cr_assert_eq(tport_shm_create(other, (size_t)1 << 16, &theirs, &err), 0, "%s", err.msg);
+  tport_ref ref;
+  uint8_t *v = put_n(c, 1, N, &ref);
+  Tport__Ref w;
+  client_ref_to_wire(&ref, &w);
+  Tport__ShmSlice sl[K];
+  Tport__GetBeginRequest qs[K], *qp[K];
+  for (int j = 0; j < K; j++) {
+    tport__get_begin_request__init(&qs[j]);
+    qs[j].ref = &w;
+    qs[j].inline_max = 1 << 20;
+    tport__shm_slice__init(&sl[j]);
+    sl[j].region = r->id;
+    sl[j].offset = 2 * N;
+    sl[j].length = N;
+    qs[j].shm = &sl[j];
+    qp[j] = &qs[j];
+  }
+  sl[0].offset = 0;                      /* good */
+  sl[1].offset = ((size_t)1 << 16) - 10; /* past the region's end */
+  qs[2].shm_chunks = true;               /* a transfer's way */
+  sl[3].length = N - 1;                  /* too small: deferred */
+  sl[4].region = theirs->id;             /* another connection's */
+  qs[5].shm = NULL;                      /* inline, as ever */
+  Tport__GetBatchRequest q = TPORT__GET_BATCH_REQUEST__INIT;
+  q.n_gets = K;
+  q.gets = qp;
+  q.defer_large = true;
+  Tport__GetBatchReply *rep;
+  client_payload p = {0};
+  cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0,
+                          &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&rep, &p, &err),
+               0, "%s", err.msg);
+  cr_assert_eq(rep->n_gets, (size_t)K);
+  int want[K] = {0, TPORT_OUT_OF_RANGE, TPORT_INVALID_ARGUMENT, 0, TPORT_NOT_FOUND, 0};
+  for (int j = 0; j < K; j++) {
+    int code = rep->gets[j]->status ? (int)rep->gets[j]->status->code : 0;
+    cr_assert_eq(code, want[j], "element %d: code %d, expected %d (%s)", j, code, want[j],
+                 rep->gets[j]->status && rep->gets[j]->status->message
+                     ? rep->gets[j]->status->message
+                     : "");
+  }
+  cr_assert(rep->gets[0]->shm, "element 0 was not written into the region");
+  cr_assert_eq(memcmp(tport_shm_data(r), v, N), 0);
+  cr_assert(rep->n_deferred == K && rep->deferred[3] && rep->gets[3]->nbytes == N,
+            "the slice too small for it deferred element 3");
+  cr_assert(!rep->gets[5]->shm && p.len == N && memcmp(p.data, v, N) == 0);
+  uint8_t zero[N] = {0};
+  cr_assert_eq(memcmp((uint8_t *)tport_shm_data(theirs) + 2 * N, zero, N), 0,
+               "another connection's region was written");
+  protobuf_c_message_free_unpacked(&rep->base, NULL);
+  if (p.msg)
+    nng_msg_free(p.msg);
+  /* without defer_large, the slice too small is refused */
+  q.n_gets = 1;
+  q.gets = &qp[3];
+  q.defer_large = false;
+  p = (client_payload){0};
+  cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0,
+                          &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&rep, &p, &err),
+               0, "%s", err.msg);
+  cr_assert_eq(rep->gets[0]->status ? (int)rep->gets[0]->status->code : 0, TPORT_OUT_OF_RANGE);
+  protobuf_c_message_free_unpacked(&rep->base, NULL);
+  if (p.msg)
+    nng_msg_free(p.msg);
+  free(v);
+  tport_shm_release(r, NULL);
+  tport_shm_release(theirs, NULL);
+  tport_close(other);
+  tport_close(c);
+  stop(s);
+}

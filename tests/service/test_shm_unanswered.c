@@ -304,3 +304,88 @@ Test(shm_unanswered, a_put_batch_whose_answer_never_came_stores_its_own_bytes)
   tport_close(c);
   stop(s);
 }
+
+/* ---- a get batch's deferred elements written into slots of the region */
+
+static int get_batches; /* GetBatches seen by the hook */
+
+static void hold_deferred(server *s, uint32_t pipe, uint16_t method)
+{
+  (void)s;
+  (void)pipe;
+  if (method != TPORT__METHOD__METHOD_GET_BATCH)
+    return;
+  pthread_mutex_lock(&hold_mu);
+  if (++get_batches == 2) { /* the batch's first GetBatch went; hold the next */
+    holding = true;
+    pthread_cond_broadcast(&hold_cv);
+    while (hold_on)
+      pthread_cond_wait(&hold_cv, &hold_mu);
+    holding = false;
+  }
+  pthread_mutex_unlock(&hold_mu);
+}
+
+/* Gets the k tensors refs (each bytes) as one batch; its status. */
+static int get_batch(tport_client *c, const tport_ref *refs, size_t k, size_t each, uint8_t *into,
+                     tport_err *err)
+{
+  tport_get_item items[64];
+  cr_assert_leq(k, 64);
+  for (size_t i = 0; i < k; i++)
+    items[i] = (tport_get_item){.ref = refs[i], .buf = into + i * each, .cap = each};
+  return tport_get_batch(c, items, k, err);
+}
+
+/* 1 MiB chunks: of 40 tensors of 200 KB, five come inline and the others
+ * are deferred, then written by GetBatches into slots of the region (the
+ * batch before grew it).  The first of those is held in the server past
+ * the client's timeout: the region it would write is retired. */
+Test(shm_unanswered, a_get_batch_whose_answer_never_came_never_reuses_its_region)
+{
+  enum { K = 40, EACH = 200000 };
+  char url[96];
+  server *s = start(url, sizeof url, 1);
+  tport_client *c = svc_connect(url, "t");
+  uint8_t *v = malloc((size_t)K * EACH), *into = malloc((size_t)K * EACH);
+  for (size_t i = 0; i < (size_t)K * EACH; i++)
+    v[i] = (uint8_t)(i * 13 + 5);
+  tport_ref refs[K];
+  int64_t sz = EACH;
+  tport_err err;
+  for (int i = 0; i < K; i++) {
+    tport_tensor_info info;
+    cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, v + (size_t)i * EACH, EACH, NULL, &info,
+                           &err),
+                 0, "%s", err.msg);
+    refs[i] = info.ref;
+  }
+  cr_assert_eq(get_batch(c, refs, K, EACH, into, &err), 0, "%s", err.msg); /* grows it */
+  uint64_t first = region_id(c);
+  hold_on = true;
+  get_batches = 0;
+  server_test_before_handle = hold_deferred;
+  int timeout = c->timeout_ms;
+  c->timeout_ms = 150;
+  int rc = get_batch(c, refs, K, EACH, into, &err);
+  c->timeout_ms = timeout;
+  cr_assert_eq(rc, TPORT_DEADLINE_EXCEEDED, "%s (%s)", tport_strerror(rc), err.msg);
+  pthread_mutex_lock(&hold_mu);
+  cr_assert(holding, "the deferred GetBatch was not held");
+  pthread_mutex_unlock(&hold_mu);
+  cr_assert(c->shm_cache == NULL || c->shm_cache->id != first,
+            "region %llu is still the automatic region after a get batch into it got no answer",
+            (unsigned long long)first);
+  pthread_mutex_lock(&hold_mu);
+  hold_on = false;
+  pthread_cond_broadcast(&hold_cv);
+  pthread_mutex_unlock(&hold_mu);
+  server_test_before_handle = NULL;
+  memset(into, 0, (size_t)K * EACH);
+  cr_assert_eq(get_batch(c, refs, K, EACH, into, &err), 0, "%s", err.msg);
+  cr_assert_eq(memcmp(into, v, (size_t)K * EACH), 0);
+  free(v);
+  free(into);
+  tport_close(c);
+  stop(s);
+}
