@@ -66,6 +66,7 @@ typedef struct deferred_gets {
   size_t *small, *gstart; /* group g: elements small[gstart[g] .. gstart[g + 1]) */
   size_t ngroups, *slot;  /* group g's slot of the region (BATCH_NO_SLOT: none) */
   batch_region region;    /* same host: where the groups' tensors are written */
+  bool slices_refused;    /* by a server before GetBatch took region slices */
   bool blocks;            /* buffers made from get_blocks.h */
   const atomic_bool *cancel;
 } deferred_gets;
@@ -95,7 +96,8 @@ static void drop_buffer(const deferred_gets *d, dget *e)
 static int group_make(deferred_gets *d, size_t g, nng_msg **out, tport_err *err)
 {
   size_t first = d->gstart[g], k = d->gstart[g + 1] - first;
-  size_t slot = d->slot[g] = batch_region_take(d->c, &d->region);
+  size_t slot = d->slot[g] =
+      d->slices_refused ? BATCH_NO_SLOT : batch_region_take(d->c, &d->region);
   size_t at = slot == BATCH_NO_SLOT ? 0 : slot * d->region.slot_bytes;
   Tport__Ref refs[GET_GROUP];
   Tport__ShmSlice slices[GET_GROUP];
@@ -177,7 +179,17 @@ static void group_take(deferred_gets *d, client_slot *s, size_t g)
       continue;
     }
     const Tport__GetBeginReply *b = r->gets[j];
-    if (batch_element_status(b->status, &it->err))
+    if (batch_element_status(b->status, &it->err) == TPORT_INVALID_ARGUMENT &&
+        d->slot[g] != BATCH_NO_SLOT) {
+      /* a tportd before GetBatch took region slices (its refusal): this
+       * element on its own after the window, the next groups without
+       * slots; a slice wrong otherwise fails again there, saying why */
+      d->slices_refused = true;
+      tport_err_clear(&it->err);
+      e->state = DG_REDO;
+      continue;
+    }
+    if (it->err.code != TPORT_OK)
       continue;
     size_t n = (size_t)b->nbytes;
     if ((r->n_deferred && r->deferred[j]) || b->transfer.len) {
