@@ -66,7 +66,6 @@ typedef struct deferred_gets {
   size_t *small, *gstart; /* group g: elements small[gstart[g] .. gstart[g + 1]) */
   size_t ngroups, *slot;  /* group g's slot of the region (BATCH_NO_SLOT: none) */
   batch_region region;    /* same host: where the groups' tensors are written */
-  bool slices_refused;    /* by a server before GetBatch took region slices */
   bool blocks;            /* buffers made from get_blocks.h */
   const atomic_bool *cancel;
 } deferred_gets;
@@ -96,8 +95,7 @@ static void drop_buffer(const deferred_gets *d, dget *e)
 static int group_make(deferred_gets *d, size_t g, nng_msg **out, tport_err *err)
 {
   size_t first = d->gstart[g], k = d->gstart[g + 1] - first;
-  size_t slot = d->slot[g] =
-      d->slices_refused ? BATCH_NO_SLOT : batch_region_take(d->c, &d->region);
+  size_t slot = d->slot[g] = batch_region_take(d->c, &d->region);
   size_t at = slot == BATCH_NO_SLOT ? 0 : slot * d->region.slot_bytes;
   Tport__Ref refs[GET_GROUP];
   Tport__ShmSlice slices[GET_GROUP];
@@ -179,12 +177,11 @@ static void group_take(deferred_gets *d, client_slot *s, size_t g)
       continue;
     }
     const Tport__GetBeginReply *b = r->gets[j];
-    if (batch_element_status(b->status, &it->err) == TPORT_INVALID_ARGUMENT &&
+    if (batch_element_status(b->status, &it->err) == TPORT_OUT_OF_RANGE &&
         d->slot[g] != BATCH_NO_SLOT) {
-      /* a tportd before GetBatch took region slices (its refusal): this
-       * element on its own after the window, the next groups without
-       * slots; a slice wrong otherwise fails again there, saying why */
-      d->slices_refused = true;
+      /* its slice too small: the tensor grew (a name replaced) after the
+       * server deferred it -- on its own after the window, which fails
+       * again, saying why, if anything else was wrong */
       tport_err_clear(&it->err);
       e->state = DG_REDO;
       continue;
@@ -519,7 +516,7 @@ void batch_get_deferred(tport_client *c, tport_get_item *items, size_t k, const 
   size_t *large = malloc(n * sizeof *large);
   if (d.el && d.unit_el && d.unit_kind && d.small && d.gstart && d.slot && large) {
     size_t u = plan_deferred(&d, planned, k, large);
-    if (atomic_load(&c->shm_auto))
+    if (atomic_load(&c->shm_auto) && atomic_load(&c->batch_get_slices))
       open_region(&d);
     int rc = client_run_units(c, u, deferred_make, deferred_take, deferred_after, &d, cancel, &err);
     batch_region_close(c, &d.region); /* before the gets of their own use it */

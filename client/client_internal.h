@@ -67,6 +67,7 @@ struct tport_client {
   _Atomic uid_t server_uid;
   atomic_bool shm_auto; /* read before shm_mu is taken; turned off under it */
   atomic_bool get_expect; /* the last Hello's get_expect: GetBegin checks expect_* */
+  atomic_bool batch_get_slices; /* the last Hello's: GetBatch elements may name slices */
   pthread_mutex_t shm_mu;
   struct tport_shm *shm_cache;
   struct tport_shm *shm_retired; /* unmapped, not yet released on the server (shm_mu) */

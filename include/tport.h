@@ -413,8 +413,10 @@ void tport_request_free(tport_request *req);
  * a get's deferred elements of up to a chunk are written by the server
  * into such parts and copied out, once the region holds them (a get batch
  * grows it for the next one: a fresh region's pages cost more than the
- * socket, once).  A batch whose requests time out unanswered retires that
- * region, as a tport_put or tport_get does.  A batch cancelled
+ * socket, once).  The region is the batch's while its window runs: other
+ * threads' transfers on the client go by the socket meanwhile.  A batch
+ * whose requests time out unanswered retires that region, as a tport_put
+ * or tport_get does.  A batch cancelled
  * (tport_cancel) first waits for the replies of the requests it has in
  * flight, so that each element's result says what the server did; an
  * element begun and not committed is aborted.  Each element has its

@@ -15,7 +15,8 @@
  * it is answered with a transfer, read by GetChunk as a single get's); a
  * get's element that names a slice of the client's region is written there
  * whole by h_get_begin, as a single GetBegin into a region is (no chunks
- * into a region: that is a transfer for one large tensor).
+ * into a region: that is a transfer for one large tensor), up to a chunk
+ * of such bytes a batch (past it deferred, or refused).
  * A get's element that a GetBegin would lend its bytes to (call_reply_lent)
  * holds them instead (a lend of the storage), and the batch's reply lends
  * the last four such payloads from there (deploy/nng 0012's segments: a
@@ -27,6 +28,7 @@
  * fresh buffer, page-faulted in, each time (a third of tportd's time in
  * the GetBatch of ResNet-50's 126 small tensors).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -325,11 +327,14 @@ static int defer_element(call *c, reg_entry *e, tport_tensor *t, element *el)
   return TPORT_OK;
 }
 
-/* With defer_large: an element too large for its room (the reply's:
- * inline_max and the budget; a region slice's: its length) or than a chunk
- * is answered by defer_element (*deferred); else not at all. */
-static void maybe_defer(call *c, const Tport__GetBeginRequest *g, size_t room, element *el,
-                        bool *deferred)
+/* An element too large for its room (the reply's: inline_max and the
+ * budget; a region slice's: its length, within what is left of the batch's
+ * bytes for regions) or than a chunk: answered by defer_element with
+ * defer_large (*deferred), refused without it where it names a slice (a
+ * batch copies at most a chunk into regions, as into its reply).  *n: the
+ * tensor's bytes.  Returns whether the element is answered. */
+static bool answer_large(call *c, const Tport__GetBeginRequest *g, size_t room, bool defer,
+                         element *el, bool *deferred, size_t *n)
 {
   reg_entry *e;
   tport_tensor *t;
@@ -338,23 +343,35 @@ static void maybe_defer(call *c, const Tport__GetBeginRequest *g, size_t room, e
   if (wire_find(&look, g->ref, "ref", &e, &t)) {
     refuse_element(el, look.err.code, look.err.msg);
     *deferred = true; /* answered: not found, or still uploading */
-    return;
+    return true;
   }
-  size_t n = tensor_nbytes(t);
-  if (n > room || n > c->srv->cfg.chunk_bytes) {
-    if (defer_element(&look, e, t, el))
-      refuse_element(el, look.err.code, look.err.msg);
-    *deferred = true;
+  *n = tensor_nbytes(t);
+  bool answered = false;
+  if (*n > room || *n > c->srv->cfg.chunk_bytes) {
+    if (defer) {
+      if (defer_element(&look, e, t, el))
+        refuse_element(el, look.err.code, look.err.msg);
+      *deferred = answered = true;
+    } else if (g->shm) {
+      char why[160];
+      snprintf(why, sizeof why,
+               "the tensor holds %zu bytes: its slice %llu, the batch's room for regions %zu", *n,
+               (unsigned long long)g->shm->length, room);
+      refuse_element(el, TPORT_OUT_OF_RANGE, why);
+      answered = true;
+    }
   }
   reg_put(&c->srv->reg, e);
+  return answered;
 }
 
 /* One GetBatch element: as a GetBegin of its own, inline only while the
  * reply's inline bytes stay within *budget (which it spends), or written
- * into the region slice it names; a large one deferred (*deferred) where
- * the request asks. */
+ * into the region slice it names while the batch's bytes for regions stay
+ * within *region_left (which it spends); a large one deferred (*deferred)
+ * where the request asks. */
 static void get_element(call *c, reply_sink *sink, const Tport__GetBeginRequest *g, bool defer,
-                        size_t *budget, element *el, bool *deferred)
+                        size_t *budget, size_t *region_left, element *el, bool *deferred)
 {
   *deferred = false;
   if (g->shm && g->shm_chunks) { /* a transfer of its own, for one large tensor */
@@ -366,16 +383,18 @@ static void get_element(call *c, reply_sink *sink, const Tport__GetBeginRequest 
     refuse_element(el, TPORT_INVALID_ARGUMENT, "a batch's gets wait for no name (wait_ms)");
     return;
   }
-  size_t room = g->inline_max < *budget ? (size_t)g->inline_max : *budget;
-  if (g->shm) /* (a slice is checked against the region by the get itself) */
-    room = g->shm->length < SIZE_MAX ? (size_t)g->shm->length : SIZE_MAX;
-  if (defer && (maybe_defer(c, g, room, el, deferred), *deferred))
+  size_t room = g->inline_max < *budget ? (size_t)g->inline_max : *budget, n = 0;
+  if (g->shm) /* (the slice is checked against the region by the get itself) */
+    room = g->shm->length < *region_left ? (size_t)g->shm->length : *region_left;
+  if ((defer || g->shm) && answer_large(c, g, room, defer, el, deferred, &n))
     return;
   Tport__GetBeginRequest one = *g;
   if (one.inline_max > *budget)
     one.inline_max = *budget;
   run_element(c, sink, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin, &one.base, NULL, 0, el);
   *budget -= el->payload_len <= *budget ? el->payload_len : *budget;
+  if (g->shm)
+    *region_left -= n <= *region_left ? n : *region_left;
 }
 
 int h_get_batch(call *c)
@@ -387,7 +406,7 @@ int h_get_batch(call *c)
     return rc;
   element *els = calloc(n ? n : 1, sizeof *els);
   protobuf_c_boolean *deferred = calloc(n ? n : 1, sizeof *deferred);
-  size_t budget = c->srv->cfg.chunk_bytes;
+  size_t budget = c->srv->cfg.chunk_bytes, region_left = c->srv->cfg.chunk_bytes;
   if (!els || !deferred) {
     free(els), free(deferred);
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for %zu elements", n);
@@ -395,7 +414,7 @@ int h_get_batch(call *c)
   reply_sink sink = {0};
   for (size_t i = 0; i < n; i++) {
     bool d;
-    get_element(c, &sink, q->gets[i], q->defer_large, &budget, &els[i], &d);
+    get_element(c, &sink, q->gets[i], q->defer_large, &budget, &region_left, &els[i], &d);
     deferred[i] = d && els[i].ok;
   }
   Tport__GetBatchReply r = TPORT__GET_BATCH_REPLY__INIT;

@@ -26,6 +26,7 @@ static int hello_reply(call *c, int code, const char *msg, const uint8_t *challe
   r.status = code ? &st : wire_ok();
   r.protocol_version = PROTOCOL_VERSION;
   r.get_expect = true; /* h_get_begin checks expect_* first */
+  r.batch_get_slices = true; /* handlers_batch.c get_element */
   r.server = "tportd "
              "0.1.0";
   if (challenge) {

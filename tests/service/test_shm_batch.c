@@ -252,6 +252,12 @@ Test(shm_batch, deferred_gets_are_written_into_the_region)
     int64_t through = svc_server_counter(url, "shm_transfers") - before;
     cr_assert_geq(through, K - 5, "%lld of %d deferred gets came through the region (verify %d)",
                   (long long)through, K - 5, verify);
+    /* a server whose Hello does not say it takes slices in a GetBatch (one
+     * before them, which refuses them) is not sent any */
+    atomic_store(&c->batch_get_slices, false);
+    before = svc_server_counter(url, "shm_transfers");
+    get_all(c, K, EACH, refs, v);
+    cr_assert_eq(svc_server_counter(url, "shm_transfers"), before);
     tport_close(c);
   }
   free(v);
@@ -338,6 +344,51 @@ Test(shm_batch, hostile_region_slices_in_a_get_batch_cost_their_element_only)
   protobuf_c_message_free_unpacked(&rep->base, NULL);
   if (p.msg)
     nng_msg_free(p.msg);
+  /* a batch copies at most a chunk (1 MiB here) into regions: of three
+   * tensors of 400 KB into slices, the third is deferred, or refused */
+  enum { BIG = 400000 };
+  tport_shm *wide;
+  cr_assert_eq(tport_shm_create(c, (size_t)2 << 20, &wide, &err), 0, "%s", err.msg);
+  tport_ref big;
+  uint8_t *bv = put_n(c, 1, BIG, &big);
+  Tport__Ref bw;
+  client_ref_to_wire(&big, &bw);
+  for (int defer = 0; defer < 2; defer++) {
+    for (int j = 0; j < 3; j++) {
+      tport__get_begin_request__init(&qs[j]);
+      qs[j].ref = &bw;
+      tport__shm_slice__init(&sl[j]);
+      sl[j].region = wide->id;
+      sl[j].offset = (uint64_t)j * BIG;
+      sl[j].length = BIG;
+      qs[j].shm = &sl[j];
+      qp[j] = &qs[j];
+    }
+    q.n_gets = 3;
+    q.gets = qp;
+    q.defer_large = defer;
+    p = (client_payload){0};
+    cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0,
+                            &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&rep, &p,
+                            &err),
+                 0, "%s", err.msg);
+    for (int j = 0; j < 2; j++) {
+      cr_assert(rep->gets[j]->shm && (!rep->gets[j]->status || !rep->gets[j]->status->code),
+                "element %d", j);
+      cr_assert_eq(memcmp((uint8_t *)tport_shm_data(wide) + (size_t)j * BIG, bv, BIG), 0);
+    }
+    int code = rep->gets[2]->status ? (int)rep->gets[2]->status->code : 0;
+    if (defer)
+      cr_assert(code == 0 && rep->n_deferred == 3 && rep->deferred[2] && !rep->gets[2]->shm,
+                "the third was not deferred (code %d)", code);
+    else
+      cr_assert_eq(code, TPORT_OUT_OF_RANGE, "the third: code %d", code);
+    protobuf_c_message_free_unpacked(&rep->base, NULL);
+    if (p.msg)
+      nng_msg_free(p.msg);
+  }
+  free(bv);
+  tport_shm_release(wide, NULL);
   free(v);
   tport_shm_release(r, NULL);
   tport_shm_release(theirs, NULL);
