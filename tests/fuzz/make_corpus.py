@@ -122,6 +122,10 @@ def get_begin(r, inline_max=0, wait_ms=0, expect=None):
     return m
 
 
+def slice_(region, offset, length):
+    return f_varint(1, region) + f_varint(2, offset) + f_varint(3, length)
+
+
 def get_chunk(transfer_slot, offset, length):
     return f_bytes(1, bytes([transfer_slot])) + f_varint(2, offset) + f_varint(3, length)
 
@@ -316,6 +320,14 @@ def batch_seeds():
         op("GET_BATCH", get_batch(["bc", "ba"], 16)) +
         op("GET_CHUNK", get_chunk(0, 0, 4096)),
         # lengths that do not add up to the payload, and an element without commit
+        # elements naming region slices (no region in the harness: not found),
+        # one with shm_chunks, one too large for its slice, with defer_large
+        "get_batch_slices": op("PUT_BATCH", msg, payload) +
+        op("GET_BATCH", f_msg(1, get_begin(ref(name="ba"), 1 << 16) + f_msg(4, slice_(7, 0, 12))) +
+           f_msg(1, get_begin(ref(name="bc"), 0) + f_msg(4, slice_(7, 16, 100)) + f_varint(5, 1)) +
+           f_msg(1, get_begin(ref(name="bc"), 0) + f_msg(4, slice_(7, 0, 6000)) +
+                 f_varint(12, 1)) +
+           f_varint(2, 1)),
         "put_batch_bad_lengths": op("PUT_BATCH", short_msg, short_payload + b"\0") +
         op("PUT_BATCH", f_msg(1, put_begin(desc("uint8", [4]))) + f_packed(2, [4]), b"abcd") +
         op("GET_BATCH", b""),
