@@ -16,7 +16,7 @@ void batch_region_open(tport_client *c, batch_region *br, size_t nslots, size_t 
     return;
   struct tport_shm *r = client_shm_auto_take(c, grow ? cap : 0);
   if (!r) {
-    br->want = grow ? 0 : cap; /* none yet: made at the close, for the next */
+    br->want = grow ? 0 : cap; /* none yet: wanted at the close, for the next */
     return;
   }
   size_t fit = tport_shm_size(r) / slot_bytes;
@@ -59,9 +59,8 @@ void batch_region_give(batch_region *br, size_t slot)
 void batch_region_close(tport_client *c, batch_region *br)
 {
   if (!br->r) {
-    struct tport_shm *r = br->want ? client_shm_auto_take(c, br->want) : NULL;
-    if (r)
-      client_shm_auto_done(c, 0);
+    if (br->want)
+      client_shm_auto_want(c, br->want); /* none yet: made at the next use */
     br->want = 0;
     return;
   }

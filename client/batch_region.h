@@ -27,7 +27,7 @@
 typedef struct batch_region {
   struct tport_shm *r; /* locked (client_shm_auto_take); NULL: none */
   size_t slot_bytes;
-  size_t want;         /* the size it lacked (!grow): grown at the close */
+  size_t want;         /* the size it lacked (!grow): grown at its next use */
   size_t nfree, out;   /* slots free, slots given to requests */
   size_t free[CLIENT_MAX_WINDOW];
 } batch_region;
@@ -38,7 +38,7 @@ typedef struct batch_region {
  * is, for as many of them as it holds (!grow: a fresh region's pages cost
  * more than the socket's copies of bulk bytes, once; small elements' cost
  * is the socket's per-element work, which a region saves at once) and
- * grown at the close for the next batch, as a get that did not fit grows
+ * grown at its next use (the next batch), as a get that did not fit grows
  * it (client_shm_auto_done).  Else br->r stays NULL. */
 void batch_region_open(tport_client *c, batch_region *br, size_t nslots, size_t slot_bytes,
                        bool grow);

@@ -71,6 +71,7 @@ struct tport_client {
   pthread_mutex_t shm_mu;
   struct tport_shm *shm_cache;
   struct tport_shm *shm_retired; /* unmapped, not yet released on the server (shm_mu) */
+  size_t shm_grow_to; /* a transfer found the region short of this: grown at its next use (shm_mu) */
   int64_t shm_retry_ms; /* a region refused for now (quota): not asked again before this */
   /* the application's regions, unmapped by tport_close */
   pthread_mutex_t regions_mu;
@@ -326,11 +327,15 @@ int client_shm_put(tport_client *c, struct tport_shm *r, size_t offset, size_t n
                    const tport_put_options *opts, tport_tensor_info *out, bool *unanswered,
                    tport_err *err);
 /* The automatic region for a transfer of up to cap bytes (cap 0: whatever
- * size it has; grown to cap where it may be), locked: NULL when there is
- * none to use (busy, off).  Unlock with client_shm_auto_done (want: a
- * tensor of that many bytes had no room in it, grow it). */
+ * size it has; grown to cap where it may be, and to what a transfer before
+ * asked for), locked: NULL when there is none to use (busy, off).  Unlock
+ * with client_shm_auto_done (want: a tensor of that many bytes had no room
+ * in it, grow it at the next use). */
 struct tport_shm *client_shm_auto_take(tport_client *c, size_t cap);
 void client_shm_auto_done(tport_client *c, size_t want);
+/* The automatic region is wanted this large (want) at its next use, where
+ * it was not taken now (none yet, or busy). */
+void client_shm_auto_want(tport_client *c, size_t want);
 /* Unlocks the automatic region and never uses it again: the server may
  * still write into it (a get's chunk requests were in flight when it
  * failed), so the next transfer gets a fresh one. */

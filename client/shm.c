@@ -393,10 +393,16 @@ tport_shm *client_shm_auto_take(tport_client *c, size_t cap)
   if (!atomic_load(&c->shm_auto) || pthread_mutex_trylock(&c->shm_mu) != 0)
     return NULL;
   release_retired(c); /* a get of any size comes here: retired ones do not linger */
+  /* grown to what a transfer before found it short of, now that it is
+   * used again (not when that one ended: a client that never comes back
+   * would have made a region for nothing) */
+  size_t need = cap >= CLIENT_SHM_MIN_BYTES && cap <= CLIENT_SHM_MAX_BYTES ? cap : 0;
+  if (c->shm_grow_to > need)
+    need = c->shm_grow_to;
+  c->shm_grow_to = 0;
   if (atomic_load(&c->shm_auto) &&
-      ((cap >= CLIENT_SHM_MIN_BYTES && cap <= CLIENT_SHM_MAX_BYTES) ||
-       (c->shm_cache && c->shm_cache->pipe != atomic_load(&c->live_pipe))))
-    cache_fit(c, cap);
+      (need || (c->shm_cache && c->shm_cache->pipe != atomic_load(&c->live_pipe))))
+    cache_fit(c, need > cap ? need : cap);
   if (!c->shm_cache) {
     pthread_mutex_unlock(&c->shm_mu);
     return NULL;
@@ -404,11 +410,24 @@ tport_shm *client_shm_auto_take(tport_client *c, size_t cap)
   return c->shm_cache;
 }
 
+static void want_size(tport_client *c, size_t want)
+{
+  if (want >= CLIENT_SHM_MIN_BYTES && want <= CLIENT_SHM_MAX_BYTES && want > c->shm_grow_to)
+    c->shm_grow_to = want;
+}
+
 void client_shm_auto_done(tport_client *c, size_t want)
 {
   /* a tensor too large for the region came by socket: next time it fits */
-  if (want >= CLIENT_SHM_MIN_BYTES && want <= CLIENT_SHM_MAX_BYTES && atomic_load(&c->shm_auto))
-    cache_fit(c, want);
+  want_size(c, want);
+  pthread_mutex_unlock(&c->shm_mu);
+}
+
+void client_shm_auto_want(tport_client *c, size_t want)
+{
+  if (!atomic_load(&c->shm_auto) || pthread_mutex_trylock(&c->shm_mu) != 0)
+    return; /* busy: its user may say so as well */
+  want_size(c, want);
   pthread_mutex_unlock(&c->shm_mu);
 }
 

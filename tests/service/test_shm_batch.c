@@ -231,8 +231,9 @@ static void get_all(tport_client *c, size_t n, size_t each, const tport_ref *ref
 /* 1 MiB chunks: of 40 tensors of 200 KB the GetBatch answers five inline
  * (a chunk of reply) and defers the rest, read in GetBatches of four; on
  * the same host those are written into slots of the region, once it holds
- * them (the first batch grows it: a fresh region's pages cost more than
- * the socket's copies). */
+ * them (the first batch wants it that large, the next makes it: a fresh
+ * region's pages cost more than the socket's copies, and a client that
+ * never comes back would have made one for nothing). */
 Test(shm_batch, deferred_gets_are_written_into_the_region)
 {
   enum { K = 40, EACH = 200000 };
@@ -244,12 +245,15 @@ Test(shm_batch, deferred_gets_are_written_into_the_region)
   for (int verify = 0; verify < 2; verify++) {
     tport_client *c = connect_with(url, verify, false);
     /* the same tenant's tensors: this client may read them by ref */
-    get_all(c, K, EACH, refs, v); /* grows the region */
-    cr_assert_not_null(c->shm_cache);
-    cr_assert_geq(tport_shm_size(c->shm_cache), (size_t)8 * 4 * EACH);
+    /* no region yet: by the socket, and wanted for the next (made then) */
     int64_t before = svc_server_counter(url, "shm_transfers");
     get_all(c, K, EACH, refs, v);
+    cr_assert_eq(svc_server_counter(url, "shm_transfers"), before);
+    cr_assert_null(c->shm_cache, "a region was made at the end of a batch");
+    get_all(c, K, EACH, refs, v);
     int64_t through = svc_server_counter(url, "shm_transfers") - before;
+    cr_assert_not_null(c->shm_cache);
+    cr_assert_geq(tport_shm_size(c->shm_cache), (size_t)8 * 4 * EACH);
     cr_assert_geq(through, K - 5, "%lld of %d deferred gets came through the region (verify %d)",
                   (long long)through, K - 5, verify);
     /* a server whose Hello does not say it takes slices in a GetBatch (one
