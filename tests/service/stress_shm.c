@@ -10,7 +10,10 @@
  * Two more put and get tensors large enough for libtport's copy pool
  * (client/copy_pool.c), one on the shared client and one on its own: their
  * copies into and out of the regions run at once, one on the pool, the
- * other inline.  Exit status 0 when every byte came back right.
+ * other inline.  Two more put and get batches of small tensors on the
+ * shared client: their groups' bytes go through slots of its region when
+ * they take it (client/batch_region.h), by the socket when another call
+ * has it.  Exit status 0 when every byte came back right.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -93,6 +96,42 @@ static void *pool_worker(void *arg)
   free(back);
   if (own)
     tport_close(c);
+  return NULL;
+}
+
+/* Batches of 100 x 4 KiB on the shared client: put, then got back (the
+ * server's 64 KiB chunks: 16 inline, the rest deferred). */
+static void *batch_worker(void *arg)
+{
+  enum { N = 100, EACH = 4096 };
+  int id = (int)(intptr_t)arg;
+  uint8_t *v = malloc((size_t)N * EACH), *back = malloc((size_t)N * EACH);
+  tport_put_item *puts = calloc(N, sizeof *puts);
+  tport_get_item *gets = calloc(N, sizeof *gets);
+  int64_t sz = EACH;
+  for (int r = 0; r < 20; r++) {
+    for (size_t i = 0; i < (size_t)N * EACH; i++)
+      v[i] = (uint8_t)(i * 5 + (i >> 12) + (size_t)id + (size_t)r);
+    for (int i = 0; i < N; i++)
+      puts[i] = (tport_put_item){.dtype = TPORT_UINT8, .ndim = 1, .sizes = &sz,
+                                 .data = v + (size_t)i * EACH, .nbytes = EACH};
+    tport_err err;
+    if (tport_put_batch(shared, puts, N, &err)) {
+      fail("put_batch", &err);
+      continue;
+    }
+    memset(back, 0, (size_t)N * EACH);
+    for (int i = 0; i < N; i++)
+      gets[i] = (tport_get_item){.ref = puts[i].info.ref, .buf = back + (size_t)i * EACH,
+                                 .cap = EACH};
+    if (tport_get_batch(shared, gets, N, &err))
+      fail("get_batch", &err);
+    else if (memcmp(v, back, (size_t)N * EACH))
+      fail("batch: bytes differ", NULL);
+    for (int i = 0; i < N; i++)
+      tport_free(shared, &puts[i].info.ref, NULL);
+  }
+  free(v), free(back), free(puts), free(gets);
   return NULL;
 }
 
@@ -200,14 +239,16 @@ int main(void)
     fprintf(stderr, "%s\n", err.msg);
     return 1;
   }
-  pthread_t t[12];
+  pthread_t t[14];
   for (int i = 0; i < 6; i++)
     pthread_create(&t[i], NULL, auto_worker, (void *)(intptr_t)i);
   for (int i = 6; i < 10; i++)
     pthread_create(&t[i], NULL, region_worker, (void *)(intptr_t)i);
   for (int i = 10; i < 12; i++)
     pthread_create(&t[i], NULL, pool_worker, (void *)(intptr_t)(i - 10));
-  for (int i = 0; i < 12; i++)
+  for (int i = 12; i < 14; i++)
+    pthread_create(&t[i], NULL, batch_worker, (void *)(intptr_t)i);
+  for (int i = 0; i < 14; i++)
     pthread_join(t[i], NULL);
   tport_close(shared);
   server_stop(s, 2000);
@@ -216,6 +257,6 @@ int main(void)
   snprintf(dir, sizeof dir, "/tmp/tport-stress-shm-%d", (int)getpid());
   rmdir(dir);
   int f = atomic_load(&failures);
-  printf("stress_shm: 12 threads, %d failures\n", f);
+  printf("stress_shm: 14 threads, %d failures\n", f);
   return f ? 1 : 0;
 }
