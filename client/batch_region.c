@@ -16,7 +16,7 @@ void batch_region_open(tport_client *c, batch_region *br, size_t nslots, size_t 
     return;
   struct tport_shm *r = client_shm_auto_take(c, grow ? cap : 0);
   if (!r) {
-    br->want = grow ? 0 : cap; /* none yet: wanted at the close, for the next */
+    br->want = grow ? 0 : cap; /* none yet: wanted at the close */
     return;
   }
   size_t fit = tport_shm_size(r) / slot_bytes;
@@ -24,7 +24,7 @@ void batch_region_open(tport_client *c, batch_region *br, size_t nslots, size_t 
   if (!grow && fit < nslots)
     nslots = fit; /* what the region holds now */
   if (nslots == 0 || fit < nslots) {
-    client_shm_auto_done(c, want); /* grown for the next batch */
+    client_shm_auto_done(c, want); /* grown at its next use */
     return;
   }
   br->want = want;
@@ -69,6 +69,6 @@ void batch_region_close(tport_client *c, batch_region *br)
   if (br->out)
     client_shm_auto_retire(c);
   else
-    client_shm_auto_done(c, br->want); /* grown for the next batch */
+    client_shm_auto_done(c, br->want); /* grown at its next use */
   br->r = NULL;
 }
