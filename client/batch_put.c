@@ -22,9 +22,10 @@
  * Where the automatic region is on, tensors of at least its size go by
  * path.c as a tport_put of their own would (one copy into the region beats
  * the socket), and the small ones' bytes go through it too: each group in
- * flight has a slot of it (batch_region.h), the request names slices.  An element begun with a server that refuses it (a server
- * before uncommitted batch elements) or whose chunks are smaller than the
- * client's goes by path.c too, after the window.  Every element keeps its
+ * flight has a slot of it (batch_region.h), the request names slices.  An
+ * element begun with a server that refuses it (a server before uncommitted
+ * batch elements) or whose chunks are smaller than the client's goes by
+ * path.c too, after the window.  Every element keeps its
  * own result; one that fails mid-way is aborted on the server.
  */
 #include <stdio.h>
