@@ -480,13 +480,12 @@ static void open_region(deferred_gets *d)
       bytes += d->el[d->small[j]].planned;
     most = bytes > most ? bytes : most;
   }
-  size_t window = (size_t)d->c->window;
   /* as large as it is (grown for the next batch): on a fresh client the
    * bench's ResNet-50 get batch went from 48-59 to 63-72 ms when the region
    * grew to 8 slots of 4 MiB first (its pages faulted in by the server's
    * writes, ~5 us each on a VM); once grown, 37-47 ms against 53-63 by
    * the socket */
-  batch_region_open(d->c, &d->region, d->ngroups < window ? d->ngroups : window, most, false);
+  batch_region_open(d->c, &d->region, d->ngroups, most, false);
 }
 
 void batch_get_deferred(tport_client *c, tport_get_item *items, size_t k, const size_t *planned,

@@ -268,8 +268,7 @@ static void open_region(put_plan *pp)
       bytes += pp->items[pp->idx[j]].nbytes;
     most = bytes > most ? bytes : most;
   }
-  size_t window = (size_t)pp->c->window;
-  batch_region_open(pp->c, &pp->region, pp->ngroups < window ? pp->ngroups : window, most, true);
+  batch_region_open(pp->c, &pp->region, pp->ngroups, most, true);
 }
 
 /* The riding elements idx[0..k) and the elements in chunks ch[0..nch)

@@ -2,10 +2,12 @@
  * (batch_region.h). */
 #include "batch_region.h"
 
-void batch_region_open(tport_client *c, batch_region *br, size_t nslots, size_t slot_bytes,
+void batch_region_open(tport_client *c, batch_region *br, size_t ngroups, size_t slot_bytes,
                        bool grow)
 {
   *br = (batch_region){0};
+  /* a slot for each request the window may have in flight */
+  size_t nslots = ngroups < (size_t)c->window ? ngroups : (size_t)c->window;
   if (nslots == 0 || nslots > CLIENT_MAX_WINDOW || slot_bytes == 0 ||
       slot_bytes > CLIENT_SHM_MAX_BYTES / nslots)
     return;

@@ -32,15 +32,16 @@ typedef struct batch_region {
   size_t free[CLIENT_MAX_WINDOW];
 } batch_region;
 
-/* Takes the automatic region for nslots (at most CLIENT_MAX_WINDOW) slots
- * of slot_bytes, where it is on and not busy: grown to hold them where
+/* Takes the automatic region for a slot of slot_bytes for each of ngroups
+ * requests that may be in flight at once (the client's window of them),
+ * where it is on and not busy: grown to hold them where
  * such a transfer is large enough for a region (grow), or as large as it
  * is, for as many of them as it holds (!grow: a fresh region's pages cost
  * more than the socket's copies of bulk bytes, once; small elements' cost
  * is the socket's per-element work, which a region saves at once) and
  * grown at its next use (the next batch), as a get that did not fit grows
  * it (client_shm_auto_done).  Else br->r stays NULL. */
-void batch_region_open(tport_client *c, batch_region *br, size_t nslots, size_t slot_bytes,
+void batch_region_open(tport_client *c, batch_region *br, size_t ngroups, size_t slot_bytes,
                        bool grow);
 /* A free slot (BATCH_NO_SLOT: none free, no region, or the region belongs
  * to a connection that is gone) and its memory. */

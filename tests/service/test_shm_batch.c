@@ -269,6 +269,26 @@ Test(shm_batch, deferred_gets_are_written_into_the_region)
   stop(s);
 }
 
+/* A GetBatch as q says, sent as it is; its reply (and payload into p). */
+static Tport__GetBatchReply *raw_get_batch(tport_client *c, const Tport__GetBatchRequest *q,
+                                           client_payload *p)
+{
+  Tport__GetBatchReply *rep;
+  tport_err err;
+  *p = (client_payload){0};
+  cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_GET_BATCH, &q->base, NULL, 0,
+                          &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&rep, p, &err),
+               0, "%s", err.msg);
+  return rep;
+}
+
+static void free_reply(Tport__GetBatchReply *rep, client_payload *p)
+{
+  protobuf_c_message_free_unpacked(&rep->base, NULL);
+  if (p->msg)
+    nng_msg_free(p->msg);
+}
+
 /* A GetBatch's elements naming region slices no client library would:
  * each answered on its own (past the region, another's region, chunks
  * into a region, a slice too small: deferred where asked, else refused),
@@ -313,9 +333,7 @@ Test(shm_batch, hostile_region_slices_in_a_get_batch_cost_their_element_only)
   q.defer_large = true;
   Tport__GetBatchReply *rep;
   client_payload p = {0};
-  cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0,
-                          &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&rep, &p, &err),
-               0, "%s", err.msg);
+  rep = raw_get_batch(c, &q, &p);
   cr_assert_eq(rep->n_gets, (size_t)K);
   int want[K] = {0, TPORT_OUT_OF_RANGE, TPORT_INVALID_ARGUMENT, 0, TPORT_NOT_FOUND, 0};
   for (int j = 0; j < K; j++) {
@@ -333,21 +351,14 @@ Test(shm_batch, hostile_region_slices_in_a_get_batch_cost_their_element_only)
   uint8_t zero[N] = {0};
   cr_assert_eq(memcmp((uint8_t *)tport_shm_data(theirs) + 2 * N, zero, N), 0,
                "another connection's region was written");
-  protobuf_c_message_free_unpacked(&rep->base, NULL);
-  if (p.msg)
-    nng_msg_free(p.msg);
+  free_reply(rep, &p);
   /* without defer_large, the slice too small is refused */
   q.n_gets = 1;
   q.gets = &qp[3];
   q.defer_large = false;
-  p = (client_payload){0};
-  cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0,
-                          &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&rep, &p, &err),
-               0, "%s", err.msg);
+  rep = raw_get_batch(c, &q, &p);
   cr_assert_eq(rep->gets[0]->status ? (int)rep->gets[0]->status->code : 0, TPORT_OUT_OF_RANGE);
-  protobuf_c_message_free_unpacked(&rep->base, NULL);
-  if (p.msg)
-    nng_msg_free(p.msg);
+  free_reply(rep, &p);
   /* a batch copies at most a chunk (1 MiB here) into regions: of three
    * tensors of 400 KB into slices, the third is deferred, or refused */
   enum { BIG = 400000 };
@@ -371,11 +382,7 @@ Test(shm_batch, hostile_region_slices_in_a_get_batch_cost_their_element_only)
     q.n_gets = 3;
     q.gets = qp;
     q.defer_large = defer;
-    p = (client_payload){0};
-    cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0,
-                            &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&rep, &p,
-                            &err),
-                 0, "%s", err.msg);
+    rep = raw_get_batch(c, &q, &p);
     for (int j = 0; j < 2; j++) {
       cr_assert(rep->gets[j]->shm && (!rep->gets[j]->status || !rep->gets[j]->status->code),
                 "element %d", j);
@@ -387,9 +394,7 @@ Test(shm_batch, hostile_region_slices_in_a_get_batch_cost_their_element_only)
                 "the third was not deferred (code %d)", code);
     else
       cr_assert_eq(code, TPORT_OUT_OF_RANGE, "the third: code %d", code);
-    protobuf_c_message_free_unpacked(&rep->base, NULL);
-    if (p.msg)
-      nng_msg_free(p.msg);
+    free_reply(rep, &p);
   }
   free(bv);
   tport_shm_release(wide, NULL);

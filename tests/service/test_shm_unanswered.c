@@ -157,6 +157,51 @@ static void wait_busy(server *s, int n)
   }
 }
 
+/* The one worker held by another connection's List until release_hold;
+ * the List's thread. */
+static pthread_t hold_worker(char *url)
+{
+  hold_on = true;
+  server_test_before_handle = hold_list;
+  pthread_t t;
+  pthread_create(&t, NULL, list_once, url);
+  pthread_mutex_lock(&hold_mu);
+  while (!holding)
+    pthread_cond_wait(&hold_cv, &hold_mu);
+  pthread_mutex_unlock(&hold_mu);
+  return t;
+}
+
+static void release_hold(void)
+{
+  pthread_mutex_lock(&hold_mu);
+  hold_on = false;
+  pthread_cond_broadcast(&hold_cv);
+  pthread_mutex_unlock(&hold_mu);
+}
+
+/* The next put through the region, of b under the name "second", queued
+ * behind the held worker and the late request; then the worker let go and
+ * that put waited for. */
+static void put_second_behind(server *s, pthread_t held, tport_client *c, const uint8_t *b)
+{
+  int64_t sz = (int64_t)N;
+  tport_put_options o;
+  tport_put_options_init(&o);
+  o.name = "second";
+  tport_request *second;
+  tport_err err;
+  cr_assert_eq(tport_put_async(c, TPORT_UINT8, 1, &sz, NULL, b, N, &o, NULL, NULL, NULL, &second,
+                               &err),
+               0, "%s", err.msg);
+  wait_busy(s, 3); /* the List, the late request, the next one */
+  release_hold();
+  pthread_join(held, NULL);
+  cr_assert_eq(tport_wait(second, -1, &err), 0, "%s", err.msg);
+  tport_request_free(second);
+  server_test_before_handle = NULL;
+}
+
 /* One worker, held by another connection's List: a named put through the
  * region waits in the queue past the client's timeout, and the next put
  * (or, now, the release of the retired region it begins with) is queued
@@ -171,14 +216,7 @@ Test(shm_unanswered, a_put_whose_answer_never_came_stores_its_own_bytes)
   tport_err err;
   cr_assert_eq(put(c, a, "cpu", NULL, NULL, &err), 0, "%s", err.msg); /* makes the region */
   uint64_t first = region_id(c);
-  hold_on = true;
-  server_test_before_handle = hold_list;
-  pthread_t t;
-  pthread_create(&t, NULL, list_once, url);
-  pthread_mutex_lock(&hold_mu);
-  while (!holding)
-    pthread_cond_wait(&hold_cv, &hold_mu);
-  pthread_mutex_unlock(&hold_mu);
+  pthread_t t = hold_worker(url);
   int timeout = c->timeout_ms;
   c->timeout_ms = 100;
   int rc = put(c, a, "cpu", "first", NULL, &err);
@@ -187,23 +225,7 @@ Test(shm_unanswered, a_put_whose_answer_never_came_stores_its_own_bytes)
   cr_assert(c->shm_cache == NULL || c->shm_cache->id != first,
             "region %llu is still the automatic region after a put from it got no answer",
             (unsigned long long)first);
-  int64_t sz = (int64_t)N;
-  tport_put_options o;
-  tport_put_options_init(&o);
-  o.name = "second";
-  tport_request *second;
-  cr_assert_eq(tport_put_async(c, TPORT_UINT8, 1, &sz, NULL, b, N, &o, NULL, NULL, NULL, &second,
-                               &err),
-               0, "%s", err.msg);
-  wait_busy(s, 3); /* the List, the late put, the next request */
-  pthread_mutex_lock(&hold_mu);
-  hold_on = false;
-  pthread_cond_broadcast(&hold_cv);
-  pthread_mutex_unlock(&hold_mu);
-  pthread_join(t, NULL);
-  cr_assert_eq(tport_wait(second, -1, &err), 0, "%s", err.msg);
-  tport_request_free(second);
-  server_test_before_handle = NULL;
+  put_second_behind(s, t, c, b);
   tport_ref byname = {0};
   snprintf(byname.name, sizeof byname.name, "first");
   tport_tensor_info i;
@@ -253,14 +275,7 @@ Test(shm_unanswered, a_put_batch_whose_answer_never_came_stores_its_own_bytes)
                                 .nbytes = EACH,
                                 .opts = &opts[i]};
   }
-  hold_on = true;
-  server_test_before_handle = hold_list;
-  pthread_t t;
-  pthread_create(&t, NULL, list_once, url);
-  pthread_mutex_lock(&hold_mu);
-  while (!holding)
-    pthread_cond_wait(&hold_cv, &hold_mu);
-  pthread_mutex_unlock(&hold_mu);
+  pthread_t t = hold_worker(url);
   int timeout = c->timeout_ms;
   c->timeout_ms = 100;
   int rc = tport_put_batch(c, items, K, &err);
@@ -269,23 +284,7 @@ Test(shm_unanswered, a_put_batch_whose_answer_never_came_stores_its_own_bytes)
   cr_assert(c->shm_cache == NULL || c->shm_cache->id != first,
             "region %llu is still the automatic region after a batch from it got no answer",
             (unsigned long long)first);
-  int64_t sz = (int64_t)N;
-  tport_put_options o;
-  tport_put_options_init(&o);
-  o.name = "second";
-  tport_request *second;
-  cr_assert_eq(tport_put_async(c, TPORT_UINT8, 1, &sz, NULL, b, N, &o, NULL, NULL, NULL, &second,
-                               &err),
-               0, "%s", err.msg);
-  wait_busy(s, 3); /* the List, the late batch, the next request */
-  pthread_mutex_lock(&hold_mu);
-  hold_on = false;
-  pthread_cond_broadcast(&hold_cv);
-  pthread_mutex_unlock(&hold_mu);
-  pthread_join(t, NULL);
-  cr_assert_eq(tport_wait(second, -1, &err), 0, "%s", err.msg);
-  tport_request_free(second);
-  server_test_before_handle = NULL;
+  put_second_behind(s, t, c, b);
   for (int i = 0; i < K; i++) {
     tport_ref byname = {0};
     snprintf(byname.name, sizeof byname.name, "b%d", i);
@@ -380,10 +379,7 @@ Test(shm_unanswered, a_get_batch_whose_answer_never_came_never_reuses_its_region
   cr_assert(c->shm_cache == NULL || c->shm_cache->id != first,
             "region %llu is still the automatic region after a get batch into it got no answer",
             (unsigned long long)first);
-  pthread_mutex_lock(&hold_mu);
-  hold_on = false;
-  pthread_cond_broadcast(&hold_cv);
-  pthread_mutex_unlock(&hold_mu);
+  release_hold();
   server_test_before_handle = NULL;
   memset(into, 0, (size_t)K * EACH);
   cr_assert_eq(get_batch(c, refs, K, EACH, into, &err), 0, "%s", err.msg);
