@@ -16,6 +16,10 @@
  *  - put_auto_shm_NMiB_vs_put_shm / get_auto_shm_NMiB_vs_get_shm: the same
  *    tport_put / tport_get vs tport_put_shm / tport_get_shm of a region the
  *    application fills in place (what the client's copy costs);
+ *  - put_direct_NMiB_vs_region: that tport_put, which over ipc:// the
+ *    server reads from the caller's buffer itself (process_vm_readv: one
+ *    copy, client/process_region.c), vs the same on a client with
+ *    TPORT_SHM_DIRECT=0 (copied into the automatic region, then out);
  *  - copy_pool_NMiB_vs_memcpy / copy_pool_NMiB_vs_threads: the client's
  *    copy alone (client/copy_pool.c, "threads" in the row) vs one memcpy,
  *    and vs memcpy split evenly across as many fresh threads.
@@ -145,9 +149,13 @@ int main(int argc, char **argv)
   tport_err err;
   if (server_start(&cfg, &s, &err))
     die("server_start", &err);
-  tport_client *c, *plain;
+  tport_client *c, *plain, *regional;
   if (tport_connect(url, NULL, &c, &err))
     die("connect", &err);
+  setenv("TPORT_SHM_DIRECT", "0", 1);
+  if (tport_connect(url, NULL, &regional, &err))
+    die("connect", &err);
+  unsetenv("TPORT_SHM_DIRECT");
   if (tport_connect(url, &(tport_connect_options){.no_shm = true}, &plain, &err))
     die("connect", &err);
   if (!tport_shm_available(c))
@@ -184,6 +192,8 @@ int main(int argc, char **argv)
           tport_free(c, &info.ref, &err) ||
           tport_put(plain, TPORT_UINT8, 1, &sz, NULL, user, n, opts, &info, &err) ||
           tport_free(plain, &info.ref, &err) ||
+          tport_put(regional, TPORT_UINT8, 1, &sz, NULL, user, n, opts, &info, &err) ||
+          tport_free(regional, &info.ref, &err) ||
           tport_get(c, &kept.ref, back, n, NULL, NULL, NULL, &err) ||
           tport_get(plain, &kept.ref, back, n, NULL, NULL, NULL, &err))
         die("warm-up", &err);
@@ -260,6 +270,22 @@ int main(int argc, char **argv)
     emit(name, n, v, b, reps, "put_shm");
     snprintf(name, sizeof name, "get_auto_shm_%zuMiB_vs_get_shm%s", mib, suffix);
     emit(name, n, v2, b2, reps, "get_shm");
+    /* the caller's buffer read by the server vs the automatic region (a
+     * device's put takes the region either way) */
+    for (int r = 0; r < reps && !device; r++) {
+      for (int k = 0; k < 2; k++) {
+        bool direct = (k == 0) == (r % 2 == 0);
+        tport_client *who = direct ? c : regional;
+        double t0 = bench_now();
+        if (tport_put(who, TPORT_UINT8, 1, &sz, NULL, user, n, opts, &info, &err))
+          die("put", &err);
+        (direct ? v2 : b2)[r] = bench_now() - t0;
+        tport_free(who, &info.ref, NULL);
+      }
+    }
+    snprintf(name, sizeof name, "put_direct_%zuMiB_vs_region%s", mib, suffix);
+    if (!device)
+      emit(name, n, v2, b2, reps, "automatic_region");
     /* the copy alone: the pool vs one memcpy (v, b) and vs as many fresh
      * threads (v2 reused for the pool's second timing, b2) */
     int k = copy_pool_threads();
@@ -289,6 +315,7 @@ int main(int argc, char **argv)
   }
   tport_close(c);
   tport_close(plain);
+  tport_close(regional);
   server_stop(s, 1000);
   config_free(&cfg);
   rmdir(dir);

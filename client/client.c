@@ -204,6 +204,7 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
     atomic_store(&c->shm_auto, !(opts && opts->no_shm) && shm);
     c->cuda_ipc = atomic_load(&c->shm_auto) && ipc;
   }
+  client_process_init(c, url, r->process_regions);
   c->window = r->max_inflight_chunks ? (int)r->max_inflight_chunks : 4;
   if (c->window > CLIENT_MAX_WINDOW)
     c->window = CLIENT_MAX_WINDOW;
@@ -236,6 +237,7 @@ void tport_close(tport_client *c)
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);
   pthread_mutex_destroy(&c->shm_mu);
+  pthread_mutex_destroy(&c->proc_mu);
   pthread_mutex_destroy(&c->regions_mu);
   stage_destroy(c->stage);
   pthread_mutex_destroy(&c->stage_mu);

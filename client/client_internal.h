@@ -73,6 +73,16 @@ struct tport_client {
   struct tport_shm *shm_retired; /* unmapped, not yet released on the server (shm_mu) */
   size_t shm_grow_to; /* a transfer found the region short of this: grown at its next use (shm_mu) */
   int64_t shm_retry_ms; /* a region refused for now (quota): not asked again before this */
+  /* the server reads a large put's chunks from the caller's buffer itself
+   * (process_region.c): whether it may (ipc:// or inproc://, the server
+   * says it can, TPORT_SHM_DIRECT not 0), the region it took on which
+   * connection, the connection that refused one, and the probe that
+   * proves this process is the connection's (proc_mu) */
+  bool proc_on;
+  pthread_mutex_t proc_mu;
+  uint64_t proc_region;
+  unsigned proc_pipe, proc_refused_pipe;
+  uint8_t proc_probe[16];
   /* the application's regions, unmapped by tport_close */
   pthread_mutex_t regions_mu;
   struct tport_shm *regions;
@@ -420,6 +430,17 @@ void client_lent_wait(tport_client *c, lent_chunks *l);
  * staged through the pinned ring. */
 int client_socket_put(tport_client *c, const client_put_desc *d, struct tport_shm *region,
                       tport_tensor_info *out, tport_err *err);
+/* The same for d's host data of more than a chunk, its chunks named as
+ * slices of the process region proc (the caller's own buffer, read by the
+ * server: process_region.c). */
+int client_socket_put_direct(tport_client *c, const client_put_desc *d, uint64_t proc,
+                             tport_tensor_info *out, tport_err *err);
+/* The connection's process region (regions.h on the server): registered on
+ * first use, *id; nonzero where the server cannot read this process (not
+ * ipc:// or inproc://, another user, refused on this connection). */
+int client_process_region(tport_client *c, uint64_t *id);
+/* Whether this client may use one (set at tport_connect). */
+void client_process_init(tport_client *c, const char *url, bool server_can);
 /* A get by requests on the socket, with region (locked by the caller)
  * offered: *alloced the buffer (g->alloc), *nbytes the tensor's bytes;
  * *region_want the bytes of a tensor the region had no room for (0: none),

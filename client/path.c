@@ -3,6 +3,11 @@
  * The ways are leaves that never call back up here:
  *   - the socket (put_socket.c, get_socket.c): requests with the bytes in
  *     them, a window of chunks in flight;
+ *   - the caller's own buffer (process_region.c), over ipc:// and
+ *     inproc://: a tensor of more than a chunk, stored on the cpu as it
+ *     is, is read by the server straight from it, chunk by chunk (the
+ *     server only reads: gets, smaller puts, converted ones and those to
+ *     a device take the region);
  *   - the automatic region (shm.c), on the same host: a large tensor is
  *     copied into the client's own memfd region and put from there in one
  *     request, or, when it is several chunks long, copied in ahead of
@@ -26,6 +31,7 @@
  * window one by one instead of a whole window per transfer (window.c).
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "client_internal.h"
 #include "copy_pool.h"
@@ -57,6 +63,18 @@ static int put_by_region(tport_client *c, const client_put_desc *d, tport_tensor
   *used = false;
   const tport_put_options *o = d->opts;
   bool converts = o->has_dtype || o->memory_format != TPORT_MF_PRESERVE;
+  /* more than a chunk, kept as it is in the server's memory: read by the
+   * server from the caller's buffer where it can (its one copy, none here).
+   * A device's or a converted tensor would be copied again from what was
+   * read; the region (copied in by a few threads here, read by the GPU
+   * where it is pinned) serves those better. */
+  uint64_t proc;
+  bool on_cpu = !o->device || strcmp(o->device, "cpu") == 0;
+  if (d->data && on_cpu && !converts && d->nbytes > c->chunk_bytes &&
+      client_process_region(c, &proc) == TPORT_OK) {
+    *used = true;
+    return client_socket_put_direct(c, d, proc, out, err);
+  }
   /* several chunks long, not converted: chunk by chunk through it, the
    * client's copies and the server's overlapping */
   if (d->data && !converts && d->nbytes > 2 * c->chunk_bytes && d->nbytes <= CLIENT_SHM_MAX_BYTES) {

@@ -144,6 +144,7 @@ typedef struct put_ctx {
   size_t copied;            /* ... bytes [0, copied) in it, by hand */
   lent_chunks *lent;        /* NULL: chunks copied into their requests */
   client_stage *stage;      /* device memory: each chunk staged through the ring */
+  uint64_t process;         /* nonzero: the process region; chunks name data itself */
 } put_ctx;
 
 static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err *err)
@@ -159,6 +160,13 @@ static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
     int rc = stage_put_chunk(p->stage, off, len, &bytes, err);
     if (rc)
       return rc;
+  } else if (p->process) {
+    /* the server reads the chunk from the caller's buffer */
+    slice = (Tport__ShmSlice)TPORT__SHM_SLICE__INIT;
+    slice.region = p->process;
+    slice.offset = (uint64_t)(uintptr_t)bytes;
+    slice.length = len;
+    q.shm = &slice;
   } else if (p->region) {
     /* into the region: the stream's copy waited for up to this chunk's
      * end, or (no stream) a batch at a time here; the server copies this
@@ -182,12 +190,12 @@ static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
     q.crc32c = transport_crc32c(0, bytes, len);
   }
 #ifdef TPORT_NNG_LENT_TAIL
-  if (p->lent && !p->region && !p->stage)
+  if (p->lent && !q.shm && !p->stage)
     return client_pack_lent(p->lent, TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, bytes, len, out,
                             err);
 #endif
-  return client_pack(TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, p->region ? NULL : bytes,
-                     p->region ? 0 : len, out, err);
+  return client_pack(TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, q.shm ? NULL : bytes,
+                     q.shm ? 0 : len, out, err);
 }
 
 static int put_take(void *vctx, client_slot *s, tport_err *err)
@@ -201,10 +209,10 @@ static int put_take(void *vctx, client_slot *s, tport_err *err)
 }
 
 /* PutBegin of d: with the whole tensor when it fits in one chunk (and no
- * region carries it), *committed then; else the handle its chunks name
+ * region's slices carry it: by_slices), *committed then; else the handle its chunks name
  * (into ref, its bytes in handle) and the chunks' size. */
-static int put_begin(tport_client *c, const client_put_desc *d, const struct tport_shm *region,
-                     client_stage *stage, tport_tensor_info *out, bool *committed, Tport__Ref *ref,
+static int put_begin(tport_client *c, const client_put_desc *d, bool by_slices, client_stage *stage,
+                     tport_tensor_info *out, bool *committed, Tport__Ref *ref,
                      uint8_t handle[TPORT_HANDLE_BYTES], size_t *chunk, tport_err *err)
 {
   const void *data = d->data;
@@ -213,7 +221,7 @@ static int put_begin(tport_client *c, const client_put_desc *d, const struct tpo
   Tport__PutBeginRequest q;
   client_put_request(c, d->dtype, d->ndim, d->sizes, d->strides, d->opts, &desc, &q);
   /* a tensor that fits in one chunk goes in one round trip */
-  q.commit = nbytes <= c->chunk_bytes && !region;
+  q.commit = nbytes <= c->chunk_bytes && !by_slices;
   int rc;
   if (q.commit && stage && nbytes) {
     const uint8_t *staged;
@@ -254,7 +262,8 @@ static int put_begin(tport_client *c, const client_put_desc *d, const struct tpo
 /* The chunks of the put ref names: when it returns, nng holds none of the
  * caller's bytes any more. */
 static int put_chunks(tport_client *c, const client_put_desc *d, const Tport__Ref *ref,
-                      size_t chunk, struct tport_shm *region, client_stage *stage, tport_err *err)
+                      size_t chunk, struct tport_shm *region, client_stage *stage, uint64_t process,
+                      tport_err *err)
 {
   int rc = TPORT_OK;
   lent_chunks lent = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
@@ -263,8 +272,9 @@ static int put_chunks(tport_client *c, const client_put_desc *d, const Tport__Re
                 .nbytes = d->nbytes,
                 .verify = c->verify,
                 .region = region,
-                .lent = c->lend_chunks && !region ? &lent : NULL,
-                .stage = stage};
+                .lent = c->lend_chunks && !region && !process ? &lent : NULL,
+                .stage = stage,
+                .process = process};
   copy_stream stream;
   if (region && copy_pool_stream_begin(&stream, region->data, d->data, d->nbytes))
     pc.stream = &stream;
@@ -312,8 +322,10 @@ static int put_end(tport_client *c, const Tport__Ref *ref, const tport_put_optio
   return rc;
 }
 
-int client_socket_put(tport_client *c, const client_put_desc *d, struct tport_shm *region,
-                      tport_tensor_info *out, tport_err *err)
+/* The put of d: PutBegin, its chunks (through region, stage or the
+ * process region where given), PutCommit. */
+static int socket_put(tport_client *c, const client_put_desc *d, struct tport_shm *region,
+                      uint64_t process, tport_tensor_info *out, tport_err *err)
 {
   client_stage *stage = NULL;
   int rc;
@@ -323,7 +335,7 @@ int client_socket_put(tport_client *c, const client_put_desc *d, struct tport_sh
   uint8_t handle[TPORT_HANDLE_BYTES];
   size_t chunk = 0;
   bool committed = false;
-  rc = put_begin(c, d, region, stage, out, &committed, &ref, handle, &chunk, err);
+  rc = put_begin(c, d, region || process, stage, out, &committed, &ref, handle, &chunk, err);
   if (rc)
     return stage ? stage_end(stage, rc, err) : rc;
   if (committed) {
@@ -331,8 +343,20 @@ int client_socket_put(tport_client *c, const client_put_desc *d, struct tport_sh
       stage_end(stage, TPORT_OK, NULL); /* its one copy was waited for */
     return TPORT_OK;
   }
-  rc = put_chunks(c, d, &ref, chunk, region, stage, err);
+  rc = put_chunks(c, d, &ref, chunk, region, stage, process, err);
   if (stage)
     rc = stage_end(stage, rc, err); /* no copy reads the device any more */
   return put_end(c, &ref, d->opts, rc, out, err);
+}
+
+int client_socket_put(tport_client *c, const client_put_desc *d, struct tport_shm *region,
+                      tport_tensor_info *out, tport_err *err)
+{
+  return socket_put(c, d, region, 0, out, err);
+}
+
+int client_socket_put_direct(tport_client *c, const client_put_desc *d, uint64_t proc,
+                             tport_tensor_info *out, tport_err *err)
+{
+  return socket_put(c, d, NULL, proc, out, err);
 }

@@ -274,22 +274,32 @@ int tensor_sync(tport_tensor *t, tport_err *err)
   return storage_sync(t->storage, err);
 }
 
-bool tensor_write_host_bytes(tport_tensor *t, size_t off, const void *src, size_t n)
+uint8_t *tensor_host_bytes(tport_tensor *t, size_t off, size_t n)
 {
   tport_storage *st = t->storage;
   if (st->device.type != TPORT_DEV_CPU || (st->flags & STORAGE_MANAGED) ||
       !meta_is_non_overlapping_and_dense(&t->layout))
-    return false;
+    return NULL;
   size_t total = tensor_nbytes(t);
-  if (off > total || n > total - off)
-    return false;
-  if (n == 0)
-    return true;
+  if (off > total || n > total - off || !st->ptr)
+    return NULL;
   if (storage_sync(st, NULL) != TPORT_OK)
-    return false;
+    return NULL;
   /* the layout is dense: its bytes start at its offset and fit its storage */
-  memcpy((uint8_t *)st->ptr + (size_t)t->layout.offset * tport_dtype_size(t->dtype) + off, src,
-         n);
+  return (uint8_t *)st->ptr + (size_t)t->layout.offset * tport_dtype_size(t->dtype) + off;
+}
+
+bool tensor_write_host_bytes(tport_tensor *t, size_t off, const void *src, size_t n)
+{
+  if (n == 0) {
+    size_t total = tensor_nbytes(t);
+    return t->storage->device.type == TPORT_DEV_CPU && !(t->storage->flags & STORAGE_MANAGED) &&
+           meta_is_non_overlapping_and_dense(&t->layout) && off <= total;
+  }
+  uint8_t *dst = tensor_host_bytes(t, off, n);
+  if (!dst)
+    return false;
+  memcpy(dst, src, n);
   return true;
 }
 

@@ -106,7 +106,11 @@ typedef struct tport_connect_options {
    * first such copy (TPORT_COPY_THREADS=N: that many, 1: none; by default
    * the CPU count, at most 16); a tensor of more than two chunks goes
    * through the region a chunk at a time, those threads copying while the
-   * server reads or writes (three quarters of them unless set). */
+   * server reads or writes (three quarters of them unless set).  Over
+   * ipc:// and inproc://, a put of more than a chunk stored on the cpu as
+   * it is (no device, no conversion) is read by the server straight from
+   * the caller's buffer (process_vm_readv, where the kernel lets a process
+   * of the server's user read this one; TPORT_SHM_DIRECT=0: not). */
   bool no_shm;
 } tport_connect_options;
 

@@ -103,6 +103,50 @@ static int put_bytes(call *c, reg_entry *e, uint64_t off, const uint8_t *p, size
   return rc;
 }
 
+/* Writes the claimed bytes [off, off + n) of e's upload from the client's
+ * own memory, the slice sl of its process region (regions.h): read
+ * straight into the landing tensor where that is plain host memory and
+ * nothing converts on arrival (the one copy of the put), else into a
+ * buffer of the tenant's and landed from there as a payload is.  The crc
+ * is checked over what was read. */
+static int put_bytes_from_process(call *c, reg_entry *e, const Tport__PutChunkRequest *q)
+{
+  server *s = c->srv;
+  const Tport__ShmSlice *sl = q->shm;
+  size_t n = (size_t)sl->length;
+  tport_tensor *landing = NULL, *buf = NULL;
+  int convert_from;
+  int rc = reg_chunk_claim(&s->reg, e, q->offset, n, &landing, &convert_from, &c->err);
+  if (rc || !landing)
+    return rc; /* an error, or written already (idempotent) */
+  int64_t t0 = metrics_now_ns();
+  uint8_t *dst = convert_from < 0 && n ? tensor_host_bytes(landing, (size_t)q->offset, n) : NULL;
+  if (!dst && n) {
+    reg_reservation res;
+    int64_t count = (int64_t)n;
+    rc = wire_charge_begin(c, &res, n, "a chunk");
+    if (!rc) {
+      rc = tensor_empty((tport_device){TPORT_DEV_CPU, 0}, TPORT_UINT8, 1, &count,
+                        TPORT_MF_CONTIGUOUS, 0, &buf, &c->err);
+      wire_charge_end(&res);
+    }
+    reg_reservation_release(&res);
+    if (!rc && !(dst = tensor_host_bytes(buf, 0, n)))
+      rc = tport_err_set(&c->err, TPORT_INTERNAL, "a chunk's buffer is not host memory");
+  }
+  if (!rc && n)
+    rc = shm_process_read(s->shm, c->pipe, sl->region, sl->offset, dst, n, &c->err);
+  if (!rc)
+    rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, q->offset, dst, n);
+  if (!rc && buf)
+    rc = land(c, landing, convert_from, (size_t)q->offset, dst, n, false);
+  metrics_stage_since(&s->metrics, convert_from >= 0 ? STAGE_CONVERT : STAGE_STAGE, t0);
+  tensor_release(buf);
+  tensor_release(landing);
+  reg_chunk_done(&s->reg, e, q->offset, n, rc == TPORT_OK);
+  return rc;
+}
+
 /* The connection's region slice a request names, held for the copy
  * (shm_unhold it): *p its bytes, *pinned whether the GPU driver knows them. */
 static int hold_slice(call *c, const Tport__ShmSlice *sl, shm_region **held, uint8_t **p,
@@ -380,7 +424,28 @@ int h_put_chunk(call *c)
   size_t len = c->payload_len;
   shm_region *held = NULL;
   bool pinned = false;
-  if (!rc && q->shm) {
+  bool process = !rc && q->shm && shm_is_process(c->srv->shm, c->pipe, q->shm->region);
+  if (process) {
+    /* the chunk's bytes are the client's own memory */
+    if (c->payload_len)
+      rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                         "a chunk from a region carries no payload (%zu bytes came)",
+                         c->payload_len);
+    else if (q->shm->length > c->srv->cfg.chunk_bytes)
+      rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                         "shm.length is %llu: a chunk is at most %zu bytes",
+                         (unsigned long long)q->shm->length, c->srv->cfg.chunk_bytes);
+    if (!rc) {
+      metrics_stage_since(&c->srv->metrics, STAGE_RECEIVE, c->arrived_ns);
+      rc = put_bytes_from_process(c, e, q);
+    }
+    len = (size_t)q->shm->length;
+    if (!rc) {
+      atomic_fetch_add(&c->srv->bytes_in, len);
+      if (q->offset == 0)
+        shm_count_transfer(c->srv->shm); /* a put's first chunk */
+    }
+  } else if (!rc && q->shm) {
     /* the chunk's bytes are in a region */
     uint8_t *p = NULL;
     if (c->payload_len)
@@ -401,9 +466,9 @@ int h_put_chunk(call *c)
     if (!rc && q->offset == 0)
       shm_count_transfer(c->srv->shm); /* a put's first chunk */
   }
-  if (!rc)
+  if (!rc && !process)
     rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, q->offset, data, len);
-  if (!rc) {
+  if (!rc && !process) {
     metrics_stage_since(&c->srv->metrics, STAGE_RECEIVE, c->arrived_ns);
     rc = put_bytes(c, e, q->offset, data, len, pinned);
   }

@@ -27,6 +27,7 @@ static int hello_reply(call *c, int code, const char *msg, const uint8_t *challe
   r.protocol_version = PROTOCOL_VERSION;
   r.get_expect = true; /* h_get_begin checks expect_* first */
   r.batch_get_slices = true; /* handlers_batch.c get_element */
+  r.process_regions = c->srv->shm != NULL; /* regions_process.c */
   r.server = "tportd "
              "0.1.0";
   if (challenge) {
@@ -384,6 +385,9 @@ int h_stats(call *c)
   COUNTER("cuda_ipc_opens", ss.ipc_opens);
   COUNTER("cuda_ipc_refused", ss.ipc_refused);
   COUNTER("shm_transfers", ss.transfers);
+  COUNTER("shm_process_regions", ss.process_regions);
+  COUNTER("shm_process_reads", ss.process_reads);
+  COUNTER("shm_process_bytes", ss.process_bytes);
   COUNTER("bytes_in", atomic_load(&s->bytes_in));
   COUNTER("bytes_out", atomic_load(&s->bytes_out));
   COUNTER("bytes_lent", atomic_load(&s->bytes_lent));

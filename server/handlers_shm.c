@@ -23,6 +23,34 @@ static pid_t peer_pid(uint32_t pipe)
   return 0;
 }
 
+/* The user of that process (ipc://: SO_PEERCRED; inproc://: tportd's);
+ * false where the transport does not say. */
+static bool peer_uid(uint32_t pipe, uid_t *uid)
+{
+  nng_pipe p = {.id = pipe};
+  uint64_t u = 0;
+  if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &u) == 0) {
+    *uid = (uid_t)u;
+    return (uint64_t)*uid == u;
+  }
+  nng_sockaddr sa;
+  if (nng_pipe_get_addr(p, NNG_OPT_REMADDR, &sa) == 0 && sa.s_family == NNG_AF_INPROC) {
+    *uid = geteuid();
+    return true;
+  }
+  return false;
+}
+
+/* ShmRegister of the client's own memory (regions.h, process regions). */
+static int register_process(call *c, const Tport__ShmRegisterRequest *q, const char *tenant,
+                            uint64_t *id)
+{
+  uid_t uid = 0;
+  pid_t pid = peer_uid(c->pipe, &uid) ? peer_pid(c->pipe) : 0;
+  return shm_register_process(c->srv->shm, c->pipe, tenant, pid, uid, q->process_probe_addr,
+                              q->process_probe.data, q->process_probe.len, id, &c->err);
+}
+
 int h_shm_register(call *c)
 {
   Tport__ShmRegisterRequest *q = (Tport__ShmRegisterRequest *)c->req;
@@ -42,11 +70,15 @@ int h_shm_register(call *c)
   uint8_t token[TRANSPORT_SHM_TOKEN_BYTES];
   bool ready = false;
   bool ipc = q->cuda_ipc_handle.len > 0 || q->cuda_ipc_fd;
-  int rc = ipc ? shm_register_ipc(s->shm, c->pipe, tenant, peer_pid(c->pipe), q->nbytes,
-                                  q->cuda_ipc_handle.data, q->cuda_ipc_handle.len, q->cuda_ipc_fd,
-                                  &id, token, &ready, &c->err)
-               : shm_register(s->shm, c->pipe, tenant, peer_pid(c->pipe), q->nbytes, &id, token,
-                              &c->err);
+  if (q->process && ipc)
+    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                         "a region is the client's memory or a CUDA allocation, not both");
+  int rc = q->process ? register_process(c, q, tenant, &id)
+           : ipc      ? shm_register_ipc(s->shm, c->pipe, tenant, peer_pid(c->pipe), q->nbytes,
+                                         q->cuda_ipc_handle.data, q->cuda_ipc_handle.len, q->cuda_ipc_fd,
+                                         &id, token, &ready, &c->err)
+                 : shm_register(s->shm, c->pipe, tenant, peer_pid(c->pipe), q->nbytes, &id, token,
+                                &c->err);
   if (rc)
     return rc;
   /* a connection that closed meanwhile has had its regions dropped already
@@ -60,6 +92,7 @@ int h_shm_register(call *c)
   r.status = wire_ok();
   r.region = id;
   r.token.data = token;
+  ready |= q->process;
   r.token.len = ready ? 0 : sizeof token;
   r.socket_path = (char *)shm_socket_path(s->shm);
   r.ready = ready;

@@ -206,6 +206,12 @@ static void registry_gauges(metrics_text *t, server *s)
   metrics_sample_u64(t, "tport_shm_handoffs_total", ss.handoffs_refused, "result", "refused", NULL);
   metrics_counter_u64(t, "tport_shm_transfers_total", "Puts and gets through a same-host region.",
                       ss.transfers);
+  metrics_gauge_u64(t, "tport_shm_process_regions",
+                    "Same-host clients whose memory tportd reads directly now.",
+                    ss.process_regions);
+  metrics_counter_u64(t, "tport_shm_process_read_bytes_total",
+                      "Bytes read straight from same-host clients' memory (process_vm_readv).",
+                      ss.process_bytes);
   metrics_gauge_u64(t, "tport_tensor_bytes",
                     "Bytes tenants pay for: distinct storages, conversions in progress, gets' host "
                     "copies.",

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "log.h"
@@ -47,7 +48,10 @@ static void uncharge(shm_table *t, const shm_region *r)
  * and munmap of a large mapping take a while). */
 void region_free(shm_region *r)
 {
-  if (r->kind == KIND_IPC_CUDA) {
+  if (r->kind == KIND_PROCESS) {
+    if (r->pidfd >= 0)
+      close(r->pidfd);
+  } else if (r->kind == KIND_IPC_CUDA) {
     if (r->map && atomic_fetch_sub(&r->map->refs, 1) == 1) {
       engine_ipc_close(r->map->dev, r->map->base);
       free(r->map);
@@ -72,6 +76,8 @@ bool region_remove(shm_table *t, shm_region *r)
   t->stats.regions--;
   if (is_ipc(r))
     t->stats.ipc_regions--;
+  if (r->kind == KIND_PROCESS)
+    t->stats.process_regions--;
   if (host_mapped(r->kind))
     t->stats.bytes -= r->nbytes;
   r->released = true;
@@ -136,12 +142,57 @@ static int ipc_refusal(shm_table *t, uint32_t pipe, const char *tenant, const ui
   return TPORT_OK;
 }
 
-static int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid,
-                           uint64_t nbytes, region_kind kind, const uint8_t *handle, uint64_t *id,
-                           uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], shm_region **opening,
-                           tport_err *err)
+/* Why a connection may not have its process region (mu held): it has one. */
+static int process_refusal(shm_table *t, uint32_t pipe, tport_err *err)
 {
-  if (nbytes == 0)
+  for (shm_region *x = t->by_id; x; x = x->hh.next)
+    if (x->kind == KIND_PROCESS && x->pipe == pipe)
+      return tport_err_set(err, TPORT_ALREADY_EXISTS,
+                           "this connection has its process region already (region %llu)",
+                           (unsigned long long)x->id);
+  return TPORT_OK;
+}
+
+/* Why the connection may not register a region of nbytes of that kind
+ * (mu held): it has its fill, its process region already, a CUDA IPC
+ * handle it may not have, or the bytes would pass a limit. */
+static int refusal(shm_table *t, uint32_t pipe, const char *tenant, region_kind kind,
+                   const uint8_t *handle, size_t nbytes, const tenant_use *u, tport_err *err)
+{
+  size_t mine = 0;
+  for (shm_region *x = t->by_id; x; x = x->hh.next)
+    mine += x->pipe == pipe;
+  int rc = TPORT_OK;
+  if (mine >= t->cfg.max_regions)
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                       "this connection holds %zu regions already: release one first", mine);
+  else if (kind == KIND_PROCESS && (rc = process_refusal(t, pipe, err)) != TPORT_OK)
+    ; /* said why */
+  else if (kind_is_ipc(kind) && (rc = ipc_refusal(t, pipe, tenant, handle, u, err)) != TPORT_OK)
+    ; /* said why */
+  else if (!host_mapped(kind))
+    ; /* a CUDA IPC handle: no host bytes */
+  else if (t->stats.bytes + nbytes > t->cfg.total_max)
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                       "the server holds %llu bytes of regions: %llu more would pass its limit "
+                       "(--shm-max, %zu bytes)",
+                       (unsigned long long)t->stats.bytes, (unsigned long long)nbytes,
+                       t->cfg.total_max);
+  else if (u->bytes + nbytes > t->cfg.quota || u->bytes + nbytes < u->bytes)
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                       "tenant '%s' has %zu bytes of regions: %llu more would pass its shm quota "
+                       "(%zu bytes)",
+                       tenant, u->bytes, (unsigned long long)nbytes, t->cfg.quota);
+  return rc;
+}
+
+int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid,
+                    uint64_t nbytes, region_kind kind, const uint8_t *handle, uint64_t *id,
+                    uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], shm_region **opening, tport_err *err)
+{
+  if (kind == KIND_PROCESS)
+    nbytes = 0; /* an address space: what a slice names is checked as it is read */
+  else if (nbytes == 0)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "a region holds at least one byte");
   if (nbytes > (uint64_t)PTRDIFF_MAX)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT,
@@ -164,39 +215,18 @@ static int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_
   r->nbytes = (size_t)nbytes;
   r->state = REGION_PENDING;
   r->kind = kind;
+  r->pidfd = -1;
   if (handle)
     memcpy(r->ipc_handle, handle, SHM_IPC_HANDLE_BYTES);
   pthread_mutex_lock(&t->mu);
   shm_region *dead = NULL;
   expire_pending(t, &dead);
   r->token_expires_ms = now_ms() + (int64_t)t->cfg.token_ms;
-  size_t mine = 0;
-  for (shm_region *x = t->by_id; x; x = x->hh.next)
-    mine += x->pipe == pipe;
   tenant_use *u = tenant_of(t, tenant, true);
-  int rc = TPORT_OK;
-  if (!u)
-    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
-  else if (mine >= t->cfg.max_regions)
-    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
-                       "this connection holds %zu regions already: release one first", mine);
-  else if (kind != KIND_MEMFD && (rc = ipc_refusal(t, pipe, tenant, handle, u, err)) != TPORT_OK)
-    ; /* said why */
-  else if (!host_mapped(kind))
-    ; /* a CUDA IPC handle: no host bytes */
-  else if (t->stats.bytes + r->nbytes > t->cfg.total_max)
-    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
-                       "the server holds %llu bytes of regions: %llu more would pass its limit "
-                       "(--shm-max, %zu bytes)",
-                       (unsigned long long)t->stats.bytes, (unsigned long long)nbytes,
-                       t->cfg.total_max);
-  else if (u->bytes + r->nbytes > t->cfg.quota || u->bytes + r->nbytes < u->bytes)
-    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
-                       "tenant '%s' has %zu bytes of regions: %llu more would pass its shm quota "
-                       "(%zu bytes)",
-                       tenant, u->bytes, (unsigned long long)nbytes, t->cfg.quota);
+  int rc = u ? refusal(t, pipe, tenant, kind, handle, r->nbytes, u, err)
+             : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   if (rc) {
-    if (kind != KIND_MEMFD)
+    if (kind_is_ipc(kind))
       t->stats.ipc_refused++;
     if (u && u->bytes == 0 && u->ipc == 0) {
       HASH_DEL(t->tenants, u);
@@ -209,13 +239,15 @@ static int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_
   }
   if (host_mapped(kind))
     u->bytes += r->nbytes;
-  if (kind != KIND_MEMFD) {
+  if (is_ipc(r)) {
     u->ipc++;
     t->stats.ipc_regions++;
   }
+  if (kind == KIND_PROCESS)
+    t->stats.process_regions++;
   r->id = t->next_id++;
   HASH_ADD(hh, t->by_id, id, sizeof r->id, r);
-  if (kind == KIND_IPC_CUDA) {
+  if (kind == KIND_IPC_CUDA || kind == KIND_PROCESS) {
     r->handing_off = true; /* the caller opens it outside mu, and frees it if it goes */
     *opening = r;
   } else {
@@ -265,24 +297,33 @@ static int ipc_open_now(shm_table *t, shm_region *r, tport_err *err)
       r->map = m;
     }
   }
+  if (!rc) {
+    r->base = r->map->base;
+    r->ipc_dev = r->map->dev;
+  }
+  return region_opened(t, r, rc, err);
+}
+
+int region_opened(shm_table *t, shm_region *r, int rc, tport_err *err)
+{
   pthread_mutex_lock(&t->mu);
   r->handing_off = false;
   bool gone = r->released;
   if (!rc && !gone) {
-    r->base = r->map->base;
-    r->ipc_dev = r->map->dev;
     r->state = REGION_READY;
-    t->stats.ipc_opens++;
+    if (is_ipc(r))
+      t->stats.ipc_opens++;
   } else if (!gone) {
     region_remove(t, r);
-    t->stats.ipc_refused++;
+    if (is_ipc(r))
+      t->stats.ipc_refused++;
     gone = true;
   }
   pthread_mutex_unlock(&t->mu);
   if (gone) {
     if (!rc)
       rc = tport_err_set(err, TPORT_ABORTED, "the region was released during its open");
-    region_free(r); /* its reference to the map, if it took one */
+    region_free(r); /* its reference to the map, or its pidfd */
   }
   return rc;
 }
@@ -310,7 +351,7 @@ int shm_register_ipc(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer
   return TPORT_OK;
 }
 
-static shm_region *find_mine(shm_table *t, uint32_t pipe, uint64_t id)
+shm_region *find_mine(shm_table *t, uint32_t pipe, uint64_t id)
 {
   shm_region *r;
   HASH_FIND(hh, t->by_id, &id, sizeof id, r);
@@ -384,6 +425,10 @@ int shm_hold_any(shm_table *t, uint32_t pipe, uint64_t id, uint64_t offset, uint
     rc = tport_err_set(err, TPORT_FAILED_PRECONDITION,
                        "region %llu has not been handed over yet (its descriptor goes to the shm "
                        "socket first)",
+                       (unsigned long long)id);
+  else if (r->kind == KIND_PROCESS)
+    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT,
+                       "region %llu is the client's own memory: only a put's chunks name it",
                        (unsigned long long)id);
   else if (offset > r->nbytes || length > r->nbytes - offset)
     rc = tport_err_set(

@@ -37,6 +37,21 @@
  * is the client's) but against shm_config.max_ipc per tenant.  A CUDA IPC
  * handle is a capability: whoever holds its bytes can open it; the
  * descriptor form, whose peer's pid is checked, is the strict one.
+ *
+ * Process regions (regions_process.c): a same-host client's own address
+ * space, registered as a region of its connection so that a put's chunks
+ * name the caller's buffer itself (slice offsets are addresses there) and
+ * the server reads them with process_vm_readv: one copy, where the
+ * automatic region costs two (the client's into the region, the server's
+ * out).  Only for a peer the kernel already lets tportd read: an ipc:// or
+ * inproc:// connection (its pid known) of the user tportd runs as, which
+ * proves at registration that the pid is its process (a random probe at an
+ * address it names, read back and compared).  The process is held by a
+ * pidfd: a read is refused once it has exited, and a read during which it
+ * exited is thrown away (its pid may name another process by then).
+ * tportd only reads a client's memory, never writes it: a write the client
+ * could not take back (a get that timed out) would land in memory it has
+ * reused.  No bytes are charged (the memory is the client's).
  */
 #ifndef TPORT_SERVER_REGIONS_H
 #define TPORT_SERVER_REGIONS_H
@@ -87,6 +102,19 @@ int shm_register_ipc(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer
                      uint64_t nbytes, const uint8_t *handle, size_t handle_len, bool fd,
                      uint64_t *id, uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], bool *ready,
                      tport_err *err);
+/* The connection's process region (ShmRegisterRequest.process): ready at
+ * once.  peer_pid, peer_uid: the connection's peer (0 pid: unknown, refused);
+ * probe (probe_len bytes) must be what the peer's memory holds at
+ * probe_addr. */
+int shm_register_process(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid,
+                         uid_t peer_uid, uint64_t probe_addr, const uint8_t *probe,
+                         size_t probe_len, uint64_t *id, tport_err *err);
+/* Whether region id of the connection is its process region. */
+bool shm_is_process(shm_table *t, uint32_t pipe, uint64_t id);
+/* Reads n bytes at address addr of the connection's process region id into
+ * dst: all of them, or an error (the region held meanwhile). */
+int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, void *dst, size_t n,
+                     tport_err *err);
 int shm_release(shm_table *t, uint32_t pipe, uint64_t id, tport_err *err);
 /* The connection closed: its regions go (once their holders are done). */
 void shm_drop_pipe(shm_table *t, uint32_t pipe);
@@ -110,6 +138,8 @@ typedef struct shm_stats {
   uint64_t transfers;                     /* puts and gets through a region, ever */
   uint64_t ipc_regions;                   /* CUDA IPC regions registered now (in regions) */
   uint64_t ipc_opens, ipc_refused;        /* CUDA IPC allocations opened / refused, ever */
+  uint64_t process_regions;               /* process regions registered now */
+  uint64_t process_reads, process_bytes;  /* chunks / bytes read from clients' memory, ever */
 } shm_stats;
 void shm_get_stats(shm_table *t, shm_stats *out);
 /* The limits in force (the defaults resolved): bytes per tenant, in all. */

@@ -28,8 +28,9 @@
 
 typedef enum { REGION_PENDING, REGION_READY } region_state;
 /* a memfd of the client's; a CUDA allocation as an exported descriptor
- * (mapped as a memfd is); a CUDA allocation opened by its IPC handle */
-typedef enum { KIND_MEMFD, KIND_IPC_FD, KIND_IPC_CUDA } region_kind;
+ * (mapped as a memfd is); a CUDA allocation opened by its IPC handle; the
+ * client process's own memory (regions_process.c: read, never mapped) */
+typedef enum { KIND_MEMFD, KIND_IPC_FD, KIND_IPC_CUDA, KIND_PROCESS } region_kind;
 
 /* An opened CUDA IPC handle.  CUDA opens a handle once per process, so the
  * regions of one tenant's connections that name the same allocation share
@@ -52,6 +53,7 @@ struct shm_region {
   uint8_t ipc_handle[SHM_IPC_HANDLE_BYTES]; /* a CUDA IPC region's name */
   tport_device ipc_dev;                     /* KIND_IPC_CUDA: where base is */
   ipc_map *map;                             /* KIND_IPC_CUDA: the open it shares */
+  int pidfd;                                /* KIND_PROCESS: the client process (-1: none) */
   bool tokened;                             /* in by_token: its token has not been used */
   bool handing_off;                         /* the handoff thread is checking its descriptor */
   bool released;                            /* gone from the tables; unmapped by the last holder */
@@ -83,6 +85,7 @@ struct shm_table {
   shm_stats stats;
   int handoffs_running; /* threads serving one connection each (mu) */
   pthread_cond_t handoffs_done;
+  uid_t euid; /* tportd's: a process region's peer must run as it */
 };
 
 static inline int64_t now_ms(void)
@@ -92,9 +95,14 @@ static inline int64_t now_ms(void)
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static inline bool kind_is_ipc(region_kind k)
+{
+  return k == KIND_IPC_FD || k == KIND_IPC_CUDA;
+}
+
 static inline bool is_ipc(const shm_region *r)
 {
-  return r->kind != KIND_MEMFD;
+  return kind_is_ipc(r->kind);
 }
 
 /* Memory tportd maps as host memory, whose bytes count against
@@ -105,7 +113,7 @@ static inline bool is_ipc(const shm_region *r)
  * memory, counted by --cuda-ipc-max alone. */
 static inline bool host_mapped(region_kind k)
 {
-  return k != KIND_IPC_CUDA;
+  return k == KIND_MEMFD || k == KIND_IPC_FD;
 }
 
 /* Unmaps a region nobody holds any more.  Never under mu. */
@@ -113,5 +121,16 @@ void region_free(shm_region *r);
 /* Takes r out of the tables and the quota (mu held); true when the caller
  * must free it (nobody holds it). */
 bool region_remove(shm_table *t, shm_region *r);
+/* A new region of the connection (regions.c): PENDING with a token for its
+ * handoff, or, *opening set (KIND_IPC_CUDA, KIND_PROCESS), for the caller
+ * to open outside mu and then turn READY with region_opened. */
+int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid,
+                    uint64_t nbytes, region_kind kind, const uint8_t *handle, uint64_t *id,
+                    uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], shm_region **opening, tport_err *err);
+/* The end of an open: READY where it went well (rc 0) and the region was
+ * not released meanwhile, else the region ends (and is freed here). */
+int region_opened(shm_table *t, shm_region *r, int rc, tport_err *err);
+/* The connection's region id (mu held); NULL where it has none. */
+shm_region *find_mine(shm_table *t, uint32_t pipe, uint64_t id);
 
 #endif

@@ -202,6 +202,7 @@ int shm_start(const shm_config *cfg, shm_table **out, tport_err *err)
   t->path = strdup(cfg->path);
   t->listen_fd = -1;
   t->wake[0] = t->wake[1] = -1;
+  t->euid = geteuid();
   /* ids start anywhere: a client's id of a server it knew before a
    * restart names nothing on the new one (by all odds) */
   if (RAND_bytes((unsigned char *)&t->next_id, sizeof t->next_id) != 1)

@@ -127,6 +127,10 @@ int tensor_sync(tport_tensor *t, tport_err *err);
  * many small puts that land on the cpu, that copy's two tensors and kernel
  * dispatch cost more than the bytes. */
 bool tensor_write_host_bytes(tport_tensor *t, size_t off, const void *src, size_t n);
+/* Where bytes [off, off + n) of t's data are, for a caller that fills them
+ * itself (n > 0, t as for tensor_write_host_bytes, its pending work waited
+ * for): valid while t is held; NULL for any other tensor or range. */
+uint8_t *tensor_host_bytes(tport_tensor *t, size_t off, size_t n);
 
 /* Testing knobs: each disables one ordering step (or makes one step fail),
  * so that the concurrency tests can show that the step (or what is done on

@@ -1,0 +1,83 @@
+/*
+ * process_region.c: the server reads a large put's chunks straight from
+ * the caller's buffer (server/regions.h, "Process regions"): one copy in
+ * all, where the automatic region costs two (this process's into the
+ * region, the server's out of it).
+ *
+ * The connection registers this process's memory once, as a region whose
+ * slices are addresses here; it proves that the server's idea of its peer
+ * is this process with a random probe at an address it names.  Only over
+ * ipc:// and inproc:// (the server knows the peer's pid) and when the
+ * server says it can; TPORT_SHM_DIRECT=0 turns it off.  Where the server
+ * refuses (another user, a kernel that does not let it read this process),
+ * that connection is not asked again and large puts take the automatic
+ * region.  The server only reads: a get still lands in the region.
+ */
+#include <openssl/rand.h>
+#include <string.h>
+#include <strings.h>
+
+#include "client_internal.h"
+#include "env.h"
+
+void client_process_init(tport_client *c, const char *url, bool server_can)
+{
+  pthread_mutex_init(&c->proc_mu, NULL);
+  bool on = true; /* tport_connect has checked it (env.c) */
+  client_env_flag("TPORT_SHM_DIRECT", true, &on, NULL);
+  bool local = strncasecmp(url, "ipc://", 6) == 0 || strncasecmp(url, "inproc://", 9) == 0;
+  c->proc_on = on && local && server_can && atomic_load(&c->shm_auto) &&
+               RAND_bytes(c->proc_probe, sizeof c->proc_probe) == 1;
+}
+
+/* ShmRegister of this process's memory on the connection now: *id, or
+ * why not. */
+static int register_process(tport_client *c, uint64_t *id, tport_err *err)
+{
+  Tport__ShmRegisterRequest q = TPORT__SHM_REGISTER_REQUEST__INIT;
+  q.process = true;
+  q.process_probe_addr = (uint64_t)(uintptr_t)c->proc_probe;
+  q.process_probe.data = c->proc_probe;
+  q.process_probe.len = sizeof c->proc_probe;
+  Tport__ShmRegisterReply *a;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_SHM_REGISTER, &q.base, NULL, 0,
+                      &tport__shm_register_reply__descriptor, (ProtobufCMessage **)&a, NULL, err);
+  if (rc)
+    return rc;
+  *id = a->region;
+  if (!a->ready)
+    rc = tport_err_set(err, TPORT_INTERNAL, "the server asks for a handoff of a process region");
+  protobuf_c_message_free_unpacked(&a->base, NULL);
+  return rc;
+}
+
+int client_process_region(tport_client *c, uint64_t *id)
+{
+  if (!c->proc_on)
+    return TPORT_FAILED_PRECONDITION;
+  pthread_mutex_lock(&c->proc_mu);
+  unsigned pipe = atomic_load(&c->live_pipe);
+  int rc = TPORT_OK;
+  if (pipe == 0 || pipe == c->proc_refused_pipe) {
+    rc = TPORT_FAILED_PRECONDITION;
+  } else if (c->proc_pipe != pipe) {
+    /* a new connection (nng redialed): its own region, registered once;
+     * one taken on a connection that went meanwhile is the server's to
+     * drop with it */
+    uint64_t fresh = 0;
+    tport_err why;
+    rc = register_process(c, &fresh, &why);
+    unsigned now = atomic_load(&c->live_pipe);
+    if (!rc && now == pipe) {
+      c->proc_region = fresh;
+      c->proc_pipe = pipe;
+    } else if (rc && now == pipe) {
+      c->proc_refused_pipe = pipe; /* refused here: not asked again */
+    } else {
+      rc = TPORT_UNAVAILABLE; /* the connection changed under it: next time */
+    }
+  }
+  *id = c->proc_region;
+  pthread_mutex_unlock(&c->proc_mu);
+  return rc;
+}

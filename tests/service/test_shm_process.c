@@ -1,0 +1,332 @@
+/*
+ * test_shm_process.c: process regions (server/regions.h): over ipc:// a
+ * large put's chunks name the caller's own buffer and tportd reads them
+ * with process_vm_readv (client/process_region.c).  Checked: the bytes
+ * exact from a tportd in another process, through an odd last chunk and
+ * with verify; what does not take that way (gets, a device's put, a
+ * converted one, TPORT_SHM_DIRECT=0, tcp://); and hostile registrations
+ * and slices, each costing its request only.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "service_util.h"
+
+#define CHUNK ((size_t)64 << 10) /* svc_config's and svc_spawn's */
+
+static char sock_dir[64];
+
+static server *start(char *url, size_t len)
+{
+  server_config cfg;
+  svc_config_shm(&cfg, "proc", sock_dir, sizeof sock_dir);
+  return svc_start_with(&cfg, url, len);
+}
+
+static void stop(server *s)
+{
+  server_stop(s, 0);
+  rmdir(sock_dir);
+}
+
+static tport_client *connect_with(const char *url, bool verify)
+{
+  tport_client *c;
+  tport_err err;
+  tport_connect_options o = {.timeout_ms = 20000, .verify = verify};
+  cr_assert_eq(tport_connect(url, &o, &c, &err), 0, "connect %s: %s", url, err.msg);
+  return c;
+}
+
+static void fill(uint8_t *p, size_t n, uint32_t seed)
+{
+  uint32_t x = seed * 2654435761u + 7;
+  for (size_t i = 0; i < n; i++) {
+    x = x * 1664525u + 1013904223u;
+    p[i] = (uint8_t)(x >> 24);
+  }
+}
+
+/* Puts n bytes (opts may be NULL) and reads them back as they were put. */
+static void put_and_check(tport_client *c, size_t n, const tport_put_options *opts, uint32_t seed)
+{
+  uint8_t *v = malloc(n), *back = malloc(n);
+  fill(v, n, seed);
+  int64_t sz = (int64_t)n;
+  tport_tensor_info info;
+  tport_err err;
+  cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, v, n, opts, &info, &err), 0, "put: %s",
+               err.msg);
+  memset(back, 0, n);
+  cr_assert_eq(tport_get(c, &info.ref, back, n, NULL, NULL, NULL, &err), 0, "get: %s", err.msg);
+  cr_assert_eq(memcmp(v, back, n), 0, "the bytes came back changed (%zu bytes)", n);
+  tport_free(c, &info.ref, NULL);
+  free(v);
+  free(back);
+}
+
+Test(shm_process, a_large_put_is_read_from_the_callers_buffer_by_another_process)
+{
+  char url[96], sock[128];
+  svc_ipc_url(url, sizeof url);
+  snprintf(sock_dir, sizeof sock_dir, "/tmp/tport-procx-%d", (int)getpid());
+  snprintf(sock, sizeof sock, "%s/shm.sock", sock_dir);
+  const char *args[] = {"--shm-socket", sock, NULL};
+  pid_t pid = svc_spawn(url, args);
+  cr_assert_gt(pid, 0, "tportd did not start");
+  for (int verify = 0; verify < 2; verify++) {
+    tport_client *c = connect_with(url, verify);
+    int64_t reads = svc_server_counter(url, "shm_process_reads");
+    /* five whole chunks and an odd piece: six reads */
+    put_and_check(c, 5 * CHUNK + 1234, NULL, 1 + (uint32_t)verify);
+    cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 6,
+                 "tportd did not read the six chunks from this process (verify %d)", verify);
+    cr_assert_eq(svc_server_counter(url, "shm_process_regions"), 1);
+    tport_close(c);
+  }
+  /* the region goes with its connection */
+  for (int i = 0; i < 100 && svc_server_counter(url, "shm_process_regions") != 0; i++)
+    usleep(10000);
+  cr_assert_eq(svc_server_counter(url, "shm_process_regions"), 0);
+  cr_assert_eq(svc_terminate(pid), 0);
+  rmdir(sock_dir);
+}
+
+Test(shm_process, what_does_not_take_the_callers_buffer)
+{
+  char url[96];
+  server *s = start(url, sizeof url);
+  tport_client *c = connect_with(url, false);
+  int64_t reads = svc_server_counter(url, "shm_process_reads");
+  /* a chunk or less: one request through the region or the socket */
+  put_and_check(c, CHUNK, NULL, 3);
+  /* to a device, and converted: the region serves them */
+  tport_put_options o;
+  tport_put_options_init(&o);
+  o.device = "sim:0";
+  put_and_check(c, 4 * CHUNK, &o, 4);
+  cr_assert_eq(svc_server_counter(url, "shm_process_reads"), reads,
+               "a small put or a device's read the caller's memory");
+  put_and_check(c, 4 * CHUNK, NULL, 5);
+  cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 4);
+  tport_close(c);
+  /* turned off in the environment */
+  setenv("TPORT_SHM_DIRECT", "0", 1);
+  c = connect_with(url, false);
+  unsetenv("TPORT_SHM_DIRECT");
+  reads = svc_server_counter(url, "shm_process_reads");
+  put_and_check(c, 4 * CHUNK, NULL, 6);
+  cr_assert_eq(svc_server_counter(url, "shm_process_reads"), reads);
+  tport_close(c);
+  stop(s);
+}
+
+/* ShmRegister of a process region, raw: the status code. */
+static int register_raw(tport_client *c, uint64_t addr, const uint8_t *probe, size_t len,
+                        bool with_ipc, uint64_t *id)
+{
+  Tport__ShmRegisterRequest q = TPORT__SHM_REGISTER_REQUEST__INIT;
+  q.process = true;
+  q.process_probe_addr = addr;
+  q.process_probe.data = (uint8_t *)probe;
+  q.process_probe.len = len;
+  uint8_t handle[64] = {1};
+  if (with_ipc) {
+    q.cuda_ipc_handle.data = handle;
+    q.cuda_ipc_handle.len = sizeof handle;
+  }
+  Tport__ShmRegisterReply *a = NULL;
+  tport_err err;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_SHM_REGISTER, &q.base, NULL, 0,
+                      &tport__shm_register_reply__descriptor, (ProtobufCMessage **)&a, NULL, &err);
+  if (!rc) {
+    cr_assert(a->ready, "a process region needs no handoff");
+    if (id)
+      *id = a->region;
+    protobuf_c_message_free_unpacked(&a->base, NULL);
+  }
+  return rc;
+}
+
+Test(shm_process, a_registration_proves_its_process)
+{
+  char url[96], tcp[96];
+  server_config cfg;
+  svc_config_shm(&cfg, "procr", sock_dir, sizeof sock_dir);
+  svc_tcp_url(tcp, sizeof tcp);
+  server *s = svc_start_with(&cfg, url, sizeof url);
+  tport_client *c = connect_with(url, false);
+  static uint8_t probe[16] = {7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  uint8_t wrong[16];
+  memcpy(wrong, probe, sizeof wrong);
+  wrong[15] ^= 1;
+  uint64_t at = (uint64_t)(uintptr_t)probe;
+  /* what the probe says is not at that address: another process's memory,
+   * as far as the server can tell */
+  cr_assert_eq(register_raw(c, at, wrong, 16, false, NULL), TPORT_PERMISSION_DENIED);
+  cr_assert_eq(register_raw(c, at, probe, 15, false, NULL), TPORT_INVALID_ARGUMENT);
+  cr_assert_eq(register_raw(c, 0, probe, 16, false, NULL), TPORT_INVALID_ARGUMENT);
+  cr_assert_eq(register_raw(c, UINT64_MAX - 3, probe, 16, false, NULL), TPORT_INVALID_ARGUMENT);
+  /* an address with nothing there */
+  cr_assert_eq(register_raw(c, 4096, probe, 16, false, NULL), TPORT_OUT_OF_RANGE);
+  cr_assert_eq(register_raw(c, at, probe, 16, true, NULL), TPORT_INVALID_ARGUMENT);
+  cr_assert_eq(svc_server_counter(url, "shm_process_regions"), 0,
+               "a refused registration left a region");
+  uint64_t id = 0;
+  cr_assert_eq(register_raw(c, at, probe, 16, false, &id), 0);
+  cr_assert_eq(register_raw(c, at, probe, 16, false, NULL), TPORT_ALREADY_EXISTS);
+  tport_close(c);
+  stop(s);
+}
+
+Test(shm_process, not_over_tcp)
+{
+  char url[96];
+  server_config cfg;
+  svc_config_shm(&cfg, "proct", sock_dir, sizeof sock_dir);
+  svc_tcp_url(url, sizeof url);
+  for (int i = 0; i < cfg.nlisten; i++)
+    free(cfg.listen[i]);
+  cfg.listen[0] = strdup(url);
+  cfg.nlisten = 1;
+  server *s;
+  tport_err err;
+  cr_assert_eq(server_start(&cfg, &s, &err), 0, "%s", err.msg);
+  config_free(&cfg);
+  tport_client *c = connect_with(url, false);
+  static uint8_t probe[16] = {9};
+  /* the peer's pid is not known over tcp: nothing to read from */
+  cr_assert_eq(register_raw(c, (uint64_t)(uintptr_t)probe, probe, 16, false, NULL),
+               TPORT_FAILED_PRECONDITION);
+  uint64_t id;
+  cr_assert_neq(client_process_region(c, &id), 0, "a tcp:// client took a process region");
+  put_and_check(c, 4 * CHUNK, NULL, 8);
+  tport_close(c);
+  stop(s);
+}
+
+/* PutBegin of a tensor of n bytes, not committed: its ref into w/handle. */
+static void begin_put(tport_client *c, size_t n, Tport__Ref *w, uint8_t *handle)
+{
+  int64_t sz = (int64_t)n;
+  Tport__TensorDesc desc;
+  Tport__PutBeginRequest q;
+  tport_put_options o;
+  tport_put_options_init(&o);
+  client_put_request(c, TPORT_UINT8, 1, &sz, NULL, &o, &desc, &q);
+  q.commit = false;
+  Tport__PutBeginReply *b;
+  tport_err err;
+  cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, NULL, 0,
+                          &tport__put_begin_reply__descriptor, (ProtobufCMessage **)&b, NULL, &err),
+               0, "%s", err.msg);
+  cr_assert_eq(b->ref->handle.len, (size_t)TPORT_HANDLE_BYTES);
+  memcpy(handle, b->ref->handle.data, TPORT_HANDLE_BYTES);
+  protobuf_c_message_free_unpacked(&b->base, NULL);
+  tport__ref__init(w);
+  w->handle.data = handle;
+  w->handle.len = TPORT_HANDLE_BYTES;
+}
+
+/* PutChunk at offset naming slice (region, addr, len), with payload bytes
+ * if any: the status code. */
+static int chunk_raw(tport_client *c, const Tport__Ref *w, uint64_t offset, uint64_t region,
+                     uint64_t addr, uint64_t len, const void *payload, size_t plen)
+{
+  Tport__ShmSlice sl = TPORT__SHM_SLICE__INIT;
+  sl.region = region;
+  sl.offset = addr;
+  sl.length = len;
+  Tport__PutChunkRequest q = TPORT__PUT_CHUNK_REQUEST__INIT;
+  q.ref = (Tport__Ref *)w;
+  q.offset = offset;
+  q.shm = &sl;
+  ProtobufCMessage *r = NULL;
+  tport_err err;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, payload, plen,
+                      &tport__put_chunk_reply__descriptor, &r, NULL, &err);
+  if (r)
+    protobuf_c_message_free_unpacked(r, NULL);
+  return rc;
+}
+
+Test(shm_process, hostile_slices_of_a_process_region_cost_their_request_only)
+{
+  char url[96];
+  server *s = start(url, sizeof url);
+  tport_client *c = connect_with(url, false), *other = connect_with(url, false);
+  uint64_t mine, theirs;
+  cr_assert_eq(client_process_region(c, &mine), 0);
+  cr_assert_eq(client_process_region(other, &theirs), 0);
+  cr_assert_neq(mine, theirs);
+  size_t n = 2 * CHUNK;
+  uint8_t *v = malloc(n);
+  fill(v, n, 11);
+  Tport__Ref w;
+  uint8_t handle[TPORT_HANDLE_BYTES];
+  begin_put(c, n, &w, handle);
+  uint64_t at = (uint64_t)(uintptr_t)v;
+  /* an unmapped page, a range that wraps, one that runs off the mapping */
+  void *hole = mmap(NULL, 2 * 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(hole, MAP_FAILED);
+  cr_assert_eq(munmap(hole, 2 * 4096), 0);
+  cr_assert_eq(chunk_raw(c, &w, 0, mine, (uint64_t)(uintptr_t)hole, CHUNK, NULL, 0),
+               TPORT_OUT_OF_RANGE);
+  cr_assert_eq(chunk_raw(c, &w, 0, mine, UINT64_MAX - 100, CHUNK, NULL, 0), TPORT_OUT_OF_RANGE);
+  cr_assert_eq(chunk_raw(c, &w, 0, mine, 0, CHUNK, NULL, 0), TPORT_OUT_OF_RANGE);
+  /* the wrong size for the chunk, more than a chunk, a payload besides */
+  cr_assert_eq(chunk_raw(c, &w, 0, mine, at, CHUNK - 1, NULL, 0), TPORT_INVALID_ARGUMENT);
+  cr_assert_eq(chunk_raw(c, &w, 0, mine, at, 2 * CHUNK, NULL, 0), TPORT_INVALID_ARGUMENT);
+  cr_assert_eq(chunk_raw(c, &w, 0, mine, at, CHUNK, v, 16), TPORT_INVALID_ARGUMENT);
+  /* another connection's process region is none of this one's */
+  cr_assert_eq(chunk_raw(c, &w, 0, theirs, at, CHUNK, NULL, 0), TPORT_NOT_FOUND);
+  /* a process region where only a region's mapped bytes will do: a whole
+   * put, a get's chunks */
+  {
+    int64_t sz = (int64_t)CHUNK;
+    Tport__TensorDesc desc;
+    Tport__PutBeginRequest q;
+    tport_put_options o;
+    tport_put_options_init(&o);
+    client_put_request(c, TPORT_UINT8, 1, &sz, NULL, &o, &desc, &q);
+    q.commit = true;
+    Tport__ShmSlice sl = TPORT__SHM_SLICE__INIT;
+    sl.region = mine;
+    sl.offset = at;
+    sl.length = CHUNK;
+    q.shm = &sl;
+    ProtobufCMessage *r = NULL;
+    tport_err err;
+    cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, NULL, 0,
+                            &tport__put_begin_reply__descriptor, &r, NULL, &err),
+                 TPORT_INVALID_ARGUMENT);
+    cr_assert(strstr(err.msg, "client's own memory"), "%s", err.msg);
+  }
+  /* the put still completes from good slices, exact */
+  cr_assert_eq(chunk_raw(c, &w, 0, mine, at, CHUNK, NULL, 0), 0);
+  cr_assert_eq(chunk_raw(c, &w, CHUNK, mine, at + CHUNK, CHUNK, NULL, 0), 0);
+  Tport__PutCommitRequest cq = TPORT__PUT_COMMIT_REQUEST__INIT;
+  cq.ref = &w;
+  Tport__PutCommitReply *cr;
+  tport_err err;
+  cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_PUT_COMMIT, &cq.base, NULL, 0,
+                          &tport__put_commit_reply__descriptor, (ProtobufCMessage **)&cr, NULL,
+                          &err),
+               0, "%s", err.msg);
+  tport_tensor_info info;
+  client_info_from_wire(cr->info, &info);
+  protobuf_c_message_free_unpacked(&cr->base, NULL);
+  uint8_t *back = calloc(1, n);
+  cr_assert_eq(tport_get(c, &info.ref, back, n, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+  cr_assert_eq(memcmp(back, v, n), 0);
+  free(back);
+  free(v);
+  tport_close(other);
+  tport_close(c);
+  stop(s);
+}
