@@ -100,8 +100,11 @@ int shm_register_process(shm_table *t, uint32_t pipe, const char *tenant, pid_t 
   int fd = pidfd_of(peer_pid);
   uint8_t seen[PROBE_BYTES];
   if (fd < 0)
-    rc = tport_err_set(err, errno == ESRCH ? TPORT_ABORTED : TPORT_INTERNAL, "pidfd_open(%d): %s",
-                       (int)peer_pid, strerror(errno));
+    rc = tport_err_set(err,
+                       errno == ESRCH    ? TPORT_ABORTED
+                       : errno == ENOSYS ? TPORT_FAILED_PRECONDITION /* before Linux 5.3 */
+                                         : TPORT_INTERNAL,
+                       "pidfd_open(%d): %s", (int)peer_pid, strerror(errno));
   if (!rc)
     rc = read_process(peer_pid, probe_addr, seen, sizeof seen, err);
   if (!rc && CRYPTO_memcmp(seen, probe, PROBE_BYTES) != 0)
