@@ -274,7 +274,7 @@ static void open_region(put_plan *pp)
 /* The riding elements idx[0..k) and the elements in chunks ch[0..nch)
  * through one window. */
 static void put_window(tport_client *c, tport_put_item *items, size_t *idx, size_t k, chunked *ch,
-                       size_t nch, const atomic_bool *cancel)
+                       size_t nch, uint64_t proc, const atomic_bool *cancel)
 {
   size_t nunits = count_units(c, items, k, ch, nch);
   put_plan pp = {.c = c,
@@ -284,6 +284,7 @@ static void put_window(tport_client *c, tport_put_item *items, size_t *idx, size
                  .slot = malloc((k + 1) * sizeof(size_t)),
                  .ch = ch,
                  .nch = nch,
+                 .proc = proc,
                  .bstart = malloc((nch / BATCH_MAX_ELEMENTS + 2) * sizeof(size_t)),
                  .units = malloc(nunits * sizeof(unit)),
                  .lent = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0}};
@@ -325,6 +326,8 @@ int client_put_batch(tport_client *c, tport_put_item *items, size_t n, const ato
   size_t *idx = malloc((n ? n : 1) * sizeof *idx), *solo = malloc((n ? n : 1) * sizeof *solo);
   size_t k = 0, nch = 0, nsolo = 0;
   chunked *ch = calloc(n ? n : 1, sizeof *ch);
+  uint64_t proc = 0;
+  int proc_rc = -1; /* not asked yet */
   if (!idx || !solo || !ch) {
     free(idx), free(solo), free(ch);
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a batch of %zu", n);
@@ -340,11 +343,17 @@ int client_put_batch(tport_client *c, tport_put_item *items, size_t n, const ato
       idx[k++] = i, it->err.code = NOT_ANSWERED;
     else if (chunked_in_batch(c, it->nbytes))
       ch[nch++].item = i, it->err.code = NOT_ANSWERED;
+    else if (client_put_reads_direct(c, it->opts, it->data, it->nbytes) &&
+             (proc_rc < 0 ? (proc_rc = client_process_region(c, &proc)) : proc_rc) == TPORT_OK)
+      /* same host, too large to ride: in chunks through the window all the
+       * same (its PutBegin among others'), the server reading them from the
+       * caller's buffer */
+      ch[nch].direct = true, ch[nch++].item = i, it->err.code = NOT_ANSWERED;
     else
       solo[nsolo++] = i;
   }
   if (k || nch)
-    put_window(c, items, idx, k, ch, nch, cancel);
+    put_window(c, items, idx, k, ch, nch, proc, cancel);
   for (size_t i = 0; i < nch; i++)
     if (items[ch[i].item].err.code == NOT_ANSWERED)
       solo[nsolo++] = ch[i].item; /* refused in chunks: on its own */

@@ -41,6 +41,7 @@ typedef struct chunked {
   chunked_state state;
   bool begun;                   /* an upload exists on the server (to end) */
   bool aborting;                /* its end unit sent PutAbort, not PutCommit */
+  bool direct;                  /* its chunks name the caller's buffer (put_plan.proc) */
   size_t landed;                /* bytes answered */
   uint8_t handle[TPORT_HANDLE_BYTES];
   Tport__Ref ref;
@@ -64,6 +65,7 @@ typedef struct put_plan {
   size_t nunits;
   lent_chunks lent;     /* bytes lent to requests, the caller's again at the end */
   batch_region region;  /* same host: where the groups' bytes go instead */
+  uint64_t proc;        /* the process region the direct elements' chunks name */
   arena replies;        /* where a PutBatch's reply is unpacked (reset after it) */
 } put_plan;
 

@@ -68,6 +68,15 @@ int batch_put_chunk_make(put_plan *pp, size_t u, chunked *e, nng_msg **out, tpor
     q.crc32c_set = true;
     q.crc32c = transport_crc32c(0, bytes, len);
   }
+  if (e->direct) {
+    /* the server reads them from the caller's buffer (process_region.c) */
+    Tport__ShmSlice slice = TPORT__SHM_SLICE__INIT;
+    slice.region = pp->proc;
+    slice.offset = (uint64_t)(uintptr_t)bytes;
+    slice.length = len;
+    q.shm = &slice;
+    return client_pack(TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, NULL, 0, out, err);
+  }
   if (pp->c->lend_chunks)
     return client_pack_lent(&pp->lent, TPORT__METHOD__METHOD_PUT_CHUNK, &q.base, bytes, len, out,
                             err);

@@ -441,6 +441,14 @@ int client_socket_put_direct(tport_client *c, const client_put_desc *d, uint64_t
 int client_process_region(tport_client *c, uint64_t *id);
 /* Whether this client may use one (set at tport_connect). */
 void client_process_init(tport_client *c, const char *url, bool server_can);
+/* Whether a put of host data with opts is one the server should read from
+ * the caller's buffer (if large enough: the caller's rule): one stored on
+ * the cpu as it is (a device's or a converted tensor would be copied again
+ * from what was read; the region, copied into by a few threads and read by
+ * the GPU where it is pinned, serves those better).  Not whether it can
+ * (client_process_region). */
+bool client_put_reads_direct(const tport_client *c, const tport_put_options *opts,
+                             const void *data, size_t nbytes);
 /* A get by requests on the socket, with region (locked by the caller)
  * offered: *alloced the buffer (g->alloc), *nbytes the tensor's bytes;
  * *region_want the bytes of a tensor the region had no room for (0: none),

@@ -31,7 +31,6 @@
  * window one by one instead of a whole window per transfer (window.c).
  */
 #include <stdlib.h>
-#include <string.h>
 
 #include "client_internal.h"
 #include "copy_pool.h"
@@ -63,14 +62,12 @@ static int put_by_region(tport_client *c, const client_put_desc *d, tport_tensor
   *used = false;
   const tport_put_options *o = d->opts;
   bool converts = o->has_dtype || o->memory_format != TPORT_MF_PRESERVE;
-  /* more than a chunk, kept as it is in the server's memory: read by the
-   * server from the caller's buffer where it can (its one copy, none here).
-   * A device's or a converted tensor would be copied again from what was
-   * read; the region (copied in by a few threads here, read by the GPU
-   * where it is pinned) serves those better. */
+  /* read by the server from the caller's buffer where it can (its one
+   * copy, none here) */
   uint64_t proc;
-  bool on_cpu = !o->device || strcmp(o->device, "cpu") == 0;
-  if (d->data && on_cpu && !converts && d->nbytes > c->chunk_bytes &&
+  /* (more than a chunk: a smaller one goes in one request through the
+   * region, where direct reads would take a PutBegin and a PutChunk) */
+  if (d->nbytes > c->chunk_bytes && client_put_reads_direct(c, o, d->data, d->nbytes) &&
       client_process_region(c, &proc) == TPORT_OK) {
     *used = true;
     return client_socket_put_direct(c, d, proc, out, err);

@@ -51,6 +51,14 @@ static int register_process(tport_client *c, uint64_t *id, tport_err *err)
   return rc;
 }
 
+bool client_put_reads_direct(const tport_client *c, const tport_put_options *o, const void *data,
+                             size_t nbytes)
+{
+  bool converts = o && (o->has_dtype || o->memory_format != TPORT_MF_PRESERVE);
+  bool on_cpu = !o || !o->device || strcmp(o->device, "cpu") == 0;
+  return c->proc_on && data && nbytes > 0 && on_cpu && !converts;
+}
+
 int client_process_region(tport_client *c, uint64_t *id)
 {
   if (!c->proc_on)

@@ -142,6 +142,56 @@ Test(shm_process, what_does_not_take_the_callers_buffer)
   stop(s);
 }
 
+Test(shm_process, a_put_batchs_large_elements_are_read_from_the_callers_buffers)
+{
+  need_pidfd();
+  char url[96];
+  server *s = start(url, sizeof url);
+  tport_client *c = connect_with(url, false);
+  /* two of more than a chunk (3 + 1 and 2 chunks), one small, one large
+   * but converted (the region's) */
+  enum { K = 4 };
+  size_t sizes[K] = {3 * CHUNK + 100, 1000, 2 * CHUNK, 2 * CHUNK};
+  uint8_t *v[K];
+  int64_t dims[K];
+  tport_put_item items[K];
+  tport_put_options conv;
+  tport_put_options_init(&conv);
+  conv.has_dtype = true;
+  conv.dtype = TPORT_INT16;
+  for (int i = 0; i < K; i++) {
+    v[i] = malloc(sizes[i]);
+    fill(v[i], sizes[i], 20 + (uint32_t)i);
+    dims[i] = (int64_t)sizes[i];
+    items[i] = (tport_put_item){.dtype = TPORT_UINT8,
+                                .ndim = 1,
+                                .sizes = &dims[i],
+                                .data = v[i],
+                                .nbytes = sizes[i],
+                                .opts = i == 3 ? &conv : NULL};
+  }
+  int64_t reads = svc_server_counter(url, "shm_process_reads");
+  tport_err err;
+  cr_assert_eq(tport_put_batch(c, items, K, &err), 0, "%s", err.msg);
+  cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 4 + 2,
+               "the large elements' chunks were not read from this process");
+  for (int i = 0; i < K; i++) {
+    cr_assert_eq(items[i].err.code, 0, "element %d: %s", i, items[i].err.msg);
+    size_t n = sizes[i] * (i == 3 ? 2 : 1);
+    uint8_t *back = calloc(1, n);
+    cr_assert_eq(tport_get(c, &items[i].info.ref, back, n, NULL, NULL, NULL, &err), 0, "%s",
+                 err.msg);
+    for (size_t k = 0; k < sizes[i]; k++) {
+      int got = i == 3 ? ((int16_t *)back)[k] : back[k];
+      cr_assert_eq(got, v[i][k], "element %d byte %zu", i, k);
+    }
+    free(back);
+    free(v[i]);
+  }
+  tport_close(c);
+  stop(s);
+}
+
 /* ShmRegister of a process region, raw: the status code. */
 static int register_raw(tport_client *c, uint64_t addr, const uint8_t *probe, size_t len,
                         bool with_ipc, uint64_t *id)
