@@ -89,7 +89,11 @@ void batch_put_chunk_take(put_plan *pp, client_slot *s, size_t u, chunked *e)
   ProtobufCMessage *r;
   if (client_unpack(TPORT__METHOD__METHOD_PUT_CHUNK, s->reply,
                     &tport__put_chunk_reply__descriptor, &r, NULL, &it->err) != TPORT_OK) {
-    e->state = CH_FAILED; /* its commit becomes an abort */
+    /* its commit becomes an abort; where tportd had no reader of this
+     * process's memory free, it is put on its own after the window
+     * (through the region if need be) */
+    bool busy = e->direct && it->err.code == TPORT_RESOURCE_EXHAUSTED && e->state != CH_FAILED;
+    e->state = busy ? CH_REDO : CH_FAILED;
     return;
   }
   protobuf_c_message_free_unpacked(r, NULL);

@@ -76,8 +76,8 @@ struct tport_client {
   /* the server reads a large put's chunks from the caller's buffer itself
    * (process_region.c): whether it may (ipc:// or inproc://, the server
    * says it can, TPORT_SHM_DIRECT not 0), the region it took on which
-   * connection, the connection that refused one, and the probe that
-   * proves this process is the connection's (proc_mu) */
+   * connection, the connection that refused one, and the token the server
+   * sent that proves this process is the connection's (proc_mu) */
   bool proc_on;
   pthread_mutex_t proc_mu;
   uint64_t proc_region;

@@ -69,8 +69,13 @@ static int put_by_region(tport_client *c, const client_put_desc *d, tport_tensor
    * region, where direct reads would take a PutBegin and a PutChunk) */
   if (d->nbytes > c->chunk_bytes && client_put_reads_direct(c, o, d->data, d->nbytes) &&
       client_process_region(c, &proc) == TPORT_OK) {
-    *used = true;
-    return client_socket_put_direct(c, d, proc, out, err);
+    int rc = client_socket_put_direct(c, d, proc, out, err);
+    /* RESOURCE_EXHAUSTED: tportd had no reader of clients' memory free (or
+     * the tenant's quota is full: the region will say so again) */
+    if (rc != TPORT_RESOURCE_EXHAUSTED) {
+      *used = true;
+      return rc;
+    }
   }
   /* several chunks long, not converted: chunk by chunk through it, the
    * client's copies and the server's overlapping */

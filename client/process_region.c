@@ -6,14 +6,14 @@
  *
  * The connection registers this process's memory once, as a region whose
  * slices are addresses here; it proves that the server's idea of its peer
- * is this process with a random probe at an address it names.  Only over
+ * is this process by writing the random token the server sends into its
+ * memory, where the server reads it back.  Only over
  * ipc:// and inproc:// (the server knows the peer's pid) and when the
  * server says it can; TPORT_SHM_DIRECT=0 turns it off.  Where the server
  * refuses (another user, a kernel that does not let it read this process),
  * that connection is not asked again and large puts take the automatic
  * region.  The server only reads: a get still lands in the region.
  */
-#include <openssl/rand.h>
 #include <string.h>
 #include <strings.h>
 
@@ -26,28 +26,44 @@ void client_process_init(tport_client *c, const char *url, bool server_can)
   bool on = true; /* tport_connect has checked it (env.c) */
   client_env_flag("TPORT_SHM_DIRECT", true, &on, NULL);
   bool local = strncasecmp(url, "ipc://", 6) == 0 || strncasecmp(url, "inproc://", 9) == 0;
-  c->proc_on = on && local && server_can && atomic_load(&c->shm_auto) &&
-               RAND_bytes(c->proc_probe, sizeof c->proc_probe) == 1;
+  c->proc_on = on && local && server_can && atomic_load(&c->shm_auto);
 }
 
-/* ShmRegister of this process's memory on the connection now: *id, or
- * why not. */
-static int register_process(tport_client *c, uint64_t *id, tport_err *err)
+/* One step of ShmRegister of this process's memory: the first (probe_addr
+ * 0: *id and the token into c->proc_probe) or the second. */
+static int register_step(tport_client *c, uint64_t *id, uint64_t probe_addr, tport_err *err)
 {
   Tport__ShmRegisterRequest q = TPORT__SHM_REGISTER_REQUEST__INIT;
   q.process = true;
-  q.process_probe_addr = (uint64_t)(uintptr_t)c->proc_probe;
-  q.process_probe.data = c->proc_probe;
-  q.process_probe.len = sizeof c->proc_probe;
+  q.process_probe_addr = probe_addr;
+  q.process_region = *id;
   Tport__ShmRegisterReply *a;
   int rc = client_rpc(c, TPORT__METHOD__METHOD_SHM_REGISTER, &q.base, NULL, 0,
                       &tport__shm_register_reply__descriptor, (ProtobufCMessage **)&a, NULL, err);
   if (rc)
     return rc;
-  *id = a->region;
-  if (!a->ready)
-    rc = tport_err_set(err, TPORT_INTERNAL, "the server asks for a handoff of a process region");
+  if (!probe_addr && !a->ready && a->token.len == sizeof c->proc_probe) {
+    *id = a->region;
+    memcpy(c->proc_probe, a->token.data, sizeof c->proc_probe);
+  } else if (probe_addr && a->ready && a->region == *id) {
+    /* confirmed */
+  } else {
+    rc = tport_err_set(err, TPORT_INTERNAL, "the server's answer to a process region is odd");
+  }
   protobuf_c_message_free_unpacked(&a->base, NULL);
+  return rc;
+}
+
+/* ShmRegister of this process's memory on the connection now: the server
+ * sends a token, this process writes it where the server can read it back
+ * from its memory (the proof that the connection's process is this one):
+ * *id, or why not. */
+static int register_process(tport_client *c, uint64_t *id, tport_err *err)
+{
+  *id = 0;
+  int rc = register_step(c, id, 0, err);
+  if (!rc)
+    rc = register_step(c, id, (uint64_t)(uintptr_t)c->proc_probe, err);
   return rc;
 }
 
@@ -79,9 +95,10 @@ int client_process_region(tport_client *c, uint64_t *id)
     if (!rc && now == pipe) {
       c->proc_region = fresh;
       c->proc_pipe = pipe;
-    } else if (rc && now == pipe) {
-      c->proc_refused_pipe = pipe; /* refused here: not asked again */
-    } else {
+    } else if (now == pipe && (rc == TPORT_PERMISSION_DENIED || rc == TPORT_FAILED_PRECONDITION ||
+                               rc == TPORT_INVALID_ARGUMENT || rc == TPORT_ALREADY_EXISTS)) {
+      c->proc_refused_pipe = pipe; /* refused here for good: not asked again */
+    } else if (!rc) {
       rc = TPORT_UNAVAILABLE; /* the connection changed under it: next time */
     }
   }

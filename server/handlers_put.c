@@ -121,8 +121,9 @@ static int put_bytes_from_process(call *c, reg_entry *e, const Tport__PutChunkRe
     return rc; /* an error, or written already (idempotent) */
   int64_t t0 = metrics_now_ns();
   uint8_t *dst = convert_from < 0 && n ? tensor_host_bytes(landing, (size_t)q->offset, n) : NULL;
+  /* the buffer is the tenant's for as long as it lives */
+  reg_reservation res = REG_RESERVATION_INIT(&s->reg, c->pipe);
   if (!dst && n) {
-    reg_reservation res;
     int64_t count = (int64_t)n;
     rc = wire_charge_begin(c, &res, n, "a chunk");
     if (!rc) {
@@ -130,7 +131,6 @@ static int put_bytes_from_process(call *c, reg_entry *e, const Tport__PutChunkRe
                         TPORT_MF_CONTIGUOUS, 0, &buf, &c->err);
       wire_charge_end(&res);
     }
-    reg_reservation_release(&res);
     if (!rc && !(dst = tensor_host_bytes(buf, 0, n)))
       rc = tport_err_set(&c->err, TPORT_INTERNAL, "a chunk's buffer is not host memory");
   }
@@ -142,6 +142,7 @@ static int put_bytes_from_process(call *c, reg_entry *e, const Tport__PutChunkRe
     rc = land(c, landing, convert_from, (size_t)q->offset, dst, n, false);
   metrics_stage_since(&s->metrics, convert_from >= 0 ? STAGE_CONVERT : STAGE_STAGE, t0);
   tensor_release(buf);
+  reg_reservation_release(&res);
   tensor_release(landing);
   reg_chunk_done(&s->reg, e, q->offset, n, rc == TPORT_OK);
   return rc;

@@ -41,14 +41,21 @@ static bool peer_uid(uint32_t pipe, uid_t *uid)
   return false;
 }
 
-/* ShmRegister of the client's own memory (regions.h, process regions). */
+/* ShmRegister of the client's own memory (regions.h, process regions):
+ * the first step (*ready false: token is what the client must write into
+ * its memory), or, with process_probe_addr, the second (*ready). */
 static int register_process(call *c, const Tport__ShmRegisterRequest *q, const char *tenant,
-                            uint64_t *id)
+                            uint64_t *id, uint8_t *token, bool *ready)
 {
-  uid_t uid = 0;
+  if (q->process_probe_addr) {
+    *id = q->process_region;
+    *ready = true;
+    return shm_confirm_process(c->srv->shm, c->pipe, q->process_region, q->process_probe_addr,
+                               &c->err);
+  }
+  uid_t uid = (uid_t)-1;
   pid_t pid = peer_uid(c->pipe, &uid) ? peer_pid(c->pipe) : 0;
-  return shm_register_process(c->srv->shm, c->pipe, tenant, pid, uid, q->process_probe_addr,
-                              q->process_probe.data, q->process_probe.len, id, &c->err);
+  return shm_register_process(c->srv->shm, c->pipe, tenant, pid, uid, id, token, &c->err);
 }
 
 int h_shm_register(call *c)
@@ -73,7 +80,7 @@ int h_shm_register(call *c)
   if (q->process && ipc)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                          "a region is the client's memory or a CUDA allocation, not both");
-  int rc = q->process ? register_process(c, q, tenant, &id)
+  int rc = q->process ? register_process(c, q, tenant, &id, token, &ready)
            : ipc      ? shm_register_ipc(s->shm, c->pipe, tenant, peer_pid(c->pipe), q->nbytes,
                                          q->cuda_ipc_handle.data, q->cuda_ipc_handle.len, q->cuda_ipc_fd,
                                          &id, token, &ready, &c->err)
@@ -92,7 +99,6 @@ int h_shm_register(call *c)
   r.status = wire_ok();
   r.region = id;
   r.token.data = token;
-  ready |= q->process;
   r.token.len = ready ? 0 : sizeof token;
   r.socket_path = (char *)shm_socket_path(s->shm);
   r.ready = ready;

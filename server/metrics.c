@@ -209,6 +209,9 @@ static void registry_gauges(metrics_text *t, server *s)
   metrics_gauge_u64(t, "tport_shm_process_regions",
                     "Same-host clients whose memory tportd reads directly now.",
                     ss.process_regions);
+  metrics_counter_u64(t, "tport_shm_process_reads_total",
+                      "Put chunks read straight from same-host clients' memory.",
+                      ss.process_reads);
   metrics_counter_u64(t, "tport_shm_process_read_bytes_total",
                       "Bytes read straight from same-host clients' memory (process_vm_readv).",
                       ss.process_bytes);

@@ -16,7 +16,7 @@
 #include "log.h"
 #include "regions_internal.h"
 
-static tenant_use *tenant_of(shm_table *t, const char *name, bool create)
+tenant_use *tenant_of(shm_table *t, const char *name, bool create)
 {
   tenant_use *u;
   HASH_FIND_STR(t->tenants, name, u);
@@ -36,9 +36,11 @@ static void uncharge(shm_table *t, const shm_region *r)
     return;
   if (is_ipc(r))
     u->ipc--;
+  if (r->kind == KIND_PROCESS)
+    u->process--;
   if (host_mapped(r->kind))
     u->bytes -= r->nbytes;
-  if (u->bytes == 0 && u->ipc == 0) {
+  if (tenant_unused(u)) {
     HASH_DEL(t->tenants, u);
     free(u);
   }
@@ -159,11 +161,12 @@ static int process_refusal(shm_table *t, uint32_t pipe, tport_err *err)
 static int refusal(shm_table *t, uint32_t pipe, const char *tenant, region_kind kind,
                    const uint8_t *handle, size_t nbytes, const tenant_use *u, tport_err *err)
 {
+  /* the process region is one a connection, beside its others */
   size_t mine = 0;
   for (shm_region *x = t->by_id; x; x = x->hh.next)
-    mine += x->pipe == pipe;
+    mine += x->pipe == pipe && x->kind != KIND_PROCESS;
   int rc = TPORT_OK;
-  if (mine >= t->cfg.max_regions)
+  if (kind != KIND_PROCESS && mine >= t->cfg.max_regions)
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
                        "this connection holds %zu regions already: release one first", mine);
   else if (kind == KIND_PROCESS && (rc = process_refusal(t, pipe, err)) != TPORT_OK)
@@ -228,7 +231,7 @@ int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_
   if (rc) {
     if (kind_is_ipc(kind))
       t->stats.ipc_refused++;
-    if (u && u->bytes == 0 && u->ipc == 0) {
+    if (u && tenant_unused(u)) {
       HASH_DEL(t->tenants, u);
       free(u);
     }
@@ -243,8 +246,10 @@ int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_
     u->ipc++;
     t->stats.ipc_regions++;
   }
-  if (kind == KIND_PROCESS)
+  if (kind == KIND_PROCESS) {
+    u->process++;
     t->stats.process_regions++;
+  }
   r->id = t->next_id++;
   HASH_ADD(hh, t->by_id, id, sizeof r->id, r);
   if (kind == KIND_IPC_CUDA || kind == KIND_PROCESS) {

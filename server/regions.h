@@ -45,13 +45,19 @@
  * automatic region costs two (the client's into the region, the server's
  * out).  Only for a peer the kernel already lets tportd read: an ipc:// or
  * inproc:// connection (its pid known) of the user tportd runs as, which
- * proves at registration that the pid is its process (a random probe at an
- * address it names, read back and compared).  The process is held by a
- * pidfd: a read is refused once it has exited, and a read during which it
- * exited is thrown away (its pid may name another process by then).
- * tportd only reads a client's memory, never writes it: a write the client
- * could not take back (a get that timed out) would land in memory it has
- * reused.  No bytes are charged (the memory is the client's).
+ * proves at registration that the pid is a process it controls (it writes
+ * random bytes tportd sends into its memory, and tportd reads them back),
+ * read by a thread without CAP_SYS_PTRACE (a root tportd reads only what
+ * any process of its user may).  The process is held by a pidfd: a read is
+ * refused once it has exited, and a read during which it exited is thrown
+ * away (its pid may name another process by then).  tportd only reads a
+ * client's memory, never writes it: a write the client could not take back
+ * (a get that timed out) would land in memory it has reused.  A read may
+ * never end (a page the client never lets fault in: userfaultfd, FUSE): at
+ * most max_process_reads run at once, SHM_PROCESS_READS_PER_TENANT of one
+ * tenant's; past them a read waits a second for one to end, then is
+ * RESOURCE_EXHAUSTED (the client puts through its region instead).  No bytes are charged (the memory is the
+ * client's).
  */
 #ifndef TPORT_SERVER_REGIONS_H
 #define TPORT_SERVER_REGIONS_H
@@ -75,9 +81,12 @@ typedef struct shm_config {
   size_t max_regions; /* per connection */
   unsigned long token_ms; /* a token's life, and a PENDING region's (0: 10 s) */
   size_t max_ipc;         /* CUDA IPC regions open per tenant (0: SHM_DEFAULT_MAX_IPC) */
+  size_t max_process_reads; /* reads of clients' memory at once, all tenants (0: 1) */
 } shm_config;
 
 #define SHM_DEFAULT_MAX_IPC 256
+/* reads of clients' memory one tenant may have running at once */
+#define SHM_PROCESS_READS_PER_TENANT 2
 #define SHM_IPC_HANDLE_BYTES 64 /* cudaIpcMemHandle_t */
 
 /* Listens on cfg->path and starts the handoff thread. */
@@ -102,13 +111,16 @@ int shm_register_ipc(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer
                      uint64_t nbytes, const uint8_t *handle, size_t handle_len, bool fd,
                      uint64_t *id, uint8_t token[TRANSPORT_SHM_TOKEN_BYTES], bool *ready,
                      tport_err *err);
-/* The connection's process region (ShmRegisterRequest.process): ready at
- * once.  peer_pid, peer_uid: the connection's peer (0 pid: unknown, refused);
- * probe (probe_len bytes) must be what the peer's memory holds at
- * probe_addr. */
+/* The connection's process region (ShmRegisterRequest.process), in two
+ * steps.  Registered PENDING: *id, and token, the random bytes the client
+ * must write into its memory (peer_pid, peer_uid: the connection's peer;
+ * 0 pid: unknown, refused); then confirmed once the peer's memory holds
+ * token at probe_addr: READY. */
 int shm_register_process(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid,
-                         uid_t peer_uid, uint64_t probe_addr, const uint8_t *probe,
-                         size_t probe_len, uint64_t *id, tport_err *err);
+                         uid_t peer_uid, uint64_t *id, uint8_t token[TRANSPORT_SHM_TOKEN_BYTES],
+                         tport_err *err);
+int shm_confirm_process(shm_table *t, uint32_t pipe, uint64_t id, uint64_t probe_addr,
+                        tport_err *err);
 /* Whether region id of the connection is its process region. */
 bool shm_is_process(shm_table *t, uint32_t pipe, uint64_t id);
 /* Reads n bytes at address addr of the connection's process region id into

@@ -68,7 +68,9 @@ struct shm_region {
 typedef struct tenant_use {
   char name[TENANT_MAX];
   size_t bytes;
-  size_t ipc; /* CUDA IPC regions */
+  size_t ipc;     /* CUDA IPC regions */
+  size_t process; /* process regions (one a connection) */
+  size_t reading; /* reads of its clients' memory running */
   UT_hash_handle hh;
 } tenant_use;
 
@@ -86,7 +88,15 @@ struct shm_table {
   int handoffs_running; /* threads serving one connection each (mu) */
   pthread_cond_t handoffs_done;
   uid_t euid; /* tportd's: a process region's peer must run as it */
+  size_t process_reading;  /* reads of clients' memory running (mu) */
+  pthread_cond_t readers_free; /* one of them ended */
 };
+
+/* Whether nothing counts against u any more (it may go). */
+static inline bool tenant_unused(const tenant_use *u)
+{
+  return u->bytes == 0 && u->ipc == 0 && u->process == 0 && u->reading == 0;
+}
 
 static inline int64_t now_ms(void)
 {
@@ -116,6 +126,9 @@ static inline bool host_mapped(region_kind k)
   return k == KIND_MEMFD || k == KIND_IPC_FD;
 }
 
+/* The tenant's use of regions (mu held): NULL where it has none, unless
+ * create. */
+tenant_use *tenant_of(shm_table *t, const char *name, bool create);
 /* Unmaps a region nobody holds any more.  Never under mu. */
 void region_free(shm_region *r);
 /* Takes r out of the tables and the quota (mu held); true when the caller

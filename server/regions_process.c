@@ -4,20 +4,25 @@
  * from the caller's buffer itself, one copy in all.
  *
  * Which process: the connection's peer as the kernel reported it at
- * connect (SO_PEERCRED through nng), opened as a pidfd at registration and
- * proved there to be the client by a random probe the client put at an
- * address of its memory.  A pid may name another process once its own has
- * exited and been reaped, so every read checks, before and after, that the
- * pidfd's process still runs: while it does, its pid is its own, and a read
- * that ends with it gone is thrown away.  What the kernel lets tportd read
- * is its own rule (ptrace access: the same user, dumpable, Yama); tportd
- * asks in addition that the peer runs as tportd's user, so that a root
- * tportd lends no reach to a client of another user.
+ * connect (SO_PEERCRED through nng), opened as a pidfd at registration.
+ * That pid may name another process by then (the client gone and reaped,
+ * its connection passed on), so the registration is confirmed only once
+ * the pidfd's process holds the random token tportd sent back, written
+ * there by the client: a process the client controls, not one it merely
+ * knows the memory of.  Every read checks, before and after, that the
+ * pidfd's process still runs: while it does, its pid is its own, and a
+ * read that ends with it gone is thrown away.  The reads are made by
+ * threads without CAP_SYS_PTRACE, so the kernel's own rule is the whole
+ * reach (the same uids and gids, a dumpable process, Yama): a process that
+ * became a setuid program's is out of it.  tportd asks in addition that
+ * the peer runs as tportd's user.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <linux/capability.h>
 #include <openssl/crypto.h>
 #include <poll.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -25,7 +30,9 @@
 
 #include "regions_internal.h"
 
-#define PROBE_BYTES 16
+/* how long a read waits for a reader's slot (regions.h) before it is
+ * refused */
+#define PROCESS_READ_WAIT_MS 1000
 
 static int pidfd_of(pid_t pid)
 {
@@ -72,9 +79,43 @@ static int read_process(pid_t pid, uint64_t addr, void *dst, size_t n, tport_err
   return TPORT_OK;
 }
 
+/* Takes CAP_SYS_PTRACE out of this thread's effective set, once: a root
+ * tportd then reads only what the kernel lets any process of its user read
+ * (the same uids and gids, a dumpable process), never a process a client
+ * might have made become another (an exec of a setuid program).  False
+ * where that could not be done (the read is refused). */
+static bool without_ptrace_cap(void)
+{
+  static __thread int state; /* 0: not yet; 1: done; -1: failed */
+  if (state)
+    return state > 0;
+  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct d[_LINUX_CAPABILITY_U32S_3];
+  unsigned word = CAP_SYS_PTRACE / 32, bit = 1u << (CAP_SYS_PTRACE % 32);
+  state = -1;
+  if (syscall(SYS_capget, &h, d) != 0)
+    return false;
+  if (d[word].effective & bit) {
+    d[word].effective &= ~bit;
+    if (syscall(SYS_capset, &h, d) != 0)
+      return false;
+  }
+  state = 1;
+  return true;
+}
+
+/* read_process, by this thread without CAP_SYS_PTRACE. */
+static int read_as_user(pid_t pid, uint64_t addr, void *dst, size_t n, tport_err *err)
+{
+  if (!without_ptrace_cap())
+    return tport_err_set(err, TPORT_INTERNAL,
+                         "cannot drop CAP_SYS_PTRACE before reading a client's memory");
+  return read_process(pid, addr, dst, n, err);
+}
+
 int shm_register_process(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid,
-                         uid_t peer_uid, uint64_t probe_addr, const uint8_t *probe,
-                         size_t probe_len, uint64_t *id, tport_err *err)
+                         uid_t peer_uid, uint64_t *id, uint8_t token[TRANSPORT_SHM_TOKEN_BYTES],
+                         tport_err *err)
 {
   if (peer_pid <= 0)
     return tport_err_set(err, TPORT_FAILED_PRECONDITION,
@@ -85,36 +126,85 @@ int shm_register_process(shm_table *t, uint32_t pipe, const char *tenant, pid_t 
                          "the client runs as uid %u and tportd as uid %u: only a process of "
                          "tportd's own user may lend its memory",
                          (unsigned)peer_uid, (unsigned)t->euid);
-  if (probe_len != PROBE_BYTES)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "process_probe is %zu bytes: it must be %d",
-                         probe_len, PROBE_BYTES);
-  if (probe_addr == 0 || probe_addr > UINT64_MAX - PROBE_BYTES)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "process_probe_addr 0x%llx is no address",
-                         (unsigned long long)probe_addr);
   shm_region *r = NULL;
-  uint8_t token[TRANSPORT_SHM_TOKEN_BYTES];
   int rc = register_region(t, pipe, tenant, peer_pid, 0, KIND_PROCESS, NULL, id, token, &r, err);
   if (rc)
     return rc;
-  /* outside mu: the process held, then proved to be the client */
+  /* outside mu: the process held from now on; the token proves it the
+   * client's once the client has written it into its memory
+   * (shm_confirm_process) */
   int fd = pidfd_of(peer_pid);
-  uint8_t seen[PROBE_BYTES];
   if (fd < 0)
     rc = tport_err_set(err,
                        errno == ESRCH    ? TPORT_ABORTED
                        : errno == ENOSYS ? TPORT_FAILED_PRECONDITION /* before Linux 5.3 */
                                          : TPORT_INTERNAL,
                        "pidfd_open(%d): %s", (int)peer_pid, strerror(errno));
-  if (!rc)
-    rc = read_process(peer_pid, probe_addr, seen, sizeof seen, err);
-  if (!rc && CRYPTO_memcmp(seen, probe, PROBE_BYTES) != 0)
+  pthread_mutex_lock(&t->mu);
+  r->pidfd = fd;
+  r->handing_off = false; /* PENDING, the connection's to confirm or drop */
+  bool gone = r->released;
+  if (rc && !gone) {
+    region_remove(t, r);
+    gone = true;
+  }
+  pthread_mutex_unlock(&t->mu);
+  if (gone) {
+    region_free(r); /* and its pidfd */
+    if (!rc)
+      rc = tport_err_set(err, TPORT_ABORTED, "the region was released during its registration");
+  }
+  return rc;
+}
+
+int shm_confirm_process(shm_table *t, uint32_t pipe, uint64_t id, uint64_t probe_addr,
+                        tport_err *err)
+{
+  uint8_t want[TRANSPORT_SHM_TOKEN_BYTES], seen[TRANSPORT_SHM_TOKEN_BYTES];
+  pthread_mutex_lock(&t->mu);
+  shm_region *r = find_mine(t, pipe, id);
+  int rc = TPORT_OK;
+  if (!r || r->kind != KIND_PROCESS)
+    rc = tport_err_set(err, TPORT_NOT_FOUND, "this connection has no process region %llu",
+                       (unsigned long long)id);
+  else if (r->state == REGION_READY)
+    rc = tport_err_set(err, TPORT_ALREADY_EXISTS, "process region %llu is confirmed already",
+                       (unsigned long long)id);
+  else if (r->handing_off)
+    rc = tport_err_set(err, TPORT_ABORTED, "process region %llu is being confirmed",
+                       (unsigned long long)id);
+  if (!rc && now_ms() > r->token_expires_ms) {
+    rc = tport_err_set(err, TPORT_DEADLINE_EXCEEDED,
+                       "process region %llu was not confirmed in time: register again",
+                       (unsigned long long)id);
+    if (region_remove(t, r)) {
+      pthread_mutex_unlock(&t->mu);
+      region_free(r);
+      return rc;
+    }
+  }
+  pid_t pid = 0;
+  int fd = -1;
+  if (!rc) {
+    r->handing_off = true; /* this thread's until region_opened */
+    memcpy(want, r->token, sizeof want);
+    pid = r->peer_pid;
+    fd = r->pidfd;
+  }
+  pthread_mutex_unlock(&t->mu);
+  if (rc)
+    return rc;
+  /* one answer for every way it fails: what another process holds at an
+   * address is not the client's to learn */
+  tport_err why;
+  if (probe_addr > UINT64_MAX - sizeof seen ||
+      read_as_user(pid, probe_addr, seen, sizeof seen, &why) != TPORT_OK ||
+      CRYPTO_memcmp(seen, want, sizeof want) != 0 || !process_alive(fd))
     rc = tport_err_set(err, TPORT_PERMISSION_DENIED,
-                       "process %d does not hold the probe at 0x%llx: it is not this "
-                       "connection's client",
-                       (int)peer_pid, (unsigned long long)probe_addr);
-  if (!rc && !process_alive(fd))
-    rc = tport_err_set(err, TPORT_ABORTED, "the client process has exited");
-  r->pidfd = fd; /* closed with the region, whatever happened */
+                       "the connection's process did not hold the region's token at 0x%llx "
+                       "(register again)",
+                       (unsigned long long)probe_addr);
+  OPENSSL_cleanse(want, sizeof want);
   return region_opened(t, r, rc, err);
 }
 
@@ -140,39 +230,84 @@ int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, vo
                          "bytes [0x%llx, +%zu) wrap past the end of the address space",
                          (unsigned long long)addr, n);
   pthread_mutex_lock(&t->mu);
-  shm_region *r = find_mine(t, pipe, id);
-  int rc = TPORT_OK;
-  if (!r)
-    rc = tport_err_set(err, TPORT_NOT_FOUND, "this connection has no region %llu",
-                       (unsigned long long)id);
-  else if (r->kind != KIND_PROCESS)
-    rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "region %llu is not a process region",
-                       (unsigned long long)id);
-  else if (r->state != REGION_READY)
-    rc = tport_err_set(err, TPORT_FAILED_PRECONDITION, "region %llu is still being registered",
-                       (unsigned long long)id);
-  else
+  int64_t until = now_ms() + PROCESS_READ_WAIT_MS;
+  shm_region *r;
+  tenant_use *u;
+  int rc;
+  for (;;) {
+    r = find_mine(t, pipe, id);
+    u = r ? tenant_of(t, r->tenant, false) : NULL;
+    rc = TPORT_OK;
+    if (!r)
+      rc = tport_err_set(err, TPORT_NOT_FOUND, "this connection has no region %llu",
+                         (unsigned long long)id);
+    else if (r->kind != KIND_PROCESS)
+      rc = tport_err_set(err, TPORT_INVALID_ARGUMENT, "region %llu is not a process region",
+                         (unsigned long long)id);
+    else if (r->state != REGION_READY)
+      rc = tport_err_set(err, TPORT_FAILED_PRECONDITION, "process region %llu is not confirmed",
+                         (unsigned long long)id);
+    else if (!u)
+      rc = tport_err_set(err, TPORT_INTERNAL, "process region %llu has no tenant",
+                         (unsigned long long)id);
+    bool busy = !rc && (t->process_reading >= t->cfg.max_process_reads ||
+                        u->reading >= SHM_PROCESS_READS_PER_TENANT);
+    if (!busy)
+      break;
+    /* a read may never end: never all the workers, nor more than a few
+     * for one tenant -- a slot is waited for a little, then refused */
+    int64_t left = until - now_ms();
+    if (left <= 0) {
+      rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
+                         "tportd is reading %zu clients' memory at once (%zu for tenant '%s'): "
+                         "send this chunk another way",
+                         t->process_reading, u->reading, r->tenant);
+      break;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += left / 1000;
+    ts.tv_nsec += (left % 1000) * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&t->readers_free, &t->mu, &ts);
+  }
+  pid_t pid = 0;
+  int fd = -1;
+  if (!rc) {
     r->holds++;
-  pid_t pid = r ? r->peer_pid : 0;
-  int fd = r ? r->pidfd : -1;
+    t->process_reading++;
+    u->reading++;
+    pid = r->peer_pid;
+    fd = r->pidfd;
+  }
   pthread_mutex_unlock(&t->mu);
   if (rc)
     return rc;
   if (!process_alive(fd))
     rc = tport_err_set(err, TPORT_ABORTED, "the client process has exited");
   if (!rc)
-    rc = read_process(pid, addr, dst, n, err);
+    rc = read_as_user(pid, addr, dst, n, err);
   /* while the process runs its pid is its own: gone now, the pid may have
    * named another process during the read */
   if (!rc && !process_alive(fd))
     rc = tport_err_set(err, TPORT_ABORTED,
                        "the client process exited during the read: what was read is thrown away");
+  pthread_mutex_lock(&t->mu);
+  t->process_reading--;
+  u->reading--; /* kept while reading > 0 (tenant_unused) */
+  pthread_cond_broadcast(&t->readers_free);
+  if (tenant_unused(u)) {
+    HASH_DEL(t->tenants, u);
+    free(u);
+  }
   if (!rc) {
-    pthread_mutex_lock(&t->mu);
     t->stats.process_reads++;
     t->stats.process_bytes += n;
-    pthread_mutex_unlock(&t->mu);
   }
+  pthread_mutex_unlock(&t->mu);
   shm_unhold(t, r);
   return rc;
 }

@@ -225,8 +225,11 @@ int shm_start(const shm_config *cfg, shm_table **out, tport_err *err)
     t->cfg.token_ms = TOKEN_TTL_MS;
   if (!t->cfg.max_ipc)
     t->cfg.max_ipc = SHM_DEFAULT_MAX_IPC;
+  if (!t->cfg.max_process_reads)
+    t->cfg.max_process_reads = 1;
   pthread_mutex_init(&t->mu, NULL);
   pthread_cond_init(&t->handoffs_done, NULL);
+  pthread_cond_init(&t->readers_free, NULL);
   int rc = t->path ? TPORT_OK : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   if (!rc)
     rc = transport_shm_listen(cfg->path, cfg->mode, &t->listen_fd, err);
@@ -245,6 +248,7 @@ int shm_start(const shm_config *cfg, shm_table **out, tport_err *err)
     }
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->handoffs_done);
+    pthread_cond_destroy(&t->readers_free);
     free(t->path);
     free(t);
     return rc;
@@ -285,6 +289,7 @@ void shm_stop(shm_table *t)
   }
   pthread_mutex_destroy(&t->mu);
   pthread_cond_destroy(&t->handoffs_done);
+  pthread_cond_destroy(&t->readers_free);
   free(t->path);
   free(t);
 }

@@ -293,7 +293,10 @@ static int start_regions(server *s, const server_config *cfg, tport_err *err)
                    .total_max = cfg->shm_max,
                    .max_regions = (size_t)cfg->shm_max_regions,
                    .max_ipc = cfg->cuda_ipc_max,
-                   .token_ms = cfg->shm_token_ms};
+                   .token_ms = cfg->shm_token_ms,
+                   /* a read of a client's memory may never end (a page it
+                    * never lets fault in): one worker is always left */
+                   .max_process_reads = cfg->workers > 1 ? (size_t)cfg->workers - 1 : 1};
   tport_err why;
   if (shm_start(&sc, &s->shm, &why) == TPORT_OK) {
     size_t quota, max;

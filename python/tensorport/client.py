@@ -58,8 +58,9 @@ class Client:
     does; default False: unnamed tensors go when the client closes), ``shm``
     (same host: on a local URL -- ``ipc://``, ``tcp://127.0.0.1`` -- to a
     server that offers shared memory, large tensors go through a sealed
-    memfd region at memory speed instead of the socket; default True unless
-    ``$TPORT_SHM=0``).
+    memfd region at memory speed instead of the socket -- and over ``ipc://``
+    the server reads a large put's bytes straight from the array, unless
+    ``$TPORT_SHM_DIRECT=0``; default True unless ``$TPORT_SHM=0``).
 
     A context manager: ``with tensorport.Client() as c: ...`` closes it.
     Many threads may share one client.  Raises Unavailable when the server

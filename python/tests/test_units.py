@@ -56,6 +56,7 @@ def test_timeout_takes_a_string(server):
 
 
 @pytest.mark.parametrize("var,value", [("TPORT_SHM", "off"), ("TPORT_CUDA_IPC", "no"),
+                                       ("TPORT_SHM_DIRECT", "maybe"),
                                        ("TPORT_COPY_THREADS", "many"),
                                        ("TPORT_COPY_THREADS", "0"),
                                        ("TPORT_COPY_THREADS", "-2"),

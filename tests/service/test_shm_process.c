@@ -9,9 +9,14 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -192,15 +197,14 @@ Test(shm_process, a_put_batchs_large_elements_are_read_from_the_callers_buffers)
   stop(s);
 }
 
-/* ShmRegister of a process region, raw: the status code. */
-static int register_raw(tport_client *c, uint64_t addr, const uint8_t *probe, size_t len,
-                        bool with_ipc, uint64_t *id)
+/* One step of ShmRegister of a process region, raw: the status code; the
+ * first (addr 0) fills *id and token. */
+static int register_raw(tport_client *c, uint64_t addr, bool with_ipc, uint64_t *id, uint8_t *token)
 {
   Tport__ShmRegisterRequest q = TPORT__SHM_REGISTER_REQUEST__INIT;
   q.process = true;
   q.process_probe_addr = addr;
-  q.process_probe.data = (uint8_t *)probe;
-  q.process_probe.len = len;
+  q.process_region = *id;
   uint8_t handle[64] = {1};
   if (with_ipc) {
     q.cuda_ipc_handle.data = handle;
@@ -211,9 +215,12 @@ static int register_raw(tport_client *c, uint64_t addr, const uint8_t *probe, si
   int rc = client_rpc(c, TPORT__METHOD__METHOD_SHM_REGISTER, &q.base, NULL, 0,
                       &tport__shm_register_reply__descriptor, (ProtobufCMessage **)&a, NULL, &err);
   if (!rc) {
-    cr_assert(a->ready, "a process region needs no handoff");
-    if (id)
+    cr_assert_eq(a->ready, addr != 0, "the first step is not ready, the second is");
+    if (!addr) {
+      cr_assert_eq(a->token.len, (size_t)16);
+      memcpy(token, a->token.data, 16);
       *id = a->region;
+    }
     protobuf_c_message_free_unpacked(&a->base, NULL);
   }
   return rc;
@@ -222,31 +229,44 @@ static int register_raw(tport_client *c, uint64_t addr, const uint8_t *probe, si
 Test(shm_process, a_registration_proves_its_process)
 {
   need_pidfd();
-  char url[96], tcp[96];
+  char url[96];
   server_config cfg;
   svc_config_shm(&cfg, "procr", sock_dir, sizeof sock_dir);
-  svc_tcp_url(tcp, sizeof tcp);
+  cfg.shm_token_ms = 300;
   server *s = svc_start_with(&cfg, url, sizeof url);
-  tport_client *c = connect_with(url, false);
-  static uint8_t probe[16] = {7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  uint8_t wrong[16];
-  memcpy(wrong, probe, sizeof wrong);
-  wrong[15] ^= 1;
-  uint64_t at = (uint64_t)(uintptr_t)probe;
-  /* what the probe says is not at that address: another process's memory,
-   * as far as the server can tell */
-  cr_assert_eq(register_raw(c, at, wrong, 16, false, NULL), TPORT_PERMISSION_DENIED);
-  cr_assert_eq(register_raw(c, at, probe, 15, false, NULL), TPORT_INVALID_ARGUMENT);
-  cr_assert_eq(register_raw(c, 0, probe, 16, false, NULL), TPORT_INVALID_ARGUMENT);
-  cr_assert_eq(register_raw(c, UINT64_MAX - 3, probe, 16, false, NULL), TPORT_INVALID_ARGUMENT);
-  /* an address with nothing there */
-  cr_assert_eq(register_raw(c, 4096, probe, 16, false, NULL), TPORT_OUT_OF_RANGE);
-  cr_assert_eq(register_raw(c, at, probe, 16, true, NULL), TPORT_INVALID_ARGUMENT);
+  tport_client *c = connect_with(url, false), *other = connect_with(url, false);
+  static uint8_t probe[16];
+  uint8_t token[16];
+  uint64_t id = 0, at = (uint64_t)(uintptr_t)probe;
+  cr_assert_eq(register_raw(c, 0, true, &id, token), TPORT_INVALID_ARGUMENT);
+  /* the token is not where the client says: refused, and the region gone;
+   * an address with nothing there is refused alike (what another process
+   * holds is not the client's to learn) */
+  cr_assert_eq(register_raw(c, 0, false, &id, token), 0);
+  memcpy(probe, token, 16);
+  probe[15] ^= 1;
+  cr_assert_eq(register_raw(c, at, false, &id, token), TPORT_PERMISSION_DENIED);
+  cr_assert_eq(register_raw(c, at, false, &id, token), TPORT_NOT_FOUND);
+  cr_assert_eq(register_raw(c, 0, false, &id, token), 0);
+  cr_assert_eq(register_raw(c, 4096, false, &id, token), TPORT_PERMISSION_DENIED);
+  cr_assert_eq(register_raw(c, UINT64_MAX - 3, false, &id, (uint8_t[16]){0}), TPORT_NOT_FOUND);
+  /* confirmed too late */
+  cr_assert_eq(register_raw(c, 0, false, &id, token), 0);
+  memcpy(probe, token, 16);
+  usleep(400 * 1000);
+  cr_assert_eq(register_raw(c, at, false, &id, token), TPORT_DEADLINE_EXCEEDED);
   cr_assert_eq(svc_server_counter(url, "shm_process_regions"), 0,
                "a refused registration left a region");
-  uint64_t id = 0;
-  cr_assert_eq(register_raw(c, at, probe, 16, false, &id), 0);
-  cr_assert_eq(register_raw(c, at, probe, 16, false, NULL), TPORT_ALREADY_EXISTS);
+  /* another connection cannot confirm it */
+  cr_assert_eq(register_raw(c, 0, false, &id, token), 0);
+  memcpy(probe, token, 16);
+  cr_assert_eq(register_raw(other, at, false, &id, token), TPORT_NOT_FOUND);
+  cr_assert_eq(register_raw(c, at, false, &id, token), 0);
+  cr_assert_eq(register_raw(c, at, false, &id, token), TPORT_ALREADY_EXISTS);
+  uint64_t again = 0;
+  cr_assert_eq(register_raw(c, 0, false, &again, token), TPORT_ALREADY_EXISTS);
+  cr_assert_eq(svc_server_counter(url, "shm_process_regions"), 1);
+  tport_close(other);
   tport_close(c);
   stop(s);
 }
@@ -266,10 +286,10 @@ Test(shm_process, not_over_tcp)
   cr_assert_eq(server_start(&cfg, &s, &err), 0, "%s", err.msg);
   config_free(&cfg);
   tport_client *c = connect_with(url, false);
-  static uint8_t probe[16] = {9};
+  uint8_t token[16];
+  uint64_t none = 0;
   /* the peer's pid is not known over tcp: nothing to read from */
-  cr_assert_eq(register_raw(c, (uint64_t)(uintptr_t)probe, probe, 16, false, NULL),
-               TPORT_FAILED_PRECONDITION);
+  cr_assert_eq(register_raw(c, 0, false, &none, token), TPORT_FAILED_PRECONDITION);
   uint64_t id;
   cr_assert_neq(client_process_region(c, &id), 0, "a tcp:// client took a process region");
   put_and_check(c, 4 * CHUNK, NULL, 8);
@@ -396,5 +416,72 @@ Test(shm_process, hostile_slices_of_a_process_region_cost_their_request_only)
   free(v);
   tport_close(other);
   tport_close(c);
+  stop(s);
+}
+
+/* A put from memory whose pages never fault in (userfaultfd, not served):
+ * the server's reads of it never end. */
+typedef struct stuck_put {
+  const char *url, *tenant;
+  uint8_t *area;
+  size_t n;
+  int rc;
+} stuck_put;
+
+static void *put_stuck(void *arg)
+{
+  stuck_put *p = arg;
+  tport_client *c = svc_connect(p->url, p->tenant);
+  int64_t sz = (int64_t)p->n;
+  tport_tensor_info info;
+  tport_err err;
+  p->rc = tport_put(c, TPORT_UINT8, 1, &sz, NULL, p->area, p->n, NULL, &info, &err);
+  tport_close(c);
+  return NULL;
+}
+
+Test(shm_process, reads_that_never_end_leave_workers_and_readers_to_others, .timeout = 120)
+{
+  need_pidfd();
+  int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+  if (uffd < 0)
+    cr_skip_test("userfaultfd is not available here (%s)", strerror(errno));
+  struct uffdio_api api = {.api = UFFD_API};
+  cr_assert_eq(ioctl(uffd, UFFDIO_API, &api), 0);
+  size_t n = 8 * CHUNK;
+  uint8_t *area = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(area, MAP_FAILED);
+  struct uffdio_register reg = {.range = {(uintptr_t)area, n},
+                                .mode = UFFDIO_REGISTER_MODE_MISSING};
+  cr_assert_eq(ioctl(uffd, UFFDIO_REGISTER, &reg), 0, "%s", strerror(errno));
+  char url[96];
+  server *s = start(url, sizeof url); /* 4 workers: 3 readers at most, 2 a tenant */
+  /* two tenants' puts (each may keep 3 of the 4 workers busy): without a
+   * bound on the reads, every worker would wait for ever */
+  stuck_put sp[2] = {{url, "stuck1", area, n / 2, -1}, {url, "stuck2", area + n / 2, n / 2, -1}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(pthread_create(&th[i], NULL, put_stuck, &sp[i]), 0);
+  /* the server's reads meet the pages: their faults wait for this test */
+  struct pollfd pf = {.fd = uffd, .events = POLLIN};
+  cr_assert_eq(poll(&pf, 1, 20000), 1, "the server's read never met the stuck pages");
+  usleep(500 * 1000); /* the others */
+  /* another tenant's large put still goes (by what readers are left, or
+   * the region), exact, and a small request is answered */
+  tport_client *c = svc_connect(url, "other");
+  put_and_check(c, 5 * CHUNK + 7, NULL, 31);
+  put_and_check(c, 1000, NULL, 32);
+  tport_close(c);
+  /* the faults served: the stuck put ends */
+  struct uffdio_zeropage zp = {.range = {(uintptr_t)area, n}, .mode = 0};
+  ioctl(uffd, UFFDIO_ZEROPAGE, &zp); /* EEXIST for pages a retry filled: fine */
+  struct uffdio_range all = {(uintptr_t)area, n};
+  ioctl(uffd, UFFDIO_WAKE, &all);
+  for (int i = 0; i < 2; i++) {
+    pthread_join(th[i], NULL);
+    cr_assert_eq(sp[i].rc, 0, "a stuck put failed once its pages came (%d)", sp[i].rc);
+  }
+  close(uffd);
+  munmap(area, n);
   stop(s);
 }
