@@ -28,6 +28,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "regions_internal.h"
 
 /* how long a read waits for a reader's slot (regions.h) before it is
@@ -79,38 +80,56 @@ static int read_process(pid_t pid, uint64_t addr, void *dst, size_t n, tport_err
   return TPORT_OK;
 }
 
-/* Takes CAP_SYS_PTRACE out of this thread's effective set, once: a root
- * tportd then reads only what the kernel lets any process of its user read
- * (the same uids and gids, a dumpable process), never a process a client
- * might have made become another (an exec of a setuid program).  False
- * where that could not be done (the read is refused). */
-static bool without_ptrace_cap(void)
-{
-  static __thread int state; /* 0: not yet; 1: done; -1: failed */
-  if (state)
-    return state > 0;
-  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+/* CAP_SYS_PTRACE out of this thread's effective set for a read, and back
+ * after it (capabilities are a thread's own): a root tportd reads only
+ * what the kernel lets any process of its user read (the same uids and
+ * gids, a dumpable process), never a process a client might have made
+ * become another (an exec of a setuid program).  Put back because the
+ * thread's other work (a CUDA IPC open, say) may need it. */
+typedef struct ptrace_cap {
+  struct __user_cap_header_struct h;
   struct __user_cap_data_struct d[_LINUX_CAPABILITY_U32S_3];
-  unsigned word = CAP_SYS_PTRACE / 32, bit = 1u << (CAP_SYS_PTRACE % 32);
-  state = -1;
-  if (syscall(SYS_capget, &h, d) != 0)
+  bool dropped;
+} ptrace_cap;
+
+#define PTRACE_WORD (CAP_SYS_PTRACE / 32)
+#define PTRACE_BIT (1u << (CAP_SYS_PTRACE % 32))
+
+static bool ptrace_cap_drop(ptrace_cap *pc)
+{
+  pc->h = (struct __user_cap_header_struct){.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  pc->dropped = false;
+  if (syscall(SYS_capget, &pc->h, pc->d) != 0)
     return false;
-  if (d[word].effective & bit) {
-    d[word].effective &= ~bit;
-    if (syscall(SYS_capset, &h, d) != 0)
-      return false;
-  }
-  state = 1;
+  if (!(pc->d[PTRACE_WORD].effective & PTRACE_BIT))
+    return true;
+  pc->d[PTRACE_WORD].effective &= ~PTRACE_BIT;
+  if (syscall(SYS_capset, &pc->h, pc->d) != 0)
+    return false;
+  pc->dropped = true;
   return true;
 }
 
-/* read_process, by this thread without CAP_SYS_PTRACE. */
+static void ptrace_cap_restore(ptrace_cap *pc)
+{
+  if (!pc->dropped)
+    return;
+  pc->d[PTRACE_WORD].effective |= PTRACE_BIT;
+  if (syscall(SYS_capset, &pc->h, pc->d) != 0)
+    log_msg(LOG_WARN, "CAP_SYS_PTRACE could not be restored on a worker: %s", strerror(errno));
+}
+
+/* read_process, by this thread without CAP_SYS_PTRACE meanwhile. */
 static int read_as_user(pid_t pid, uint64_t addr, void *dst, size_t n, tport_err *err)
 {
-  if (!without_ptrace_cap())
+  ptrace_cap pc;
+  if (!ptrace_cap_drop(&pc))
     return tport_err_set(err, TPORT_INTERNAL,
-                         "cannot drop CAP_SYS_PTRACE before reading a client's memory");
-  return read_process(pid, addr, dst, n, err);
+                         "cannot drop CAP_SYS_PTRACE before reading a client's memory: %s",
+                         strerror(errno));
+  int rc = read_process(pid, addr, dst, n, err);
+  ptrace_cap_restore(&pc);
+  return rc;
 }
 
 int shm_register_process(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_pid,

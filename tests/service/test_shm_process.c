@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -113,6 +114,35 @@ Test(shm_process, a_large_put_is_read_from_the_callers_buffer_by_another_process
   for (int i = 0; i < 100 && svc_server_counter(url, "shm_process_regions") != 0; i++)
     usleep(10000);
   cr_assert_eq(svc_server_counter(url, "shm_process_regions"), 0);
+  cr_assert_eq(svc_terminate(pid), 0);
+  rmdir(sock_dir);
+}
+
+/* A process the kernel keeps from its own user (not dumpable, as a setuid
+ * program's is) is not read, though tportd runs as root here (its readers
+ * drop CAP_SYS_PTRACE): the registration is refused, and puts take the
+ * region. */
+Test(shm_process, a_process_not_dumpable_is_not_read)
+{
+  need_pidfd();
+  char url[96], sock[128];
+  svc_ipc_url(url, sizeof url);
+  snprintf(sock_dir, sizeof sock_dir, "/tmp/tport-procd-%d", (int)getpid());
+  snprintf(sock, sizeof sock, "%s/shm.sock", sock_dir);
+  const char *args[] = {"--shm-socket", sock, NULL};
+  pid_t pid = svc_spawn(url, args);
+  cr_assert_gt(pid, 0, "tportd did not start");
+  cr_assert_eq(prctl(PR_SET_DUMPABLE, 0), 0);
+  tport_client *c = connect_with(url, false);
+  int64_t reads = svc_server_counter(url, "shm_process_reads");
+  put_and_check(c, 5 * CHUNK, NULL, 41);
+  cr_assert_eq(svc_server_counter(url, "shm_process_reads"), reads,
+               "tportd read a process that is not dumpable");
+  cr_assert_eq(svc_server_counter(url, "shm_process_regions"), 0);
+  uint64_t id;
+  cr_assert_neq(client_process_region(c, &id), 0);
+  tport_close(c);
+  prctl(PR_SET_DUMPABLE, 1);
   cr_assert_eq(svc_terminate(pid), 0);
   rmdir(sock_dir);
 }
