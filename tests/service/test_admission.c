@@ -313,8 +313,15 @@ Test(admission, request_bodies_past_request_memory_are_answered_at_once)
   q.memory_format = TPORT__MEMORY_FORMAT__MF_PRESERVE;
   q.device = "cpu";
   q.commit = true; /* the whole tensor in the request */
-  for (int i = 0; i < 3; i++)
+  /* the third sent a while after the first two: requests are counted as
+   * nng's threads take them, and two taken at once may be counted in
+   * either order (the test once waited for the third's answer while the
+   * second was the one refused, on a loaded machine) */
+  for (int i = 0; i < 3; i++) {
+    if (i == 2)
+      usleep(300 * 1000);
     raw_send(&r, i, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, body, sizeof body);
+  }
   /* two are held (200 KiB); the third, past 256 KiB, is answered now */
   int code = raw_wait(&r, 2, &tport__error_reply__descriptor, msg, NULL, NULL);
   pthread_mutex_lock(&hold_mu);
