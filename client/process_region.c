@@ -95,8 +95,8 @@ int client_process_region(tport_client *c, uint64_t *id)
     if (!rc && now == pipe) {
       c->proc_region = fresh;
       c->proc_pipe = pipe;
-    } else if (now == pipe && (rc == TPORT_PERMISSION_DENIED || rc == TPORT_FAILED_PRECONDITION ||
-                               rc == TPORT_INVALID_ARGUMENT || rc == TPORT_ALREADY_EXISTS)) {
+    } else if (now == pipe && rc != TPORT_UNAVAILABLE && rc != TPORT_DEADLINE_EXCEEDED &&
+               rc != TPORT_ABORTED && rc != TPORT_RESOURCE_EXHAUSTED) {
       c->proc_refused_pipe = pipe; /* refused here for good: not asked again */
     } else if (!rc) {
       rc = TPORT_UNAVAILABLE; /* the connection changed under it: next time */

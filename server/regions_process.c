@@ -154,11 +154,11 @@ int shm_register_process(shm_table *t, uint32_t pipe, const char *tenant, pid_t 
    * (shm_confirm_process) */
   int fd = pidfd_of(peer_pid);
   if (fd < 0)
-    rc = tport_err_set(err,
-                       errno == ESRCH    ? TPORT_ABORTED
-                       : errno == ENOSYS ? TPORT_FAILED_PRECONDITION /* before Linux 5.3 */
-                                         : TPORT_INTERNAL,
-                       "pidfd_open(%d): %s", (int)peer_pid, strerror(errno));
+    /* ENOSYS before Linux 5.3, EPERM under a seccomp filter that forbids
+     * it (a container's): not here, for good */
+    rc = tport_err_set(err, errno == ESRCH ? TPORT_ABORTED : TPORT_FAILED_PRECONDITION,
+                       "tportd cannot hold the client process: pidfd_open(%d): %s",
+                       (int)peer_pid, strerror(errno));
   pthread_mutex_lock(&t->mu);
   r->pidfd = fd;
   r->handing_off = false; /* PENDING, the connection's to confirm or drop */
