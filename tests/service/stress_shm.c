@@ -101,34 +101,44 @@ static void *pool_worker(void *arg)
   return NULL;
 }
 
-/* Batches of 100 x 4 KiB on the shared client: put, then got back (the
- * server's 64 KiB chunks: 16 inline, the rest deferred). */
+/* Batches of 100 tensors on the shared client, 4 KiB each but every 25th
+ * of three chunks and a bit: put (the large ones read by the server from
+ * this process's memory, in chunks through the batch's window), then got
+ * back (the server's 64 KiB chunks: 16 inline, the rest deferred). */
 static void *batch_worker(void *arg)
 {
-  enum { N = 100, EACH = 4096 };
+  enum { N = 100, EACH = 4096, LARGE = 3 * 65536 + 100 };
   int id = (int)(intptr_t)arg;
-  uint8_t *v = malloc((size_t)N * EACH), *back = malloc((size_t)N * EACH);
+  size_t total = (size_t)(N - N / 25) * EACH + (size_t)(N / 25) * LARGE;
+  uint8_t *v = malloc(total), *back = malloc(total);
   tport_put_item *puts = calloc(N, sizeof *puts);
   tport_get_item *gets = calloc(N, sizeof *gets);
-  int64_t sz = EACH;
+  int64_t sz[N];
   for (int r = 0; r < 20; r++) {
-    for (size_t i = 0; i < (size_t)N * EACH; i++)
+    for (size_t i = 0; i < total; i++)
       v[i] = (uint8_t)(i * 5 + (i >> 12) + (size_t)id + (size_t)r);
-    for (int i = 0; i < N; i++)
-      puts[i] = (tport_put_item){.dtype = TPORT_UINT8, .ndim = 1, .sizes = &sz,
-                                 .data = v + (size_t)i * EACH, .nbytes = EACH};
+    size_t off = 0;
+    for (int i = 0; i < N; i++) {
+      size_t n = i % 25 == 0 ? LARGE : EACH;
+      sz[i] = (int64_t)n;
+      puts[i] = (tport_put_item){
+          .dtype = TPORT_UINT8, .ndim = 1, .sizes = &sz[i], .data = v + off, .nbytes = n};
+      off += n;
+    }
     tport_err err;
     if (tport_put_batch(shared, puts, N, &err)) {
       fail("put_batch", &err);
       continue;
     }
-    memset(back, 0, (size_t)N * EACH);
-    for (int i = 0; i < N; i++)
-      gets[i] = (tport_get_item){.ref = puts[i].info.ref, .buf = back + (size_t)i * EACH,
-                                 .cap = EACH};
+    memset(back, 0, total);
+    off = 0;
+    for (int i = 0; i < N; i++) {
+      gets[i] = (tport_get_item){.ref = puts[i].info.ref, .buf = back + off, .cap = puts[i].nbytes};
+      off += puts[i].nbytes;
+    }
     if (tport_get_batch(shared, gets, N, &err))
       fail("get_batch", &err);
-    else if (memcmp(v, back, (size_t)N * EACH))
+    else if (memcmp(v, back, total))
       fail("batch: bytes differ", NULL);
     for (int i = 0; i < N; i++)
       tport_free(shared, &puts[i].info.ref, NULL);
