@@ -134,8 +134,10 @@ static int put_bytes_from_process(call *c, reg_entry *e, const Tport__PutChunkRe
     if (!rc && !(dst = tensor_host_bytes(buf, 0, n)))
       rc = tport_err_set(&c->err, TPORT_INTERNAL, "a chunk's buffer is not host memory");
   }
+  bool stuck = false;
   if (!rc && n)
-    rc = shm_process_read(s->shm, c->pipe, sl->region, sl->offset, dst, n, &c->err);
+    rc = shm_process_read(s->shm, c->pipe, sl->region, sl->offset, dst, n, buf ? buf : landing,
+                          &stuck, &c->err);
   if (!rc)
     rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, q->offset, dst, n);
   if (!rc && buf)
@@ -144,7 +146,10 @@ static int put_bytes_from_process(call *c, reg_entry *e, const Tport__PutChunkRe
   tensor_release(buf);
   reg_reservation_release(&res);
   tensor_release(landing);
-  reg_chunk_done(&s->reg, e, q->offset, n, rc == TPORT_OK);
+  /* a read given up may still write the landing tensor: its chunk stays
+   * claimed, so the upload never commits (the client aborts it) */
+  if (!stuck)
+    reg_chunk_done(&s->reg, e, q->offset, n, rc == TPORT_OK);
   return rc;
 }
 

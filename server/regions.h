@@ -53,10 +53,13 @@
  * away (its pid may name another process by then).  tportd only reads a
  * client's memory, never writes it: a write the client could not take back
  * (a get that timed out) would land in memory it has reused.  A read may
- * never end (a page the client never lets fault in: userfaultfd, FUSE): at
- * most max_process_reads run at once, SHM_PROCESS_READS_PER_TENANT of one
- * tenant's; past them a read waits a second for one to end, then is
- * RESOURCE_EXHAUSTED (the client puts through its region instead).  No bytes are charged (the memory is the
+ * never end (a page the client never lets fault in: userfaultfd, FUSE): each
+ * runs on a thread of its own, which the worker waits for five seconds at
+ * most (then DEADLINE_EXCEEDED, the chunk given up); at most
+ * max_process_reads run at once, SHM_PROCESS_READS_PER_TENANT of one
+ * tenant's, stuck ones included; past them a read waits a second for one
+ * to end, then is RESOURCE_EXHAUSTED (the client puts through its region
+ * instead).  A read still stuck at shm_stop leaves the table as it is.  No bytes are charged (the memory is the
  * client's).
  */
 #ifndef TPORT_SERVER_REGIONS_H
@@ -66,6 +69,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine.h"
 #include "shm.h"
 #include "tport_types.h"
 
@@ -124,9 +128,12 @@ int shm_confirm_process(shm_table *t, uint32_t pipe, uint64_t id, uint64_t probe
 /* Whether region id of the connection is its process region. */
 bool shm_is_process(shm_table *t, uint32_t pipe, uint64_t id);
 /* Reads n bytes at address addr of the connection's process region id into
- * dst: all of them, or an error (the region held meanwhile). */
+ * dst, which is keep's (retained while the read may write it): all of
+ * them, or an error.  *stuck: the read did not end in time and was given up
+ * (DEADLINE_EXCEEDED): it may still write dst later, so what dst is for
+ * must never be used (a chunk left claimed). */
 int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, void *dst, size_t n,
-                     tport_err *err);
+                     tport_tensor *keep, bool *stuck, tport_err *err);
 int shm_release(shm_table *t, uint32_t pipe, uint64_t id, tport_err *err);
 /* The connection closed: its regions go (once their holders are done). */
 void shm_drop_pipe(shm_table *t, uint32_t pipe);

@@ -90,6 +90,7 @@ struct shm_table {
   uid_t euid; /* tportd's: a process region's peer must run as it */
   size_t process_reading;  /* reads of clients' memory running (mu) */
   pthread_cond_t readers_free; /* one of them ended */
+  bool stopped;                /* shm_stop has run (a stuck read's thread leaves all be) */
 };
 
 /* Whether nothing counts against u any more (it may go). */

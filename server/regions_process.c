@@ -32,8 +32,9 @@
 #include "regions_internal.h"
 
 /* how long a read waits for a reader's slot (regions.h) before it is
- * refused */
+ * refused, and how long a worker waits for the read */
 #define PROCESS_READ_WAIT_MS 1000
+#define PROCESS_READ_DEADLINE_MS 5000
 
 static int pidfd_of(pid_t pid)
 {
@@ -157,8 +158,8 @@ int shm_register_process(shm_table *t, uint32_t pipe, const char *tenant, pid_t 
     /* ENOSYS before Linux 5.3, EPERM under a seccomp filter that forbids
      * it (a container's): not here, for good */
     rc = tport_err_set(err, errno == ESRCH ? TPORT_ABORTED : TPORT_FAILED_PRECONDITION,
-                       "tportd cannot hold the client process: pidfd_open(%d): %s",
-                       (int)peer_pid, strerror(errno));
+                       "tportd cannot hold the client process: pidfd_open(%d): %s", (int)peer_pid,
+                       strerror(errno));
   pthread_mutex_lock(&t->mu);
   r->pidfd = fd;
   r->handing_off = false; /* PENDING, the connection's to confirm or drop */
@@ -238,17 +239,87 @@ bool shm_is_process(shm_table *t, uint32_t pipe, uint64_t id)
   return yes;
 }
 
-int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, void *dst, size_t n,
+/* A read of a client's memory for a worker (shm_process_read).  Its state
+ * is under the table's mu. */
+typedef struct read_job {
+  shm_table *t;
+  shm_region *r; /* held for the read (its pidfd open) */
+  tenant_use *u; /* counted in reading */
+  pid_t pid;
+  int pidfd;
+  uint64_t addr;
+  uint8_t *dst;
+  size_t n;
+  tport_tensor *keep; /* dst's tensor, retained while the read may write it */
+  int rc;
+  tport_err err;
+  bool done, abandoned;
+  pthread_cond_t cv; /* done */
+} read_job;
+
+static void job_free(read_job *j)
+{
+  pthread_cond_destroy(&j->cv);
+  free(j);
+}
+
+/* The read has ended (j->rc): its slot and counts given back, its waiter
+ * woken; an abandoned job's references let go (not after shm_stop: the
+ * table is then left as it was, and the engine may be gone) and the job
+ * freed. */
+static void read_ended(read_job *j)
+{
+  shm_table *t = j->t;
+  pthread_mutex_lock(&t->mu);
+  t->process_reading--;
+  j->u->reading--; /* kept while reading > 0 (tenant_unused) */
+  pthread_cond_broadcast(&t->readers_free);
+  if (!t->stopped && tenant_unused(j->u)) {
+    HASH_DEL(t->tenants, j->u);
+    free(j->u);
+  }
+  if (!j->rc) {
+    t->stats.process_reads++;
+    t->stats.process_bytes += j->n;
+  }
+  /* what the job holds, read before its waiter (woken now) may free it */
+  bool abandoned = j->abandoned, stopped = t->stopped;
+  tport_tensor *keep = j->keep;
+  shm_region *r = j->r;
+  j->done = true;
+  pthread_cond_signal(&j->cv);
+  pthread_mutex_unlock(&t->mu);
+  if (!stopped) {
+    tensor_release(keep);
+    shm_unhold(t, r);
+  }
+  if (abandoned)
+    job_free(j);
+}
+
+static void *read_thread(void *arg)
+{
+  read_job *j = arg;
+  int rc = TPORT_OK;
+  if (!process_alive(j->pidfd))
+    rc = tport_err_set(&j->err, TPORT_ABORTED, "the client process has exited");
+  if (!rc)
+    rc = read_as_user(j->pid, j->addr, j->dst, j->n, &j->err);
+  /* while the process runs its pid is its own: gone now, the pid may have
+   * named another process during the read */
+  if (!rc && !process_alive(j->pidfd))
+    rc = tport_err_set(&j->err, TPORT_ABORTED,
+                       "the client process exited during the read: what was read is thrown away");
+  j->rc = rc;
+  read_ended(j);
+  return NULL;
+}
+
+/* The connection's process region id and its tenant's use, once a
+ * reader's slot is free for them (mu held; waited for a little): rc. */
+static int take_slot(shm_table *t, uint32_t pipe, uint64_t id, shm_region **rp, tenant_use **up,
                      tport_err *err)
 {
-  if (!t)
-    return tport_err_set(err, TPORT_FAILED_PRECONDITION,
-                         "this server offers no shared memory (--shm-socket off)");
-  if (addr > UINT64_MAX - n)
-    return tport_err_set(err, TPORT_OUT_OF_RANGE,
-                         "bytes [0x%llx, +%zu) wrap past the end of the address space",
-                         (unsigned long long)addr, n);
-  pthread_mutex_lock(&t->mu);
   int64_t until = now_ms() + PROCESS_READ_WAIT_MS;
   shm_region *r;
   tenant_use *u;
@@ -293,40 +364,86 @@ int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, vo
     }
     pthread_cond_timedwait(&t->readers_free, &t->mu, &ts);
   }
-  pid_t pid = 0;
-  int fd = -1;
-  if (!rc) {
-    r->holds++;
-    t->process_reading++;
-    u->reading++;
-    pid = r->peer_pid;
-    fd = r->pidfd;
-  }
-  pthread_mutex_unlock(&t->mu);
-  if (rc)
-    return rc;
-  if (!process_alive(fd))
-    rc = tport_err_set(err, TPORT_ABORTED, "the client process has exited");
-  if (!rc)
-    rc = read_as_user(pid, addr, dst, n, err);
-  /* while the process runs its pid is its own: gone now, the pid may have
-   * named another process during the read */
-  if (!rc && !process_alive(fd))
-    rc = tport_err_set(err, TPORT_ABORTED,
-                       "the client process exited during the read: what was read is thrown away");
+  *rp = r;
+  *up = u;
+  return rc;
+}
+
+int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, void *dst, size_t n,
+                     tport_tensor *keep, bool *stuck, tport_err *err)
+{
+  *stuck = false;
+  if (!t)
+    return tport_err_set(err, TPORT_FAILED_PRECONDITION,
+                         "this server offers no shared memory (--shm-socket off)");
+  if (addr > UINT64_MAX - n)
+    return tport_err_set(err, TPORT_OUT_OF_RANGE,
+                         "bytes [0x%llx, +%zu) wrap past the end of the address space",
+                         (unsigned long long)addr, n);
   pthread_mutex_lock(&t->mu);
-  t->process_reading--;
-  u->reading--; /* kept while reading > 0 (tenant_unused) */
-  pthread_cond_broadcast(&t->readers_free);
-  if (tenant_unused(u)) {
-    HASH_DEL(t->tenants, u);
-    free(u);
+  shm_region *r;
+  tenant_use *u;
+  int rc = take_slot(t, pipe, id, &r, &u, err);
+  if (rc) {
+    pthread_mutex_unlock(&t->mu);
+    return rc;
   }
-  if (!rc) {
-    t->stats.process_reads++;
-    t->stats.process_bytes += n;
+  read_job *j = calloc(1, sizeof *j);
+  if (!j) {
+    pthread_mutex_unlock(&t->mu);
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  }
+  r->holds++;
+  t->process_reading++;
+  u->reading++;
+  *j = (read_job){.t = t,
+                  .r = r,
+                  .u = u,
+                  .pid = r->peer_pid,
+                  .pidfd = r->pidfd,
+                  .addr = addr,
+                  .dst = dst,
+                  .n = n,
+                  .keep = tensor_retain(keep)};
+  pthread_cond_init(&j->cv, NULL);
+  pthread_mutex_unlock(&t->mu);
+  /* on a thread of its own, waited for until a deadline: a read that
+   * never ends keeps that thread (and its slot), never this worker */
+  pthread_t th;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  bool started = pthread_create(&th, &attr, read_thread, j) == 0;
+  pthread_attr_destroy(&attr);
+  if (!started) {
+    j->rc =
+        tport_err_set(&j->err, TPORT_RESOURCE_EXHAUSTED,
+                      "no thread for a read of the client's memory: send this chunk another way");
+    read_ended(j); /* its slot and references back (the job is still ours) */
+    *err = j->err;
+    rc = j->rc;
+    job_free(j);
+    return rc;
+  }
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += PROCESS_READ_DEADLINE_MS / 1000;
+  pthread_mutex_lock(&t->mu);
+  while (!j->done && pthread_cond_timedwait(&j->cv, &t->mu, &deadline) == 0) {
+  }
+  if (!j->done) {
+    j->abandoned = true; /* the thread frees it, and what it holds, if it ever ends */
+    pthread_mutex_unlock(&t->mu);
+    *stuck = true;
+    return tport_err_set(err, TPORT_DEADLINE_EXCEEDED,
+                         "the client's memory at 0x%llx (+%zu bytes) was not read in %d s: the "
+                         "chunk is given up",
+                         (unsigned long long)addr, n, PROCESS_READ_DEADLINE_MS / 1000);
   }
   pthread_mutex_unlock(&t->mu);
-  shm_unhold(t, r);
+  rc = j->rc;
+  if (rc)
+    *err = j->err;
+  job_free(j);
   return rc;
 }

@@ -270,11 +270,20 @@ void shm_stop(shm_table *t)
   pthread_mutex_lock(&t->mu);
   while (t->handoffs_running > 0)
     pthread_cond_wait(&t->handoffs_done, &t->mu);
+  /* a read of a client's memory that never ended still has its thread
+   * (regions_process.c): the table stays for it to touch, as it is */
+  t->stopped = true;
+  size_t stuck = t->process_reading;
   pthread_mutex_unlock(&t->mu);
   close(t->listen_fd);
   unlink(t->path);
   close(t->wake[0]);
   close(t->wake[1]);
+  if (stuck) {
+    log_msg(LOG_WARN, "%zu read%s of clients' memory never ended: their regions are left mapped",
+            stuck, stuck == 1 ? "" : "s");
+    return;
+  }
   shm_region *r, *tmp;
   HASH_ITER(hh, t->by_id, r, tmp)
   {
