@@ -125,7 +125,8 @@ static int put_bytes_from_process(call *c, reg_entry *e, const Tport__PutChunkRe
   reg_reservation res = REG_RESERVATION_INIT(&s->reg, c->pipe);
   if (!dst && n) {
     int64_t count = (int64_t)n;
-    rc = wire_charge_begin(c, &res, n, "a chunk");
+    /* for its life: a read given up may keep it after this call */
+    rc = wire_charge_lend_begin(c, &res, n, "a chunk");
     if (!rc) {
       rc = tensor_empty((tport_device){TPORT_DEV_CPU, 0}, TPORT_UINT8, 1, &count,
                         TPORT_MF_CONTIGUOUS, 0, &buf, &c->err);
@@ -146,8 +147,9 @@ static int put_bytes_from_process(call *c, reg_entry *e, const Tport__PutChunkRe
   tensor_release(buf);
   reg_reservation_release(&res);
   tensor_release(landing);
-  /* a read given up may still write the landing tensor: its chunk stays
-   * claimed, so the upload never commits (the client aborts it) */
+  /* a read given up may still write the landing tensor (or the buffer):
+   * its chunk stays claimed, so the upload never commits (the client
+   * aborts it) */
   if (!stuck)
     reg_chunk_done(&s->reg, e, q->offset, n, rc == TPORT_OK);
   return rc;

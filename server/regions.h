@@ -59,8 +59,11 @@
  * max_process_reads run at once, SHM_PROCESS_READS_PER_TENANT of one
  * tenant's, stuck ones included; past them a read waits a second for one
  * to end, then is RESOURCE_EXHAUSTED (the client puts through its region
- * instead).  A read still stuck at shm_stop leaves the table as it is.  No bytes are charged (the memory is the
- * client's).
+ * instead); one none of the taken slots will come free from is refused at
+ * once.  A stuck read keeps the tensor it writes (uncharged once its
+ * upload is aborted: at most max_process_reads of them), and one still
+ * stuck at shm_stop leaves the table as it is.  No bytes of the region are
+ * charged (the memory is the client's).
  */
 #ifndef TPORT_SERVER_REGIONS_H
 #define TPORT_SERVER_REGIONS_H

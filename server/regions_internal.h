@@ -71,6 +71,7 @@ typedef struct tenant_use {
   size_t ipc;     /* CUDA IPC regions */
   size_t process; /* process regions (one a connection) */
   size_t reading; /* reads of its clients' memory running */
+  size_t stuck;   /* ... of which given up by their workers */
   UT_hash_handle hh;
 } tenant_use;
 
@@ -89,6 +90,7 @@ struct shm_table {
   pthread_cond_t handoffs_done;
   uid_t euid; /* tportd's: a process region's peer must run as it */
   size_t process_reading;  /* reads of clients' memory running (mu) */
+  size_t process_stuck;    /* ... of which given up by their workers */
   pthread_cond_t readers_free; /* one of them ended */
   bool stopped;                /* shm_stop has run (a stuck read's thread leaves all be) */
 };
@@ -97,6 +99,17 @@ struct shm_table {
 static inline bool tenant_unused(const tenant_use *u)
 {
   return u->bytes == 0 && u->ipc == 0 && u->process == 0 && u->reading == 0;
+}
+
+/* A condition variable whose timed waits run on CLOCK_MONOTONIC (a step
+ * of the wall clock neither stretches nor cuts them). */
+static inline void regions_cond_init(pthread_cond_t *cv)
+{
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  pthread_cond_init(cv, &a);
+  pthread_condattr_destroy(&a);
 }
 
 static inline int64_t now_ms(void)

@@ -263,36 +263,41 @@ static void job_free(read_job *j)
   free(j);
 }
 
-/* The read has ended (j->rc): its slot and counts given back, its waiter
- * woken; an abandoned job's references let go (not after shm_stop: the
- * table is then left as it was, and the engine may be gone) and the job
- * freed. */
+/* The read has ended (j->rc): the tensor it wrote let go, then, in one
+ * step under mu, its slot, counts and region hold given back and its
+ * waiter woken -- nothing of the table is touched after it, for shm_stop
+ * may free the table once the read no longer counts (a read still counted
+ * makes shm_stop leave the table as it is).  An abandoned job is freed
+ * here. */
 static void read_ended(read_job *j)
 {
   shm_table *t = j->t;
+  shm_region *r = j->r;
+  tensor_release(j->keep); /* the engine outlives the server */
   pthread_mutex_lock(&t->mu);
+  bool abandoned = j->abandoned;
   t->process_reading--;
   j->u->reading--; /* kept while reading > 0 (tenant_unused) */
+  if (abandoned) {
+    t->process_stuck--;
+    j->u->stuck--;
+  }
   pthread_cond_broadcast(&t->readers_free);
   if (!t->stopped && tenant_unused(j->u)) {
     HASH_DEL(t->tenants, j->u);
     free(j->u);
   }
-  if (!j->rc) {
+  if (!j->rc && !abandoned) {
     t->stats.process_reads++;
     t->stats.process_bytes += j->n;
   }
-  /* what the job holds, read before its waiter (woken now) may free it */
-  bool abandoned = j->abandoned, stopped = t->stopped;
-  tport_tensor *keep = j->keep;
-  shm_region *r = j->r;
+  /* shm_unhold's rule, in this step: a released region is ours to free */
+  bool free_r = --r->holds == 0 && r->released && !r->handing_off && !t->stopped;
   j->done = true;
-  pthread_cond_signal(&j->cv);
+  pthread_cond_signal(&j->cv); /* its waiter may free j once mu is let go */
   pthread_mutex_unlock(&t->mu);
-  if (!stopped) {
-    tensor_release(keep);
-    shm_unhold(t, r);
-  }
+  if (free_r)
+    region_free(r);
   if (abandoned)
     job_free(j);
 }
@@ -340,13 +345,16 @@ static int take_slot(shm_table *t, uint32_t pipe, uint64_t id, shm_region **rp, 
     else if (!u)
       rc = tport_err_set(err, TPORT_INTERNAL, "process region %llu has no tenant",
                          (unsigned long long)id);
-    bool busy = !rc && (t->process_reading >= t->cfg.max_process_reads ||
-                        u->reading >= SHM_PROCESS_READS_PER_TENANT);
-    if (!busy)
+    bool all = !rc && t->process_reading >= t->cfg.max_process_reads;
+    bool mine = !rc && u->reading >= SHM_PROCESS_READS_PER_TENANT;
+    if (!all && !mine)
       break;
     /* a read may never end: never all the workers, nor more than a few
-     * for one tenant -- a slot is waited for a little, then refused */
-    int64_t left = until - now_ms();
+     * for one tenant -- a slot is waited for a little (not when those
+     * taken are all stuck: none will come free), then refused */
+    bool hopeless =
+        (all && t->process_stuck >= t->process_reading) || (mine && u->stuck >= u->reading);
+    int64_t left = hopeless ? 0 : until - now_ms();
     if (left <= 0) {
       rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
                          "tportd is reading %zu clients' memory at once (%zu for tenant '%s'): "
@@ -355,7 +363,7 @@ static int take_slot(shm_table *t, uint32_t pipe, uint64_t id, shm_region **rp, 
       break;
     }
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     ts.tv_sec += left / 1000;
     ts.tv_nsec += (left % 1000) * 1000000;
     if (ts.tv_nsec >= 1000000000) {
@@ -405,7 +413,7 @@ int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, vo
                   .dst = dst,
                   .n = n,
                   .keep = tensor_retain(keep)};
-  pthread_cond_init(&j->cv, NULL);
+  regions_cond_init(&j->cv);
   pthread_mutex_unlock(&t->mu);
   /* on a thread of its own, waited for until a deadline: a read that
    * never ends keeps that thread (and its slot), never this worker */
@@ -426,13 +434,15 @@ int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, vo
     return rc;
   }
   struct timespec deadline;
-  clock_gettime(CLOCK_REALTIME, &deadline);
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
   deadline.tv_sec += PROCESS_READ_DEADLINE_MS / 1000;
   pthread_mutex_lock(&t->mu);
   while (!j->done && pthread_cond_timedwait(&j->cv, &t->mu, &deadline) == 0) {
   }
   if (!j->done) {
     j->abandoned = true; /* the thread frees it, and what it holds, if it ever ends */
+    t->process_stuck++;
+    j->u->stuck++;
     pthread_mutex_unlock(&t->mu);
     *stuck = true;
     return tport_err_set(err, TPORT_DEADLINE_EXCEEDED,

@@ -229,7 +229,7 @@ int shm_start(const shm_config *cfg, shm_table **out, tport_err *err)
     t->cfg.max_process_reads = 1;
   pthread_mutex_init(&t->mu, NULL);
   pthread_cond_init(&t->handoffs_done, NULL);
-  pthread_cond_init(&t->readers_free, NULL);
+  regions_cond_init(&t->readers_free);
   int rc = t->path ? TPORT_OK : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   if (!rc)
     rc = transport_shm_listen(cfg->path, cfg->mode, &t->listen_fd, err);

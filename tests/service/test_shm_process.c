@@ -572,12 +572,12 @@ Test(shm_process, a_read_that_never_ends_gives_its_worker_back, .timeout = 120)
   char url[96];
   server_config cfg;
   svc_config_shm(&cfg, "procw", sock_dir, sizeof sock_dir);
-  cfg.workers = 2; /* one reader at most */
+  cfg.workers = 2;                       /* one reader at most */
+  server_test_before_handle = hold_hook; /* before the workers read it */
   server *s = svc_start_with(&cfg, url, sizeof url);
   pthread_mutex_lock(&hold_mu);
   hold_method = TPORT__METHOD__METHOD_LIST;
   pthread_mutex_unlock(&hold_mu);
-  server_test_before_handle = hold_hook;
   pthread_t lister, putter;
   cr_assert_eq(pthread_create(&lister, NULL, list_once, url), 0);
   pthread_mutex_lock(&hold_mu);
@@ -604,7 +604,6 @@ Test(shm_process, a_read_that_never_ends_gives_its_worker_back, .timeout = 120)
   ioctl(uffd, UFFDIO_WAKE, &all);
   pthread_join(lister, NULL);
   pthread_join(putter, NULL);
-  server_test_before_handle = NULL;
   /* the given-up read's thread has ended and its slot is free again */
   c = connect_with(url, false);
   int64_t reads = svc_server_counter(url, "shm_process_reads");
@@ -615,4 +614,5 @@ Test(shm_process, a_read_that_never_ends_gives_its_worker_back, .timeout = 120)
   close(uffd);
   munmap(area, n);
   stop(s);
+  server_test_before_handle = NULL;
 }
