@@ -15,13 +15,21 @@
  * other inline.  Two more put and get batches of small tensors on the
  * shared client: their groups' bytes go through slots of its region when
  * they take it (client/batch_region.h), by the socket when another call
- * has it.  Exit status 0 when every byte came back right.
+ * has it.  One more puts from pages under userfaultfd that are served only
+ * after the server's worker gave its read up (regions_process.c): the
+ * read's thread ends beside the others' work.  Exit status 0 when every
+ * byte came back right.
  */
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "server.h"
@@ -227,6 +235,62 @@ static void *region_worker(void *arg)
   return NULL;
 }
 
+/* Pages under userfaultfd, served by serve_later. */
+typedef struct stuck_pages {
+  int uffd;
+  uint8_t *area;
+  size_t n;
+} stuck_pages;
+
+/* Serves them 7 s on: past the worker's deadline for the read (5 s). */
+static void *serve_later(void *arg)
+{
+  stuck_pages *sa = arg;
+  sleep(7);
+  struct uffdio_zeropage zp = {.range = {(uintptr_t)sa->area, sa->n}, .mode = 0};
+  ioctl(sa->uffd, UFFDIO_ZEROPAGE, &zp);
+  struct uffdio_range all = {(uintptr_t)sa->area, sa->n};
+  ioctl(sa->uffd, UFFDIO_WAKE, &all);
+  return NULL;
+}
+
+/* A put from pages that no one serves for a while (userfaultfd): the
+ * server's read of them is given up by its worker after its deadline and
+ * ends on its own thread once the pages come, beside the others' work.
+ * Its own result does not count (given up, or put once the pages came). */
+static void *stuck_worker(void *arg)
+{
+  (void)arg;
+  int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC);
+  size_t n = (size_t)4 << 16;
+  uint8_t *area = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  struct uffdio_api api = {.api = UFFD_API};
+  struct uffdio_register reg = {.range = {(uintptr_t)area, n},
+                                .mode = UFFDIO_REGISTER_MODE_MISSING};
+  if (uffd < 0 || area == MAP_FAILED || ioctl(uffd, UFFDIO_API, &api) ||
+      ioctl(uffd, UFFDIO_REGISTER, &reg)) {
+    fprintf(stderr, "stress_shm: no userfaultfd here: the stuck read is not tried\n");
+    return NULL;
+  }
+  pthread_t th;
+  stuck_pages sa = {uffd, area, n};
+  pthread_create(&th, NULL, serve_later, &sa);
+  tport_client *c;
+  tport_err err;
+  if (tport_connect(url, &(tport_connect_options){.tenant = "stuck"}, &c, &err) == 0) {
+    int64_t sz = (int64_t)n;
+    tport_tensor_info info;
+    tport_put(c, TPORT_UINT8, 1, &sz, NULL, area, n, NULL, &info, &err);
+    tport_close(c);
+  } else {
+    fail("connect", &err);
+  }
+  pthread_join(th, NULL);
+  close(uffd);
+  munmap(area, n);
+  return NULL;
+}
+
 int main(void)
 {
   snprintf(url, sizeof url, "inproc://stress-shm-%d", (int)getpid());
@@ -251,7 +315,7 @@ int main(void)
     fprintf(stderr, "%s\n", err.msg);
     return 1;
   }
-  pthread_t t[14];
+  pthread_t t[15];
   for (int i = 0; i < 6; i++)
     pthread_create(&t[i], NULL, auto_worker, (void *)(intptr_t)i);
   for (int i = 6; i < 10; i++)
@@ -260,7 +324,8 @@ int main(void)
     pthread_create(&t[i], NULL, pool_worker, (void *)(intptr_t)(i - 10));
   for (int i = 12; i < 14; i++)
     pthread_create(&t[i], NULL, batch_worker, (void *)(intptr_t)i);
-  for (int i = 0; i < 14; i++)
+  pthread_create(&t[14], NULL, stuck_worker, NULL);
+  for (int i = 0; i < 15; i++)
     pthread_join(t[i], NULL);
   tport_close(shared);
   server_stop(s, 2000);
@@ -269,6 +334,6 @@ int main(void)
   snprintf(dir, sizeof dir, "/tmp/tport-stress-shm-%d", (int)getpid());
   rmdir(dir);
   int f = atomic_load(&failures);
-  printf("stress_shm: 14 threads, %d failures\n", f);
+  printf("stress_shm: 15 threads, %d failures\n", f);
   return f ? 1 : 0;
 }
