@@ -80,12 +80,15 @@ int h_shm_register(call *c)
   if (q->process && ipc)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                          "a region is the client's memory or a CUDA allocation, not both");
-  int rc = q->process ? register_process(c, q, tenant, &id, token, &ready)
-           : ipc      ? shm_register_ipc(s->shm, c->pipe, tenant, peer_pid(c->pipe), q->nbytes,
-                                         q->cuda_ipc_handle.data, q->cuda_ipc_handle.len, q->cuda_ipc_fd,
-                                         &id, token, &ready, &c->err)
-                 : shm_register(s->shm, c->pipe, tenant, peer_pid(c->pipe), q->nbytes, &id, token,
-                                &c->err);
+  int rc;
+  if (q->process)
+    rc = register_process(c, q, tenant, &id, token, &ready);
+  else if (ipc)
+    rc = shm_register_ipc(s->shm, c->pipe, tenant, peer_pid(c->pipe), q->nbytes,
+                          q->cuda_ipc_handle.data, q->cuda_ipc_handle.len, q->cuda_ipc_fd, &id,
+                          token, &ready, &c->err);
+  else
+    rc = shm_register(s->shm, c->pipe, tenant, peer_pid(c->pipe), q->nbytes, &id, token, &c->err);
   if (rc)
     return rc;
   /* a connection that closed meanwhile has had its regions dropped already
