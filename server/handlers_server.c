@@ -388,6 +388,8 @@ int h_stats(call *c)
   COUNTER("shm_process_regions", ss.process_regions);
   COUNTER("shm_process_reads", ss.process_reads);
   COUNTER("shm_process_bytes", ss.process_bytes);
+  COUNTER("shm_process_reading", ss.process_reading);
+  COUNTER("shm_process_stuck", ss.process_stuck);
   COUNTER("bytes_in", atomic_load(&s->bytes_in));
   COUNTER("bytes_out", atomic_load(&s->bytes_out));
   COUNTER("bytes_lent", atomic_load(&s->bytes_lent));

@@ -209,6 +209,10 @@ static void registry_gauges(metrics_text *t, server *s)
   metrics_gauge_u64(t, "tport_shm_process_regions",
                     "Same-host clients whose memory tportd reads directly now.",
                     ss.process_regions);
+  metrics_gauge_u64(t, "tport_shm_process_reads_stuck",
+                    "Reads of clients' memory given up by their workers and still running (a "
+                    "page the client never lets fault in).",
+                    ss.process_stuck);
   metrics_counter_u64(t, "tport_shm_process_reads_total",
                       "Put chunks read straight from same-host clients' memory.",
                       ss.process_reads);

@@ -481,6 +481,8 @@ void shm_get_stats(shm_table *t, shm_stats *out)
   pthread_mutex_lock(&t->mu);
   expire_pending(t, &dead); /* what is counted is what counts */
   *out = t->stats;
+  out->process_reading = t->process_reading;
+  out->process_stuck = t->process_stuck;
   pthread_mutex_unlock(&t->mu);
   free_dead(dead);
 }

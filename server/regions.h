@@ -162,6 +162,7 @@ typedef struct shm_stats {
   uint64_t ipc_opens, ipc_refused;        /* CUDA IPC allocations opened / refused, ever */
   uint64_t process_regions;               /* process regions registered now */
   uint64_t process_reads, process_bytes;  /* chunks / bytes read from clients' memory, ever */
+  uint64_t process_reading, process_stuck; /* reads running now; of them, given up */
 } shm_stats;
 void shm_get_stats(shm_table *t, shm_stats *out);
 /* The limits in force (the defaults resolved): bytes per tenant, in all. */

@@ -593,6 +593,7 @@ Test(shm_process, a_read_that_never_ends_gives_its_worker_back, .timeout = 120)
   tport_client *c = svc_connect(url, "other");
   put_and_check(c, 1000, NULL, 51);
   tport_close(c);
+  cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), 1, "the read was not given up");
   /* the hold let go, the pages served: all ends */
   pthread_mutex_lock(&hold_mu);
   hold_method = 0;
@@ -605,6 +606,10 @@ Test(shm_process, a_read_that_never_ends_gives_its_worker_back, .timeout = 120)
   pthread_join(lister, NULL);
   pthread_join(putter, NULL);
   /* the given-up read's thread has ended and its slot is free again */
+  for (int i = 0; i < 200 && svc_server_counter(url, "shm_process_reading") != 0; i++)
+    usleep(10000);
+  cr_assert_eq(svc_server_counter(url, "shm_process_reading"), 0);
+  cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), 0);
   c = connect_with(url, false);
   int64_t reads = svc_server_counter(url, "shm_process_reads");
   for (int i = 0; i < 100 && svc_server_counter(url, "shm_process_reads") == reads; i++)
