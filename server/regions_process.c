@@ -117,7 +117,8 @@ static void ptrace_cap_restore(ptrace_cap *pc)
     return;
   pc->d[PTRACE_WORD].effective |= PTRACE_BIT;
   if (syscall(SYS_capset, &pc->h, pc->d) != 0)
-    log_msg(LOG_WARN, "CAP_SYS_PTRACE could not be restored on a worker: %s", strerror(errno));
+    log_msg(LOG_WARN, "CAP_SYS_PTRACE could not be put back on a reading thread: %s",
+            strerror(errno));
 }
 
 /* read_process, by this thread without CAP_SYS_PTRACE meanwhile. */
