@@ -432,9 +432,10 @@ int h_put_chunk(call *c)
   size_t len = c->payload_len;
   shm_region *held = NULL;
   bool pinned = false;
-  bool process = !rc && q->shm && shm_is_process(c->srv->shm, c->pipe, q->shm->region);
-  if (process) {
-    /* the chunk's bytes are the client's own memory */
+  bool process = false;
+  if (!rc && q->shm) {
+    /* the chunk's bytes are in a region, or the client's own memory (a
+     * process region: read here, straight into the upload) */
     if (c->payload_len)
       rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                          "a chunk from a region carries no payload (%zu bytes came)",
@@ -443,36 +444,21 @@ int h_put_chunk(call *c)
       rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                          "shm.length is %llu: a chunk is at most %zu bytes",
                          (unsigned long long)q->shm->length, c->srv->cfg.chunk_bytes);
-    if (!rc) {
+    len = (size_t)q->shm->length; /* within the region: at most its size */
+    process = !rc && shm_is_process(c->srv->shm, c->pipe, q->shm->region);
+    if (process) {
       metrics_stage_since(&c->srv->metrics, STAGE_RECEIVE, c->arrived_ns);
       rc = put_bytes_from_process(c, e, q);
+    } else if (!rc) {
+      uint8_t *p = NULL;
+      rc = hold_slice(c, q->shm, &held, &p, &pinned);
+      data = p;
     }
-    len = (size_t)q->shm->length;
     if (!rc) {
       atomic_fetch_add(&c->srv->bytes_in, len);
       if (q->offset == 0)
         shm_count_transfer(c->srv->shm); /* a put's first chunk */
     }
-  } else if (!rc && q->shm) {
-    /* the chunk's bytes are in a region */
-    uint8_t *p = NULL;
-    if (c->payload_len)
-      rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
-                         "a chunk from a region carries no payload (%zu bytes came)",
-                         c->payload_len);
-    else if (q->shm->length > c->srv->cfg.chunk_bytes)
-      rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
-                         "shm.length is %llu: a chunk is at most %zu bytes (a put of the whole "
-                         "tensor from a region is PutBegin with commit)",
-                         (unsigned long long)q->shm->length, c->srv->cfg.chunk_bytes);
-    if (!rc)
-      rc = hold_slice(c, q->shm, &held, &p, &pinned);
-    data = p;
-    len = (size_t)q->shm->length; /* within the region: at most its size */
-    if (!rc)
-      atomic_fetch_add(&c->srv->bytes_in, len);
-    if (!rc && q->offset == 0)
-      shm_count_transfer(c->srv->shm); /* a put's first chunk */
   }
   if (!rc && !process)
     rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, q->offset, data, len);

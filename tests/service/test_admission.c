@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "fairq.h"
+#include "hold_util.h"
 #include "hostile_util.h"
 #include "registry.h"
 #include "server_internal.h"
@@ -146,58 +147,7 @@ Test(admission, sessions_past_the_maximum_are_refused)
 
 /* ================================================================ holding workers */
 
-/* Requests of method `hold_method` wait in the worker until released. */
-static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
-static uint16_t hold_method;
-static int holding, held_total;
-
-static void hold_hook(server *s, uint32_t pipe, uint16_t method)
-{
-  (void)s;
-  (void)pipe;
-  pthread_mutex_lock(&hold_mu);
-  if (method == hold_method) {
-    holding++;
-    held_total++;
-    pthread_cond_broadcast(&hold_cv);
-    while (hold_method == method)
-      pthread_cond_wait(&hold_cv, &hold_mu);
-    holding--;
-  }
-  pthread_mutex_unlock(&hold_mu);
-}
-
-static void hold(uint16_t method)
-{
-  pthread_mutex_lock(&hold_mu);
-  hold_method = method;
-  holding = held_total = 0;
-  pthread_mutex_unlock(&hold_mu);
-  server_test_before_handle = hold_hook;
-}
-
-/* Waits (up to 10 s) until n requests are held in workers. */
-static void wait_held(int n)
-{
-  pthread_mutex_lock(&hold_mu);
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += 10;
-  while (holding < n && pthread_cond_timedwait(&hold_cv, &hold_mu, &until) == 0) {
-  }
-  int h = holding;
-  pthread_mutex_unlock(&hold_mu);
-  cr_assert_geq(h, n, "%d requests held in the workers, waited for %d", h, n);
-}
-
-static void release(void)
-{
-  pthread_mutex_lock(&hold_mu);
-  hold_method = 0;
-  pthread_cond_broadcast(&hold_cv);
-  pthread_mutex_unlock(&hold_mu);
-}
+/* (hold_util.h holds requests of one method in their workers.) */
 
 typedef struct lister {
   const char *url, *tenant;
@@ -263,9 +213,7 @@ Test(admission, another_tenants_queue_does_not_stand_in_front)
   tport_err err;
   char why[256];
   int rc = tport_devices(small, &d, &nd, why, sizeof why, &err);
-  pthread_mutex_lock(&hold_mu);
-  int held = holding;
-  pthread_mutex_unlock(&hold_mu);
+  int held = held_now();
   release();
   cr_assert_eq(rc, 0, "tenant small's Devices beside tenant hog's queue: %s", err.msg);
   cr_assert_eq(held, 1, "tenant hog had %d requests in the 2 workers: its cap is 1", held);
@@ -324,9 +272,7 @@ Test(admission, request_bodies_past_request_memory_are_answered_at_once)
   }
   /* two are held (200 KiB); the third, past 256 KiB, is answered now */
   int code = raw_wait(&r, 2, &tport__error_reply__descriptor, msg, NULL, NULL);
-  pthread_mutex_lock(&hold_mu);
-  int held = holding;
-  pthread_mutex_unlock(&hold_mu);
+  int held = held_now();
   cr_assert_eq(held, 1, "the worker was let go before the answer");
   cr_assert_eq(code, TPORT_RESOURCE_EXHAUSTED, "the third PutBegin: %d %s", code, msg);
   cr_assert(strstr(msg, "--request-memory"), "%s", msg);

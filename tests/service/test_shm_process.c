@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "client_internal.h"
+#include "hold_util.h"
 #include "server_internal.h"
 #include "service_util.h"
 
@@ -450,6 +451,33 @@ Test(shm_process, hostile_slices_of_a_process_region_cost_their_request_only)
   stop(s);
 }
 
+/* n bytes of fresh memory under userfaultfd, whose pages nobody serves
+ * until serve_pages: a read of them waits (skipped where userfaultfd is
+ * not available). */
+static uint8_t *stuck_pages(size_t n, int *uffd)
+{
+  *uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+  if (*uffd < 0)
+    cr_skip_test("userfaultfd is not available here (%s)", strerror(errno));
+  struct uffdio_api api = {.api = UFFD_API};
+  cr_assert_eq(ioctl(*uffd, UFFDIO_API, &api), 0);
+  uint8_t *area = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(area, MAP_FAILED);
+  struct uffdio_register reg = {.range = {(uintptr_t)area, n},
+                                .mode = UFFDIO_REGISTER_MODE_MISSING};
+  cr_assert_eq(ioctl(*uffd, UFFDIO_REGISTER, &reg), 0, "%s", strerror(errno));
+  return area;
+}
+
+/* Serves them (zeros): the reads waiting on them go on. */
+static void serve_pages(int uffd, uint8_t *area, size_t n)
+{
+  struct uffdio_zeropage zp = {.range = {(uintptr_t)area, n}, .mode = 0};
+  ioctl(uffd, UFFDIO_ZEROPAGE, &zp); /* EEXIST for pages a retry filled: fine */
+  struct uffdio_range all = {(uintptr_t)area, n};
+  ioctl(uffd, UFFDIO_WAKE, &all);
+}
+
 /* A put from memory whose pages never fault in (userfaultfd, not served):
  * the server's reads of it never end. */
 typedef struct stuck_put {
@@ -474,17 +502,9 @@ static void *put_stuck(void *arg)
 Test(shm_process, reads_that_never_end_leave_workers_and_readers_to_others, .timeout = 120)
 {
   need_pidfd();
-  int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
-  if (uffd < 0)
-    cr_skip_test("userfaultfd is not available here (%s)", strerror(errno));
-  struct uffdio_api api = {.api = UFFD_API};
-  cr_assert_eq(ioctl(uffd, UFFDIO_API, &api), 0);
   size_t n = 8 * CHUNK;
-  uint8_t *area = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  cr_assert_neq(area, MAP_FAILED);
-  struct uffdio_register reg = {.range = {(uintptr_t)area, n},
-                                .mode = UFFDIO_REGISTER_MODE_MISSING};
-  cr_assert_eq(ioctl(uffd, UFFDIO_REGISTER, &reg), 0, "%s", strerror(errno));
+  int uffd;
+  uint8_t *area = stuck_pages(n, &uffd);
   char url[96];
   server *s = start(url, sizeof url); /* 4 workers: 3 readers at most, 2 a tenant */
   /* two tenants' puts (each may keep 3 of the 4 workers busy): without a
@@ -504,10 +524,7 @@ Test(shm_process, reads_that_never_end_leave_workers_and_readers_to_others, .tim
   put_and_check(c, 1000, NULL, 32);
   tport_close(c);
   /* the faults served: the stuck put ends */
-  struct uffdio_zeropage zp = {.range = {(uintptr_t)area, n}, .mode = 0};
-  ioctl(uffd, UFFDIO_ZEROPAGE, &zp); /* EEXIST for pages a retry filled: fine */
-  struct uffdio_range all = {(uintptr_t)area, n};
-  ioctl(uffd, UFFDIO_WAKE, &all);
+  serve_pages(uffd, area, n);
   /* each ends: put once its pages came, or given up by the server after its
    * deadline (the reads that were stuck then) */
   for (int i = 0; i < 2; i++) {
@@ -517,28 +534,6 @@ Test(shm_process, reads_that_never_end_leave_workers_and_readers_to_others, .tim
   close(uffd);
   munmap(area, n);
   stop(s);
-}
-
-/* Requests of one method wait in their worker until released (the server's
- * test hook). */
-static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
-static uint16_t hold_method;
-static int holding;
-
-static void hold_hook(server *s, uint32_t pipe, uint16_t method)
-{
-  (void)s;
-  (void)pipe;
-  pthread_mutex_lock(&hold_mu);
-  if (method == hold_method) {
-    holding++;
-    pthread_cond_broadcast(&hold_cv);
-    while (hold_method == method)
-      pthread_cond_wait(&hold_cv, &hold_mu);
-    holding--;
-  }
-  pthread_mutex_unlock(&hold_mu);
 }
 
 static void *list_once(void *arg)
@@ -558,32 +553,18 @@ static void *list_once(void *arg)
 Test(shm_process, a_read_that_never_ends_gives_its_worker_back, .timeout = 120)
 {
   need_pidfd();
-  int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
-  if (uffd < 0)
-    cr_skip_test("userfaultfd is not available here (%s)", strerror(errno));
-  struct uffdio_api api = {.api = UFFD_API};
-  cr_assert_eq(ioctl(uffd, UFFDIO_API, &api), 0);
   size_t n = 4 * CHUNK;
-  uint8_t *area = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  cr_assert_neq(area, MAP_FAILED);
-  struct uffdio_register reg = {.range = {(uintptr_t)area, n},
-                                .mode = UFFDIO_REGISTER_MODE_MISSING};
-  cr_assert_eq(ioctl(uffd, UFFDIO_REGISTER, &reg), 0, "%s", strerror(errno));
+  int uffd;
+  uint8_t *area = stuck_pages(n, &uffd);
   char url[96];
   server_config cfg;
   svc_config_shm(&cfg, "procw", sock_dir, sizeof sock_dir);
-  cfg.workers = 2;                       /* one reader at most */
-  server_test_before_handle = hold_hook; /* before the workers read it */
+  cfg.workers = 2;                  /* one reader at most */
+  hold(TPORT__METHOD__METHOD_LIST); /* before the workers read the hook */
   server *s = svc_start_with(&cfg, url, sizeof url);
-  pthread_mutex_lock(&hold_mu);
-  hold_method = TPORT__METHOD__METHOD_LIST;
-  pthread_mutex_unlock(&hold_mu);
   pthread_t lister, putter;
   cr_assert_eq(pthread_create(&lister, NULL, list_once, url), 0);
-  pthread_mutex_lock(&hold_mu);
-  while (holding < 1)
-    pthread_cond_wait(&hold_cv, &hold_mu);
-  pthread_mutex_unlock(&hold_mu);
+  wait_held(1);
   stuck_put sp = {url, "stuck", area, n, -1};
   cr_assert_eq(pthread_create(&putter, NULL, put_stuck, &sp), 0);
   struct pollfd pf = {.fd = uffd, .events = POLLIN};
@@ -595,14 +576,8 @@ Test(shm_process, a_read_that_never_ends_gives_its_worker_back, .timeout = 120)
   tport_close(c);
   cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), 1, "the read was not given up");
   /* the hold let go, the pages served: all ends */
-  pthread_mutex_lock(&hold_mu);
-  hold_method = 0;
-  pthread_cond_broadcast(&hold_cv);
-  pthread_mutex_unlock(&hold_mu);
-  struct uffdio_zeropage zp = {.range = {(uintptr_t)area, n}, .mode = 0};
-  ioctl(uffd, UFFDIO_ZEROPAGE, &zp);
-  struct uffdio_range all = {(uintptr_t)area, n};
-  ioctl(uffd, UFFDIO_WAKE, &all);
+  release();
+  serve_pages(uffd, area, n);
   pthread_join(lister, NULL);
   pthread_join(putter, NULL);
   /* the given-up read's thread has ended and its slot is free again */
