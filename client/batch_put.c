@@ -211,7 +211,10 @@ static void plan_units(put_plan *pp)
     size_t n = pp->items[e->item].nbytes;
     e->begin_unit = i / BATCH_MAX_ELEMENTS;
     e->first_chunk = u;
-    e->nchunks = n / chunk + (n % chunk != 0);
+    /* a direct element's requests each name as many chunks as the server
+     * reads at once */
+    e->chunk_bytes = e->direct ? client_process_span(pp->c, chunk) : chunk;
+    e->nchunks = n / e->chunk_bytes + (n % e->chunk_bytes != 0);
     for (size_t j = 0; j < e->nchunks; j++)
       pp->units[u++] = (unit){U_CHUNK, i};
     if (i > 0)

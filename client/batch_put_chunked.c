@@ -58,7 +58,7 @@ int batch_put_chunk_make(put_plan *pp, size_t u, chunked *e, nng_msg **out, tpor
     return TPORT_OK;
   }
   tport_put_item *it = &pp->items[e->item];
-  size_t chunk = pp->c->chunk_bytes, off = (u - e->first_chunk) * chunk;
+  size_t chunk = e->chunk_bytes, off = (u - e->first_chunk) * chunk;
   size_t len = it->nbytes - off < chunk ? it->nbytes - off : chunk;
   const uint8_t *bytes = (const uint8_t *)it->data + off;
   Tport__PutChunkRequest q = TPORT__PUT_CHUNK_REQUEST__INIT;
@@ -97,7 +97,7 @@ void batch_put_chunk_take(put_plan *pp, client_slot *s, size_t u, chunked *e)
     return;
   }
   protobuf_c_message_free_unpacked(r, NULL);
-  size_t chunk = pp->c->chunk_bytes, off = (u - e->first_chunk) * chunk;
+  size_t chunk = e->chunk_bytes, off = (u - e->first_chunk) * chunk;
   e->landed += it->nbytes - off < chunk ? it->nbytes - off : chunk;
   if (it->opts && it->opts->progress)
     it->opts->progress(it->opts->progress_arg, e->landed, it->nbytes);

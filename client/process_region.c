@@ -20,8 +20,9 @@
 #include "client_internal.h"
 #include "env.h"
 
-void client_process_init(tport_client *c, const char *url, bool server_can)
+void client_process_init(tport_client *c, const char *url, bool server_can, uint64_t read_max)
 {
+  c->proc_read_max = read_max;
   pthread_mutex_init(&c->proc_mu, NULL);
   bool on = true; /* tport_connect has checked it (env.c) */
   client_env_flag("TPORT_SHM_DIRECT", true, &on, NULL);
@@ -65,6 +66,13 @@ static int register_process(tport_client *c, uint64_t *id, tport_err *err)
   if (!rc)
     rc = register_step(c, id, (uint64_t)(uintptr_t)c->proc_probe, err);
   return rc;
+}
+
+size_t client_process_span(const tport_client *c, size_t chunk)
+{
+  if (chunk == 0 || c->proc_read_max <= chunk)
+    return chunk;
+  return (size_t)(c->proc_read_max / chunk) * chunk;
 }
 
 bool client_put_reads_direct(const tport_client *c, const tport_put_options *o, const void *data,

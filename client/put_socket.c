@@ -275,6 +275,9 @@ static int put_chunks(tport_client *c, const client_put_desc *d, const Tport__Re
                 .lent = c->lend_chunks && !region && !process ? &lent : NULL,
                 .stage = stage,
                 .process = process};
+  /* the server reads several chunks a request from this process's memory */
+  if (process)
+    chunk = client_process_span(c, chunk);
   copy_stream stream;
   if (region && copy_pool_stream_begin(&stream, region->data, d->data, d->nbytes))
     pc.stream = &stream;

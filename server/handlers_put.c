@@ -436,16 +436,21 @@ int h_put_chunk(call *c)
   if (!rc && q->shm) {
     /* the chunk's bytes are in a region, or the client's own memory (a
      * process region: read here, straight into the upload) */
+    process = shm_is_process(c->srv->shm, c->pipe, q->shm->region);
+    /* from a process region, several chunks at once (HelloReply's
+     * process_read_max_bytes; reg_chunk_claim checks their bounds) */
+    size_t chunk = c->srv->cfg.chunk_bytes;
+    size_t most = process ? shm_process_read_max(chunk) : chunk;
     if (c->payload_len)
       rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                          "a chunk from a region carries no payload (%zu bytes came)",
                          c->payload_len);
-    else if (q->shm->length > c->srv->cfg.chunk_bytes)
+    else if (q->shm->length > most)
       rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
-                         "shm.length is %llu: a chunk is at most %zu bytes",
-                         (unsigned long long)q->shm->length, c->srv->cfg.chunk_bytes);
+                         "shm.length is %llu: a chunk from this region is at most %zu bytes",
+                         (unsigned long long)q->shm->length, most);
+    process = process && !rc;
     len = (size_t)q->shm->length; /* within the region: at most its size */
-    process = !rc && shm_is_process(c->srv->shm, c->pipe, q->shm->region);
     if (process) {
       metrics_stage_since(&c->srv->metrics, STAGE_RECEIVE, c->arrived_ns);
       rc = put_bytes_from_process(c, e, q);

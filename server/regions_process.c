@@ -229,6 +229,13 @@ int shm_confirm_process(shm_table *t, uint32_t pipe, uint64_t id, uint64_t probe
   return region_opened(t, r, rc, err);
 }
 
+size_t shm_process_read_max(size_t chunk_bytes)
+{
+  if (chunk_bytes == 0 || chunk_bytes >= SHM_PROCESS_READ_SPAN)
+    return chunk_bytes;
+  return SHM_PROCESS_READ_SPAN / chunk_bytes * chunk_bytes;
+}
+
 bool shm_is_process(shm_table *t, uint32_t pipe, uint64_t id)
 {
   if (!t)
@@ -240,23 +247,40 @@ bool shm_is_process(shm_table *t, uint32_t pipe, uint64_t id)
   return yes;
 }
 
-/* A read of a client's memory for a worker (shm_process_read).  Its state
- * is under the table's mu. */
-typedef struct read_job {
+/* Reads of at least this many bytes are split over PROCESS_READ_PIECES
+ * threads: process_vm_readv pins and copies the client's pages one by one,
+ * and one thread does about half of what memcpy does (3.3-4.1 GB/s against
+ * 7.7-8.9 on a 2-core VM, 6.4-6.8 with two threads). */
+#define PROCESS_READ_PIECES 2
+#define PROCESS_READ_SPLIT_MIN ((size_t)1 << 20)
+
+typedef struct read_job read_job;
+
+/* One thread's share of a read. */
+typedef struct read_piece {
+  read_job *j;
+  uint64_t addr;
+  uint8_t *dst;
+  size_t n;
+} read_piece;
+
+/* A read of a client's memory for a worker (shm_process_read), by one
+ * thread a piece.  Its state is under the table's mu. */
+struct read_job {
   shm_table *t;
   shm_region *r; /* held for the read (its pidfd open) */
   tenant_use *u; /* counted in reading */
   pid_t pid;
   int pidfd;
-  uint64_t addr;
-  uint8_t *dst;
   size_t n;
   tport_tensor *keep; /* dst's tensor, retained while the read may write it */
-  int rc;
+  read_piece piece[PROCESS_READ_PIECES];
+  int npieces, running; /* pieces, and those not ended */
+  int rc;               /* the first piece's failure */
   tport_err err;
   bool done, abandoned;
   pthread_cond_t cv; /* done */
-} read_job;
+};
 
 static void job_free(read_job *j)
 {
@@ -303,21 +327,37 @@ static void read_ended(read_job *j)
     job_free(j);
 }
 
+/* A piece has ended with rc (why: err): the read ends with the last. */
+static void piece_ended(read_job *j, int rc, const tport_err *err)
+{
+  pthread_mutex_lock(&j->t->mu);
+  if (rc && !j->rc) {
+    j->rc = rc;
+    j->err = *err;
+  }
+  bool last = --j->running == 0;
+  pthread_mutex_unlock(&j->t->mu);
+  if (last)
+    read_ended(j);
+}
+
 static void *read_thread(void *arg)
 {
-  read_job *j = arg;
+  read_piece *p = arg;
+  read_job *j = p->j;
+  tport_err err;
+  tport_err_clear(&err);
   int rc = TPORT_OK;
   if (!process_alive(j->pidfd))
-    rc = tport_err_set(&j->err, TPORT_ABORTED, "the client process has exited");
+    rc = tport_err_set(&err, TPORT_ABORTED, "the client process has exited");
   if (!rc)
-    rc = read_as_user(j->pid, j->addr, j->dst, j->n, &j->err);
+    rc = read_as_user(j->pid, p->addr, p->dst, p->n, &err);
   /* while the process runs its pid is its own: gone now, the pid may have
    * named another process during the read */
   if (!rc && !process_alive(j->pidfd))
-    rc = tport_err_set(&j->err, TPORT_ABORTED,
+    rc = tport_err_set(&err, TPORT_ABORTED,
                        "the client process exited during the read: what was read is thrown away");
-  j->rc = rc;
-  read_ended(j);
+  piece_ended(j, rc, &err);
   return NULL;
 }
 
@@ -405,35 +445,46 @@ int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, vo
   r->holds++;
   t->process_reading++;
   u->reading++;
+  int npieces = n >= PROCESS_READ_SPLIT_MIN ? PROCESS_READ_PIECES : 1;
   *j = (read_job){.t = t,
                   .r = r,
                   .u = u,
                   .pid = r->peer_pid,
                   .pidfd = r->pidfd,
-                  .addr = addr,
-                  .dst = dst,
                   .n = n,
-                  .keep = tensor_retain(keep)};
+                  .keep = tensor_retain(keep),
+                  .npieces = npieces,
+                  .running = npieces};
+  /* pieces of whole pages, the last the rest */
+  size_t each = n / (size_t)npieces & ~(size_t)4095, at = 0;
+  for (int i = 0; i < npieces; i++) {
+    size_t len = i + 1 < npieces ? each : n - at;
+    j->piece[i] = (read_piece){.j = j, .addr = addr + at, .dst = (uint8_t *)dst + at, .n = len};
+    at += len;
+  }
   regions_cond_init(&j->cv);
   pthread_mutex_unlock(&t->mu);
-  /* on a thread of its own, waited for until a deadline: a read that
-   * never ends keeps that thread (and its slot), never this worker */
-  pthread_t th;
+  /* each piece on a thread of its own, waited for until a deadline: a
+   * read that never ends keeps its threads (and its slot), never this
+   * worker */
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  bool started = pthread_create(&th, &attr, read_thread, j) == 0;
-  pthread_attr_destroy(&attr);
-  if (!started) {
-    j->rc =
-        tport_err_set(&j->err, TPORT_RESOURCE_EXHAUSTED,
-                      "no thread for a read of the client's memory: send this chunk another way");
-    read_ended(j); /* its slot and references back (the job is still ours) */
-    *err = j->err;
-    rc = j->rc;
-    job_free(j);
-    return rc;
+  for (int i = 0; i < npieces; i++) {
+    pthread_t th;
+    if (pthread_create(&th, &attr, read_thread, &j->piece[i]) == 0)
+      continue;
+    /* this piece and those after it end here unread (a piece running
+     * already ends the read when it does: the job is freed by its waiter
+     * or, abandoned, by that piece) */
+    tport_err why;
+    tport_err_set(&why, TPORT_RESOURCE_EXHAUSTED,
+                  "no thread for a read of the client's memory: send this chunk another way");
+    for (int k = i; k < npieces; k++)
+      piece_ended(j, TPORT_RESOURCE_EXHAUSTED, &why);
+    break;
   }
+  pthread_attr_destroy(&attr);
   struct timespec deadline;
   clock_gettime(CLOCK_MONOTONIC, &deadline);
   deadline.tv_sec += PROCESS_READ_DEADLINE_MS / 1000;

@@ -198,7 +198,9 @@ def test_progress_callable(server):
     with tp.Client(server.url) as c:
         seen.clear()
         t = c.put(x, progress=lambda d, n: seen.append((d, n)))
-        assert len(seen) > 1 and seen[-1] == (x.nbytes, x.nbytes)
+        # read by tportd from this process's memory, up to 32 MiB a request:
+        # 24 MB reports once, whole
+        assert seen and seen[-1] == (x.nbytes, x.nbytes)
         assert all(a[0] < b[0] for a, b in zip(seen, seen[1:]))
         # through the automatic region a chunk at a time: progress per chunk
         seen.clear()

@@ -28,6 +28,7 @@
 #include "service_util.h"
 
 #define CHUNK ((size_t)64 << 10) /* svc_config's and svc_spawn's */
+#define SPAN SHM_PROCESS_READ_SPAN  /* a whole number of CHUNKs */
 
 static char sock_dir[64];
 
@@ -105,10 +106,21 @@ Test(shm_process, a_large_put_is_read_from_the_callers_buffer_by_another_process
   for (int verify = 0; verify < 2; verify++) {
     tport_client *c = connect_with(url, verify);
     int64_t reads = svc_server_counter(url, "shm_process_reads");
-    /* five whole chunks and an odd piece: six reads */
+    /* several chunks a request, as many as tportd said it reads at once:
+     * five whole chunks and an odd piece in one read, a span and as much
+     * again in two */
+    cr_assert_eq(c->proc_read_max, SPAN, "the Hello said %llu bytes a read",
+                 (unsigned long long)c->proc_read_max);
     put_and_check(c, 5 * CHUNK + 1234, NULL, 1 + (uint32_t)verify);
-    cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 6,
-                 "tportd did not read the six chunks from this process (verify %d)", verify);
+    cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 1,
+                 "tportd did not read the six chunks from this process at once (verify %d)",
+                 verify);
+    put_and_check(c, SPAN + 5 * CHUNK + 1234, NULL, 3 + (uint32_t)verify);
+    cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 3,
+                 "tportd did not read a span and six chunks in two (verify %d)", verify);
+    /* a read of a MiB or more is shared by threads: not at a page's end */
+    put_and_check(c, ((size_t)1 << 20) + 3 * CHUNK + 777, NULL, 5 + (uint32_t)verify);
+    cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 4);
     cr_assert_eq(svc_server_counter(url, "shm_process_regions"), 1);
     tport_close(c);
   }
@@ -166,7 +178,7 @@ Test(shm_process, what_does_not_take_the_callers_buffer)
   cr_assert_eq(svc_server_counter(url, "shm_process_reads"), reads,
                "a small put or a device's read the caller's memory");
   put_and_check(c, 4 * CHUNK, NULL, 5);
-  cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 4);
+  cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 1);
   tport_close(c);
   /* turned off in the environment */
   setenv("TPORT_SHM_DIRECT", "0", 1);
@@ -185,10 +197,10 @@ Test(shm_process, a_put_batchs_large_elements_are_read_from_the_callers_buffers)
   char url[96];
   server *s = start(url, sizeof url);
   tport_client *c = connect_with(url, false);
-  /* two of more than a chunk (3 + 1 and 2 chunks), one small, one large
-   * but converted (the region's) */
+  /* two of more than a chunk (a span and 3 + 1 chunks: two reads; 2
+   * chunks: one), one small, one large but converted (the region's) */
   enum { K = 4 };
-  size_t sizes[K] = {3 * CHUNK + 100, 1000, 2 * CHUNK, 2 * CHUNK};
+  size_t sizes[K] = {SPAN + 3 * CHUNK + 100, 1000, 2 * CHUNK, 2 * CHUNK};
   uint8_t *v[K];
   int64_t dims[K];
   tport_put_item items[K];
@@ -210,7 +222,7 @@ Test(shm_process, a_put_batchs_large_elements_are_read_from_the_callers_buffers)
   int64_t reads = svc_server_counter(url, "shm_process_reads");
   tport_err err;
   cr_assert_eq(tport_put_batch(c, items, K, &err), 0, "%s", err.msg);
-  cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 4 + 2,
+  cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 2 + 1,
                "the large elements' chunks were not read from this process");
   for (int i = 0; i < K; i++) {
     cr_assert_eq(items[i].err.code, 0, "element %d: %s", i, items[i].err.msg);
@@ -399,9 +411,12 @@ Test(shm_process, hostile_slices_of_a_process_region_cost_their_request_only)
                TPORT_OUT_OF_RANGE);
   cr_assert_eq(chunk_raw(c, &w, 0, mine, UINT64_MAX - 100, CHUNK, NULL, 0), TPORT_OUT_OF_RANGE);
   cr_assert_eq(chunk_raw(c, &w, 0, mine, 0, CHUNK, NULL, 0), TPORT_OUT_OF_RANGE);
-  /* the wrong size for the chunk, more than a chunk, a payload besides */
+  /* the wrong size for the chunk, not a whole number of chunks, past the
+   * tensor's end, more than tportd reads at once, a payload besides */
   cr_assert_eq(chunk_raw(c, &w, 0, mine, at, CHUNK - 1, NULL, 0), TPORT_INVALID_ARGUMENT);
-  cr_assert_eq(chunk_raw(c, &w, 0, mine, at, 2 * CHUNK, NULL, 0), TPORT_INVALID_ARGUMENT);
+  cr_assert_eq(chunk_raw(c, &w, 0, mine, at, CHUNK + 1, NULL, 0), TPORT_INVALID_ARGUMENT);
+  cr_assert_eq(chunk_raw(c, &w, CHUNK, mine, at, 2 * CHUNK, NULL, 0), TPORT_INVALID_ARGUMENT);
+  cr_assert_eq(chunk_raw(c, &w, 0, mine, at, SPAN + CHUNK, NULL, 0), TPORT_INVALID_ARGUMENT);
   cr_assert_eq(chunk_raw(c, &w, 0, mine, at, CHUNK, v, 16), TPORT_INVALID_ARGUMENT);
   /* another connection's process region is none of this one's */
   cr_assert_eq(chunk_raw(c, &w, 0, theirs, at, CHUNK, NULL, 0), TPORT_NOT_FOUND);
@@ -427,9 +442,8 @@ Test(shm_process, hostile_slices_of_a_process_region_cost_their_request_only)
                  TPORT_INVALID_ARGUMENT);
     cr_assert(strstr(err.msg, "client's own memory"), "%s", err.msg);
   }
-  /* the put still completes from good slices, exact */
-  cr_assert_eq(chunk_raw(c, &w, 0, mine, at, CHUNK, NULL, 0), 0);
-  cr_assert_eq(chunk_raw(c, &w, CHUNK, mine, at + CHUNK, CHUNK, NULL, 0), 0);
+  /* the put still completes from good slices, exact: both chunks at once */
+  cr_assert_eq(chunk_raw(c, &w, 0, mine, at, 2 * CHUNK, NULL, 0), 0);
   Tport__PutCommitRequest cq = TPORT__PUT_COMMIT_REQUEST__INIT;
   cq.ref = &w;
   Tport__PutCommitReply *cr;
