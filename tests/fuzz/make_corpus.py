@@ -328,12 +328,15 @@ def batch_seeds():
            f_msg(1, get_begin(ref(name="bc"), 0) + f_msg(4, slice_(7, 0, 6000)) +
                  f_varint(12, 1)) +
            f_varint(2, 1)),
-        # a process region's two steps (no region in the harness: refused), then a
-        # chunk naming an address as a process region's slice would
+        # a process region's two steps (no region in the harness: refused), then
+        # chunks naming an address as a process region's slice would: one chunk,
+        # three at once, more than a read takes
         "process_region": op("SHM_REGISTER", f_varint(5, 1)) +
         op("SHM_REGISTER", f_varint(5, 1) + f_varint(6, 4096) + f_varint(7, 3)) +
         op("PUT_BEGIN", put_begin(desc("uint8", [200000]))) +
-        op("PUT_CHUNK", put_chunk(ref(0), 0) + f_msg(5, slice_(3, 1 << 40, 65536))),
+        op("PUT_CHUNK", put_chunk(ref(0), 0) + f_msg(5, slice_(3, 1 << 40, 65536))) +
+        op("PUT_CHUNK", put_chunk(ref(0), 0) + f_msg(5, slice_(3, 1 << 40, 3 * 65536))) +
+        op("PUT_CHUNK", put_chunk(ref(0), 0) + f_msg(5, slice_(3, 1 << 40, 33 << 20))),
         "put_batch_bad_lengths": op("PUT_BATCH", short_msg, short_payload + b"\0") +
         op("PUT_BATCH", f_msg(1, put_begin(desc("uint8", [4]))) + f_packed(2, [4]), b"abcd") +
         op("GET_BATCH", b""),
