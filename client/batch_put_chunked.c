@@ -46,8 +46,9 @@ void batch_put_begins_take(put_plan *pp, client_slot *s, size_t b)
     e->ref.handle.data = e->handle;
     e->ref.handle.len = TPORT_HANDLE_BYTES;
     e->begun = true;
-    /* a server whose chunks are smaller than the ones planned here */
-    e->state = b1->chunk_bytes && b1->chunk_bytes < pp->c->chunk_bytes ? CH_REDO : CH_BEGUN;
+    /* a server whose chunks are not the ones planned here (a redial may
+     * reach another): put on its own, which follows them */
+    e->state = b1->chunk_bytes && b1->chunk_bytes != pp->c->chunk_bytes ? CH_REDO : CH_BEGUN;
   }
 }
 

@@ -204,7 +204,7 @@ int tport_connect(const char *url, const tport_connect_options *opts, tport_clie
     atomic_store(&c->shm_auto, !(opts && opts->no_shm) && shm);
     c->cuda_ipc = atomic_load(&c->shm_auto) && ipc;
   }
-  client_process_init(c, url, r->process_regions, r->process_read_max_bytes);
+  client_process_init(c, url, r->process_regions);
   c->window = r->max_inflight_chunks ? (int)r->max_inflight_chunks : 4;
   if (c->window > CLIENT_MAX_WINDOW)
     c->window = CLIENT_MAX_WINDOW;

@@ -83,7 +83,7 @@ struct tport_client {
   uint64_t proc_region;
   unsigned proc_pipe, proc_refused_pipe;
   uint8_t proc_probe[16];
-  uint64_t proc_read_max; /* bytes one chunk of it may name (0: one chunk) */
+  _Atomic uint64_t proc_read_max; /* the last Hello's: bytes one chunk of it may name (0: one) */
   /* the application's regions, unmapped by tport_close */
   pthread_mutex_t regions_mu;
   struct tport_shm *regions;
@@ -324,6 +324,9 @@ static inline Tport__ShmSlice client_slice(const struct tport_shm *r, size_t off
 #define CLIENT_SHM_MIN_BYTES ((size_t)256 << 10)
 /* ... and at most this many (a region that large is not kept for reuse) */
 #define CLIENT_SHM_MAX_BYTES ((size_t)4 << 30)
+/* The most bytes a chunk from the process region names, whatever the
+ * server says it reads at once (client_process_span). */
+#define CLIENT_PROCESS_SPAN_MAX ((size_t)1 << 30)
 
 /* Bytes [offset, offset + the tensor's) of r, for a dense tensor of that
  * dtype and sizes: *nbytes, checked to lie within the region. */
@@ -440,11 +443,11 @@ int client_socket_put_direct(tport_client *c, const client_put_desc *d, uint64_t
  * first use, *id; nonzero where the server cannot read this process (not
  * ipc:// or inproc://, another user, refused on this connection). */
 int client_process_region(tport_client *c, uint64_t *id);
-/* Whether this client may use one, and the most bytes a chunk of it may
- * name (read_max: HelloReply's process_read_max_bytes; set at tport_connect). */
-void client_process_init(tport_client *c, const char *url, bool server_can, uint64_t read_max);
+/* Whether this client may use one (set at tport_connect). */
+void client_process_init(tport_client *c, const char *url, bool server_can);
 /* The bytes a put's chunk from the process region names, for chunks of
- * chunk bytes: a whole number of them, as many as the server reads at once. */
+ * chunk bytes: a whole number of them, as many as the server reads at once
+ * (the last Hello's process_read_max_bytes), CLIENT_PROCESS_SPAN_MAX at most. */
 size_t client_process_span(const tport_client *c, size_t chunk);
 /* Whether a put of host data with opts is one the server should read from
  * the caller's buffer (if large enough: the caller's rule): one stored on

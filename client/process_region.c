@@ -20,9 +20,8 @@
 #include "client_internal.h"
 #include "env.h"
 
-void client_process_init(tport_client *c, const char *url, bool server_can, uint64_t read_max)
+void client_process_init(tport_client *c, const char *url, bool server_can)
 {
-  c->proc_read_max = read_max;
   pthread_mutex_init(&c->proc_mu, NULL);
   bool on = true; /* tport_connect has checked it (env.c) */
   client_env_flag("TPORT_SHM_DIRECT", true, &on, NULL);
@@ -70,9 +69,12 @@ static int register_process(tport_client *c, uint64_t *id, tport_err *err)
 
 size_t client_process_span(const tport_client *c, size_t chunk)
 {
-  if (chunk == 0 || c->proc_read_max <= chunk)
+  uint64_t most = atomic_load(&c->proc_read_max);
+  if (most > CLIENT_PROCESS_SPAN_MAX)
+    most = CLIENT_PROCESS_SPAN_MAX; /* whatever a server says */
+  if (chunk == 0 || most <= chunk)
     return chunk;
-  return (size_t)(c->proc_read_max / chunk) * chunk;
+  return (size_t)(most / chunk) * chunk;
 }
 
 bool client_put_reads_direct(const tport_client *c, const tport_put_options *o, const void *data,

@@ -455,10 +455,12 @@ int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, vo
                   .keep = tensor_retain(keep),
                   .npieces = npieces,
                   .running = npieces};
-  /* pieces of whole pages, the last the rest */
-  size_t each = n / (size_t)npieces & ~(size_t)4095, at = 0;
+  /* split at page boundaries of the client's memory (no page pinned by
+   * two threads), the last piece the rest: n >= 1 MiB leaves each some */
+  size_t at = 0;
   for (int i = 0; i < npieces; i++) {
-    size_t len = i + 1 < npieces ? each : n - at;
+    uint64_t cut = (addr + n / (size_t)npieces * (size_t)(i + 1)) & ~(uint64_t)4095;
+    size_t len = i + 1 < npieces ? (size_t)(cut - addr) - at : n - at;
     j->piece[i] = (read_piece){.j = j, .addr = addr + at, .dst = (uint8_t *)dst + at, .n = len};
     at += len;
   }

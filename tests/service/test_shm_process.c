@@ -132,6 +132,53 @@ Test(shm_process, a_large_put_is_read_from_the_callers_buffer_by_another_process
   rmdir(sock_dir);
 }
 
+/* What the server reads at once is heard again on every Hello: a client
+ * that redials (the server restarted; it may be another version) follows
+ * the new one.  Here the figure is spoiled before the restart, and the new
+ * server's Hello puts it right. */
+Test(shm_process, a_redial_hears_how_much_the_server_reads_at_once, .timeout = 60)
+{
+  need_pidfd();
+  char url[96], sock[128];
+  svc_ipc_url(url, sizeof url);
+  snprintf(sock_dir, sizeof sock_dir, "/tmp/tport-procr-%d", (int)getpid());
+  snprintf(sock, sizeof sock, "%s/shm.sock", sock_dir);
+  const char *args[] = {"--shm-socket", sock, NULL};
+  pid_t pid = svc_spawn(url, args);
+  cr_assert_gt(pid, 0, "tportd did not start");
+  tport_client *c = connect_with(url, false);
+  cr_assert_eq(atomic_load(&c->proc_read_max), SPAN);
+  atomic_store(&c->proc_read_max, 0);
+  cr_assert_eq(client_process_span(c, CHUNK), CHUNK, "no figure: a chunk a request");
+  cr_assert_eq(svc_terminate(pid), 0);
+  pid = -1;
+  for (int tries = 0; tries < 50 && pid <= 0; tries++) {
+    pid = svc_spawn(url, args);
+    if (pid <= 0)
+      usleep(100 * 1000);
+  }
+  cr_assert_gt(pid, 0, "tportd did not start again on %s", url);
+  /* one call may go out before the new connection is seen; then a put of
+   * more than a chunk is read at once again */
+  uint8_t *v = malloc(3 * CHUNK);
+  fill(v, 3 * CHUNK, 71);
+  int64_t sz = 3 * CHUNK;
+  tport_err err;
+  int rc = -1;
+  for (int calls = 0; rc && calls < 40; calls++)
+    if ((rc = tport_put(c, TPORT_UINT8, 1, &sz, NULL, v, 3 * CHUNK, NULL, NULL, &err)) != 0)
+      usleep(250 * 1000);
+  cr_assert_eq(rc, 0, "no put served after the restart: %s", err.msg);
+  cr_assert_eq(atomic_load(&c->proc_read_max), SPAN, "the new Hello's figure was not taken");
+  int64_t reads = svc_server_counter(url, "shm_process_reads");
+  put_and_check(c, 3 * CHUNK, NULL, 72);
+  cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 1);
+  free(v);
+  tport_close(c);
+  cr_assert_eq(svc_terminate(pid), 0);
+  rmdir(sock_dir);
+}
+
 /* A process the kernel keeps from its own user (not dumpable, as a setuid
  * program's is) is not read, though tportd runs as root here (its readers
  * drop CAP_SYS_PTRACE): the registration is refused, and puts take the
@@ -483,11 +530,14 @@ static uint8_t *stuck_pages(size_t n, int *uffd)
   return area;
 }
 
-/* Serves them (zeros): the reads waiting on them go on. */
+/* Serves them (zeros), a page at a time (a range stops at the first page
+ * already there): the reads waiting on them go on. */
 static void serve_pages(int uffd, uint8_t *area, size_t n)
 {
-  struct uffdio_zeropage zp = {.range = {(uintptr_t)area, n}, .mode = 0};
-  ioctl(uffd, UFFDIO_ZEROPAGE, &zp); /* EEXIST for pages a retry filled: fine */
+  for (size_t at = 0; at < n; at += 4096) {
+    struct uffdio_zeropage zp = {.range = {(uintptr_t)area + at, 4096}, .mode = 0};
+    ioctl(uffd, UFFDIO_ZEROPAGE, &zp); /* EEXIST for a page served already: fine */
+  }
   struct uffdio_range all = {(uintptr_t)area, n};
   ioctl(uffd, UFFDIO_WAKE, &all);
 }
@@ -545,6 +595,44 @@ Test(shm_process, reads_that_never_end_leave_workers_and_readers_to_others, .tim
     pthread_join(th[i], NULL);
     cr_assert(sp[i].rc == 0 || sp[i].rc == TPORT_DEADLINE_EXCEEDED, "a stuck put: %d", sp[i].rc);
   }
+  close(uffd);
+  munmap(area, n);
+  stop(s);
+}
+
+/* A read shared by two threads, one half served and the other not until
+ * the read was given up: the put fails, the read ends with its last piece
+ * (which frees it), and its slot serves again. */
+Test(shm_process, a_shared_read_half_stuck_ends_with_its_last_piece, .timeout = 120)
+{
+  need_pidfd();
+  size_t n = (size_t)2 << 20; /* two pieces */
+  int uffd;
+  uint8_t *area = stuck_pages(n, &uffd);
+  serve_pages(uffd, area, n / 2);
+  char url[96];
+  server *s = start(url, sizeof url);
+  stuck_put sp = {url, "stuck", area, n, -1};
+  pthread_t putter;
+  cr_assert_eq(pthread_create(&putter, NULL, put_stuck, &sp), 0);
+  struct pollfd pf = {.fd = uffd, .events = POLLIN};
+  cr_assert_eq(poll(&pf, 1, 20000), 1, "the server's read never met the stuck pages");
+  for (int i = 0; i < 800 && svc_server_counter(url, "shm_process_stuck") == 0; i++)
+    usleep(10000);
+  cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), 1, "the read was not given up");
+  cr_assert_eq(svc_server_counter(url, "shm_process_reading"), 1);
+  pthread_join(putter, NULL);
+  cr_assert_eq(sp.rc, TPORT_DEADLINE_EXCEEDED, "the put: %d", sp.rc);
+  serve_pages(uffd, area + n / 2, n / 2);
+  for (int i = 0; i < 200 && svc_server_counter(url, "shm_process_reading") != 0; i++)
+    usleep(10000);
+  cr_assert_eq(svc_server_counter(url, "shm_process_reading"), 0);
+  cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), 0);
+  tport_client *c = svc_connect(url, "stuck");
+  int64_t reads = svc_server_counter(url, "shm_process_reads");
+  put_and_check(c, n, NULL, 61);
+  cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 1);
+  tport_close(c);
   close(uffd);
   munmap(area, n);
   stop(s);
