@@ -136,9 +136,16 @@ static int put_bytes_from_process(call *c, reg_entry *e, const Tport__PutChunkRe
       rc = tport_err_set(&c->err, TPORT_INTERNAL, "a chunk's buffer is not host memory");
   }
   bool stuck = false;
+  /* a read given up keeps the landing tensor, which its upload no longer
+   * pays for once aborted: its tenant pays until the read ends (a buffer
+   * is charged for its life already) */
+  reg_later hold = {0};
+  if (!rc && n && !buf)
+    rc = reg_later_begin(&s->reg, c->pipe, &hold, &c->err);
   if (!rc && n)
     rc = shm_process_read(s->shm, c->pipe, sl->region, sl->offset, dst, n, buf ? buf : landing,
-                          &stuck, &c->err);
+                          buf ? NULL : &hold, buf ? 0 : storage_nbytes(landing->storage), &stuck,
+                          &c->err);
   if (!rc)
     rc = check_crc32c_of(c, q->crc32c_set, q->crc32c, q->offset, dst, n);
   if (!rc && buf)

@@ -61,9 +61,9 @@
  * tenant's, stuck ones included; past them a read waits a second for one
  * to end, then is RESOURCE_EXHAUSTED (the client puts through its region
  * instead); one none of the taken slots will come free from is refused at
- * once.  A stuck read keeps the tensor it writes (uncharged once its
- * upload is aborted: at most max_process_reads of them), and one still
- * stuck at shm_stop leaves the table as it is.  No bytes of the region are
+ * once.  A stuck read keeps the tensor it writes, charged to its tenant
+ * until the read ends (its upload, aborted, no longer pays for it), and one
+ * still stuck at shm_stop leaves the table as it is.  No bytes of the region are
  * charged (the memory is the client's).
  */
 #ifndef TPORT_SERVER_REGIONS_H
@@ -79,6 +79,7 @@
 
 typedef struct shm_table shm_table;
 typedef struct shm_region shm_region;
+struct reg_later; /* registry.h */
 
 typedef struct shm_config {
   const char *path; /* the Unix socket */
@@ -141,9 +142,13 @@ bool shm_is_process(shm_table *t, uint32_t pipe, uint64_t id);
  * dst, which is keep's (retained while the read may write it): all of
  * them, or an error.  *stuck: the read did not end in time and was given up
  * (DEADLINE_EXCEEDED): it may still write dst later, so what dst is for
- * must never be used (a chunk left claimed). */
+ * must never be used (a chunk left claimed).  A read given up charges
+ * keep_bytes (what keeping keep holds that nothing else charges) to hold
+ * until it ends; hold (may be NULL) is the read's in every case, ended with
+ * it. */
 int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, void *dst, size_t n,
-                     tport_tensor *keep, bool *stuck, tport_err *err);
+                     tport_tensor *keep, struct reg_later *hold, size_t keep_bytes, bool *stuck,
+                     tport_err *err);
 int shm_release(shm_table *t, uint32_t pipe, uint64_t id, tport_err *err);
 /* The connection closed: its regions go (once their holders are done). */
 void shm_drop_pipe(shm_table *t, uint32_t pipe);

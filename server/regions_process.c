@@ -30,6 +30,7 @@
 
 #include "log.h"
 #include "regions_internal.h"
+#include "registry.h"
 
 /* how long a read waits for a reader's slot (regions.h) before it is
  * refused, and how long a worker waits for the read */
@@ -274,6 +275,8 @@ struct read_job {
   int pidfd;
   size_t n;
   tport_tensor *keep; /* dst's tensor, retained while the read may write it */
+  reg_later hold;     /* charged keep_bytes once given up, until the end */
+  size_t keep_bytes;
   read_piece piece[PROCESS_READ_PIECES];
   int npieces, running; /* pieces, and those not ended */
   int rc;               /* the first piece's failure */
@@ -301,6 +304,7 @@ static void read_ended(read_job *j)
   tensor_release(j->keep); /* the engine outlives the server */
   pthread_mutex_lock(&t->mu);
   bool abandoned = j->abandoned;
+  reg_later hold = j->hold; /* charged, if given up, under mu: given back below */
   t->process_reading--;
   j->u->reading--; /* kept while reading > 0 (tenant_unused) */
   if (abandoned) {
@@ -321,6 +325,7 @@ static void read_ended(read_job *j)
   j->done = true;
   pthread_cond_signal(&j->cv); /* its waiter may free j once mu is let go */
   pthread_mutex_unlock(&t->mu);
+  reg_later_end(&hold); /* the account outlives the registry */
   if (free_r)
     region_free(r);
   if (abandoned)
@@ -418,29 +423,71 @@ static int take_slot(shm_table *t, uint32_t pipe, uint64_t id, shm_region **rp, 
   return rc;
 }
 
+/* shm_process_read's refusals before a read begins: the hold ended. */
+static int refused(reg_later *hold, int rc)
+{
+  if (hold)
+    reg_later_end(hold);
+  return rc;
+}
+
+/* The pieces of a read of n bytes at addr into dst (n >= 1 MiB when more
+ * than one), split at page boundaries of the client's memory (no page
+ * pinned by two threads), the last the rest. */
+static void split(read_job *j, uint64_t addr, uint8_t *dst, size_t n)
+{
+  size_t at = 0;
+  for (int i = 0; i < j->npieces; i++) {
+    uint64_t cut = (addr + n / (size_t)j->npieces * (size_t)(i + 1)) & ~(uint64_t)4095;
+    size_t len = i + 1 < j->npieces ? (size_t)(cut - addr) - at : n - at;
+    j->piece[i] = (read_piece){.j = j, .addr = addr + at, .dst = dst + at, .n = len};
+    at += len;
+  }
+}
+
+/* Each piece on a thread of its own; those no thread was made for end
+ * here, unread (one running already ends the read when it does: the job is
+ * freed by its waiter or, abandoned, by that piece). */
+static void start_pieces(read_job *j)
+{
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  for (int i = 0; i < j->npieces; i++) {
+    pthread_t th;
+    if (pthread_create(&th, &attr, read_thread, &j->piece[i]) == 0)
+      continue;
+    tport_err why;
+    tport_err_set(&why, TPORT_RESOURCE_EXHAUSTED,
+                  "no thread for a read of the client's memory: send this chunk another way");
+    for (int k = i; k < j->npieces; k++)
+      piece_ended(j, TPORT_RESOURCE_EXHAUSTED, &why);
+    break;
+  }
+  pthread_attr_destroy(&attr);
+}
+
 int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, void *dst, size_t n,
-                     tport_tensor *keep, bool *stuck, tport_err *err)
+                     tport_tensor *keep, reg_later *hold, size_t keep_bytes, bool *stuck,
+                     tport_err *err)
 {
   *stuck = false;
   if (!t)
-    return tport_err_set(err, TPORT_FAILED_PRECONDITION,
-                         "this server offers no shared memory (--shm-socket off)");
+    return refused(hold, tport_err_set(err, TPORT_FAILED_PRECONDITION,
+                                       "this server offers no shared memory (--shm-socket off)"));
   if (addr > UINT64_MAX - n)
-    return tport_err_set(err, TPORT_OUT_OF_RANGE,
-                         "bytes [0x%llx, +%zu) wrap past the end of the address space",
-                         (unsigned long long)addr, n);
+    return refused(hold, tport_err_set(err, TPORT_OUT_OF_RANGE,
+                                       "bytes [0x%llx, +%zu) wrap past the end of the address "
+                                       "space",
+                                       (unsigned long long)addr, n));
   pthread_mutex_lock(&t->mu);
   shm_region *r;
   tenant_use *u;
   int rc = take_slot(t, pipe, id, &r, &u, err);
-  if (rc) {
-    pthread_mutex_unlock(&t->mu);
-    return rc;
-  }
-  read_job *j = calloc(1, sizeof *j);
+  read_job *j = rc ? NULL : calloc(1, sizeof *j);
   if (!j) {
     pthread_mutex_unlock(&t->mu);
-    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+    return refused(hold, rc ? rc : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory"));
   }
   r->holds++;
   t->process_reading++;
@@ -453,40 +500,19 @@ int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, vo
                   .pidfd = r->pidfd,
                   .n = n,
                   .keep = tensor_retain(keep),
+                  .keep_bytes = keep_bytes,
                   .npieces = npieces,
                   .running = npieces};
-  /* split at page boundaries of the client's memory (no page pinned by
-   * two threads), the last piece the rest: n >= 1 MiB leaves each some */
-  size_t at = 0;
-  for (int i = 0; i < npieces; i++) {
-    uint64_t cut = (addr + n / (size_t)npieces * (size_t)(i + 1)) & ~(uint64_t)4095;
-    size_t len = i + 1 < npieces ? (size_t)(cut - addr) - at : n - at;
-    j->piece[i] = (read_piece){.j = j, .addr = addr + at, .dst = (uint8_t *)dst + at, .n = len};
-    at += len;
+  if (hold) {
+    j->hold = *hold; /* the read's from here */
+    *hold = (reg_later){0};
   }
+  split(j, addr, dst, n);
   regions_cond_init(&j->cv);
   pthread_mutex_unlock(&t->mu);
-  /* each piece on a thread of its own, waited for until a deadline: a
-   * read that never ends keeps its threads (and its slot), never this
-   * worker */
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  for (int i = 0; i < npieces; i++) {
-    pthread_t th;
-    if (pthread_create(&th, &attr, read_thread, &j->piece[i]) == 0)
-      continue;
-    /* this piece and those after it end here unread (a piece running
-     * already ends the read when it does: the job is freed by its waiter
-     * or, abandoned, by that piece) */
-    tport_err why;
-    tport_err_set(&why, TPORT_RESOURCE_EXHAUSTED,
-                  "no thread for a read of the client's memory: send this chunk another way");
-    for (int k = i; k < npieces; k++)
-      piece_ended(j, TPORT_RESOURCE_EXHAUSTED, &why);
-    break;
-  }
-  pthread_attr_destroy(&attr);
+  /* waited for until a deadline: a read that never ends keeps its threads
+   * (and its slot), never this worker */
+  start_pieces(j);
   struct timespec deadline;
   clock_gettime(CLOCK_MONOTONIC, &deadline);
   deadline.tv_sec += PROCESS_READ_DEADLINE_MS / 1000;
@@ -497,6 +523,9 @@ int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, vo
     j->abandoned = true; /* the thread frees it, and what it holds, if it ever ends */
     t->process_stuck++;
     j->u->stuck++;
+    /* what it holds stays its tenant's to pay for, whatever becomes of the
+     * request (the job's end, under mu too, gives it back) */
+    reg_later_charge(&j->hold, j->keep_bytes);
     pthread_mutex_unlock(&t->mu);
     *stuck = true;
     return tport_err_set(err, TPORT_DEADLINE_EXCEEDED,

@@ -253,6 +253,22 @@ void reg_reservation_release(reg_reservation *res);
 int reg_reservation_guard(void *res, engine_alloc_kind kind, size_t nbytes, engine_charge *keep,
                           tport_err *err);
 
+/* A charge that may come later, from any thread and without the lock: for
+ * memory a request's helper may go on holding after the request has ended
+ * (a read of a client's memory given up keeps the tensor it writes).
+ * reg_later_begin holds the account of the pipe's tenant (ABORTED when the
+ * connection is gone); reg_later_charge adds n bytes to it, held already
+ * and so not checked against the quota (it may pass it: the tenant's next
+ * requests are refused until the bytes go); reg_later_end gives back what
+ * was charged, and the account.  The account outlives the registry. */
+typedef struct reg_later {
+  struct reg_account *acct; /* NULL: nothing held */
+  size_t charged;
+} reg_later;
+int reg_later_begin(registry *r, uint32_t pipe, reg_later *l, tport_err *err);
+void reg_later_charge(reg_later *l, size_t n);
+void reg_later_end(reg_later *l);
+
 /* Testing knob: called as each entry is freed (never set outside tests). */
 extern void (*reg_test_entry_free)(registry *r);
 

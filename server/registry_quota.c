@@ -46,6 +46,37 @@ size_t tenant_left(const registry *r, const reg_tenant *t)
   return held < q ? q - held : 0;
 }
 
+/* ---------------------------------------------------------------- later charges */
+
+int reg_later_begin(registry *r, uint32_t pipe, reg_later *l, tport_err *err)
+{
+  *l = (reg_later){0};
+  pthread_mutex_lock(&r->mu);
+  reg_session *s = session_find(r, pipe);
+  if (s && s->tn) {
+    l->acct = s->tn->acct;
+    atomic_fetch_add(&l->acct->refs, 1);
+  }
+  pthread_mutex_unlock(&r->mu);
+  return l->acct ? TPORT_OK : tport_err_set(err, TPORT_ABORTED, "the connection is closing");
+}
+
+void reg_later_charge(reg_later *l, size_t n)
+{
+  if (!l->acct)
+    return;
+  atomic_fetch_add(&l->acct->lent, n);
+  l->charged += n;
+}
+
+void reg_later_end(reg_later *l)
+{
+  if (!l->acct)
+    return;
+  account_give_back(l->acct, l->charged);
+  *l = (reg_later){0};
+}
+
 /* ---------------------------------------------------------------- tenants */
 
 /* A reference to the tenant record of that name, created on first use.  mu held. */

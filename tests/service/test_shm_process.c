@@ -638,6 +638,53 @@ Test(shm_process, a_shared_read_half_stuck_ends_with_its_last_piece, .timeout = 
   stop(s);
 }
 
+/* A counter of tport_stats as tenant sees it. */
+static int64_t tenant_counter(const char *url, const char *tenant, const char *name)
+{
+  tport_client *c = svc_connect(url, tenant);
+  tport_counter *cs = NULL;
+  size_t n = 0;
+  tport_err err;
+  cr_assert_eq(tport_stats(c, &cs, &n, &err), 0, "%s", err.msg);
+  int64_t v = -1;
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(cs[i].name, name))
+      v = cs[i].value;
+  free(cs);
+  tport_close(c);
+  return v;
+}
+
+/* A read given up keeps the tensor it writes after its put is aborted:
+ * the tenant pays for it until the read ends (it was nobody's before). */
+Test(shm_process, a_read_given_up_is_charged_to_its_tenant_until_it_ends, .timeout = 120)
+{
+  need_pidfd();
+  size_t n = 4 * CHUNK;
+  int uffd;
+  uint8_t *area = stuck_pages(n, &uffd);
+  char url[96];
+  server *s = start(url, sizeof url);
+  stuck_put sp = {url, "stuck", area, n, -1};
+  pthread_t putter;
+  cr_assert_eq(pthread_create(&putter, NULL, put_stuck, &sp), 0);
+  pthread_join(putter, NULL); /* given up after the deadline, aborted, closed */
+  cr_assert_eq(sp.rc, TPORT_DEADLINE_EXCEEDED, "the put: %d", sp.rc);
+  cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), 1);
+  int64_t held = tenant_counter(url, "stuck", "tensor_bytes");
+  cr_assert_geq(held, (int64_t)n, "the stuck read's tensor is charged to nobody (%lld bytes)",
+                (long long)held);
+  cr_assert_eq(tenant_counter(url, "stuck", "tensors"), 0, "the upload is gone");
+  serve_pages(uffd, area, n);
+  for (int i = 0; i < 200 && svc_server_counter(url, "shm_process_reading") != 0; i++)
+    usleep(10000);
+  cr_assert_eq(svc_server_counter(url, "shm_process_reading"), 0);
+  cr_assert_eq(tenant_counter(url, "stuck", "tensor_bytes"), 0, "the charge outlived the read");
+  close(uffd);
+  munmap(area, n);
+  stop(s);
+}
+
 static void *list_once(void *arg)
 {
   tport_client *c = svc_connect(arg, "hog");
