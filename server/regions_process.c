@@ -530,7 +530,8 @@ int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, vo
     *stuck = true;
     return tport_err_set(err, TPORT_DEADLINE_EXCEEDED,
                          "the client's memory at 0x%llx (+%zu bytes) was not read in %d s: the "
-                         "chunk is given up",
+                         "chunk is given up (memory that pages in slowly: TPORT_SHM_DIRECT=0 "
+                         "puts through the shared region instead)",
                          (unsigned long long)addr, n, PROCESS_READ_DEADLINE_MS / 1000);
   }
   pthread_mutex_unlock(&t->mu);
