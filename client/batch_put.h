@@ -42,6 +42,7 @@ typedef struct chunked {
   bool begun;                   /* an upload exists on the server (to end) */
   bool aborting;                /* its end unit sent PutAbort, not PutCommit */
   bool direct;                  /* its chunks name the caller's buffer (put_plan.proc) */
+  bool given_up;                /* ... and the server gave up reading one */
   size_t chunk_bytes;           /* bytes a PutChunk of it carries or names */
   size_t landed;                /* bytes answered */
   uint8_t handle[TPORT_HANDLE_BYTES];

@@ -92,9 +92,12 @@ void batch_put_chunk_take(put_plan *pp, client_slot *s, size_t u, chunked *e)
                     &tport__put_chunk_reply__descriptor, &r, NULL, &it->err) != TPORT_OK) {
     /* its commit becomes an abort; where tportd had no reader of this
      * process's memory free, it is put on its own after the window
-     * (through the region if need be) */
-    bool busy = e->direct && it->err.code == TPORT_RESOURCE_EXHAUSTED && e->state != CH_FAILED;
-    e->state = busy ? CH_REDO : CH_FAILED;
+     * (through the region if need be); where it gave up a read of it (pages
+     * that come in slowly), through the region */
+    bool given_up = e->direct && it->err.code == TPORT_DEADLINE_EXCEEDED;
+    bool busy = e->direct && it->err.code == TPORT_RESOURCE_EXHAUSTED;
+    e->given_up = e->given_up || given_up;
+    e->state = (busy || given_up) && e->state != CH_FAILED ? CH_REDO : CH_FAILED;
     return;
   }
   protobuf_c_message_free_unpacked(r, NULL);

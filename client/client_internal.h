@@ -389,6 +389,7 @@ typedef struct client_put_desc {
   void *fill_arg;
   const tport_put_options *opts; /* NULL: the defaults (never NULL below path.c) */
   const atomic_bool *cancel;     /* set: stop between chunks (NULL: never) */
+  bool not_direct; /* never read by the server from the caller's buffer (it gave up once) */
 } client_put_desc;
 /* A get: the tensor, and where its bytes go -- buf (host memory of cap
  * bytes), dev (device memory of cap bytes), or a buffer made for them
@@ -436,9 +437,10 @@ int client_socket_put(tport_client *c, const client_put_desc *d, struct tport_sh
                       tport_tensor_info *out, tport_err *err);
 /* The same for d's host data of more than a chunk, its chunks named as
  * slices of the process region proc (the caller's own buffer, read by the
- * server: process_region.c). */
+ * server: process_region.c).  *given_up: the server gave up a read of it
+ * (DEADLINE_EXCEEDED: memory that pages in too slowly, or never). */
 int client_socket_put_direct(tport_client *c, const client_put_desc *d, uint64_t proc,
-                             tport_tensor_info *out, tport_err *err);
+                             tport_tensor_info *out, bool *given_up, tport_err *err);
 /* The connection's process region (regions.h on the server): registered on
  * first use, *id; nonzero where the server cannot read this process (not
  * ipc:// or inproc://, another user, refused on this connection). */

@@ -67,12 +67,16 @@ static int put_by_region(tport_client *c, const client_put_desc *d, tport_tensor
   uint64_t proc;
   /* (more than a chunk: a smaller one goes in one request through the
    * region, where direct reads would take a PutBegin and a PutChunk) */
-  if (d->nbytes > c->chunk_bytes && client_put_reads_direct(c, o, d->data, d->nbytes) &&
+  if (d->nbytes > c->chunk_bytes && !d->not_direct &&
+      client_put_reads_direct(c, o, d->data, d->nbytes) &&
       client_process_region(c, &proc) == TPORT_OK) {
-    int rc = client_socket_put_direct(c, d, proc, out, err);
+    bool given_up;
+    int rc = client_socket_put_direct(c, d, proc, out, &given_up, err);
     /* RESOURCE_EXHAUSTED: tportd had no reader of clients' memory free (or
-     * the tenant's quota is full: the region will say so again) */
-    if (rc != TPORT_RESOURCE_EXHAUSTED) {
+     * the tenant's quota is full: the region will say so again); given up:
+     * a read of the buffer outlasted tportd's deadline (pages that come in
+     * slowly) -- the region's copy here has none */
+    if (rc != TPORT_RESOURCE_EXHAUSTED && !given_up) {
       *used = true;
       return rc;
     }

@@ -145,6 +145,7 @@ typedef struct put_ctx {
   lent_chunks *lent;        /* NULL: chunks copied into their requests */
   client_stage *stage;      /* device memory: each chunk staged through the ring */
   uint64_t process;         /* nonzero: the process region; chunks name data itself */
+  bool given_up;            /* ... and the server gave up reading one */
 } put_ctx;
 
 static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err *err)
@@ -200,11 +201,15 @@ static int put_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
 
 static int put_take(void *vctx, client_slot *s, tport_err *err)
 {
+  put_ctx *p = vctx;
   ProtobufCMessage *r;
   int rc = client_unpack(TPORT__METHOD__METHOD_PUT_CHUNK, s->reply,
                          &tport__put_chunk_reply__descriptor, &r, NULL, err);
   if (!rc)
     protobuf_c_message_free_unpacked(r, NULL);
+  /* the server's answer, not this library's own timeout */
+  if (rc == TPORT_DEADLINE_EXCEEDED && p->process)
+    p->given_up = true;
   return rc;
 }
 
@@ -263,7 +268,7 @@ static int put_begin(tport_client *c, const client_put_desc *d, bool by_slices, 
  * caller's bytes any more. */
 static int put_chunks(tport_client *c, const client_put_desc *d, const Tport__Ref *ref,
                       size_t chunk, struct tport_shm *region, client_stage *stage, uint64_t process,
-                      tport_err *err)
+                      bool *given_up, tport_err *err)
 {
   int rc = TPORT_OK;
   lent_chunks lent = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
@@ -292,6 +297,7 @@ static int put_chunks(tport_client *c, const client_put_desc *d, const Tport__Re
   client_lent_wait(c, &lent); /* the caller's bytes are theirs again */
   pthread_cond_destroy(&lent.cv);
   pthread_mutex_destroy(&lent.mu);
+  *given_up = pc.given_up;
   return rc;
 }
 
@@ -328,8 +334,9 @@ static int put_end(tport_client *c, const Tport__Ref *ref, const tport_put_optio
 /* The put of d: PutBegin, its chunks (through region, stage or the
  * process region where given), PutCommit. */
 static int socket_put(tport_client *c, const client_put_desc *d, struct tport_shm *region,
-                      uint64_t process, tport_tensor_info *out, tport_err *err)
+                      uint64_t process, tport_tensor_info *out, bool *given_up, tport_err *err)
 {
+  *given_up = false;
   client_stage *stage = NULL;
   int rc;
   if (d->dev && (rc = stage_begin(c, d->dev, d->nbytes, c->chunk_bytes, &stage, err)) != TPORT_OK)
@@ -346,7 +353,7 @@ static int socket_put(tport_client *c, const client_put_desc *d, struct tport_sh
       stage_end(stage, TPORT_OK, NULL); /* its one copy was waited for */
     return TPORT_OK;
   }
-  rc = put_chunks(c, d, &ref, chunk, region, stage, process, err);
+  rc = put_chunks(c, d, &ref, chunk, region, stage, process, given_up, err);
   if (stage)
     rc = stage_end(stage, rc, err); /* no copy reads the device any more */
   return put_end(c, &ref, d->opts, rc, out, err);
@@ -355,11 +362,12 @@ static int socket_put(tport_client *c, const client_put_desc *d, struct tport_sh
 int client_socket_put(tport_client *c, const client_put_desc *d, struct tport_shm *region,
                       tport_tensor_info *out, tport_err *err)
 {
-  return socket_put(c, d, region, 0, out, err);
+  bool given_up;
+  return socket_put(c, d, region, 0, out, &given_up, err);
 }
 
 int client_socket_put_direct(tport_client *c, const client_put_desc *d, uint64_t proc,
-                             tport_tensor_info *out, tport_err *err)
+                             tport_tensor_info *out, bool *given_up, tport_err *err)
 {
-  return socket_put(c, d, NULL, proc, out, err);
+  return socket_put(c, d, NULL, proc, out, given_up, err);
 }

@@ -600,15 +600,67 @@ Test(shm_process, reads_that_never_end_leave_workers_and_readers_to_others, .tim
   stop(s);
 }
 
+/* The pages of a put (or a batch's element) that tportd gave up reading,
+ * served once it had: the put goes through the region instead, whole. */
+static void expect_zeros(tport_client *c, const tport_ref *ref, size_t n)
+{
+  uint8_t *back = malloc(n), *zero = calloc(1, n);
+  memset(back, 0xee, n);
+  tport_err err;
+  cr_assert_eq(tport_get(c, ref, back, n, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+  cr_assert_eq(memcmp(back, zero, n), 0, "the bytes came back changed");
+  free(back);
+  free(zero);
+}
+
+typedef struct stuck_batch {
+  const char *url;
+  uint8_t *area;
+  size_t n;
+  uint8_t small[1000];
+  tport_put_item items[2];
+  int rc;
+} stuck_batch;
+
+static void *put_batch_stuck(void *arg)
+{
+  stuck_batch *b = arg;
+  tport_client *c = svc_connect(b->url, "stuck");
+  static int64_t dims[2];
+  dims[0] = (int64_t)b->n;
+  dims[1] = (int64_t)sizeof b->small;
+  b->items[0] = (tport_put_item){.dtype = TPORT_UINT8, .ndim = 1, .sizes = &dims[0],
+                                 .data = b->area, .nbytes = b->n};
+  b->items[1] = (tport_put_item){.dtype = TPORT_UINT8, .ndim = 1, .sizes = &dims[1],
+                                 .data = b->small, .nbytes = sizeof b->small};
+  tport_put_options keep;
+  tport_put_options_init(&keep);
+  keep.name = "stuck-batch"; /* outlives this connection */
+  b->items[0].opts = &keep;
+  tport_err err;
+  b->rc = tport_put_batch(c, b->items, 2, &err);
+  tport_close(c);
+  return NULL;
+}
+
+static void wait_stuck(const char *url, int64_t want)
+{
+  for (int i = 0; i < 800 && svc_server_counter(url, "shm_process_stuck") != want; i++)
+    usleep(10000);
+  cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), want, "the read was not given up");
+}
+
 /* A read shared by two threads, one half served and the other not until
- * the read was given up: the put fails, the read ends with its last piece
- * (which frees it), and its slot serves again. */
-Test(shm_process, a_shared_read_half_stuck_ends_with_its_last_piece, .timeout = 120)
+ * the read was given up: the read ends with its last piece (which frees
+ * it) and its slot serves again; the put itself went through the region
+ * meanwhile, as does a batch's element whose read was given up. */
+Test(shm_process, a_read_given_up_ends_with_its_last_piece_and_its_put_goes_on,
+     .timeout = 120)
 {
   need_pidfd();
   size_t n = (size_t)2 << 20; /* two pieces */
   int uffd;
-  uint8_t *area = stuck_pages(n, &uffd);
+  uint8_t *area = stuck_pages(2 * n, &uffd);
   serve_pages(uffd, area, n / 2);
   char url[96];
   server *s = start(url, sizeof url);
@@ -617,24 +669,38 @@ Test(shm_process, a_shared_read_half_stuck_ends_with_its_last_piece, .timeout = 
   cr_assert_eq(pthread_create(&putter, NULL, put_stuck, &sp), 0);
   struct pollfd pf = {.fd = uffd, .events = POLLIN};
   cr_assert_eq(poll(&pf, 1, 20000), 1, "the server's read never met the stuck pages");
-  for (int i = 0; i < 800 && svc_server_counter(url, "shm_process_stuck") == 0; i++)
-    usleep(10000);
-  cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), 1, "the read was not given up");
+  wait_stuck(url, 1);
   cr_assert_eq(svc_server_counter(url, "shm_process_reading"), 1);
-  pthread_join(putter, NULL);
-  cr_assert_eq(sp.rc, TPORT_DEADLINE_EXCEEDED, "the put: %d", sp.rc);
+  /* the put copies the same pages into the region now: it ends once they
+   * come, as does the read given up */
   serve_pages(uffd, area + n / 2, n / 2);
+  pthread_join(putter, NULL);
+  cr_assert_eq(sp.rc, 0, "the put did not go on through the region: %d", sp.rc);
   for (int i = 0; i < 200 && svc_server_counter(url, "shm_process_reading") != 0; i++)
     usleep(10000);
   cr_assert_eq(svc_server_counter(url, "shm_process_reading"), 0);
-  cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), 0);
+  wait_stuck(url, 0);
+  /* a batch's element: put again on its own, through the region */
+  stuck_batch *b = calloc(1, sizeof *b);
+  *b = (stuck_batch){.url = url, .area = area + n, .n = n, .rc = -1};
+  cr_assert_eq(pthread_create(&putter, NULL, put_batch_stuck, b), 0);
+  wait_stuck(url, 1);
+  serve_pages(uffd, area + n, n);
+  pthread_join(putter, NULL);
+  cr_assert_eq(b->rc, 0, "the batch: %d (%s; %s)", b->rc, b->items[0].err.msg,
+               b->items[1].err.msg);
   tport_client *c = svc_connect(url, "stuck");
+  tport_ref named = {0};
+  snprintf(named.name, sizeof named.name, "stuck-batch");
+  expect_zeros(c, &named, n);
+  /* the slots serve again */
   int64_t reads = svc_server_counter(url, "shm_process_reads");
   put_and_check(c, n, NULL, 61);
   cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 1);
   tport_close(c);
+  free(b);
   close(uffd);
-  munmap(area, n);
+  munmap(area, 2 * n);
   stop(s);
 }
 
@@ -656,7 +722,8 @@ static int64_t tenant_counter(const char *url, const char *tenant, const char *n
 }
 
 /* A read given up keeps the tensor it writes after its put is aborted:
- * the tenant pays for it until the read ends (it was nobody's before). */
+ * the tenant pays for it until the read ends (it was nobody's before).
+ * The put by hand, so that nothing else of the tenant's is charged. */
 Test(shm_process, a_read_given_up_is_charged_to_its_tenant_until_it_ends, .timeout = 120)
 {
   need_pidfd();
@@ -665,16 +732,28 @@ Test(shm_process, a_read_given_up_is_charged_to_its_tenant_until_it_ends, .timeo
   uint8_t *area = stuck_pages(n, &uffd);
   char url[96];
   server *s = start(url, sizeof url);
-  stuck_put sp = {url, "stuck", area, n, -1};
-  pthread_t putter;
-  cr_assert_eq(pthread_create(&putter, NULL, put_stuck, &sp), 0);
-  pthread_join(putter, NULL); /* given up after the deadline, aborted, closed */
-  cr_assert_eq(sp.rc, TPORT_DEADLINE_EXCEEDED, "the put: %d", sp.rc);
+  tport_client *c = svc_connect(url, "stuck");
+  uint64_t mine;
+  cr_assert_eq(client_process_region(c, &mine), 0);
+  Tport__Ref w;
+  uint8_t handle[TPORT_HANDLE_BYTES];
+  begin_put(c, n, &w, handle);
+  cr_assert_eq(chunk_raw(c, &w, 0, mine, (uint64_t)(uintptr_t)area, n, NULL, 0),
+               TPORT_DEADLINE_EXCEEDED);
+  Tport__PutAbortRequest aq = TPORT__PUT_ABORT_REQUEST__INIT;
+  aq.ref = &w;
+  ProtobufCMessage *ar = NULL;
+  tport_err err;
+  cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_PUT_ABORT, &aq.base, NULL, 0,
+                          &tport__put_abort_reply__descriptor, &ar, NULL, &err),
+               0, "%s", err.msg);
+  protobuf_c_message_free_unpacked(ar, NULL);
+  tport_close(c);
   cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), 1);
+  cr_assert_eq(tenant_counter(url, "stuck", "tensors"), 0, "the upload is gone");
   int64_t held = tenant_counter(url, "stuck", "tensor_bytes");
   cr_assert_geq(held, (int64_t)n, "the stuck read's tensor is charged to nobody (%lld bytes)",
                 (long long)held);
-  cr_assert_eq(tenant_counter(url, "stuck", "tensors"), 0, "the upload is gone");
   serve_pages(uffd, area, n);
   for (int i = 0; i < 200 && svc_server_counter(url, "shm_process_reading") != 0; i++)
     usleep(10000);
