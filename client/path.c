@@ -76,7 +76,8 @@ static int put_by_region(tport_client *c, const client_put_desc *d, tport_tensor
      * the tenant's quota is full: the region will say so again); given up:
      * a read of the buffer outlasted tportd's deadline (pages that come in
      * slowly) -- the region's copy here has none */
-    if (rc != TPORT_RESOURCE_EXHAUSTED && !given_up) {
+    bool cancelled = d->cancel && atomic_load(d->cancel);
+    if ((rc != TPORT_RESOURCE_EXHAUSTED && !given_up) || cancelled) {
       *used = true;
       return rc;
     }

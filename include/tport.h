@@ -116,7 +116,9 @@ typedef struct tport_connect_options {
 
 /* Progress of a transfer: bytes done of total.  Called on the calling
  * thread, between its requests; it must not fork (a transfer through the
- * automatic region holds libtport's copy threads, which a fork waits for). */
+ * automatic region holds libtport's copy threads, which a fork waits for).
+ * A same-host put that the server gave up reading from the caller's buffer
+ * is made again through the region, and reports from 0 again. */
 typedef void (*tport_progress_fn)(void *arg, uint64_t done, uint64_t total);
 
 typedef struct tport_put_options {

@@ -92,6 +92,7 @@ struct shm_table {
   size_t process_reading;  /* reads of clients' memory running (mu) */
   size_t process_stuck;    /* ... of which given up by their workers */
   pthread_cond_t readers_free; /* one of them ended */
+  struct read_job *given_up;   /* of them, those given up (regions_process.c) */
   bool stopped;                /* shm_stop has run (a stuck read's thread leaves all be) */
 };
 

@@ -277,6 +277,7 @@ struct read_job {
   tport_tensor *keep; /* dst's tensor, retained while the read may write it */
   reg_later hold;     /* charged keep_bytes once given up, until the end */
   size_t keep_bytes;
+  read_job *next_given_up; /* in the table's given_up (mu) */
   read_piece piece[PROCESS_READ_PIECES];
   int npieces, running; /* pieces, and those not ended */
   int rc;               /* the first piece's failure */
@@ -291,26 +292,69 @@ static void job_free(read_job *j)
   free(j);
 }
 
-/* The read has ended (j->rc): the tensor it wrote let go, then, in one
- * step under mu, its slot, counts and region hold given back and its
- * waiter woken -- nothing of the table is touched after it, for shm_stop
- * may free the table once the read no longer counts (a read still counted
- * makes shm_stop leave the table as it is).  An abandoned job is freed
- * here. */
+/* Another read given up that keeps j's storage and whose hold is charged
+ * to the same account as j's (charged: one that pays for it, else one
+ * that does not), or NULL.  mu held. */
+static read_job *sharing(shm_table *t, const read_job *j, bool charged)
+{
+  for (read_job *o = t->given_up; o; o = o->next_given_up)
+    if (o != j && o->keep && j->keep && o->keep->storage == j->keep->storage &&
+        o->hold.acct == j->hold.acct && (o->hold.charged > 0) == charged)
+      return o;
+  return NULL;
+}
+
+/* j is given up (mu held): the storage it keeps is its tenant's to pay
+ * for until it ends -- once, whichever of the reads given up that keep it
+ * pays (a put's chunks in flight together share one tensor). */
+static void give_up(shm_table *t, read_job *j)
+{
+  j->abandoned = true; /* the thread frees it, and what it holds, if it ever ends */
+  t->process_stuck++;
+  j->u->stuck++;
+  if (!sharing(t, j, true))
+    reg_later_charge(&j->hold, j->keep_bytes);
+  j->next_given_up = t->given_up;
+  t->given_up = j;
+}
+
+/* j, given up, has ended (mu held): out of the list, its charge handed to
+ * another that keeps the same storage, if any. */
+static void given_up_ended(shm_table *t, read_job *j)
+{
+  for (read_job **p = &t->given_up; *p; p = &(*p)->next_given_up)
+    if (*p == j) {
+      *p = j->next_given_up;
+      break;
+    }
+  read_job *heir = j->hold.charged ? sharing(t, j, false) : NULL;
+  if (heir) {
+    heir->hold.charged += j->hold.charged;
+    j->hold.charged = 0;
+  }
+  t->process_stuck--;
+  j->u->stuck--;
+}
+
+/* The read has ended (j->rc): in one step under mu, its slot, counts and
+ * region hold given back and its waiter woken -- nothing of the table is
+ * touched after it, for shm_stop may free the table once the read no
+ * longer counts (a read still counted makes shm_stop leave the table as it
+ * is) -- then the tensor it wrote let go, and its charge.  An abandoned job
+ * is freed here. */
 static void read_ended(read_job *j)
 {
   shm_table *t = j->t;
   shm_region *r = j->r;
-  tensor_release(j->keep); /* the engine outlives the server */
   pthread_mutex_lock(&t->mu);
   bool abandoned = j->abandoned;
-  reg_later hold = j->hold; /* charged, if given up, under mu: given back below */
+  if (abandoned)
+    given_up_ended(t, j);
+  /* let go below, the charge after the memory */
+  reg_later hold = j->hold; /* charged, if given up, under mu */
+  tport_tensor *keep = j->keep;
   t->process_reading--;
   j->u->reading--; /* kept while reading > 0 (tenant_unused) */
-  if (abandoned) {
-    t->process_stuck--;
-    j->u->stuck--;
-  }
   pthread_cond_broadcast(&t->readers_free);
   if (!t->stopped && tenant_unused(j->u)) {
     HASH_DEL(t->tenants, j->u);
@@ -325,6 +369,7 @@ static void read_ended(read_job *j)
   j->done = true;
   pthread_cond_signal(&j->cv); /* its waiter may free j once mu is let go */
   pthread_mutex_unlock(&t->mu);
+  tensor_release(keep);  /* the engine outlives the server */
   reg_later_end(&hold); /* the account outlives the registry */
   if (free_r)
     region_free(r);
@@ -520,12 +565,9 @@ int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, vo
   while (!j->done && pthread_cond_timedwait(&j->cv, &t->mu, &deadline) == 0) {
   }
   if (!j->done) {
-    j->abandoned = true; /* the thread frees it, and what it holds, if it ever ends */
-    t->process_stuck++;
-    j->u->stuck++;
     /* what it holds stays its tenant's to pay for, whatever becomes of the
      * request (the job's end, under mu too, gives it back) */
-    reg_later_charge(&j->hold, j->keep_bytes);
+    give_up(t, j);
     pthread_mutex_unlock(&t->mu);
     *stuck = true;
     return tport_err_set(err, TPORT_DEADLINE_EXCEEDED,

@@ -471,7 +471,7 @@ int reg_expire(registry *r, int64_t now_ms)
   reg_tenant *t, *ttmp;
   HASH_ITER(hh, r->tenants, t, ttmp)
   {
-    if (t->refs == 0 && atomic_load(&t->acct->lent) == 0)
+    if (t->refs == 0 && !account_busy(t->acct))
       tenant_forget(r, t);
   }
   pthread_mutex_unlock(&r->mu);

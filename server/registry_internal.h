@@ -48,8 +48,16 @@ typedef struct reg_charge {
 typedef struct reg_account {
   atomic_size_t lent;     /* bytes charged for the life of their memory */
   atomic_size_t readback; /* of those, blocks of the read-back pool */
+  atomic_int later;       /* holds that may still charge it (reg_later) */
   atomic_int refs;
 } reg_account;
+
+/* Whether something is or may yet be charged to a: its tenant's record
+ * stays while it is (a new connection of that name finds it). */
+static inline bool account_busy(reg_account *a)
+{
+  return atomic_load(&a->lent) > 0 || atomic_load(&a->later) > 0;
+}
 
 typedef struct reg_tenant {
   char name[REG_TENANT_MAX];

@@ -56,6 +56,7 @@ int reg_later_begin(registry *r, uint32_t pipe, reg_later *l, tport_err *err)
   if (s && s->tn) {
     l->acct = s->tn->acct;
     atomic_fetch_add(&l->acct->refs, 1);
+    atomic_fetch_add(&l->acct->later, 1); /* its tenant kept till the end */
   }
   pthread_mutex_unlock(&r->mu);
   return l->acct ? TPORT_OK : tport_err_set(err, TPORT_ABORTED, "the connection is closing");
@@ -73,6 +74,7 @@ void reg_later_end(reg_later *l)
 {
   if (!l->acct)
     return;
+  atomic_fetch_sub(&l->acct->later, 1);
   account_give_back(l->acct, l->charged);
   *l = (reg_later){0};
 }
@@ -134,7 +136,7 @@ void tenant_forget(registry *r, reg_tenant *t)
  * finds its lends still charged), and reg_expire forgets it after.  mu held. */
 void tenant_unref(registry *r, reg_tenant *t)
 {
-  if (!t || --t->refs > 0 || atomic_load(&t->acct->lent) > 0)
+  if (!t || --t->refs > 0 || account_busy(t->acct))
     return;
   tenant_forget(r, t);
 }

@@ -758,7 +758,110 @@ Test(shm_process, a_read_given_up_is_charged_to_its_tenant_until_it_ends, .timeo
   for (int i = 0; i < 200 && svc_server_counter(url, "shm_process_reading") != 0; i++)
     usleep(10000);
   cr_assert_eq(svc_server_counter(url, "shm_process_reading"), 0);
+  /* given back just after the read stops counting */
+  for (int i = 0; i < 200 && tenant_counter(url, "stuck", "tensor_bytes") != 0; i++)
+    usleep(10000);
   cr_assert_eq(tenant_counter(url, "stuck", "tensor_bytes"), 0, "the charge outlived the read");
+  close(uffd);
+  munmap(area, n);
+  stop(s);
+}
+
+/* A PutChunk by hand on a thread of its own. */
+typedef struct raw_chunk {
+  tport_client *c;
+  const Tport__Ref *w;
+  uint64_t offset, region, addr, len;
+  int rc;
+} raw_chunk;
+
+static void *chunk_thread(void *arg)
+{
+  raw_chunk *k = arg;
+  k->rc = chunk_raw(k->c, k->w, k->offset, k->region, k->addr, k->len, NULL, 0);
+  return NULL;
+}
+
+/* Two reads of one put given up together keep one tensor: it is charged
+ * once, and stays charged until the last of them ends. */
+Test(shm_process, reads_given_up_that_keep_one_tensor_charge_it_once, .timeout = 120)
+{
+  need_pidfd();
+  size_t n = 2 * CHUNK;
+  int uffd;
+  uint8_t *area = stuck_pages(n, &uffd);
+  char url[96];
+  server *s = start(url, sizeof url);
+  tport_client *c = svc_connect(url, "stuck");
+  uint64_t mine;
+  cr_assert_eq(client_process_region(c, &mine), 0);
+  Tport__Ref w;
+  uint8_t handle[TPORT_HANDLE_BYTES];
+  begin_put(c, n, &w, handle);
+  raw_chunk k[2];
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) {
+    k[i] = (raw_chunk){c, &w, i * CHUNK, mine, (uint64_t)(uintptr_t)area + i * CHUNK, CHUNK, -1};
+    cr_assert_eq(pthread_create(&th[i], NULL, chunk_thread, &k[i]), 0);
+  }
+  for (int i = 0; i < 2; i++) {
+    pthread_join(th[i], NULL);
+    cr_assert_eq(k[i].rc, TPORT_DEADLINE_EXCEEDED, "chunk %d: %d", i, k[i].rc);
+  }
+  tport_close(c); /* the upload goes */
+  cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), 2);
+  int64_t held = tenant_counter(url, "stuck", "tensor_bytes");
+  cr_assert(held >= (int64_t)n && held < 2 * (int64_t)n,
+            "the tensor two reads keep is charged %lld bytes (%zu once)", (long long)held, n);
+  /* the read that paid ends first or second: the other pays on */
+  serve_pages(uffd, area, CHUNK);
+  for (int i = 0; i < 200 && svc_server_counter(url, "shm_process_stuck") != 1; i++)
+    usleep(10000);
+  cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), 1);
+  held = tenant_counter(url, "stuck", "tensor_bytes");
+  cr_assert_geq(held, (int64_t)n, "the read still keeping the tensor pays for it (%lld)",
+                (long long)held);
+  serve_pages(uffd, area + CHUNK, CHUNK);
+  for (int i = 0; i < 200 && tenant_counter(url, "stuck", "tensor_bytes") != 0; i++)
+    usleep(10000);
+  cr_assert_eq(tenant_counter(url, "stuck", "tensor_bytes"), 0);
+  close(uffd);
+  munmap(area, n);
+  stop(s);
+}
+
+/* A connection that closes while its read is still waited for: the read,
+ * given up after, is charged to its tenant all the same (the tenant's
+ * record is kept for it). */
+Test(shm_process, a_read_given_up_after_its_connection_closed_is_charged, .timeout = 120)
+{
+  need_pidfd();
+  size_t n = 4 * CHUNK;
+  int uffd;
+  uint8_t *area = stuck_pages(n, &uffd);
+  char url[96];
+  server *s = start(url, sizeof url);
+  tport_client *c;
+  tport_err err;
+  tport_connect_options o = {.tenant = "stuck", .timeout_ms = 1000};
+  cr_assert_eq(tport_connect(url, &o, &c, &err), 0, "%s", err.msg);
+  uint64_t mine;
+  cr_assert_eq(client_process_region(c, &mine), 0);
+  Tport__Ref w;
+  uint8_t handle[TPORT_HANDLE_BYTES];
+  begin_put(c, n, &w, handle);
+  /* this library's own timeout, long before tportd's */
+  cr_assert_eq(chunk_raw(c, &w, 0, mine, (uint64_t)(uintptr_t)area, n, NULL, 0),
+               TPORT_DEADLINE_EXCEEDED);
+  tport_close(c);
+  wait_stuck(url, 1);
+  int64_t held = tenant_counter(url, "stuck", "tensor_bytes");
+  cr_assert_geq(held, (int64_t)n, "the read given up is charged to nobody (%lld bytes)",
+                (long long)held);
+  serve_pages(uffd, area, n);
+  for (int i = 0; i < 200 && tenant_counter(url, "stuck", "tensor_bytes") != 0; i++)
+    usleep(10000);
+  cr_assert_eq(tenant_counter(url, "stuck", "tensor_bytes"), 0);
   close(uffd);
   munmap(area, n);
   stop(s);
