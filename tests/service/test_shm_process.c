@@ -843,7 +843,7 @@ Test(shm_process, a_read_given_up_after_its_connection_closed_is_charged, .timeo
   server *s = start(url, sizeof url);
   tport_client *c;
   tport_err err;
-  tport_connect_options o = {.tenant = "stuck", .timeout_ms = 1000};
+  tport_connect_options o = {.tenant = "stuck", .timeout_ms = 2000};
   cr_assert_eq(tport_connect(url, &o, &c, &err), 0, "%s", err.msg);
   uint64_t mine;
   cr_assert_eq(client_process_region(c, &mine), 0);
