@@ -329,11 +329,11 @@ int client_put_batch(tport_client *c, tport_put_item *items, size_t n, const ato
   size_t *idx = malloc((n ? n : 1) * sizeof *idx), *solo = malloc((n ? n : 1) * sizeof *solo);
   size_t k = 0, nch = 0, nsolo = 0;
   chunked *ch = calloc(n ? n : 1, sizeof *ch);
-  bool *given_up = calloc(n ? n : 1, sizeof *given_up); /* of the elements put again */
+  bool *not_direct = calloc(n ? n : 1, sizeof *not_direct); /* by item: read given up */
   uint64_t proc = 0;
   int proc_rc = -1; /* not asked yet */
-  if (!idx || !solo || !ch || !given_up) {
-    free(idx), free(solo), free(ch), free(given_up);
+  if (!idx || !solo || !ch || !not_direct) {
+    free(idx), free(solo), free(ch), free(not_direct);
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a batch of %zu", n);
   }
   for (size_t i = 0; i < n; i++) {
@@ -358,10 +358,9 @@ int client_put_batch(tport_client *c, tport_put_item *items, size_t n, const ato
   }
   if (k || nch)
     put_window(c, items, idx, k, ch, nch, proc, cancel);
-  size_t first_redo = nsolo;
   for (size_t i = 0; i < nch; i++)
     if (items[ch[i].item].err.code == NOT_ANSWERED) {
-      given_up[nsolo - first_redo] = ch[i].given_up;
+      not_direct[ch[i].item] = ch[i].given_up;
       solo[nsolo++] = ch[i].item; /* refused in chunks: on its own */
     }
   for (size_t j = 0; j < nsolo; j++) {
@@ -377,10 +376,10 @@ int client_put_batch(tport_client *c, tport_put_item *items, size_t n, const ato
                          .data = it->data,
                          .opts = it->opts,
                          .cancel = cancel,
-                         .not_direct = j >= first_redo && given_up[j - first_redo]};
+                         .not_direct = not_direct[solo[j]]};
     client_put(c, &d, &it->info, &it->err);
   }
-  free(idx), free(solo), free(ch), free(given_up);
+  free(idx), free(solo), free(ch), free(not_direct);
   return n ? batch_result(&items[0].err, sizeof *items, n, err) : TPORT_OK;
 }
 

@@ -643,11 +643,17 @@ static void *put_batch_stuck(void *arg)
   return NULL;
 }
 
+/* Waits up to tries x 10 ms for tportd's counter name to read want. */
+static void wait_counter(const char *url, const char *name, int64_t want, int tries)
+{
+  for (int i = 0; i < tries && svc_server_counter(url, name) != want; i++)
+    usleep(10000);
+  cr_assert_eq(svc_server_counter(url, name), want, "%s", name);
+}
+
 static void wait_stuck(const char *url, int64_t want)
 {
-  for (int i = 0; i < 800 && svc_server_counter(url, "shm_process_stuck") != want; i++)
-    usleep(10000);
-  cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), want, "the read was not given up");
+  wait_counter(url, "shm_process_stuck", want, 800); /* past the 5 s deadline */
 }
 
 /* A read shared by two threads, one half served and the other not until
@@ -676,9 +682,7 @@ Test(shm_process, a_read_given_up_ends_with_its_last_piece_and_its_put_goes_on,
   serve_pages(uffd, area + n / 2, n / 2);
   pthread_join(putter, NULL);
   cr_assert_eq(sp.rc, 0, "the put did not go on through the region: %d", sp.rc);
-  for (int i = 0; i < 200 && svc_server_counter(url, "shm_process_reading") != 0; i++)
-    usleep(10000);
-  cr_assert_eq(svc_server_counter(url, "shm_process_reading"), 0);
+  wait_counter(url, "shm_process_reading", 0, 200);
   wait_stuck(url, 0);
   /* a batch's element: put again on its own, through the region */
   stuck_batch *b = calloc(1, sizeof *b);
@@ -721,6 +725,24 @@ static int64_t tenant_counter(const char *url, const char *tenant, const char *n
   return v;
 }
 
+/* The charges of tenant "stuck" given back, soon after its reads ended. */
+static void wait_charge_gone(const char *url)
+{
+  /* given back just after the read stops counting */
+  for (int i = 0; i < 200 && tenant_counter(url, "stuck", "tensor_bytes") != 0; i++)
+    usleep(10000);
+  cr_assert_eq(tenant_counter(url, "stuck", "tensor_bytes"), 0, "the charge outlived the read");
+}
+
+/* PutBegin of n bytes by hand on c, not committed (w, handle), and c's
+ * process region: *mine. */
+static void begin_direct_put(tport_client *c, size_t n, Tport__Ref *w, uint8_t *handle,
+                             uint64_t *mine)
+{
+  cr_assert_eq(client_process_region(c, mine), 0);
+  begin_put(c, n, w, handle);
+}
+
 /* A read given up keeps the tensor it writes after its put is aborted:
  * the tenant pays for it until the read ends (it was nobody's before).
  * The put by hand, so that nothing else of the tenant's is charged. */
@@ -734,10 +756,9 @@ Test(shm_process, a_read_given_up_is_charged_to_its_tenant_until_it_ends, .timeo
   server *s = start(url, sizeof url);
   tport_client *c = svc_connect(url, "stuck");
   uint64_t mine;
-  cr_assert_eq(client_process_region(c, &mine), 0);
   Tport__Ref w;
   uint8_t handle[TPORT_HANDLE_BYTES];
-  begin_put(c, n, &w, handle);
+  begin_direct_put(c, n, &w, handle, &mine);
   cr_assert_eq(chunk_raw(c, &w, 0, mine, (uint64_t)(uintptr_t)area, n, NULL, 0),
                TPORT_DEADLINE_EXCEEDED);
   Tport__PutAbortRequest aq = TPORT__PUT_ABORT_REQUEST__INIT;
@@ -755,13 +776,8 @@ Test(shm_process, a_read_given_up_is_charged_to_its_tenant_until_it_ends, .timeo
   cr_assert_geq(held, (int64_t)n, "the stuck read's tensor is charged to nobody (%lld bytes)",
                 (long long)held);
   serve_pages(uffd, area, n);
-  for (int i = 0; i < 200 && svc_server_counter(url, "shm_process_reading") != 0; i++)
-    usleep(10000);
-  cr_assert_eq(svc_server_counter(url, "shm_process_reading"), 0);
-  /* given back just after the read stops counting */
-  for (int i = 0; i < 200 && tenant_counter(url, "stuck", "tensor_bytes") != 0; i++)
-    usleep(10000);
-  cr_assert_eq(tenant_counter(url, "stuck", "tensor_bytes"), 0, "the charge outlived the read");
+  wait_counter(url, "shm_process_reading", 0, 200);
+  wait_charge_gone(url);
   close(uffd);
   munmap(area, n);
   stop(s);
@@ -794,10 +810,9 @@ Test(shm_process, reads_given_up_that_keep_one_tensor_charge_it_once, .timeout =
   server *s = start(url, sizeof url);
   tport_client *c = svc_connect(url, "stuck");
   uint64_t mine;
-  cr_assert_eq(client_process_region(c, &mine), 0);
   Tport__Ref w;
   uint8_t handle[TPORT_HANDLE_BYTES];
-  begin_put(c, n, &w, handle);
+  begin_direct_put(c, n, &w, handle, &mine);
   raw_chunk k[2];
   pthread_t th[2];
   for (int i = 0; i < 2; i++) {
@@ -815,16 +830,12 @@ Test(shm_process, reads_given_up_that_keep_one_tensor_charge_it_once, .timeout =
             "the tensor two reads keep is charged %lld bytes (%zu once)", (long long)held, n);
   /* the read that paid ends first or second: the other pays on */
   serve_pages(uffd, area, CHUNK);
-  for (int i = 0; i < 200 && svc_server_counter(url, "shm_process_stuck") != 1; i++)
-    usleep(10000);
-  cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), 1);
+  wait_counter(url, "shm_process_stuck", 1, 200);
   held = tenant_counter(url, "stuck", "tensor_bytes");
   cr_assert_geq(held, (int64_t)n, "the read still keeping the tensor pays for it (%lld)",
                 (long long)held);
   serve_pages(uffd, area + CHUNK, CHUNK);
-  for (int i = 0; i < 200 && tenant_counter(url, "stuck", "tensor_bytes") != 0; i++)
-    usleep(10000);
-  cr_assert_eq(tenant_counter(url, "stuck", "tensor_bytes"), 0);
+  wait_charge_gone(url);
   close(uffd);
   munmap(area, n);
   stop(s);
@@ -846,10 +857,9 @@ Test(shm_process, a_read_given_up_after_its_connection_closed_is_charged, .timeo
   tport_connect_options o = {.tenant = "stuck", .timeout_ms = 2000};
   cr_assert_eq(tport_connect(url, &o, &c, &err), 0, "%s", err.msg);
   uint64_t mine;
-  cr_assert_eq(client_process_region(c, &mine), 0);
   Tport__Ref w;
   uint8_t handle[TPORT_HANDLE_BYTES];
-  begin_put(c, n, &w, handle);
+  begin_direct_put(c, n, &w, handle, &mine);
   /* this library's own timeout, long before tportd's */
   cr_assert_eq(chunk_raw(c, &w, 0, mine, (uint64_t)(uintptr_t)area, n, NULL, 0),
                TPORT_DEADLINE_EXCEEDED);
@@ -859,9 +869,7 @@ Test(shm_process, a_read_given_up_after_its_connection_closed_is_charged, .timeo
   cr_assert_geq(held, (int64_t)n, "the read given up is charged to nobody (%lld bytes)",
                 (long long)held);
   serve_pages(uffd, area, n);
-  for (int i = 0; i < 200 && tenant_counter(url, "stuck", "tensor_bytes") != 0; i++)
-    usleep(10000);
-  cr_assert_eq(tenant_counter(url, "stuck", "tensor_bytes"), 0);
+  wait_charge_gone(url);
   close(uffd);
   munmap(area, n);
   stop(s);
@@ -912,9 +920,7 @@ Test(shm_process, a_read_that_never_ends_gives_its_worker_back, .timeout = 120)
   pthread_join(lister, NULL);
   pthread_join(putter, NULL);
   /* the given-up read's thread has ended and its slot is free again */
-  for (int i = 0; i < 200 && svc_server_counter(url, "shm_process_reading") != 0; i++)
-    usleep(10000);
-  cr_assert_eq(svc_server_counter(url, "shm_process_reading"), 0);
+  wait_counter(url, "shm_process_reading", 0, 200);
   cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), 0);
   c = connect_with(url, false);
   int64_t reads = svc_server_counter(url, "shm_process_reads");
