@@ -59,9 +59,10 @@ static bool chunked_in_batch(const tport_client *c, size_t nbytes)
 static int group_make(put_plan *pp, size_t g, nng_msg **out, tport_err *err)
 {
   size_t first = pp->start[g];
-  pp->slot[g] = batch_region_take(pp->c, &pp->region);
+  bool direct = g >= pp->direct_from;
+  pp->slot[g] = direct ? BATCH_NO_SLOT : batch_region_take(pp->c, &pp->region);
   int rc = batch_put_request(pp, first, pp->start[g + 1] - first, batch_put_group_kth, true,
-                             pp->slot[g], out, err);
+                             direct ? BATCH_DIRECT : pp->slot[g], out, err);
   if (rc) { /* never sent */
     batch_region_give(&pp->region, pp->slot[g]);
     pp->slot[g] = BATCH_NO_SLOT;
@@ -79,12 +80,24 @@ static void group_take(put_plan *pp, client_slot *s, size_t g)
   Tport__PutBatchReply *r = NULL;
   tport_err ge;
   int rc = batch_put_reply(pp, s, k, &r, &ge);
+  bool direct = g >= pp->direct_from;
   for (size_t j = 0; j < k; j++) {
     tport_put_item *it = batch_put_group_kth(pp, first, j);
     tport_err_clear(&it->err);
     if (rc) {
       it->err = ge;
-    } else if (batch_element_status(r->puts[j]->status, &it->err) == TPORT_OK) {
+    } else if (batch_element_status(r->puts[j]->status, &it->err) != TPORT_OK) {
+      /* read from the caller's buffer: the server gave up the read (memory
+       * that pages in slowly) or had no reader free -- put on its own after
+       * the window, through the region where it gave up */
+      int code = it->err.code;
+      if (direct && (code == TPORT_DEADLINE_EXCEEDED || code == TPORT_RESOURCE_EXHAUSTED)) {
+        size_t item = pp->idx[first + j];
+        pp->redo[item] = true;
+        pp->not_direct[item] = code == TPORT_DEADLINE_EXCEEDED;
+        it->err.code = NOT_ANSWERED;
+      }
+    } else {
       if (!r->puts[j]->info)
         tport_err_set(&it->err, TPORT_DATA_LOSS, "the server's reply describes no tensor");
       else
@@ -192,6 +205,24 @@ static void plan_groups(put_plan *pp, size_t k)
   pp->start[pp->ngroups] = k;
 }
 
+/* The groups of the nd direct elements idx[k .. k + nd), after the riding
+ * ones': at most BATCH_MAX_ELEMENTS and the bytes the server reads for one
+ * request (room) each. */
+static void plan_direct_groups(put_plan *pp, size_t k, size_t nd, size_t room)
+{
+  size_t bytes = 0;
+  pp->direct_from = pp->ngroups;
+  for (size_t j = k; j < k + nd; j++) {
+    size_t n = pp->items[pp->idx[j]].nbytes;
+    if (j == k || j - pp->start[pp->ngroups - 1] == BATCH_MAX_ELEMENTS || bytes + n > room) {
+      pp->start[pp->ngroups++] = j;
+      bytes = 0;
+    }
+    bytes += n;
+  }
+  pp->start[pp->ngroups] = k + nd;
+}
+
 /* The units in the order they go: the begins (answered while the groups
  * go), the groups, then each element's chunks with the end of the one
  * before after them. */
@@ -229,7 +260,8 @@ static void plan_units(put_plan *pp)
 static size_t count_units(const tport_client *c, const tport_put_item *items, size_t k,
                           const chunked *ch, size_t nch)
 {
-  size_t n = k + nch + (nch + BATCH_MAX_ELEMENTS - 1) / BATCH_MAX_ELEMENTS; /* groups <= k */
+  /* k: the elements in groups (no more groups than elements) */
+  size_t n = k + nch + (nch + BATCH_MAX_ELEMENTS - 1) / BATCH_MAX_ELEMENTS;
   for (size_t i = 0; i < nch; i++)
     n += items[ch[i].item].nbytes / c->chunk_bytes + 1;
   return n;
@@ -256,7 +288,7 @@ static void finish_window(put_plan *pp, int rc, const tport_err *werr)
       it->err.code = NOT_ANSWERED; /* put on its own next */
   }
   for (size_t j = 0; j < pp->start[pp->ngroups]; j++)
-    if (pp->items[pp->idx[j]].err.code == NOT_ANSWERED)
+    if (pp->items[pp->idx[j]].err.code == NOT_ANSWERED && !pp->redo[pp->idx[j]])
       pp->items[pp->idx[j]].err = *werr;
 }
 
@@ -265,29 +297,44 @@ static void finish_window(put_plan *pp, int rc, const tport_err *werr)
 static void open_region(put_plan *pp)
 {
   size_t most = 0;
-  for (size_t g = 0; g < pp->ngroups; g++) {
+  for (size_t g = 0; g < pp->direct_from; g++) {
     size_t bytes = 0;
     for (size_t j = pp->start[g]; j < pp->start[g + 1]; j++)
       bytes += pp->items[pp->idx[j]].nbytes;
     most = bytes > most ? bytes : most;
   }
-  batch_region_open(pp->c, &pp->region, pp->ngroups, most, true);
+  batch_region_open(pp->c, &pp->region, pp->direct_from, most, true);
 }
 
-/* The riding elements idx[0..k) and the elements in chunks ch[0..nch)
- * through one window. */
-static void put_window(tport_client *c, tport_put_item *items, size_t *idx, size_t k, chunked *ch,
-                       size_t nch, uint64_t proc, const atomic_bool *cancel)
+/* What one window puts: the riding elements idx[0..k), the direct ones
+ * idx[k..k + nd) (read by the server from the process region proc), the
+ * elements in chunks ch[0..nch); by item, those a direct group could not
+ * put (redo: on their own after the window; not_direct: not read again). */
+typedef struct window_sets {
+  size_t *idx, k, nd;
+  chunked *ch;
+  size_t nch;
+  uint64_t proc;
+  bool *redo, *not_direct;
+} window_sets;
+
+/* The elements of ws through one window. */
+static void put_window(tport_client *c, tport_put_item *items, const window_sets *ws,
+                       const atomic_bool *cancel)
 {
-  size_t nunits = count_units(c, items, k, ch, nch);
+  size_t k = ws->k, nd = ws->nd, nch = ws->nch, *idx = ws->idx;
+  chunked *ch = ws->ch;
+  size_t nunits = count_units(c, items, k + nd, ch, nch);
   put_plan pp = {.c = c,
                  .items = items,
                  .idx = idx,
-                 .start = malloc((k + 1) * sizeof(size_t)),
-                 .slot = malloc((k + 1) * sizeof(size_t)),
+                 .start = malloc((k + nd + 1) * sizeof(size_t)),
+                 .slot = malloc((k + nd + 1) * sizeof(size_t)),
+                 .redo = ws->redo,
+                 .not_direct = ws->not_direct,
                  .ch = ch,
                  .nch = nch,
-                 .proc = proc,
+                 .proc = ws->proc,
                  .bstart = malloc((nch / BATCH_MAX_ELEMENTS + 2) * sizeof(size_t)),
                  .units = malloc(nunits * sizeof(unit)),
                  .lent = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0}};
@@ -299,6 +346,7 @@ static void put_window(tport_client *c, tport_put_item *items, size_t *idx, size
   arena_init(&pp.replies);
   if (!rc) {
     plan_groups(&pp, k);
+    plan_direct_groups(&pp, k, nd, client_process_batch_bytes(c));
     plan_units(&pp);
     for (size_t g = 0; g < pp.ngroups; g++)
       pp.slot[g] = BATCH_NO_SLOT;
@@ -309,55 +357,91 @@ static void put_window(tport_client *c, tport_put_item *items, size_t *idx, size
   } else {
     pp.ngroups = 0;
     if (pp.start)
-      pp.start[0] = k; /* every riding element gets the error */
+      pp.start[0] = k + nd; /* every riding element gets the error */
   }
   client_lent_wait(c, &pp.lent); /* the caller's bytes are theirs again */
   if (pp.start)
     finish_window(&pp, rc, &err);
   else
-    for (size_t j = 0; j < k; j++)
+    for (size_t j = 0; j < k + nd; j++)
       items[idx[j]].err = err;
   arena_fini(&pp.replies);
   free(pp.start), free(pp.slot), free(pp.bstart), free(pp.units);
 }
 
+/* Where each element goes (classify's answer). */
+typedef enum element_way { WAY_RIDE, WAY_DIRECT, WAY_CHUNKS, WAY_DIRECT_CHUNKS, WAY_SOLO } element_way;
+
+/* How it goes: a small one rides; one too large for that, on the same host
+ * and stored as it is, is read by the server from the caller's buffer --
+ * with others in a direct group where the server reads such puts together
+ * and it fits one (room), else in chunks; one larger than a chunk without
+ * a region goes in chunks; the rest on their own.  *proc_rc: whether the
+ * process region could be had (asked once, -1 before). */
+static element_way classify(tport_client *c, const tport_put_item *it, size_t room,
+                            uint64_t *proc, int *proc_rc)
+{
+  if (rides_in_batch(c, it->nbytes))
+    return WAY_RIDE;
+  if (chunked_in_batch(c, it->nbytes))
+    return WAY_CHUNKS;
+  if (!client_put_reads_direct(c, it->opts, it->data, it->nbytes))
+    return WAY_SOLO;
+  if (*proc_rc < 0)
+    *proc_rc = client_process_region(c, proc);
+  if (*proc_rc != TPORT_OK)
+    return WAY_SOLO;
+  return it->nbytes <= room ? WAY_DIRECT : WAY_DIRECT_CHUNKS;
+}
+
 int client_put_batch(tport_client *c, tport_put_item *items, size_t n, const atomic_bool *cancel,
                      tport_err *err)
 {
-  /* idx: the riding elements; solo: the ones put on their own (decided
-   * once: whether the region is on may change meanwhile) */
-  size_t *idx = malloc((n ? n : 1) * sizeof *idx), *solo = malloc((n ? n : 1) * sizeof *solo);
-  size_t k = 0, nch = 0, nsolo = 0;
-  chunked *ch = calloc(n ? n : 1, sizeof *ch);
-  bool *not_direct = calloc(n ? n : 1, sizeof *not_direct); /* by item: read given up */
+  /* idx: the riding elements, then (from didx) the direct ones; solo: the
+   * ones put on their own (decided once: whether the region is on may
+   * change meanwhile) */
+  size_t m = n ? n : 1, k = 0, nd = 0, nch = 0, nsolo = 0;
+  size_t *idx = malloc(m * sizeof *idx), *didx = malloc(m * sizeof *didx),
+         *solo = malloc(m * sizeof *solo);
+  chunked *ch = calloc(m, sizeof *ch);
+  bool *not_direct = calloc(m, sizeof *not_direct); /* by item: read given up */
+  bool *redo = calloc(m, sizeof *redo);
   uint64_t proc = 0;
   int proc_rc = -1; /* not asked yet */
-  if (!idx || !solo || !ch || !not_direct) {
-    free(idx), free(solo), free(ch), free(not_direct);
+  if (!idx || !didx || !solo || !ch || !not_direct || !redo) {
+    free(idx), free(didx), free(solo), free(ch), free(not_direct), free(redo);
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a batch of %zu", n);
   }
+  size_t room = client_process_batch_bytes(c);
   for (size_t i = 0; i < n; i++) {
     tport_put_item *it = &items[i];
     tport_err_clear(&it->err);
     memset(&it->info, 0, sizeof it->info);
-    if (it->ndim < 0 || it->ndim > TPORT_MAX_DIMS)
+    if (it->ndim < 0 || it->ndim > TPORT_MAX_DIMS) {
       tport_err_set(&it->err, TPORT_INVALID_ARGUMENT, "ndim is %d: it must be in [0, %d]",
                     it->ndim, TPORT_MAX_DIMS);
-    else if (rides_in_batch(c, it->nbytes))
-      idx[k++] = i, it->err.code = NOT_ANSWERED;
-    else if (chunked_in_batch(c, it->nbytes))
-      ch[nch++].item = i, it->err.code = NOT_ANSWERED;
-    else if (client_put_reads_direct(c, it->opts, it->data, it->nbytes) &&
-             (proc_rc < 0 ? (proc_rc = client_process_region(c, &proc)) : proc_rc) == TPORT_OK)
-      /* same host, too large to ride: in chunks through the window all the
-       * same (its PutBegin among others'), the server reading them from the
-       * caller's buffer */
-      ch[nch].direct = true, ch[nch++].item = i, it->err.code = NOT_ANSWERED;
-    else
-      solo[nsolo++] = i;
+      continue;
+    }
+    it->err.code = NOT_ANSWERED;
+    switch (classify(c, it, room, &proc, &proc_rc)) {
+    case WAY_RIDE: idx[k++] = i; break;
+    case WAY_DIRECT: didx[nd++] = i; break;
+    case WAY_CHUNKS: ch[nch++].item = i; break;
+    case WAY_DIRECT_CHUNKS:
+      /* in chunks through the window all the same (its PutBegin among
+       * others'), the server reading them from the caller's buffer */
+      ch[nch].direct = true, ch[nch++].item = i;
+      break;
+    default: it->err.code = TPORT_OK, solo[nsolo++] = i;
+    }
   }
-  if (k || nch)
-    put_window(c, items, idx, k, ch, nch, proc, cancel);
+  memcpy(idx + k, didx, nd * sizeof *idx);
+  window_sets ws = {idx, k, nd, ch, nch, proc, redo, not_direct};
+  if (k || nd || nch)
+    put_window(c, items, &ws, cancel);
+  for (size_t j = k; j < k + nd; j++)
+    if (redo[idx[j]] && items[idx[j]].err.code == NOT_ANSWERED)
+      solo[nsolo++] = idx[j]; /* not read by the server: on its own */
   for (size_t i = 0; i < nch; i++)
     if (items[ch[i].item].err.code == NOT_ANSWERED) {
       not_direct[ch[i].item] = ch[i].given_up;
@@ -379,7 +463,7 @@ int client_put_batch(tport_client *c, tport_put_item *items, size_t n, const ato
                          .not_direct = not_direct[solo[j]]};
     client_put(c, &d, &it->info, &it->err);
   }
-  free(idx), free(solo), free(ch), free(not_direct);
+  free(idx), free(didx), free(solo), free(ch), free(not_direct), free(redo);
   return n ? batch_result(&items[0].err, sizeof *items, n, err) : TPORT_OK;
 }
 

@@ -59,6 +59,9 @@ typedef struct put_plan {
   tport_put_item *items;
   size_t *idx, *start;  /* the groups: group g is idx[start[g] .. start[g + 1]) */
   size_t ngroups;
+  size_t direct_from;   /* groups from here on name the caller's buffers (proc) */
+  bool *redo;           /* by item: a direct group's element to put on its own */
+  bool *not_direct;     /* by item: ... and the server gave up reading it */
   size_t *slot;         /* group g's slot of the region (BATCH_NO_SLOT: none) */
   chunked *ch;          /* the elements in chunks */
   size_t nch, *bstart;  /* begins' group b is ch[bstart[b] .. bstart[b + 1]) */
@@ -84,7 +87,10 @@ tport_put_item *batch_put_begun_kth(put_plan *pp, size_t first, size_t j);
 /* The PutBatch of k elements (kth(pp, first, j) the j-th), each a PutBegin
  * that commits at once (commit) or begins an upload.  Committed elements'
  * bytes ride in the request, or, with slot (not BATCH_NO_SLOT), are copied
- * into that slot of pp's region and named by slices of it. */
+ * into that slot of pp's region and named by slices of it, or, direct
+ * (BATCH_DIRECT), are named where they are, slices of the process region
+ * (pp->proc) that the server reads. */
+#define BATCH_DIRECT ((size_t)-2)
 int batch_put_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool commit, size_t slot,
                       nng_msg **out, tport_err *err);
 /* A PutBatch's reply, unpacked into pp->replies: its k elements' replies,

@@ -67,16 +67,17 @@ static int batch_message(put_plan *pp, Tport__PutBeginRequest **qp, uint64_t *le
 int batch_put_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool commit, size_t slot,
                       nng_msg **out, tport_err *err)
 {
-  bool in_slot = commit && slot != BATCH_NO_SLOT;
+  bool direct = commit && slot == BATCH_DIRECT;
+  bool in_slot = commit && slot != BATCH_NO_SLOT && !direct;
   Tport__TensorDesc *descs = calloc(k, sizeof *descs);
   Tport__PutBeginRequest *qs = calloc(k, sizeof *qs);
   Tport__PutBeginRequest **qp = calloc(k, sizeof *qp);
   uint64_t *lens = calloc(k, sizeof *lens);
-  Tport__ShmSlice *slices = in_slot ? calloc(k, sizeof *slices) : NULL;
+  Tport__ShmSlice *slices = in_slot || direct ? calloc(k, sizeof *slices) : NULL;
   tport_put_options defaults;
   tport_put_options_init(&defaults);
   size_t copied = 0, nlent = 0, at = 0;
-  int rc = descs && qs && qp && lens && (slices || !in_slot)
+  int rc = descs && qs && qp && lens && (slices || !(in_slot || direct))
                ? TPORT_OK
                : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a batch");
   for (size_t j = 0; !rc && j < k; j++) {
@@ -90,7 +91,16 @@ int batch_put_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool com
     }
     qp[j] = &qs[j];
     lens[j] = commit ? it->nbytes : 0;
-    if (in_slot && it->nbytes && it->nbytes <= pp->region.slot_bytes - at) {
+    if (direct) {
+      /* read by the server from where they are (the plan's direct
+       * elements: none empty) */
+      slices[j] = (Tport__ShmSlice)TPORT__SHM_SLICE__INIT;
+      slices[j].region = pp->proc;
+      slices[j].offset = (uint64_t)(uintptr_t)it->data;
+      slices[j].length = it->nbytes;
+      qs[j].shm = &slices[j];
+      lens[j] = 0;
+    } else if (in_slot && it->nbytes && it->nbytes <= pp->region.slot_bytes - at) {
       /* (the slots are as large as the largest group: always within) */
       memcpy(batch_region_at(&pp->region, slot) + at, it->data, it->nbytes);
       slices[j] = client_slice(pp->region.r, slot * pp->region.slot_bytes + at, it->nbytes);

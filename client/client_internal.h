@@ -84,6 +84,7 @@ struct tport_client {
   unsigned proc_pipe, proc_refused_pipe;
   uint8_t proc_probe[16];
   _Atomic uint64_t proc_read_max; /* the last Hello's: bytes one chunk of it may name (0: one) */
+  _Atomic bool proc_put_once;     /* the last Hello's: a PutBegin with commit may name it */
   /* the application's regions, unmapped by tport_close */
   pthread_mutex_t regions_mu;
   struct tport_shm *regions;
@@ -451,6 +452,9 @@ void client_process_init(tport_client *c, const char *url, bool server_can);
  * chunk bytes: a whole number of them, as many as the server reads at once
  * (the last Hello's process_read_max_bytes), CLIENT_PROCESS_SPAN_MAX at most. */
 size_t client_process_span(const tport_client *c, size_t chunk);
+/* The most bytes one PutBatch may name of the process region, its elements
+ * read together by the server (0: none, the server reads no such put). */
+size_t client_process_batch_bytes(const tport_client *c);
 /* Whether a put of host data with opts is one the server should read from
  * the caller's buffer (if large enough: the caller's rule): one stored on
  * the cpu as it is (a device's or a converted tensor would be copied again

@@ -77,6 +77,14 @@ size_t client_process_span(const tport_client *c, size_t chunk)
   return (size_t)(most / chunk) * chunk;
 }
 
+size_t client_process_batch_bytes(const tport_client *c)
+{
+  if (!atomic_load(&c->proc_put_once))
+    return 0;
+  uint64_t most = atomic_load(&c->proc_read_max);
+  return most > CLIENT_PROCESS_SPAN_MAX ? CLIENT_PROCESS_SPAN_MAX : (size_t)most;
+}
+
 bool client_put_reads_direct(const tport_client *c, const tport_put_options *o, const void *data,
                              size_t nbytes)
 {

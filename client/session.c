@@ -161,6 +161,7 @@ int client_say_hello(tport_client *c, Tport__HelloReply **out, tport_err *err)
     atomic_store(&c->get_expect, r && r->get_expect);
     atomic_store(&c->batch_get_slices, r && r->batch_get_slices);
     atomic_store(&c->proc_read_max, r ? r->process_read_max_bytes : 0);
+    atomic_store(&c->proc_put_once, r && r->process_put_once);
     uint64_t uid;
     atomic_store(&c->server_uid,
                  nng_pipe_get_uint64(c->reply_pipe, NNG_OPT_IPC_PEER_UID, &uid) == 0

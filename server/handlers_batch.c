@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "put_gather.h"
 #include "server_internal.h"
 #include "wire.h"
 
@@ -78,10 +79,38 @@ static void element_failed(element *el, const tport_err *why)
   el->packed = el->fallback;
 }
 
+/* What the element's call (sub) answered, rc, kept in el. */
+static void element_answered(call *sub, int rc, element *el)
+{
+  if (sub->out) /* (every reply goes to the sink) */
+    nng_msg_free(sub->out);
+  if (!rc && !sub->sunk)
+    rc = tport_err_set(&sub->err, TPORT_INTERNAL, "the handler gave no reply");
+  if (rc) {
+#ifdef TPORT_NNG_LENT_TAIL
+    if (sub->lent)
+      lends_end(sub->lent);
+#endif
+    element_failed(el, &sub->err);
+    return;
+  }
+  el->ok = el->sunk = true;
+  el->at = sub->sink_at;
+  el->packed_len = sub->sink_packed;
+  el->payload_len = sub->sink_payload;
+  if (sub->lent) { /* its bytes are the storage's, held for the batch's reply */
+    el->lent = sub->lent;
+    el->payload = sub->lent_p;
+    el->payload_len = sub->lent_n;
+  }
+}
+
 /* Runs handler on one element (req, payload) as a call of its own and
- * keeps its answer in el (its reply in sink). */
-static void run_element(call *c, reply_sink *sink, uint16_t method, int (*handler)(call *),
-                        ProtobufCMessage *req, const uint8_t *payload, size_t n, element *el)
+ * keeps its answer in el (its reply in sink) -- unless the handler gathered
+ * it (a put from the client's memory, answered by put_gather_end). */
+static void run_element(call *c, reply_sink *sink, put_gather *gather, uint16_t method,
+                        int (*handler)(call *), ProtobufCMessage *req, const uint8_t *payload,
+                        size_t n, element *el)
 {
   call sub = {.srv = c->srv,
               .sink = sink,
@@ -92,30 +121,19 @@ static void run_element(call *c, reply_sink *sink, uint16_t method, int (*handle
               .payload_len = n,
               .arrived_ns = c->arrived_ns,
               .copy_payload = true,
-              .lend_to_batch = method == TPORT__METHOD__METHOD_GET_BEGIN};
+              .lend_to_batch = method == TPORT__METHOD__METHOD_GET_BEGIN,
+              .gather = gather};
   tport_err_clear(&sub.err);
   int rc = handler(&sub);
-  if (sub.out) /* (every reply goes to the sink) */
-    nng_msg_free(sub.out);
-  if (!rc && !sub.sunk)
-    rc = tport_err_set(&sub.err, TPORT_INTERNAL, "the handler gave no reply");
-  if (rc) {
-#ifdef TPORT_NNG_LENT_TAIL
-    if (sub.lent)
-      lends_end(sub.lent);
-#endif
-    element_failed(el, &sub.err);
+  if (!rc && sub.gathered)
     return;
-  }
-  el->ok = el->sunk = true;
-  el->at = sub.sink_at;
-  el->packed_len = sub.sink_packed;
-  el->payload_len = sub.sink_payload;
-  if (sub.lent) { /* its bytes are the storage's, held for the batch's reply */
-    el->lent = sub.lent;
-    el->payload = sub.lent_p;
-    el->payload_len = sub.lent_n;
-  }
+  element_answered(&sub, rc, el);
+}
+
+/* A gathered element's answer (put_gather_done_fn; ctx the elements). */
+static void gathered_answered(void *ctx, size_t i, call *sub, int rc)
+{
+  element_answered(sub, rc, &((element *)ctx)[i]);
 }
 
 static void free_elements(element *els, size_t n)
@@ -288,15 +306,22 @@ int h_put_batch(call *c)
   if (!els)
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for %zu elements", n);
   reply_sink sink = {0};
+  put_gather gather;
+  put_gather_init(&gather, shm_process_read_max(c->srv->cfg.chunk_bytes));
   size_t off = 0;
   for (size_t i = 0; i < n; i++) {
     size_t len = (size_t)q->payload_bytes[i];
     /* without commit an upload begins (its chunks follow by PutChunk):
      * h_put_begin refuses such an element that carries bytes */
-    run_element(c, &sink, TPORT__METHOD__METHOD_PUT_BEGIN, h_put_begin, &q->puts[i]->base,
-                c->payload + off, len, &els[i]);
+    gather.el = i;
+    run_element(c, &sink, &gather, TPORT__METHOD__METHOD_PUT_BEGIN, h_put_begin,
+                &q->puts[i]->base, c->payload + off, len, &els[i]);
     off += len;
   }
+  /* the puts from the client's memory: one read for all, then answered */
+  call at_end = *c;
+  at_end.sink = &sink;
+  put_gather_end(&at_end, &gather, gathered_answered, els);
   Tport__PutBatchReply r = TPORT__PUT_BATCH_REPLY__INIT;
   r.status = wire_ok();
   rc = batch_reply(c, &r.base, 2 /* puts */, els, n, &sink);
@@ -391,7 +416,8 @@ static void get_element(call *c, reply_sink *sink, const Tport__GetBeginRequest 
   Tport__GetBeginRequest one = *g;
   if (one.inline_max > *budget)
     one.inline_max = *budget;
-  run_element(c, sink, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin, &one.base, NULL, 0, el);
+  run_element(c, sink, NULL, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin, &one.base, NULL, 0,
+              el);
   *budget -= el->payload_len <= *budget ? el->payload_len : *budget;
   if (g->shm)
     *region_left -= n <= *region_left ? n : *region_left;

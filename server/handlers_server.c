@@ -28,8 +28,10 @@ static int hello_reply(call *c, int code, const char *msg, const uint8_t *challe
   r.get_expect = true; /* h_get_begin checks expect_* first */
   r.batch_get_slices = true; /* handlers_batch.c get_element */
   r.process_regions = c->srv->shm != NULL; /* regions_process.c */
-  if (r.process_regions)
+  if (r.process_regions) {
     r.process_read_max_bytes = shm_process_read_max(c->srv->cfg.chunk_bytes);
+    r.process_put_once = true; /* put_gather.c */
+  }
   r.server = "tportd "
              "0.1.0";
   if (challenge) {

@@ -149,6 +149,21 @@ bool shm_is_process(shm_table *t, uint32_t pipe, uint64_t id);
 int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, void *dst, size_t n,
                      tport_tensor *keep, struct reg_later *hold, size_t keep_bytes, bool *stuck,
                      tport_err *err);
+/* One run of a read of several: n bytes at the client's addr into dst. */
+typedef struct shm_read_seg {
+  uint64_t addr;
+  uint8_t *dst;
+  size_t n;
+} shm_read_seg;
+/* Most runs one read takes (a batch's elements, PutBatch's bound). */
+#define SHM_PROCESS_READ_SEGS 4096
+/* shm_process_read of nseg runs (1 .. SHM_PROCESS_READ_SEGS) as one read --
+ * one slot, one deadline, the same threads -- into the dsts of the nkeep
+ * tensors keep, each fresh and written by this read alone (a batch's
+ * elements): all of them read, or an error for all. */
+int shm_process_read_segs(shm_table *t, uint32_t pipe, uint64_t id, const shm_read_seg *seg,
+                          size_t nseg, tport_tensor *const *keep, size_t nkeep,
+                          struct reg_later *hold, size_t keep_bytes, bool *stuck, tport_err *err);
 int shm_release(shm_table *t, uint32_t pipe, uint64_t id, tport_err *err);
 /* The connection closed: its regions go (once their holders are done). */
 void shm_drop_pipe(shm_table *t, uint32_t pipe);

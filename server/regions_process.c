@@ -54,23 +54,58 @@ static bool process_alive(int pidfd)
   return n == 0;
 }
 
-/* n bytes at addr (addr + n does not wrap) of process pid into dst: all of
- * them, or why not. */
-static int read_process(pid_t pid, uint64_t addr, void *dst, size_t n, tport_err *err)
+/* iovecs one process_vm_readv takes here (IOV_MAX is 1024): a batch's
+ * request of 256 elements in one call, on the reading thread's stack */
+#define READ_IOV 256
+
+/* The iovecs of bytes [at, to) of the runs seg (at most READ_IOV of them,
+ * from the run holding at): how many; *bytes, what they cover. */
+static int iov_of(const shm_read_seg *seg, size_t nseg, size_t at, size_t to, struct iovec *local,
+                  struct iovec *remote, size_t *bytes)
 {
-  size_t done = 0;
-  while (done < n) {
-    struct iovec local = {(uint8_t *)dst + done, n - done};
-    struct iovec remote = {(void *)(uintptr_t)(addr + done), n - done};
-    ssize_t k = process_vm_readv(pid, &local, 1, &remote, 1, 0);
-    if (k > 0) {
-      done += (size_t)k;
+  int k = 0;
+  size_t base = 0;
+  *bytes = 0;
+  for (size_t i = 0; i < nseg && base < to && k < READ_IOV; base += seg[i++].n) {
+    size_t a = at > base ? at - base : 0, b = to - base < seg[i].n ? to - base : seg[i].n;
+    if (a >= b)
+      continue;
+    local[k] = (struct iovec){seg[i].dst + a, b - a};
+    remote[k] = (struct iovec){(void *)(uintptr_t)(seg[i].addr + a), b - a};
+    *bytes += b - a;
+    k++;
+  }
+  return k;
+}
+
+/* The client's address of byte at of the runs (at within them). */
+static uint64_t addr_at(const shm_read_seg *seg, size_t nseg, size_t at)
+{
+  for (size_t i = 0; i < nseg; at -= seg[i++].n)
+    if (at < seg[i].n)
+      return seg[i].addr + at;
+  return 0;
+}
+
+/* Bytes [from, to) of the runs seg (none wraps the address space) of
+ * process pid into their dsts: all of them, or why not. */
+static int read_process(pid_t pid, const shm_read_seg *seg, size_t nseg, size_t from, size_t to,
+                        tport_err *err)
+{
+  struct iovec local[READ_IOV], remote[READ_IOV];
+  size_t done = from;
+  while (done < to) {
+    size_t want;
+    int k = iov_of(seg, nseg, done, to, local, remote, &want);
+    ssize_t got = process_vm_readv(pid, local, (unsigned long)k, remote, (unsigned long)k, 0);
+    if (got > 0) {
+      done += (size_t)got;
       continue;
     }
-    if (k == 0 || errno == EFAULT)
+    if (got == 0 || errno == EFAULT)
       return tport_err_set(err, TPORT_OUT_OF_RANGE,
                            "bytes [0x%llx, +%zu) of the client's memory cannot be read",
-                           (unsigned long long)(addr + done), n - done);
+                           (unsigned long long)addr_at(seg, nseg, done), local[0].iov_len);
     if (errno == ESRCH)
       return tport_err_set(err, TPORT_ABORTED, "the client process has exited");
     if (errno == EPERM)
@@ -123,14 +158,15 @@ static void ptrace_cap_restore(ptrace_cap *pc)
 }
 
 /* read_process, by this thread without CAP_SYS_PTRACE meanwhile. */
-static int read_as_user(pid_t pid, uint64_t addr, void *dst, size_t n, tport_err *err)
+static int read_as_user(pid_t pid, const shm_read_seg *seg, size_t nseg, size_t from, size_t to,
+                        tport_err *err)
 {
   ptrace_cap pc;
   if (!ptrace_cap_drop(&pc))
     return tport_err_set(err, TPORT_INTERNAL,
                          "cannot drop CAP_SYS_PTRACE before reading a client's memory: %s",
                          strerror(errno));
-  int rc = read_process(pid, addr, dst, n, err);
+  int rc = read_process(pid, seg, nseg, from, to, err);
   ptrace_cap_restore(&pc);
   return rc;
 }
@@ -219,8 +255,9 @@ int shm_confirm_process(shm_table *t, uint32_t pipe, uint64_t id, uint64_t probe
   /* one answer for every way it fails: what another process holds at an
    * address is not the client's to learn */
   tport_err why;
+  shm_read_seg probe = {.addr = probe_addr, .dst = seen, .n = sizeof seen};
   if (probe_addr > UINT64_MAX - sizeof seen ||
-      read_as_user(pid, probe_addr, seen, sizeof seen, &why) != TPORT_OK ||
+      read_as_user(pid, &probe, 1, 0, sizeof seen, &why) != TPORT_OK ||
       CRYPTO_memcmp(seen, want, sizeof want) != 0 || !process_alive(fd))
     rc = tport_err_set(err, TPORT_PERMISSION_DENIED,
                        "the connection's process did not hold the region's token at 0x%llx "
@@ -257,12 +294,10 @@ bool shm_is_process(shm_table *t, uint32_t pipe, uint64_t id)
 
 typedef struct read_job read_job;
 
-/* One thread's share of a read. */
+/* One thread's share of a read: bytes [from, to) of its runs. */
 typedef struct read_piece {
   read_job *j;
-  uint64_t addr;
-  uint8_t *dst;
-  size_t n;
+  size_t from, to;
 } read_piece;
 
 /* A read of a client's memory for a worker (shm_process_read), by one
@@ -273,9 +308,12 @@ struct read_job {
   tenant_use *u; /* counted in reading */
   pid_t pid;
   int pidfd;
-  size_t n;
-  tport_tensor *keep; /* dst's tensor, retained while the read may write it */
-  reg_later hold;     /* charged keep_bytes once given up, until the end */
+  size_t n;            /* the runs' bytes */
+  shm_read_seg *seg;   /* the runs (the job's copy) */
+  size_t nseg;
+  tport_tensor **keep; /* the dsts' tensors, retained while the read may write them */
+  size_t nkeep;
+  reg_later hold;      /* charged keep_bytes once given up, until the end */
   size_t keep_bytes;
   read_job *next_given_up; /* in the table's given_up (mu) */
   read_piece piece[PROCESS_READ_PIECES];
@@ -289,6 +327,8 @@ struct read_job {
 static void job_free(read_job *j)
 {
   pthread_cond_destroy(&j->cv);
+  free(j->seg);
+  free(j->keep);
   free(j);
 }
 
@@ -297,8 +337,10 @@ static void job_free(read_job *j)
  * that does not), or NULL.  mu held. */
 static read_job *sharing(shm_table *t, const read_job *j, bool charged)
 {
+  /* (a read of several keeps tensors of its own: only a chunk's read of
+   * an upload, one tensor, may keep what another keeps) */
   for (read_job *o = t->given_up; o; o = o->next_given_up)
-    if (o != j && o->keep && j->keep && o->keep->storage == j->keep->storage &&
+    if (o != j && o->nkeep == 1 && j->nkeep == 1 && o->keep[0]->storage == j->keep[0]->storage &&
         o->hold.acct == j->hold.acct && (o->hold.charged > 0) == charged)
       return o;
   return NULL;
@@ -352,7 +394,9 @@ static void read_ended(read_job *j)
     given_up_ended(t, j);
   /* let go below, the charge after the memory */
   reg_later hold = j->hold; /* charged, if given up, under mu */
-  tport_tensor *keep = j->keep;
+  tport_tensor **keep = j->keep;
+  size_t nkeep = j->nkeep;
+  j->keep = NULL;
   t->process_reading--;
   j->u->reading--; /* kept while reading > 0 (tenant_unused) */
   pthread_cond_broadcast(&t->readers_free);
@@ -369,7 +413,9 @@ static void read_ended(read_job *j)
   j->done = true;
   pthread_cond_signal(&j->cv); /* its waiter may free j once mu is let go */
   pthread_mutex_unlock(&t->mu);
-  tensor_release(keep);  /* the engine outlives the server */
+  for (size_t i = 0; i < nkeep; i++)
+    tensor_release(keep[i]); /* the engine outlives the server */
+  free(keep);
   reg_later_end(&hold); /* the account outlives the registry */
   if (free_r)
     region_free(r);
@@ -401,7 +447,7 @@ static void *read_thread(void *arg)
   if (!process_alive(j->pidfd))
     rc = tport_err_set(&err, TPORT_ABORTED, "the client process has exited");
   if (!rc)
-    rc = read_as_user(j->pid, p->addr, p->dst, p->n, &err);
+    rc = read_as_user(j->pid, j->seg, j->nseg, p->from, p->to, &err);
   /* while the process runs its pid is its own: gone now, the pid may have
    * named another process during the read */
   if (!rc && !process_alive(j->pidfd))
@@ -479,15 +525,28 @@ static int refused(reg_later *hold, int rc)
 /* The pieces of a read of n bytes at addr into dst (n >= 1 MiB when more
  * than one), split at page boundaries of the client's memory (no page
  * pinned by two threads), the last the rest. */
-static void split(read_job *j, uint64_t addr, uint8_t *dst, size_t n)
+/* The runs' bytes cut into j->npieces pieces of about the same size, each
+ * cut where a page of the client's memory begins (two threads never pin
+ * one page), or at the start of its run; a piece left empty is dropped. */
+static void split(read_job *j)
 {
+  int k = 0;
   size_t at = 0;
   for (int i = 0; i < j->npieces; i++) {
-    uint64_t cut = (addr + n / (size_t)j->npieces * (size_t)(i + 1)) & ~(uint64_t)4095;
-    size_t len = i + 1 < j->npieces ? (size_t)(cut - addr) - at : n - at;
-    j->piece[i] = (read_piece){.j = j, .addr = addr + at, .dst = dst + at, .n = len};
-    at += len;
+    size_t cut = j->n;
+    if (i + 1 < j->npieces) {
+      size_t want = j->n / (size_t)j->npieces * (size_t)(i + 1), base = 0, r = 0;
+      while (base + j->seg[r].n <= want)
+        base += j->seg[r++].n; /* (want < n: within the runs) */
+      uint64_t a = (j->seg[r].addr + (want - base)) & ~(uint64_t)4095;
+      cut = a > j->seg[r].addr ? base + (size_t)(a - j->seg[r].addr) : base;
+    }
+    if (cut <= at)
+      continue;
+    j->piece[k++] = (read_piece){.j = j, .from = at, .to = cut};
+    at = cut;
   }
+  j->npieces = j->running = k;
 }
 
 /* Each piece on a thread of its own; those no thread was made for end
@@ -516,20 +575,69 @@ int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, vo
                      tport_tensor *keep, reg_later *hold, size_t keep_bytes, bool *stuck,
                      tport_err *err)
 {
+  shm_read_seg one = {.addr = addr, .dst = dst, .n = n};
+  return shm_process_read_segs(t, pipe, id, &one, 1, &keep, 1, hold, keep_bytes, stuck, err);
+}
+
+/* The runs checked (none empty or wrapping past the end of the address
+ * space, their sum counted) into *total. */
+static int check_segs(const shm_read_seg *seg, size_t nseg, size_t *total, tport_err *err)
+{
+  *total = 0;
+  if (nseg == 0 || nseg > SHM_PROCESS_READ_SEGS)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "a read of %zu runs: 1 to %d", nseg,
+                         SHM_PROCESS_READ_SEGS);
+  for (size_t i = 0; i < nseg; i++) {
+    if (seg[i].n == 0)
+      return tport_err_set(err, TPORT_INVALID_ARGUMENT, "run %zu of a read is empty", i);
+    if (seg[i].addr > UINT64_MAX - seg[i].n)
+      return tport_err_set(err, TPORT_OUT_OF_RANGE,
+                           "bytes [0x%llx, +%zu) wrap past the end of the address space",
+                           (unsigned long long)seg[i].addr, seg[i].n);
+    if (__builtin_add_overflow(*total, seg[i].n, total))
+      return tport_err_set(err, TPORT_OUT_OF_RANGE, "a read of more bytes than can be counted");
+  }
+  return TPORT_OK;
+}
+
+/* A job for the runs, its own copies of them and of keep (NULL: out of
+ * memory). */
+static read_job *job_new(const shm_read_seg *seg, size_t nseg, tport_tensor *const *keep,
+                         size_t nkeep)
+{
+  read_job *j = calloc(1, sizeof *j);
+  if (!j)
+    return NULL;
+  j->seg = malloc(nseg * sizeof *seg);
+  j->keep = calloc(nkeep ? nkeep : 1, sizeof *keep);
+  if (!j->seg || !j->keep) {
+    free(j->seg), free(j->keep), free(j);
+    return NULL;
+  }
+  memcpy(j->seg, seg, nseg * sizeof *seg);
+  j->nseg = nseg;
+  for (size_t i = 0; i < nkeep; i++)
+    j->keep[j->nkeep++] = tensor_retain(keep[i]);
+  return j;
+}
+
+int shm_process_read_segs(shm_table *t, uint32_t pipe, uint64_t id, const shm_read_seg *seg,
+                          size_t nseg, tport_tensor *const *keep, size_t nkeep, reg_later *hold,
+                          size_t keep_bytes, bool *stuck, tport_err *err)
+{
   *stuck = false;
   if (!t)
     return refused(hold, tport_err_set(err, TPORT_FAILED_PRECONDITION,
                                        "this server offers no shared memory (--shm-socket off)"));
-  if (addr > UINT64_MAX - n)
-    return refused(hold, tport_err_set(err, TPORT_OUT_OF_RANGE,
-                                       "bytes [0x%llx, +%zu) wrap past the end of the address "
-                                       "space",
-                                       (unsigned long long)addr, n));
+  size_t n;
+  int rc = check_segs(seg, nseg, &n, err);
+  if (rc)
+    return refused(hold, rc);
   pthread_mutex_lock(&t->mu);
   shm_region *r;
   tenant_use *u;
-  int rc = take_slot(t, pipe, id, &r, &u, err);
-  read_job *j = rc ? NULL : calloc(1, sizeof *j);
+  rc = take_slot(t, pipe, id, &r, &u, err);
+  read_job *j = rc ? NULL : job_new(seg, nseg, keep, nkeep);
   if (!j) {
     pthread_mutex_unlock(&t->mu);
     return refused(hold, rc ? rc : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory"));
@@ -537,22 +645,19 @@ int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, vo
   r->holds++;
   t->process_reading++;
   u->reading++;
-  int npieces = n >= PROCESS_READ_SPLIT_MIN ? PROCESS_READ_PIECES : 1;
-  *j = (read_job){.t = t,
-                  .r = r,
-                  .u = u,
-                  .pid = r->peer_pid,
-                  .pidfd = r->pidfd,
-                  .n = n,
-                  .keep = tensor_retain(keep),
-                  .keep_bytes = keep_bytes,
-                  .npieces = npieces,
-                  .running = npieces};
+  j->t = t;
+  j->r = r;
+  j->u = u;
+  j->pid = r->peer_pid;
+  j->pidfd = r->pidfd;
+  j->n = n;
+  j->keep_bytes = keep_bytes;
+  j->npieces = n >= PROCESS_READ_SPLIT_MIN ? PROCESS_READ_PIECES : 1;
   if (hold) {
     j->hold = *hold; /* the read's from here */
     *hold = (reg_later){0};
   }
-  split(j, addr, dst, n);
+  split(j);
   regions_cond_init(&j->cv);
   pthread_mutex_unlock(&t->mu);
   /* waited for until a deadline: a read that never ends keeps its threads
@@ -571,10 +676,11 @@ int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, vo
     pthread_mutex_unlock(&t->mu);
     *stuck = true;
     return tport_err_set(err, TPORT_DEADLINE_EXCEEDED,
-                         "the client's memory at 0x%llx (+%zu bytes) was not read in %d s: the "
-                         "chunk is given up (memory that pages in slowly: TPORT_SHM_DIRECT=0 "
-                         "puts through the shared region instead)",
-                         (unsigned long long)addr, n, PROCESS_READ_DEADLINE_MS / 1000);
+                         "the client's memory at 0x%llx (+%zu bytes%s) was not read in %d s: "
+                         "given up (memory that pages in slowly: TPORT_SHM_DIRECT=0 puts "
+                         "through the shared region instead)",
+                         (unsigned long long)seg[0].addr, n, nseg > 1 ? " in several runs" : "",
+                         PROCESS_READ_DEADLINE_MS / 1000);
   }
   pthread_mutex_unlock(&t->mu);
   rc = j->rc;

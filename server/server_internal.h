@@ -159,6 +159,11 @@ typedef struct call {
   struct reply_sink *sink;
   size_t sink_at, sink_packed, sink_payload;
   bool sunk;
+  /* an element of a PutBatch: a put from the client's memory is gathered
+   * there (put_gather.h) rather than read now, and answered later
+   * (gathered) */
+  struct put_gather *gather;
+  bool gathered;
   /* waiting for a name: the context's waiter and first arrival; a handler
    * that registered the waiter sets park_until_ms and gives no reply */
   reg_waiter *waiter;

@@ -288,6 +288,178 @@ Test(shm_process, a_put_batchs_large_elements_are_read_from_the_callers_buffers)
   stop(s);
 }
 
+/* A batch of n elements sizes[i] bytes (seed 40 + i): put, read back exact;
+ * the reads of this process's memory it took. */
+static int64_t batch_and_check(tport_client *c, const char *url, const size_t *sizes, int n)
+{
+  uint8_t **v = calloc((size_t)n, sizeof *v);
+  int64_t *dims = calloc((size_t)n, sizeof *dims);
+  tport_put_item *items = calloc((size_t)n, sizeof *items);
+  for (int i = 0; i < n; i++) {
+    v[i] = malloc(sizes[i] ? sizes[i] : 1);
+    fill(v[i], sizes[i], 40 + (uint32_t)i);
+    dims[i] = (int64_t)sizes[i];
+    items[i] = (tport_put_item){
+        .dtype = TPORT_UINT8, .ndim = 1, .sizes = &dims[i], .data = v[i], .nbytes = sizes[i]};
+  }
+  int64_t reads = svc_server_counter(url, "shm_process_reads");
+  tport_err err;
+  cr_assert_eq(tport_put_batch(c, items, (size_t)n, &err), 0, "%s", err.msg);
+  reads = svc_server_counter(url, "shm_process_reads") - reads;
+  for (int i = 0; i < n; i++) {
+    cr_assert_eq(items[i].err.code, 0, "element %d: %s", i, items[i].err.msg);
+    cr_assert_eq(items[i].info.nbytes, (int64_t)sizes[i]);
+    uint8_t *back = calloc(1, sizes[i] ? sizes[i] : 1);
+    cr_assert_eq(tport_get(c, &items[i].info.ref, back, sizes[i], NULL, NULL, NULL, &err), 0,
+                 "%s", err.msg);
+    cr_assert_eq(memcmp(back, v[i], sizes[i]), 0, "element %d came back changed", i);
+    tport_free(c, &items[i].info.ref, NULL);
+    free(back);
+    free(v[i]);
+  }
+  free(v), free(dims), free(items);
+  return reads;
+}
+
+Test(shm_process, a_batchs_direct_elements_are_read_together)
+{
+  need_pidfd();
+  char url[96];
+  server *s = start(url, sizeof url);
+  for (int verify = 0; verify < 2; verify++) {
+    tport_client *c = connect_with(url, verify);
+    cr_assert(c->proc_put_once, "the Hello did not offer puts read in one request");
+    /* a state dict's mix: weights of a quarter MiB to several chunks (one
+     * read for all), the small ones beside them through the region */
+    size_t sizes[] = {256 << 10, 100, 3 * CHUNK + 5, 1 << 20, 0, (1 << 20) + 4096 + 3,
+                      (256 << 10) + 1, 7, 5 * CHUNK};
+    int n = (int)(sizeof sizes / sizeof *sizes);
+    cr_assert_eq(batch_and_check(c, url, sizes, n), 1, "not one read (verify %d)", verify);
+    /* more than tportd reads for one request: a read a request, each as
+     * full as the order allows (a span, then 300 KiB and half a span, then
+     * half a span) */
+    size_t big[] = {SPAN / 2, SPAN / 2, 300 << 10, SPAN / 2 + 1, SPAN / 2};
+    cr_assert_eq(batch_and_check(c, url, big, 5), 3, "(verify %d)", verify);
+    tport_close(c);
+  }
+  stop(s);
+}
+
+/* A raw PutBatch of n puts from slices (region, addr, len), each committed
+ * (converted to int16 where convert): each element's status code into
+ * code[], its ref into ref[] where OK. */
+typedef struct raw_put {
+  uint64_t region, addr, len;
+  bool convert;
+} raw_put;
+
+static void batch_raw(tport_client *c, const raw_put *el, size_t n, int *code, tport_ref *ref)
+{
+  Tport__TensorDesc *desc = calloc(n, sizeof *desc);
+  Tport__PutBeginRequest *qs = calloc(n, sizeof *qs), **qp = calloc(n, sizeof *qp);
+  Tport__ShmSlice *sl = calloc(n, sizeof *sl);
+  int64_t *sz = calloc(n, sizeof *sz);
+  uint64_t *lens = calloc(n, sizeof *lens);
+  for (size_t i = 0; i < n; i++) {
+    tport_put_options o;
+    tport_put_options_init(&o);
+    o.has_dtype = el[i].convert;
+    o.dtype = TPORT_INT16;
+    sz[i] = (int64_t)el[i].len;
+    client_put_request(c, TPORT_UINT8, 1, &sz[i], NULL, &o, &desc[i], &qs[i]);
+    qs[i].commit = true;
+    sl[i] = (Tport__ShmSlice)TPORT__SHM_SLICE__INIT;
+    sl[i].region = el[i].region;
+    sl[i].offset = el[i].addr;
+    sl[i].length = el[i].len;
+    qs[i].shm = &sl[i];
+    qp[i] = &qs[i];
+  }
+  Tport__PutBatchRequest q = TPORT__PUT_BATCH_REQUEST__INIT;
+  q.n_puts = q.n_payload_bytes = n;
+  q.puts = qp;
+  q.payload_bytes = lens;
+  Tport__PutBatchReply *r = NULL;
+  tport_err err;
+  cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_PUT_BATCH, &q.base, NULL, 0,
+                          &tport__put_batch_reply__descriptor, (ProtobufCMessage **)&r, NULL,
+                          &err),
+               0, "%s", err.msg);
+  cr_assert_eq(r->n_puts, n);
+  for (size_t i = 0; i < n; i++) {
+    code[i] = r->puts[i]->status ? (int)r->puts[i]->status->code : 0;
+    if (!code[i]) {
+      tport_tensor_info info;
+      client_info_from_wire(r->puts[i]->info, &info);
+      ref[i] = info.ref;
+    }
+  }
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  free(desc), free(qs), free(qp), free(sl), free(sz), free(lens);
+}
+
+static int64_t tenant_counter(const char *url, const char *tenant, const char *name);
+
+Test(shm_process, hostile_direct_elements_of_a_batch_cost_their_element_only)
+{
+  need_pidfd();
+  char url[96];
+  server *s = start(url, sizeof url);
+  tport_client *c = svc_connect(url, "hostile"), *other = svc_connect(url, "other");
+  uint64_t mine, theirs;
+  cr_assert_eq(client_process_region(c, &mine), 0);
+  cr_assert_eq(client_process_region(other, &theirs), 0);
+  size_t n = 4 * CHUNK;
+  uint8_t *v = malloc(n);
+  fill(v, n, 77);
+  uint64_t at = (uint64_t)(uintptr_t)v;
+  void *hole = mmap(NULL, 2 * 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(hole, MAP_FAILED);
+  cr_assert_eq(munmap(hole, 2 * 4096), 0);
+  /* good ones around an unmapped page, a range that wraps, another
+   * connection's region, a converted put, and more than one request reads */
+  raw_put el[] = {{mine, at, CHUNK, false},
+                  {mine, (uint64_t)(uintptr_t)hole, 4096, false},
+                  {mine, at + CHUNK, CHUNK, false},
+                  {mine, UINT64_MAX - 100, 4096, false},
+                  {theirs, at, CHUNK, false},
+                  {mine, at, CHUNK, true},
+                  {mine, at, SPAN, false},
+                  {mine, at + 2 * CHUNK, 2 * CHUNK, false}};
+  int want[] = {0, TPORT_OUT_OF_RANGE, 0, TPORT_OUT_OF_RANGE, TPORT_NOT_FOUND,
+                TPORT_INVALID_ARGUMENT, TPORT_OUT_OF_RANGE, 0};
+  enum { K = sizeof el / sizeof *el };
+  int code[K];
+  tport_ref ref[K];
+  int64_t reads = svc_server_counter(url, "shm_process_reads");
+  batch_raw(c, el, K, code, ref);
+  for (int i = 0; i < K; i++)
+    cr_assert_eq(code[i], want[i], "element %d: %d, not %d", i, code[i], want[i]);
+  /* the good ones stored exact: once together (which met the hole), then
+   * each alone */
+  cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 3);
+  for (int i = 0; i < K; i++) {
+    if (want[i])
+      continue;
+    uint8_t *back = calloc(1, el[i].len);
+    tport_err err;
+    cr_assert_eq(tport_get(c, &ref[i], back, el[i].len, NULL, NULL, NULL, &err), 0, "%s",
+                 err.msg);
+    cr_assert_eq(memcmp(back, (void *)(uintptr_t)el[i].addr, el[i].len), 0, "element %d", i);
+    free(back);
+  }
+  /* what the batch charged and did not store was given back: with the
+   * stored ones freed, the tenant holds nothing */
+  for (int i = 0; i < K; i++)
+    if (!want[i])
+      tport_free(c, &ref[i], NULL);
+  cr_assert_eq(tenant_counter(url, "hostile", "tensor_bytes"), 0);
+  free(v);
+  tport_close(other);
+  tport_close(c);
+  stop(s);
+}
+
 /* One step of ShmRegister of a process region, raw: the status code; the
  * first (addr 0) fills *id and token. */
 static int register_raw(tport_client *c, uint64_t addr, bool with_ipc, uint64_t *id, uint8_t *token)
@@ -433,6 +605,45 @@ static int chunk_raw(tport_client *c, const Tport__Ref *w, uint64_t offset, uint
   return rc;
 }
 
+/* PutBegin with commit of len bytes at addr of region (converted to int16
+ * where asked): the status code; the stored bytes checked where it is OK. */
+static int put_once_raw(tport_client *c, uint64_t region, uint64_t addr, uint64_t len,
+                        bool convert)
+{
+  int64_t sz = (int64_t)len;
+  Tport__TensorDesc desc;
+  Tport__PutBeginRequest q;
+  tport_put_options o;
+  tport_put_options_init(&o);
+  o.has_dtype = convert;
+  o.dtype = TPORT_INT16;
+  client_put_request(c, TPORT_UINT8, 1, &sz, NULL, &o, &desc, &q);
+  q.commit = true;
+  Tport__ShmSlice sl = TPORT__SHM_SLICE__INIT;
+  sl.region = region;
+  sl.offset = addr;
+  sl.length = len;
+  q.shm = &sl;
+  Tport__PutBeginReply *r = NULL;
+  tport_err err;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, NULL, 0,
+                      &tport__put_begin_reply__descriptor, (ProtobufCMessage **)&r, NULL, &err);
+  if (rc == TPORT_INVALID_ARGUMENT && convert)
+    cr_assert(strstr(err.msg, "client's memory"), "%s", err.msg);
+  if (!rc) {
+    tport_tensor_info info;
+    client_info_from_wire(r->info, &info);
+    uint8_t *back = calloc(1, len);
+    cr_assert_eq(tport_get(c, &info.ref, back, len, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(memcmp(back, (void *)(uintptr_t)addr, len), 0, "the put's bytes changed");
+    free(back);
+    tport_free(c, &info.ref, NULL);
+  }
+  if (r)
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  return rc;
+}
+
 Test(shm_process, hostile_slices_of_a_process_region_cost_their_request_only)
 {
   need_pidfd();
@@ -467,28 +678,14 @@ Test(shm_process, hostile_slices_of_a_process_region_cost_their_request_only)
   cr_assert_eq(chunk_raw(c, &w, 0, mine, at, CHUNK, v, 16), TPORT_INVALID_ARGUMENT);
   /* another connection's process region is none of this one's */
   cr_assert_eq(chunk_raw(c, &w, 0, theirs, at, CHUNK, NULL, 0), TPORT_NOT_FOUND);
-  /* a process region where only a region's mapped bytes will do: a whole
-   * put, a get's chunks */
-  {
-    int64_t sz = (int64_t)CHUNK;
-    Tport__TensorDesc desc;
-    Tport__PutBeginRequest q;
-    tport_put_options o;
-    tport_put_options_init(&o);
-    client_put_request(c, TPORT_UINT8, 1, &sz, NULL, &o, &desc, &q);
-    q.commit = true;
-    Tport__ShmSlice sl = TPORT__SHM_SLICE__INIT;
-    sl.region = mine;
-    sl.offset = at;
-    sl.length = CHUNK;
-    q.shm = &sl;
-    ProtobufCMessage *r = NULL;
-    tport_err err;
-    cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, NULL, 0,
-                            &tport__put_begin_reply__descriptor, &r, NULL, &err),
-                 TPORT_INVALID_ARGUMENT);
-    cr_assert(strstr(err.msg, "client's own memory"), "%s", err.msg);
-  }
+  /* a whole put in one PutBegin from the client's memory: stored as it is
+   * on the cpu only; its slice checked as a chunk's */
+  cr_assert_eq(put_once_raw(c, mine, at, CHUNK, true), TPORT_INVALID_ARGUMENT);
+  cr_assert_eq(put_once_raw(c, mine, (uint64_t)(uintptr_t)hole, CHUNK, false),
+               TPORT_OUT_OF_RANGE);
+  cr_assert_eq(put_once_raw(c, mine, UINT64_MAX - 100, CHUNK, false), TPORT_OUT_OF_RANGE);
+  cr_assert_eq(put_once_raw(c, theirs, at, CHUNK, false), TPORT_NOT_FOUND);
+  cr_assert_eq(put_once_raw(c, mine, at, CHUNK, false), 0);
   /* the put still completes from good slices, exact: both chunks at once */
   cr_assert_eq(chunk_raw(c, &w, 0, mine, at, 2 * CHUNK, NULL, 0), 0);
   Tport__PutCommitRequest cq = TPORT__PUT_COMMIT_REQUEST__INIT;
@@ -780,6 +977,62 @@ Test(shm_process, a_read_given_up_is_charged_to_its_tenant_until_it_ends, .timeo
   wait_charge_gone(url);
   close(uffd);
   munmap(area, n);
+  stop(s);
+}
+
+/* A batch's elements read together, one of them on pages nobody serves:
+ * the read is given up, every element gathered fails with it and their
+ * tensors stay charged to the tenant until the read ends; through
+ * tport_put_batch each is put again on its own (through the region) and
+ * comes back exact. */
+Test(shm_process, a_gathered_read_given_up_fails_its_elements_and_stays_charged,
+     .timeout = 120)
+{
+  need_pidfd();
+  size_t n = 4 * CHUNK;
+  int uffd;
+  uint8_t *area = stuck_pages(2 * n, &uffd);
+  uint8_t *v = malloc(2 * n);
+  fill(v, 2 * n, 91);
+  char url[96];
+  server *s = start(url, sizeof url);
+  tport_client *c = svc_connect(url, "stuck");
+  uint64_t mine;
+  cr_assert_eq(client_process_region(c, &mine), 0);
+  raw_put el[] = {{mine, (uint64_t)(uintptr_t)v, n, false},
+                  {mine, (uint64_t)(uintptr_t)area, n, false},
+                  {mine, (uint64_t)(uintptr_t)v + n, n, false}};
+  int code[3];
+  tport_ref ref[3];
+  batch_raw(c, el, 3, code, ref);
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(code[i], TPORT_DEADLINE_EXCEEDED, "element %d: %d", i, code[i]);
+  cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), 1);
+  cr_assert_eq(tenant_counter(url, "stuck", "tensors"), 0, "an element was stored");
+  int64_t held = tenant_counter(url, "stuck", "tensor_bytes");
+  cr_assert_geq(held, (int64_t)(3 * n), "the read's tensors are not charged (%lld bytes)",
+                (long long)held);
+  serve_pages(uffd, area, n);
+  wait_counter(url, "shm_process_reading", 0, 200);
+  wait_charge_gone(url);
+  /* the same through tport_put_batch: given up, then put on their own */
+  stuck_batch *b = calloc(1, sizeof *b);
+  *b = (stuck_batch){.url = url, .area = area + n, .n = n, .rc = -1};
+  pthread_t putter;
+  cr_assert_eq(pthread_create(&putter, NULL, put_batch_stuck, b), 0);
+  wait_stuck(url, 1);
+  serve_pages(uffd, area + n, n);
+  pthread_join(putter, NULL);
+  cr_assert_eq(b->rc, 0, "the batch: %d (%s; %s)", b->rc, b->items[0].err.msg,
+               b->items[1].err.msg);
+  tport_ref named = {0};
+  snprintf(named.name, sizeof named.name, "stuck-batch");
+  expect_zeros(c, &named, n);
+  free(b);
+  free(v);
+  tport_close(c);
+  close(uffd);
+  munmap(area, 2 * n);
   stop(s);
 }
 
