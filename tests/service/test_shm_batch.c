@@ -7,6 +7,9 @@
  * reused, conversions, strides, with and without verify -- and that the
  * server read them from the region (its shm_transfers count them); a
  * small batch and a client without shared memory stay on the socket.
+ * Where tportd can read the client's memory it reads such elements there
+ * instead (test_shm_process.c): these tests keep to the region
+ * (TPORT_SHM_DIRECT=0), as a client in a container of its own would.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -21,6 +24,7 @@ static char sock_dir[64];
 
 static server *start(char *url, size_t len, size_t chunk)
 {
+  setenv("TPORT_SHM_DIRECT", "0", 1); /* (read by tport_connect) */
   server_config cfg;
   svc_config_shm(&cfg, "shmb", sock_dir, sizeof sock_dir);
   cfg.chunk_bytes = chunk;

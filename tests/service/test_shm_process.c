@@ -345,6 +345,27 @@ Test(shm_process, a_batchs_direct_elements_are_read_together)
   stop(s);
 }
 
+Test(shm_process, many_small_elements_are_read_directly_a_few_ride)
+{
+  need_pidfd();
+  char url[96];
+  server *s = start(url, sizeof url);
+  tport_client *c = connect_with(url, false);
+  /* 300 of 4 KiB: as many bytes as would take the region, read instead,
+   * 256 elements a request */
+  enum { N = 300 };
+  size_t *sizes = malloc(N * sizeof *sizes);
+  for (int i = 0; i < N; i++)
+    sizes[i] = i % 7 == 3 ? 0 : 4096 + (size_t)(i % 5);
+  cr_assert_eq(batch_and_check(c, url, sizes, N), 2);
+  /* a few small ones ride in the request */
+  size_t few[] = {100, 4096, 1};
+  cr_assert_eq(batch_and_check(c, url, few, 3), 0);
+  free(sizes);
+  tport_close(c);
+  stop(s);
+}
+
 /* A raw PutBatch of n puts from slices (region, addr, len), each committed
  * (converted to int16 where convert): each element's status code into
  * code[], its ref into ref[] where OK. */
