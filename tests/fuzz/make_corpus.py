@@ -336,7 +336,18 @@ def batch_seeds():
         op("PUT_BEGIN", put_begin(desc("uint8", [200000]))) +
         op("PUT_CHUNK", put_chunk(ref(0), 0) + f_msg(5, slice_(3, 1 << 40, 65536))) +
         op("PUT_CHUNK", put_chunk(ref(0), 0) + f_msg(5, slice_(3, 1 << 40, 3 * 65536))) +
-        op("PUT_CHUNK", put_chunk(ref(0), 0) + f_msg(5, slice_(3, 1 << 40, 33 << 20))),
+        op("PUT_CHUNK", put_chunk(ref(0), 0) + f_msg(5, slice_(3, 1 << 40, 33 << 20))) +
+        # whole puts naming the caller's memory: alone, and a batch's elements
+        # read together (one converted, one past what a batch reads)
+        op("PUT_BEGIN", put_begin(desc("uint8", [4096]), commit=True) +
+           f_msg(14, slice_(3, 1 << 40, 4096))) +
+        op("PUT_BATCH", f_msg(1, put_begin(desc("uint8", [4096]), commit=True) +
+                              f_msg(14, slice_(3, 1 << 40, 4096))) +
+           f_msg(1, put_begin(desc("uint8", [100]), dtype="int16", commit=True) +
+                 f_msg(14, slice_(3, (1 << 40) + 8192, 100))) +
+           f_msg(1, put_begin(desc("uint8", [33 << 20]), commit=True) +
+                 f_msg(14, slice_(3, 1 << 41, 33 << 20))) +
+           f_packed(2, [0, 0, 0])),
         "put_batch_bad_lengths": op("PUT_BATCH", short_msg, short_payload + b"\0") +
         op("PUT_BATCH", f_msg(1, put_begin(desc("uint8", [4]))) + f_packed(2, [4]), b"abcd") +
         op("GET_BATCH", b""),
