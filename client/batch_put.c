@@ -315,6 +315,7 @@ typedef struct window_sets {
   chunked *ch;
   size_t nch;
   uint64_t proc;
+  size_t room; /* the most bytes a direct group names */
   bool *redo, *not_direct;
 } window_sets;
 
@@ -346,13 +347,20 @@ static void put_window(tport_client *c, tport_put_item *items, const window_sets
   arena_init(&pp.replies);
   if (!rc) {
     plan_groups(&pp, k);
-    plan_direct_groups(&pp, k, nd, client_process_batch_bytes(c));
+    plan_direct_groups(&pp, k, nd, ws->room);
     plan_units(&pp);
     for (size_t g = 0; g < pp.ngroups; g++)
       pp.slot[g] = BATCH_NO_SLOT;
     if (atomic_load(&c->shm_auto))
       open_region(&pp);
+    if (nd)
+      pp.fence_token = client_fence_token();
+    atomic_store(&pp.fence, pp.fence_token);
     rc = client_run_units(c, pp.nunits, unit_make, unit_take, unit_after, &pp, cancel, &err);
+    /* every reply taken, or the window stopped (a timeout): tportd stores
+     * nothing it reads for a direct group from now on, before the caller
+     * may change its buffers */
+    atomic_store(&pp.fence, 0);
     batch_region_close(c, &pp.region); /* before the elements put on their own use it */
   } else {
     pp.ngroups = 0;
@@ -458,7 +466,7 @@ int client_put_batch(tport_client *c, tport_put_item *items, size_t n, const ato
     }
   }
   memcpy(idx + k, didx, nd * sizeof *idx);
-  window_sets ws = {idx, k, nd, ch, nch, proc, redo, not_direct};
+  window_sets ws = {idx, k, nd, ch, nch, proc, room, redo, not_direct};
   if (k || nd || nch)
     put_window(c, items, &ws, cancel);
   for (size_t j = k; j < k + nd; j++)

@@ -60,6 +60,11 @@ typedef struct put_plan {
   size_t *idx, *start;  /* the groups: group g is idx[start[g] .. start[g + 1]) */
   size_t ngroups;
   size_t direct_from;   /* groups from here on name the caller's buffers (proc) */
+  size_t direct_room;   /* the most bytes one of them names */
+  /* the direct groups' fence (PutBatchRequest): fence_token while the
+   * window waits for their replies, 0 once it does not */
+  _Atomic uint64_t fence;
+  uint64_t fence_token;
   bool *redo;           /* by item: a direct group's element to put on its own */
   bool *not_direct;     /* by item: ... and the server gave up reading it */
   size_t *slot;         /* group g's slot of the region (BATCH_NO_SLOT: none) */

@@ -29,13 +29,17 @@ tport_put_item *batch_put_begun_kth(put_plan *pp, size_t first, size_t j)
  * head, then the copied elements' bytes (copied of them in all), then the
  * nlent lent ones' (the group's last), lent to the message. */
 static int batch_message(put_plan *pp, Tport__PutBeginRequest **qp, uint64_t *lens, size_t k,
-                         kth_fn kth, size_t first, size_t copied, size_t nlent, nng_msg **out,
-                         tport_err *err)
+                         kth_fn kth, size_t first, size_t copied, size_t nlent, bool direct,
+                         nng_msg **out, tport_err *err)
 {
   Tport__PutBatchRequest q = TPORT__PUT_BATCH_REQUEST__INIT;
   q.n_puts = q.n_payload_bytes = k;
   q.puts = qp;
   q.payload_bytes = lens;
+  if (direct) { /* read only while this window waits (put_window) */
+    q.fence_addr = (uint64_t)(uintptr_t)&pp->fence;
+    q.fence_token = pp->fence_token;
+  }
   size_t head = frame_head_size(&q.base);
   if (nng_msg_alloc(out, head + copied) != 0)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte batch",
@@ -114,7 +118,7 @@ int batch_put_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool com
     }
   }
   if (!rc)
-    rc = batch_message(pp, qp, lens, k, kth, first, copied, nlent, out, err);
+    rc = batch_message(pp, qp, lens, k, kth, first, copied, nlent, direct, out, err);
   free(descs), free(qs), free(qp), free(lens), free(slices);
   return rc;
 }

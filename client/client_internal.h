@@ -455,6 +455,9 @@ size_t client_process_span(const tport_client *c, size_t chunk);
 /* The most bytes one PutBatch may name of the process region, its elements
  * read together by the server (0: none, the server reads no such put). */
 size_t client_process_batch_bytes(const tport_client *c);
+/* A fresh nonzero token for a batch's fence (PutBatchRequest.fence_token):
+ * random, so that memory the fence once was never holds it by chance. */
+uint64_t client_fence_token(void);
 /* Whether a put of host data with opts is one the server should read from
  * the caller's buffer (if large enough: the caller's rule): one stored on
  * the cpu as it is (a device's or a converted tensor would be copied again

@@ -16,6 +16,9 @@
  */
 #include <string.h>
 #include <strings.h>
+#include <time.h>
+
+#include <openssl/rand.h>
 
 #include "client_internal.h"
 #include "env.h"
@@ -83,6 +86,15 @@ size_t client_process_batch_bytes(const tport_client *c)
     return 0;
   uint64_t most = atomic_load(&c->proc_read_max);
   return most > CLIENT_PROCESS_SPAN_MAX ? CLIENT_PROCESS_SPAN_MAX : (size_t)most;
+}
+
+uint64_t client_fence_token(void)
+{
+  uint64_t t = 0;
+  while (t == 0)
+    if (RAND_bytes((unsigned char *)&t, sizeof t) != 1)
+      t = (uint64_t)time(NULL) * 6364136223846793005u + (uint64_t)(uintptr_t)&t;
+  return t;
 }
 
 bool client_put_reads_direct(const tport_client *c, const tport_put_options *o, const void *data,

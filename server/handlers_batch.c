@@ -280,6 +280,16 @@ static int check_count(call *c, size_t n)
   return TPORT_OK;
 }
 
+/* Whether q names a slice of the connection's process region (a put
+ * gathered, or refused). */
+static bool names_process(call *c, const Tport__PutBeginRequest *q)
+{
+  return q->commit && q->shm && shm_is_process(c->srv->shm, c->pipe, q->shm->region);
+}
+
+_Static_assert(BATCH_MAX_ELEMENTS <= SHM_PROCESS_READ_SEGS,
+               "a batch's puts from the client's memory are one read");
+
 int h_put_batch(call *c)
 {
   Tport__PutBatchRequest *q = (Tport__PutBatchRequest *)c->req;
@@ -307,10 +317,17 @@ int h_put_batch(call *c)
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for %zu elements", n);
   reply_sink sink = {0};
   put_gather gather;
-  put_gather_init(&gather, shm_process_read_max(c->srv->cfg.chunk_bytes));
+  put_gather_init(&gather, shm_process_read_max(c->srv->cfg.chunk_bytes), q->fence_addr,
+                  q->fence_token);
+  call at_end = *c; /* where the gathered puts are read and answered */
+  at_end.sink = &sink;
   size_t off = 0;
   for (size_t i = 0; i < n; i++) {
     size_t len = (size_t)q->payload_bytes[i];
+    /* the puts from the client's memory before stored first: the batch's
+     * elements take their names in order */
+    if (!names_process(c, q->puts[i]))
+      put_gather_flush(&at_end, &gather, gathered_answered, els);
     /* without commit an upload begins (its chunks follow by PutChunk):
      * h_put_begin refuses such an element that carries bytes */
     gather.el = i;
@@ -319,8 +336,6 @@ int h_put_batch(call *c)
     off += len;
   }
   /* the puts from the client's memory: one read for all, then answered */
-  call at_end = *c;
-  at_end.sink = &sink;
   put_gather_end(&at_end, &gather, gathered_answered, els);
   Tport__PutBatchReply r = TPORT__PUT_BATCH_REPLY__INIT;
   r.status = wire_ok();

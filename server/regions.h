@@ -157,13 +157,24 @@ typedef struct shm_read_seg {
 } shm_read_seg;
 /* Most runs one read takes (a batch's elements, PutBatch's bound). */
 #define SHM_PROCESS_READ_SEGS 4096
-/* shm_process_read of nseg runs (1 .. SHM_PROCESS_READ_SEGS) as one read --
- * one slot, one deadline, the same threads -- into the dsts of the nkeep
- * tensors keep, each fresh and written by this read alone (a batch's
- * elements): all of them read, or an error for all. */
-int shm_process_read_segs(shm_table *t, uint32_t pipe, uint64_t id, const shm_read_seg *seg,
-                          size_t nseg, tport_tensor *const *keep, size_t nkeep,
-                          struct reg_later *hold, size_t keep_bytes, bool *stuck, tport_err *err);
+/* A read of several runs (shm_process_read_segs). */
+typedef struct shm_read_many {
+  const shm_read_seg *seg; /* 1 .. SHM_PROCESS_READ_SEGS runs, none empty */
+  size_t nseg;
+  tport_tensor *const *keep; /* the dsts' tensors, each fresh and written by this read alone */
+  size_t nkeep, keep_bytes;  /* ... and what keeping them holds */
+  /* read after every run, where addr: whether its 8 bytes held want then
+   * (fence_held) -- the client still waiting for the request, so that
+   * what was read before is what it meant to put */
+  uint64_t fence_addr, fence_want;
+  bool *bad;       /* nseg flags: a run that could not be read (nothing mapped) */
+  bool fence_held; /* out */
+} shm_read_many;
+/* shm_process_read of m's runs as one read -- one slot, one deadline, the
+ * same threads (a batch's elements): each run read or flagged bad, or an
+ * error for all. */
+int shm_process_read_segs(shm_table *t, uint32_t pipe, uint64_t id, shm_read_many *m,
+                          struct reg_later *hold, bool *stuck, tport_err *err);
 int shm_release(shm_table *t, uint32_t pipe, uint64_t id, tport_err *err);
 /* The connection closed: its regions go (once their holders are done). */
 void shm_drop_pipe(shm_table *t, uint32_t pipe);

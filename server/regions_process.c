@@ -87,10 +87,23 @@ static uint64_t addr_at(const shm_read_seg *seg, size_t nseg, size_t at)
   return 0;
 }
 
+/* The run holding byte at of the runs (at within them), and where it
+ * begins. */
+static size_t run_at(const shm_read_seg *seg, size_t nseg, size_t at, size_t *base)
+{
+  size_t r = 0;
+  for (*base = 0; r + 1 < nseg && at >= *base + seg[r].n; r++)
+    *base += seg[r].n;
+  return r;
+}
+
 /* Bytes [from, to) of the runs seg (none wraps the address space) of
- * process pid into their dsts: all of them, or why not. */
+ * process pid into their dsts: all of them, or why not.  With bad (a flag
+ * a run), a run that cannot be read (nothing mapped) is flagged and the
+ * read goes on with the next: each of a batch's elements answered for its
+ * own bytes, in the one read. */
 static int read_process(pid_t pid, const shm_read_seg *seg, size_t nseg, size_t from, size_t to,
-                        tport_err *err)
+                        atomic_bool *bad, tport_err *err)
 {
   struct iovec local[READ_IOV], remote[READ_IOV];
   size_t done = from;
@@ -100,6 +113,12 @@ static int read_process(pid_t pid, const shm_read_seg *seg, size_t nseg, size_t 
     ssize_t got = process_vm_readv(pid, local, (unsigned long)k, remote, (unsigned long)k, 0);
     if (got > 0) {
       done += (size_t)got;
+      continue;
+    }
+    if ((got == 0 || errno == EFAULT) && bad) {
+      size_t base, r = run_at(seg, nseg, done, &base);
+      atomic_store(&bad[r], true);
+      done = base + seg[r].n; /* (the next run, or past to) */
       continue;
     }
     if (got == 0 || errno == EFAULT)
@@ -159,14 +178,14 @@ static void ptrace_cap_restore(ptrace_cap *pc)
 
 /* read_process, by this thread without CAP_SYS_PTRACE meanwhile. */
 static int read_as_user(pid_t pid, const shm_read_seg *seg, size_t nseg, size_t from, size_t to,
-                        tport_err *err)
+                        atomic_bool *bad, tport_err *err)
 {
   ptrace_cap pc;
   if (!ptrace_cap_drop(&pc))
     return tport_err_set(err, TPORT_INTERNAL,
                          "cannot drop CAP_SYS_PTRACE before reading a client's memory: %s",
                          strerror(errno));
-  int rc = read_process(pid, seg, nseg, from, to, err);
+  int rc = read_process(pid, seg, nseg, from, to, bad, err);
   ptrace_cap_restore(&pc);
   return rc;
 }
@@ -257,7 +276,7 @@ int shm_confirm_process(shm_table *t, uint32_t pipe, uint64_t id, uint64_t probe
   tport_err why;
   shm_read_seg probe = {.addr = probe_addr, .dst = seen, .n = sizeof seen};
   if (probe_addr > UINT64_MAX - sizeof seen ||
-      read_as_user(pid, &probe, 1, 0, sizeof seen, &why) != TPORT_OK ||
+      read_as_user(pid, &probe, 1, 0, sizeof seen, NULL, &why) != TPORT_OK ||
       CRYPTO_memcmp(seen, want, sizeof want) != 0 || !process_alive(fd))
     rc = tport_err_set(err, TPORT_PERMISSION_DENIED,
                        "the connection's process did not hold the region's token at 0x%llx "
@@ -313,6 +332,9 @@ struct read_job {
   size_t nseg;
   tport_tensor **keep; /* the dsts' tensors, retained while the read may write them */
   size_t nkeep;
+  atomic_bool *bad;    /* a flag a run (NULL: a fault fails the read) */
+  uint64_t fence_addr, fence_want; /* read after the runs where fence_addr */
+  bool fence_held;                 /* ... and it held fence_want */
   reg_later hold;      /* charged keep_bytes once given up, until the end */
   size_t keep_bytes;
   read_job *next_given_up; /* in the table's given_up (mu) */
@@ -329,6 +351,7 @@ static void job_free(read_job *j)
   pthread_cond_destroy(&j->cv);
   free(j->seg);
   free(j->keep);
+  free(j->bad);
   free(j);
 }
 
@@ -423,7 +446,20 @@ static void read_ended(read_job *j)
     job_free(j);
 }
 
-/* A piece has ended with rc (why: err): the read ends with the last. */
+/* The read's fence (once every run was read, by the thread of its last
+ * piece): whether it still holds what the request said. */
+static void read_fence(read_job *j)
+{
+  uint64_t seen = 0;
+  tport_err why;
+  shm_read_seg f = {.addr = j->fence_addr, .dst = (uint8_t *)&seen, .n = sizeof seen};
+  j->fence_held = j->fence_addr <= UINT64_MAX - sizeof seen &&
+                  read_as_user(j->pid, &f, 1, 0, sizeof seen, NULL, &why) == TPORT_OK &&
+                  seen == j->fence_want && process_alive(j->pidfd);
+}
+
+/* A piece has ended with rc (why: err): the read ends with the last (in a
+ * reader's thread when it read: its fence read there too). */
 static void piece_ended(read_job *j, int rc, const tport_err *err)
 {
   pthread_mutex_lock(&j->t->mu);
@@ -432,7 +468,10 @@ static void piece_ended(read_job *j, int rc, const tport_err *err)
     j->err = *err;
   }
   bool last = --j->running == 0;
+  bool fence = last && !j->rc && j->fence_addr;
   pthread_mutex_unlock(&j->t->mu);
+  if (fence)
+    read_fence(j);
   if (last)
     read_ended(j);
 }
@@ -447,7 +486,7 @@ static void *read_thread(void *arg)
   if (!process_alive(j->pidfd))
     rc = tport_err_set(&err, TPORT_ABORTED, "the client process has exited");
   if (!rc)
-    rc = read_as_user(j->pid, j->seg, j->nseg, p->from, p->to, &err);
+    rc = read_as_user(j->pid, j->seg, j->nseg, p->from, p->to, j->bad, &err);
   /* while the process runs its pid is its own: gone now, the pid may have
    * named another process during the read */
   if (!rc && !process_alive(j->pidfd))
@@ -495,7 +534,7 @@ static int take_slot(shm_table *t, uint32_t pipe, uint64_t id, shm_region **rp, 
     if (left <= 0) {
       rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
                          "tportd is reading %zu clients' memory at once (%zu for tenant '%s'): "
-                         "send this chunk another way",
+                         "send these bytes another way",
                          t->process_reading, u->reading, r->tenant);
       break;
     }
@@ -522,12 +561,10 @@ static int refused(reg_later *hold, int rc)
   return rc;
 }
 
-/* The pieces of a read of n bytes at addr into dst (n >= 1 MiB when more
- * than one), split at page boundaries of the client's memory (no page
- * pinned by two threads), the last the rest. */
 /* The runs' bytes cut into j->npieces pieces of about the same size, each
- * cut where a page of the client's memory begins (two threads never pin
- * one page), or at the start of its run; a piece left empty is dropped. */
+ * cut where a page of the client's memory begins (two threads pin one page
+ * only where two runs share it), or at the start of its run; a piece left
+ * empty is dropped. */
 static void split(read_job *j)
 {
   int k = 0;
@@ -563,7 +600,7 @@ static void start_pieces(read_job *j)
       continue;
     tport_err why;
     tport_err_set(&why, TPORT_RESOURCE_EXHAUSTED,
-                  "no thread for a read of the client's memory: send this chunk another way");
+                  "no thread for a read of the client's memory: send these bytes another way");
     for (int k = i; k < j->npieces; k++)
       piece_ended(j, TPORT_RESOURCE_EXHAUSTED, &why);
     break;
@@ -576,7 +613,8 @@ int shm_process_read(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, vo
                      tport_err *err)
 {
   shm_read_seg one = {.addr = addr, .dst = dst, .n = n};
-  return shm_process_read_segs(t, pipe, id, &one, 1, &keep, 1, hold, keep_bytes, stuck, err);
+  shm_read_many m = {.seg = &one, .nseg = 1, .keep = &keep, .nkeep = 1, .keep_bytes = keep_bytes};
+  return shm_process_read_segs(t, pipe, id, &m, hold, stuck, err);
 }
 
 /* The runs checked (none empty or wrapping past the end of the address
@@ -600,44 +638,46 @@ static int check_segs(const shm_read_seg *seg, size_t nseg, size_t *total, tport
   return TPORT_OK;
 }
 
-/* A job for the runs, its own copies of them and of keep (NULL: out of
- * memory). */
-static read_job *job_new(const shm_read_seg *seg, size_t nseg, tport_tensor *const *keep,
-                         size_t nkeep)
+/* A job for m's runs, its own copies of them and of keep, and a flag a
+ * run where m asks (NULL: out of memory). */
+static read_job *job_new(const shm_read_many *m)
 {
   read_job *j = calloc(1, sizeof *j);
   if (!j)
     return NULL;
-  j->seg = malloc(nseg * sizeof *seg);
-  j->keep = calloc(nkeep ? nkeep : 1, sizeof *keep);
-  if (!j->seg || !j->keep) {
-    free(j->seg), free(j->keep), free(j);
+  j->seg = malloc(m->nseg * sizeof *m->seg);
+  j->keep = calloc(m->nkeep ? m->nkeep : 1, sizeof *m->keep);
+  j->bad = m->bad ? calloc(m->nseg, sizeof *j->bad) : NULL;
+  if (!j->seg || !j->keep || (m->bad && !j->bad)) {
+    free(j->seg), free(j->keep), free(j->bad), free(j);
     return NULL;
   }
-  memcpy(j->seg, seg, nseg * sizeof *seg);
-  j->nseg = nseg;
-  for (size_t i = 0; i < nkeep; i++)
-    j->keep[j->nkeep++] = tensor_retain(keep[i]);
+  memcpy(j->seg, m->seg, m->nseg * sizeof *m->seg);
+  j->nseg = m->nseg;
+  for (size_t i = 0; i < m->nkeep; i++)
+    j->keep[j->nkeep++] = tensor_retain(m->keep[i]);
+  j->keep_bytes = m->keep_bytes;
+  j->fence_addr = m->fence_addr;
+  j->fence_want = m->fence_want;
   return j;
 }
 
-int shm_process_read_segs(shm_table *t, uint32_t pipe, uint64_t id, const shm_read_seg *seg,
-                          size_t nseg, tport_tensor *const *keep, size_t nkeep, reg_later *hold,
-                          size_t keep_bytes, bool *stuck, tport_err *err)
+int shm_process_read_segs(shm_table *t, uint32_t pipe, uint64_t id, shm_read_many *m,
+                          reg_later *hold, bool *stuck, tport_err *err)
 {
   *stuck = false;
   if (!t)
     return refused(hold, tport_err_set(err, TPORT_FAILED_PRECONDITION,
                                        "this server offers no shared memory (--shm-socket off)"));
   size_t n;
-  int rc = check_segs(seg, nseg, &n, err);
+  int rc = check_segs(m->seg, m->nseg, &n, err);
   if (rc)
     return refused(hold, rc);
   pthread_mutex_lock(&t->mu);
   shm_region *r;
   tenant_use *u;
   rc = take_slot(t, pipe, id, &r, &u, err);
-  read_job *j = rc ? NULL : job_new(seg, nseg, keep, nkeep);
+  read_job *j = rc ? NULL : job_new(m);
   if (!j) {
     pthread_mutex_unlock(&t->mu);
     return refused(hold, rc ? rc : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory"));
@@ -651,7 +691,6 @@ int shm_process_read_segs(shm_table *t, uint32_t pipe, uint64_t id, const shm_re
   j->pid = r->peer_pid;
   j->pidfd = r->pidfd;
   j->n = n;
-  j->keep_bytes = keep_bytes;
   j->npieces = n >= PROCESS_READ_SPLIT_MIN ? PROCESS_READ_PIECES : 1;
   if (hold) {
     j->hold = *hold; /* the read's from here */
@@ -679,13 +718,17 @@ int shm_process_read_segs(shm_table *t, uint32_t pipe, uint64_t id, const shm_re
                          "the client's memory at 0x%llx (+%zu bytes%s) was not read in %d s: "
                          "given up (memory that pages in slowly: TPORT_SHM_DIRECT=0 puts "
                          "through the shared region instead)",
-                         (unsigned long long)seg[0].addr, n, nseg > 1 ? " in several runs" : "",
+                         (unsigned long long)m->seg[0].addr, n,
+                         m->nseg > 1 ? " in several runs" : "",
                          PROCESS_READ_DEADLINE_MS / 1000);
   }
   pthread_mutex_unlock(&t->mu);
   rc = j->rc;
   if (rc)
     *err = j->err;
+  for (size_t i = 0; m->bad && i < m->nseg; i++)
+    m->bad[i] = atomic_load(&j->bad[i]);
+  m->fence_held = j->fence_held;
   job_free(j);
   return rc;
 }

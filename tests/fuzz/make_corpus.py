@@ -53,6 +53,10 @@ def f_msg(num, m):
     return varint(num << 3 | 2) + varint(len(m)) + m  # present even when empty
 
 
+def f_fixed64(num, v):
+    return varint(num << 3 | 1) + int(v).to_bytes(8, "little") if v else b""
+
+
 def f_packed(num, vals):
     body = b"".join(varint(v) for v in vals)
     return varint(num << 3 | 2) + varint(len(body)) + body if vals else b""
@@ -337,8 +341,9 @@ def batch_seeds():
         op("PUT_CHUNK", put_chunk(ref(0), 0) + f_msg(5, slice_(3, 1 << 40, 65536))) +
         op("PUT_CHUNK", put_chunk(ref(0), 0) + f_msg(5, slice_(3, 1 << 40, 3 * 65536))) +
         op("PUT_CHUNK", put_chunk(ref(0), 0) + f_msg(5, slice_(3, 1 << 40, 33 << 20))) +
-        # whole puts naming the caller's memory: alone, and a batch's elements
-        # read together (one converted, one past what a batch reads)
+        # whole puts naming the caller's memory: alone (refused), and a batch's
+        # elements read together (one converted, one past what a batch reads),
+        # with the batch's fence
         op("PUT_BEGIN", put_begin(desc("uint8", [4096]), commit=True) +
            f_msg(14, slice_(3, 1 << 40, 4096))) +
         op("PUT_BATCH", f_msg(1, put_begin(desc("uint8", [4096]), commit=True) +
@@ -347,7 +352,7 @@ def batch_seeds():
                  f_msg(14, slice_(3, (1 << 40) + 8192, 100))) +
            f_msg(1, put_begin(desc("uint8", [33 << 20]), commit=True) +
                  f_msg(14, slice_(3, 1 << 41, 33 << 20))) +
-           f_packed(2, [0, 0, 0])),
+           f_packed(2, [0, 0, 0]) + f_varint(3, (1 << 40) + 65536) + f_fixed64(4, 0x5eed)),
         "put_batch_bad_lengths": op("PUT_BATCH", short_msg, short_payload + b"\0") +
         op("PUT_BATCH", f_msg(1, put_begin(desc("uint8", [4]))) + f_packed(2, [4]), b"abcd") +
         op("GET_BATCH", b""),

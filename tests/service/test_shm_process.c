@@ -366,43 +366,64 @@ Test(shm_process, many_small_elements_are_read_directly_a_few_ride)
   stop(s);
 }
 
-/* A raw PutBatch of n puts from slices (region, addr, len), each committed
- * (converted to int16 where convert): each element's status code into
- * code[], its ref into ref[] where OK. */
+/* A raw PutBatch of n puts, each committed: from the slice (region, addr,
+ * len), or, region 0, len bytes at addr in the payload; converted to int16
+ * where convert; by name, replacing, where asked.  fence (NULL: none) and
+ * token are the batch's fence.  Each element's status code into code[],
+ * its ref into ref[] where OK. */
 typedef struct raw_put {
   uint64_t region, addr, len;
   bool convert;
+  const char *name;
+  bool replace;
 } raw_put;
 
-static void batch_raw(tport_client *c, const raw_put *el, size_t n, int *code, tport_ref *ref)
+#define RAW(r, a, l) {.region = (r), .addr = (a), .len = (l)}
+
+static void batch_raw(tport_client *c, const raw_put *el, size_t n, const uint64_t *fence,
+                      uint64_t token, int *code, tport_ref *ref)
 {
   Tport__TensorDesc *desc = calloc(n, sizeof *desc);
   Tport__PutBeginRequest *qs = calloc(n, sizeof *qs), **qp = calloc(n, sizeof *qp);
   Tport__ShmSlice *sl = calloc(n, sizeof *sl);
   int64_t *sz = calloc(n, sizeof *sz);
   uint64_t *lens = calloc(n, sizeof *lens);
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++)
+    total += el[i].region ? 0 : el[i].len;
+  uint8_t *payload = malloc(total + 1), *at = payload;
   for (size_t i = 0; i < n; i++) {
     tport_put_options o;
     tport_put_options_init(&o);
     o.has_dtype = el[i].convert;
     o.dtype = TPORT_INT16;
+    o.name = el[i].name;
+    o.replace = el[i].replace;
     sz[i] = (int64_t)el[i].len;
     client_put_request(c, TPORT_UINT8, 1, &sz[i], NULL, &o, &desc[i], &qs[i]);
     qs[i].commit = true;
-    sl[i] = (Tport__ShmSlice)TPORT__SHM_SLICE__INIT;
-    sl[i].region = el[i].region;
-    sl[i].offset = el[i].addr;
-    sl[i].length = el[i].len;
-    qs[i].shm = &sl[i];
+    if (el[i].region) {
+      sl[i] = (Tport__ShmSlice)TPORT__SHM_SLICE__INIT;
+      sl[i].region = el[i].region;
+      sl[i].offset = el[i].addr;
+      sl[i].length = el[i].len;
+      qs[i].shm = &sl[i];
+    } else {
+      memcpy(at, (void *)(uintptr_t)el[i].addr, el[i].len);
+      at += el[i].len;
+      lens[i] = el[i].len;
+    }
     qp[i] = &qs[i];
   }
   Tport__PutBatchRequest q = TPORT__PUT_BATCH_REQUEST__INIT;
   q.n_puts = q.n_payload_bytes = n;
   q.puts = qp;
   q.payload_bytes = lens;
+  q.fence_addr = (uint64_t)(uintptr_t)fence;
+  q.fence_token = token;
   Tport__PutBatchReply *r = NULL;
   tport_err err;
-  cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_PUT_BATCH, &q.base, NULL, 0,
+  cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_PUT_BATCH, &q.base, payload, total,
                           &tport__put_batch_reply__descriptor, (ProtobufCMessage **)&r, NULL,
                           &err),
                0, "%s", err.msg);
@@ -416,7 +437,17 @@ static void batch_raw(tport_client *c, const raw_put *el, size_t n, int *code, t
     }
   }
   protobuf_c_message_free_unpacked(&r->base, NULL);
-  free(desc), free(qs), free(qp), free(sl), free(sz), free(lens);
+  free(desc), free(qs), free(qp), free(sl), free(sz), free(lens), free(payload);
+}
+
+/* The bytes of ref are len bytes at p. */
+static void expect_bytes(tport_client *c, const tport_ref *ref, const void *p, size_t len)
+{
+  uint8_t *back = calloc(1, len ? len : 1);
+  tport_err err;
+  cr_assert_eq(tport_get(c, ref, back, len, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+  cr_assert_eq(memcmp(back, p, len), 0, "the bytes came back changed");
+  free(back);
 }
 
 static int64_t tenant_counter(const char *url, const char *tenant, const char *name);
@@ -437,38 +468,31 @@ Test(shm_process, hostile_direct_elements_of_a_batch_cost_their_element_only)
   void *hole = mmap(NULL, 2 * 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   cr_assert_neq(hole, MAP_FAILED);
   cr_assert_eq(munmap(hole, 2 * 4096), 0);
-  /* good ones around an unmapped page, a range that wraps, another
-   * connection's region, a converted put, and more than one request reads */
-  raw_put el[] = {{mine, at, CHUNK, false},
-                  {mine, (uint64_t)(uintptr_t)hole, 4096, false},
-                  {mine, at + CHUNK, CHUNK, false},
-                  {mine, UINT64_MAX - 100, 4096, false},
-                  {theirs, at, CHUNK, false},
-                  {mine, at, CHUNK, true},
-                  {mine, at, SPAN, false},
-                  {mine, at + 2 * CHUNK, 2 * CHUNK, false}};
-  int want[] = {0, TPORT_OUT_OF_RANGE, 0, TPORT_OUT_OF_RANGE, TPORT_NOT_FOUND,
-                TPORT_INVALID_ARGUMENT, TPORT_OUT_OF_RANGE, 0};
+  /* good ones around an unmapped page, a range that wraps, a converted
+   * put, more than one request reads; then another connection's region */
+  raw_put el[] = {RAW(mine, at, CHUNK),
+                  RAW(mine, (uint64_t)(uintptr_t)hole, 4096),
+                  RAW(mine, at + CHUNK, CHUNK),
+                  RAW(mine, UINT64_MAX - 100, 4096),
+                  {.region = mine, .addr = at, .len = CHUNK, .convert = true},
+                  RAW(mine, at, SPAN),
+                  RAW(mine, at + 2 * CHUNK, 2 * CHUNK),
+                  RAW(theirs, at, CHUNK)};
+  int want[] = {0, TPORT_OUT_OF_RANGE, 0, TPORT_OUT_OF_RANGE, TPORT_INVALID_ARGUMENT,
+                TPORT_OUT_OF_RANGE, 0, TPORT_NOT_FOUND};
   enum { K = sizeof el / sizeof *el };
   int code[K];
   tport_ref ref[K];
+  static uint64_t fence = 0x5eed;
   int64_t reads = svc_server_counter(url, "shm_process_reads");
-  batch_raw(c, el, K, code, ref);
+  batch_raw(c, el, K, &fence, fence, code, ref);
   for (int i = 0; i < K; i++)
     cr_assert_eq(code[i], want[i], "element %d: %d, not %d", i, code[i], want[i]);
-  /* the good ones stored exact: once together (which met the hole), then
-   * each alone */
-  cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 3);
-  for (int i = 0; i < K; i++) {
-    if (want[i])
-      continue;
-    uint8_t *back = calloc(1, el[i].len);
-    tport_err err;
-    cr_assert_eq(tport_get(c, &ref[i], back, el[i].len, NULL, NULL, NULL, &err), 0, "%s",
-                 err.msg);
-    cr_assert_eq(memcmp(back, (void *)(uintptr_t)el[i].addr, el[i].len), 0, "element %d", i);
-    free(back);
-  }
+  /* the good ones stored exact, in the one read that met the hole */
+  cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 1);
+  for (int i = 0; i < K; i++)
+    if (!want[i])
+      expect_bytes(c, &ref[i], (void *)(uintptr_t)el[i].addr, el[i].len);
   /* what the batch charged and did not store was given back: with the
    * stored ones freed, the tenant holds nothing */
   for (int i = 0; i < K; i++)
@@ -477,6 +501,58 @@ Test(shm_process, hostile_direct_elements_of_a_batch_cost_their_element_only)
   cr_assert_eq(tenant_counter(url, "hostile", "tensor_bytes"), 0);
   free(v);
   tport_close(other);
+  tport_close(c);
+  stop(s);
+}
+
+/* A batch's puts from the client's memory name a fence that holds its
+ * token while the client waits (else nothing is stored: the client may
+ * have changed the bytes by then), come together, and take their names in
+ * the batch's order. */
+Test(shm_process, a_batchs_reads_need_a_live_fence_and_keep_its_order)
+{
+  need_pidfd();
+  char url[96];
+  server *s = start(url, sizeof url);
+  tport_client *c = svc_connect(url, "fence");
+  uint64_t mine;
+  cr_assert_eq(client_process_region(c, &mine), 0);
+  size_t n = 4 * CHUNK;
+  uint8_t *v = malloc(n);
+  fill(v, n, 55);
+  uint64_t at = (uint64_t)(uintptr_t)v;
+  int code[3];
+  tport_ref ref[3];
+  /* no fence: refused, the payload's element stored */
+  raw_put two[] = {RAW(mine, at, CHUNK), RAW(0, at + CHUNK, CHUNK)};
+  batch_raw(c, two, 2, NULL, 0, code, ref);
+  cr_assert_eq(code[0], TPORT_INVALID_ARGUMENT);
+  cr_assert_eq(code[1], 0);
+  tport_free(c, &ref[1], NULL);
+  /* a fence that no longer holds the token: read, nothing stored */
+  static uint64_t fence = 0;
+  int64_t reads = svc_server_counter(url, "shm_process_reads");
+  raw_put gone[] = {RAW(mine, at, CHUNK), RAW(mine, at + CHUNK, 2 * CHUNK)};
+  batch_raw(c, gone, 2, &fence, 0x1234, code, ref);
+  cr_assert_eq(code[0], TPORT_ABORTED);
+  cr_assert_eq(code[1], TPORT_ABORTED);
+  cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 1);
+  cr_assert_eq(tenant_counter(url, "fence", "tensors"), 0, "a put was stored");
+  cr_assert_eq(tenant_counter(url, "fence", "tensor_bytes"), 0, "a charge was kept");
+  /* the order: the read one named "w" first, the payload's after it */
+  fence = 0x1234;
+  raw_put order[] = {{.region = mine, .addr = at, .len = CHUNK, .name = "w", .replace = true},
+                     {.addr = at + CHUNK, .len = CHUNK, .name = "w", .replace = true},
+                     RAW(mine, at + 2 * CHUNK, CHUNK)};
+  batch_raw(c, order, 3, &fence, fence, code, ref);
+  cr_assert_eq(code[0], 0);
+  cr_assert_eq(code[1], 0);
+  cr_assert_eq(code[2], TPORT_INVALID_ARGUMENT, "a second read in one batch");
+  tport_ref w = {0};
+  snprintf(w.name, sizeof w.name, "w");
+  expect_bytes(c, &w, v + CHUNK, CHUNK);
+  tport_free(c, &w, NULL);
+  free(v);
   tport_close(c);
   stop(s);
 }
@@ -626,45 +702,6 @@ static int chunk_raw(tport_client *c, const Tport__Ref *w, uint64_t offset, uint
   return rc;
 }
 
-/* PutBegin with commit of len bytes at addr of region (converted to int16
- * where asked): the status code; the stored bytes checked where it is OK. */
-static int put_once_raw(tport_client *c, uint64_t region, uint64_t addr, uint64_t len,
-                        bool convert)
-{
-  int64_t sz = (int64_t)len;
-  Tport__TensorDesc desc;
-  Tport__PutBeginRequest q;
-  tport_put_options o;
-  tport_put_options_init(&o);
-  o.has_dtype = convert;
-  o.dtype = TPORT_INT16;
-  client_put_request(c, TPORT_UINT8, 1, &sz, NULL, &o, &desc, &q);
-  q.commit = true;
-  Tport__ShmSlice sl = TPORT__SHM_SLICE__INIT;
-  sl.region = region;
-  sl.offset = addr;
-  sl.length = len;
-  q.shm = &sl;
-  Tport__PutBeginReply *r = NULL;
-  tport_err err;
-  int rc = client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, NULL, 0,
-                      &tport__put_begin_reply__descriptor, (ProtobufCMessage **)&r, NULL, &err);
-  if (rc == TPORT_INVALID_ARGUMENT && convert)
-    cr_assert(strstr(err.msg, "client's memory"), "%s", err.msg);
-  if (!rc) {
-    tport_tensor_info info;
-    client_info_from_wire(r->info, &info);
-    uint8_t *back = calloc(1, len);
-    cr_assert_eq(tport_get(c, &info.ref, back, len, NULL, NULL, NULL, &err), 0, "%s", err.msg);
-    cr_assert_eq(memcmp(back, (void *)(uintptr_t)addr, len), 0, "the put's bytes changed");
-    free(back);
-    tport_free(c, &info.ref, NULL);
-  }
-  if (r)
-    protobuf_c_message_free_unpacked(&r->base, NULL);
-  return rc;
-}
-
 Test(shm_process, hostile_slices_of_a_process_region_cost_their_request_only)
 {
   need_pidfd();
@@ -699,14 +736,28 @@ Test(shm_process, hostile_slices_of_a_process_region_cost_their_request_only)
   cr_assert_eq(chunk_raw(c, &w, 0, mine, at, CHUNK, v, 16), TPORT_INVALID_ARGUMENT);
   /* another connection's process region is none of this one's */
   cr_assert_eq(chunk_raw(c, &w, 0, theirs, at, CHUNK, NULL, 0), TPORT_NOT_FOUND);
-  /* a whole put in one PutBegin from the client's memory: stored as it is
-   * on the cpu only; its slice checked as a chunk's */
-  cr_assert_eq(put_once_raw(c, mine, at, CHUNK, true), TPORT_INVALID_ARGUMENT);
-  cr_assert_eq(put_once_raw(c, mine, (uint64_t)(uintptr_t)hole, CHUNK, false),
-               TPORT_OUT_OF_RANGE);
-  cr_assert_eq(put_once_raw(c, mine, UINT64_MAX - 100, CHUNK, false), TPORT_OUT_OF_RANGE);
-  cr_assert_eq(put_once_raw(c, theirs, at, CHUNK, false), TPORT_NOT_FOUND);
-  cr_assert_eq(put_once_raw(c, mine, at, CHUNK, false), 0);
+  /* a whole put naming the client's memory: a batch's element only (a
+   * batch has a fence) */
+  {
+    int64_t sz = (int64_t)CHUNK;
+    Tport__TensorDesc desc;
+    Tport__PutBeginRequest q;
+    tport_put_options o;
+    tport_put_options_init(&o);
+    client_put_request(c, TPORT_UINT8, 1, &sz, NULL, &o, &desc, &q);
+    q.commit = true;
+    Tport__ShmSlice sl = TPORT__SHM_SLICE__INIT;
+    sl.region = mine;
+    sl.offset = at;
+    sl.length = CHUNK;
+    q.shm = &sl;
+    ProtobufCMessage *r = NULL;
+    tport_err err;
+    cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, NULL, 0,
+                            &tport__put_begin_reply__descriptor, &r, NULL, &err),
+                 TPORT_INVALID_ARGUMENT);
+    cr_assert(strstr(err.msg, "client's own memory"), "%s", err.msg);
+  }
   /* the put still completes from good slices, exact: both chunks at once */
   cr_assert_eq(chunk_raw(c, &w, 0, mine, at, 2 * CHUNK, NULL, 0), 0);
   Tport__PutCommitRequest cq = TPORT__PUT_COMMIT_REQUEST__INIT;
@@ -1020,12 +1071,12 @@ Test(shm_process, a_gathered_read_given_up_fails_its_elements_and_stays_charged,
   tport_client *c = svc_connect(url, "stuck");
   uint64_t mine;
   cr_assert_eq(client_process_region(c, &mine), 0);
-  raw_put el[] = {{mine, (uint64_t)(uintptr_t)v, n, false},
-                  {mine, (uint64_t)(uintptr_t)area, n, false},
-                  {mine, (uint64_t)(uintptr_t)v + n, n, false}};
+  raw_put el[] = {RAW(mine, (uint64_t)(uintptr_t)v, n), RAW(mine, (uint64_t)(uintptr_t)area, n),
+                  RAW(mine, (uint64_t)(uintptr_t)v + n, n)};
   int code[3];
   tport_ref ref[3];
-  batch_raw(c, el, 3, code, ref);
+  static uint64_t fence = 7;
+  batch_raw(c, el, 3, &fence, fence, code, ref);
   for (int i = 0; i < 3; i++)
     cr_assert_eq(code[i], TPORT_DEADLINE_EXCEEDED, "element %d: %d", i, code[i]);
   cr_assert_eq(svc_server_counter(url, "shm_process_stuck"), 1);
@@ -1054,6 +1105,40 @@ Test(shm_process, a_gathered_read_given_up_fails_its_elements_and_stays_charged,
   tport_close(c);
   close(uffd);
   munmap(area, 2 * n);
+  stop(s);
+}
+
+/* A client that stops waiting for a batch (its timeout) while tportd is
+ * still reading the elements' bytes: what tportd reads after that is not
+ * stored (the batch's fence no longer holds), for the caller may have
+ * changed its buffers once tport_put_batch returned. */
+Test(shm_process, a_batch_the_client_stopped_waiting_for_stores_nothing, .timeout = 120)
+{
+  need_pidfd();
+  size_t n = 4 * CHUNK;
+  int uffd;
+  uint8_t *area = stuck_pages(n, &uffd);
+  char url[96];
+  server *s = start(url, sizeof url);
+  tport_client *c;
+  tport_err err;
+  tport_connect_options o = {.timeout_ms = 1000, .tenant = "fence"};
+  cr_assert_eq(tport_connect(url, &o, &c, &err), 0, "%s", err.msg);
+  int64_t sz = (int64_t)n;
+  tport_put_options keep;
+  tport_put_options_init(&keep);
+  keep.name = "late"; /* would outlive the connection */
+  tport_put_item item = {.dtype = TPORT_UINT8, .ndim = 1, .sizes = &sz, .data = area,
+                         .nbytes = n, .opts = &keep};
+  cr_assert_neq(tport_put_batch(c, &item, 1, &err), 0, "the batch did not time out");
+  /* the caller has its buffer back: served now, the read ends within its
+   * deadline, after the client stopped waiting */
+  serve_pages(uffd, area, n);
+  wait_counter(url, "shm_process_reading", 0, 700);
+  tport_close(c);
+  cr_assert_eq(tenant_counter(url, "fence", "tensors"), 0, "what was read late was stored");
+  close(uffd);
+  munmap(area, n);
   stop(s);
 }
 
