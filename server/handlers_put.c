@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "put_gather.h"
 #include "put_once.h"
 #include "validate.h"
 #include "wire.h"
@@ -366,6 +367,8 @@ int h_put_begin(call *c)
     return rc;
   /* --uvm: every put to a device lands in managed memory */
   unsigned flags = q->managed || (s->cfg.uvm && dev.type != TPORT_DEV_CPU) ? STORAGE_MANAGED : 0;
+  if (q->shm && !flags && shm_is_process(s->shm, c->pipe, q->shm->region))
+    return put_from_process(c, q, &l, put.from, dev, &put.convert); /* read, not mapped */
   if (q->shm && !flags)
     return put_once_from_region(c, q, &l, put.from, dev, &put.convert);
   if (q->commit && !q->shm && !flags) {

@@ -10,7 +10,6 @@
 #include "put_once.h"
 
 #include "crc32c.h"
-#include "put_gather.h"
 #include "wire.h"
 #include "wrap.h"
 
@@ -144,9 +143,6 @@ int put_once(call *c, const Tport__PutBeginRequest *q, const meta_layout *l, tpo
 int put_once_from_region(call *c, const Tport__PutBeginRequest *q, const meta_layout *l,
                          tport_dtype from, tport_device dev, const to_options *convert)
 {
-  /* the client's own memory: read rather than mapped */
-  if (shm_is_process(c->srv->shm, c->pipe, q->shm->region))
-    return put_from_process(c, q, l, from, dev, convert);
   put_source in = {0};
   int rc = hold_whole(c, q->shm, &in.held, &in.p, &in.pinned, &in.mem_dev, &in.on_dev);
   if (rc)

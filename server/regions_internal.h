@@ -161,4 +161,13 @@ int region_opened(shm_table *t, shm_region *r, int rc, tport_err *err);
 /* The connection's region id (mu held); NULL where it has none. */
 shm_region *find_mine(shm_table *t, uint32_t pipe, uint64_t id);
 
+/* regions_process_read.c, for the registration's check too: whether the
+ * process behind pidfd still runs; bytes [from, to) of the runs seg of
+ * process pid into their dsts, read by this thread without CAP_SYS_PTRACE
+ * meanwhile (with bad, a flag a run: one that cannot be read is flagged
+ * and skipped rather than failing the read). */
+bool process_alive(int pidfd);
+int process_read_as_user(pid_t pid, const shm_read_seg *seg, size_t nseg, size_t from, size_t to,
+                         atomic_bool *bad, tport_err *err);
+
 #endif
