@@ -13,9 +13,10 @@
  * (client/copy_pool.c), one on the shared client and one on its own: their
  * copies into and out of the regions run at once, one on the pool, the
  * other inline.  Two more put and get batches of small tensors on the
- * shared client: their groups' bytes go through slots of its region when
- * they take it (client/batch_region.h), by the socket when another call
- * has it.  One more puts from pages under userfaultfd that are served only
+ * shared client: enough bytes that the server reads a put batch's from the
+ * callers' buffers, a request's in one read (server/put_gather.c); a get
+ * batch's deferred ones go through slots of its region when they take it
+ * (client/batch_region.h), by the socket when another call has it.  One more puts from pages under userfaultfd that are served only
  * after the server's worker gave its read up (regions_process.c): the
  * read's thread ends beside the others' work.  Exit status 0 when every
  * byte came back right.
