@@ -332,7 +332,7 @@ int h_put_batch(call *c)
      * h_put_begin refuses such an element that carries bytes */
     gather.el = i;
     run_element(c, &sink, &gather, TPORT__METHOD__METHOD_PUT_BEGIN, h_put_begin,
-                &q->puts[i]->base, c->payload + off, len, &els[i]);
+                &q->puts[i]->base, c->payload ? c->payload + off : NULL, len, &els[i]);
     off += len;
   }
   /* the puts from the client's memory: one read for all, then answered */
