@@ -456,7 +456,8 @@ size_t client_process_span(const tport_client *c, size_t chunk);
  * read together by the server (0: none, the server reads no such put). */
 size_t client_process_batch_bytes(const tport_client *c);
 /* A fresh nonzero token for a batch's fence (PutBatchRequest.fence_token):
- * random, so that memory the fence once was never holds it by chance. */
+ * none this process made before (counted from a random start), so that
+ * memory an earlier batch's fence was never holds this one's. */
 uint64_t client_fence_token(void);
 /* Whether a put of host data with opts is one the server should read from
  * the caller's buffer (if large enough: the caller's rule): one stored on

@@ -88,12 +88,30 @@ size_t client_process_batch_bytes(const tport_client *c)
   return most > CLIENT_PROCESS_SPAN_MAX ? CLIENT_PROCESS_SPAN_MAX : (size_t)most;
 }
 
+static _Atomic uint64_t fence_next;
+
+/* The tokens' random start (the monotonic clock's nanoseconds where no
+ * random bytes can be had). */
+static void fence_start(void)
+{
+  uint64_t t;
+  if (RAND_bytes((unsigned char *)&t, sizeof t) != 1) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    t = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+  }
+  atomic_store(&fence_next, t);
+}
+
 uint64_t client_fence_token(void)
 {
-  uint64_t t = 0;
-  while (t == 0)
-    if (RAND_bytes((unsigned char *)&t, sizeof t) != 1)
-      t = (uint64_t)time(NULL) * 6364136223846793005u + (uint64_t)(uintptr_t)&t;
+  /* one apart from the last, from a random start: never one an earlier
+   * batch of this process used (whatever became of RAND_bytes) */
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, fence_start);
+  uint64_t t;
+  while ((t = atomic_fetch_add(&fence_next, 1)) == 0) {
+  }
   return t;
 }
 
@@ -102,7 +120,7 @@ bool client_put_reads_direct(const tport_client *c, const tport_put_options *o, 
 {
   bool converts = o && (o->has_dtype || o->memory_format != TPORT_MF_PRESERVE);
   bool on_cpu = !o || !o->device || strcmp(o->device, "cpu") == 0;
-  return c->proc_on && data && nbytes > 0 && on_cpu && !converts;
+  return c->proc_on && data && nbytes > 0 && on_cpu && !converts && !(o && o->managed);
 }
 
 int client_process_region(tport_client *c, uint64_t *id)

@@ -280,8 +280,8 @@ static int check_count(call *c, size_t n)
   return TPORT_OK;
 }
 
-/* Whether q names a slice of the connection's process region (a put
- * gathered, or refused). */
+/* Whether q names a slice of the connection's process region: a put
+ * gathered, or refused (h_put_begin's test). */
 static bool names_process(call *c, const Tport__PutBeginRequest *q)
 {
   return q->commit && q->shm && shm_is_process(c->srv->shm, c->pipe, q->shm->region);

@@ -367,8 +367,10 @@ int h_put_begin(call *c)
     return rc;
   /* --uvm: every put to a device lands in managed memory */
   unsigned flags = q->managed || (s->cfg.uvm && dev.type != TPORT_DEV_CPU) ? STORAGE_MANAGED : 0;
-  if (q->shm && !flags && shm_is_process(s->shm, c->pipe, q->shm->region))
-    return put_from_process(c, q, &l, put.from, dev, &put.convert); /* read, not mapped */
+  /* the client's memory, read rather than mapped (managed memory or a
+   * device refused there: a batch's flush decision is this test) */
+  if (q->shm && shm_is_process(s->shm, c->pipe, q->shm->region))
+    return put_from_process(c, q, &l, put.from, dev, &put.convert);
   if (q->shm && !flags)
     return put_once_from_region(c, q, &l, put.from, dev, &put.convert);
   if (q->commit && !q->shm && !flags) {

@@ -83,14 +83,16 @@ int put_from_process(call *c, const Tport__PutBeginRequest *q, const meta_layout
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                          "a batch's puts from the client's memory come together: this one "
                          "follows an element of another kind after them");
-  if (!g->fence_addr)
+  if (!g->fence_addr || !g->fence_token)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                          "a batch whose puts name the client's memory names its fence "
-                         "(fence_addr, fence_token)");
-  if (dev.type != TPORT_DEV_CPU || convert->has_dtype || convert->has_format)
+                         "(fence_addr, a nonzero fence_token)");
+  if (dev.type != TPORT_DEV_CPU || convert->has_dtype || convert->has_format || q->managed ||
+      c->srv->cfg.uvm)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                          "a put read from the client's memory is stored as it is on the cpu: "
-                         "a device or a conversion takes a region or the payload");
+                         "a device, managed memory or a conversion takes a region or the "
+                         "payload");
   if (g->n && q->shm->region != g->region)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
                          "a batch's puts from the client's memory name one process region "

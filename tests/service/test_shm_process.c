@@ -345,6 +345,49 @@ Test(shm_process, a_batchs_direct_elements_are_read_together)
   stop(s);
 }
 
+/* The bytes of ref are len bytes at p. */
+static void expect_bytes(tport_client *c, const tport_ref *ref, const void *p, size_t len)
+{
+  uint8_t *back = calloc(1, len ? len : 1);
+  tport_err err;
+  cr_assert_eq(tport_get(c, ref, back, len, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+  cr_assert_eq(memcmp(back, p, len), 0, "the bytes came back changed");
+  free(back);
+}
+
+/* A batch's element put into managed memory is not read from the caller's
+ * buffer (tportd stores only plain cpu tensors that way): it is answered
+ * by the put's own rules (managed memory is a device's), beside one that
+ * is read. */
+Test(shm_process, a_managed_element_of_a_batch_is_not_read_directly)
+{
+  need_pidfd();
+  char url[96];
+  server *s = start(url, sizeof url);
+  tport_client *c = connect_with(url, false);
+  size_t n = 512 << 10;
+  uint8_t *v = malloc(2 * n);
+  fill(v, 2 * n, 66);
+  int64_t sz = (int64_t)n;
+  tport_put_options managed;
+  tport_put_options_init(&managed);
+  managed.managed = true;
+  tport_put_item items[2] = {
+      {.dtype = TPORT_UINT8, .ndim = 1, .sizes = &sz, .data = v, .nbytes = n, .opts = &managed},
+      {.dtype = TPORT_UINT8, .ndim = 1, .sizes = &sz, .data = v + n, .nbytes = n}};
+  int64_t reads = svc_server_counter(url, "shm_process_reads");
+  tport_err err;
+  cr_assert_neq(tport_put_batch(c, items, 2, &err), 0);
+  cr_assert_neq(items[0].err.code, 0);
+  cr_assert(strstr(items[0].err.msg, "managed memory needs a device"), "%s", items[0].err.msg);
+  cr_assert_eq(items[1].err.code, 0, "%s", items[1].err.msg);
+  cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 1);
+  expect_bytes(c, &items[1].info.ref, v + n, n);
+  free(v);
+  tport_close(c);
+  stop(s);
+}
+
 Test(shm_process, many_small_elements_are_read_directly_a_few_ride)
 {
   need_pidfd();
@@ -375,7 +418,7 @@ typedef struct raw_put {
   uint64_t region, addr, len;
   bool convert;
   const char *name;
-  bool replace;
+  bool replace, managed;
 } raw_put;
 
 #define RAW(r, a, l) {.region = (r), .addr = (a), .len = (l)}
@@ -399,6 +442,7 @@ static void batch_raw(tport_client *c, const raw_put *el, size_t n, const uint64
     o.dtype = TPORT_INT16;
     o.name = el[i].name;
     o.replace = el[i].replace;
+    o.managed = el[i].managed;
     sz[i] = (int64_t)el[i].len;
     client_put_request(c, TPORT_UINT8, 1, &sz[i], NULL, &o, &desc[i], &qs[i]);
     qs[i].commit = true;
@@ -440,15 +484,6 @@ static void batch_raw(tport_client *c, const raw_put *el, size_t n, const uint64
   free(desc), free(qs), free(qp), free(sl), free(sz), free(lens), free(payload);
 }
 
-/* The bytes of ref are len bytes at p. */
-static void expect_bytes(tport_client *c, const tport_ref *ref, const void *p, size_t len)
-{
-  uint8_t *back = calloc(1, len ? len : 1);
-  tport_err err;
-  cr_assert_eq(tport_get(c, ref, back, len, NULL, NULL, NULL, &err), 0, "%s", err.msg);
-  cr_assert_eq(memcmp(back, p, len), 0, "the bytes came back changed");
-  free(back);
-}
 
 static int64_t tenant_counter(const char *url, const char *tenant, const char *name);
 
@@ -539,6 +574,17 @@ Test(shm_process, a_batchs_reads_need_a_live_fence_and_keep_its_order)
   cr_assert_eq(svc_server_counter(url, "shm_process_reads") - reads, 1);
   cr_assert_eq(tenant_counter(url, "fence", "tensors"), 0, "a put was stored");
   cr_assert_eq(tenant_counter(url, "fence", "tensor_bytes"), 0, "a charge was kept");
+  /* a zero token, managed memory: refused */
+  fence = 0;
+  batch_raw(c, two, 1, &fence, 0, code, ref);
+  cr_assert_eq(code[0], TPORT_INVALID_ARGUMENT, "a zero token");
+  raw_put managed[] = {{.region = mine, .addr = at, .len = CHUNK, .managed = true}};
+  fence = 9;
+  batch_raw(c, managed, 1, &fence, fence, code, ref);
+  cr_assert_eq(code[0], TPORT_INVALID_ARGUMENT, "managed memory");
+  /* a client's tokens: never zero, never the same twice */
+  uint64_t t1 = client_fence_token(), t2 = client_fence_token();
+  cr_assert(t1 && t2 && t1 != t2);
   /* the order: the read one named "w" first, the payload's after it */
   fence = 0x1234;
   raw_put order[] = {{.region = mine, .addr = at, .len = CHUNK, .name = "w", .replace = true},
