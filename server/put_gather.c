@@ -22,8 +22,8 @@ static int make_tensor(call *c, const Tport__PutBeginRequest *q, const meta_layo
   gd->paid = REG_RESERVATION_INIT(&c->srv->reg, c->pipe);
   int rc = reg_add_check(&c->srv->reg, q->name, q->ttl_ms, &c->err);
   if (!rc && (rc = wire_charge_begin(c, &gd->paid, n, "the put's tensor")) == TPORT_OK) {
-    rc = tensor_empty_strided((tport_device){TPORT_DEV_CPU, 0}, from, l->ndim, l->sizes,
-                              l->strides, 0, &gd->t, &c->err);
+    rc = tensor_empty_strided((tport_device){TPORT_DEV_CPU, 0}, from, l->ndim, l->sizes, l->strides,
+                              0, &gd->t, &c->err);
     wire_charge_end(&gd->paid);
   }
   if (!rc && n && !(gd->seg.dst = tensor_host_bytes(gd->t, 0, n)))
@@ -150,11 +150,14 @@ static int read_gathered(call *c, put_gather *g, bool *bad)
   tport_tensor **keep = malloc(g->n * sizeof *keep);
   bool *runs_bad = calloc(g->n, sizeof *runs_bad);
   reg_later hold = {0};
-  int rc = seg && keep && runs_bad ? reg_later_begin(&s->reg, c->pipe, &hold, &c->err)
-                                   : tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED,
-                                                   "out of memory");
-  shm_read_many m = {.seg = seg, .keep = keep, .bad = runs_bad,
-                     .fence_addr = g->fence_addr, .fence_want = g->fence_token};
+  int rc = seg && keep && runs_bad
+               ? reg_later_begin(&s->reg, c->pipe, &hold, &c->err)
+               : tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  shm_read_many m = {.seg = seg,
+                     .keep = keep,
+                     .bad = runs_bad,
+                     .fence_addr = g->fence_addr,
+                     .fence_want = g->fence_token};
   for (size_t i = 0; !rc && i < g->n; i++)
     if (g->v[i].seg.n) {
       seg[m.nseg++] = g->v[i].seg;

@@ -47,12 +47,12 @@ typedef struct gathered {
 typedef struct put_gather {
   gathered *v;
   size_t n, cap;
-  uint64_t region;  /* the process region every element names (n > 0) */
-  size_t bytes;     /* the elements' bytes */
-  size_t room;      /* the most a batch may read */
-  size_t el;        /* the element the batch is running */
+  uint64_t region;                  /* the process region every element names (n > 0) */
+  size_t bytes;                     /* the elements' bytes */
+  size_t room;                      /* the most a batch may read */
+  size_t el;                        /* the element the batch is running */
   uint64_t fence_addr, fence_token; /* the batch's (addr 0: none) */
-  bool flushed;     /* read already: no more are gathered */
+  bool flushed;                     /* read already: no more are gathered */
 } put_gather;
 
 /* Each element answered at the end: done(ctx, el, sub, rc), sub the call
