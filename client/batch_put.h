@@ -60,7 +60,6 @@ typedef struct put_plan {
   size_t *idx, *start;  /* the groups: group g is idx[start[g] .. start[g + 1]) */
   size_t ngroups;
   size_t direct_from;   /* groups from here on name the caller's buffers (proc) */
-  size_t direct_room;   /* the most bytes one of them names */
   /* the direct groups' fence (PutBatchRequest): fence_token while the
    * window waits for their replies, 0 once it does not */
   _Atomic uint64_t fence;

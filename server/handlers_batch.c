@@ -325,8 +325,9 @@ int h_put_batch(call *c)
   for (size_t i = 0; i < n; i++) {
     size_t len = (size_t)q->payload_bytes[i];
     /* the puts from the client's memory before stored first: the batch's
-     * elements take their names in order */
-    if (!names_process(c, q->puts[i]))
+     * elements take their names in order (no lookup while none is
+     * gathered: a batch of payloads pays nothing for it) */
+    if (gather.n && !names_process(c, q->puts[i]))
       put_gather_flush(&at_end, &gather, gathered_answered, els);
     /* without commit an upload begins (its chunks follow by PutChunk):
      * h_put_begin refuses such an element that carries bytes */
