@@ -214,10 +214,11 @@ static void registry_gauges(metrics_text *t, server *s)
                     "page the client never lets fault in).",
                     ss.process_stuck);
   metrics_counter_u64(t, "tport_shm_process_reads_total",
-                      "Put chunks read straight from same-host clients' memory.",
+                      "Reads of same-host clients' memory whose bytes could be stored (a "
+                      "put's chunks, or a batch's puts read together).",
                       ss.process_reads);
   metrics_counter_u64(t, "tport_shm_process_read_bytes_total",
-                      "Bytes read straight from same-host clients' memory (process_vm_readv).",
+                      "Bytes of those reads (process_vm_readv).",
                       ss.process_bytes);
   metrics_gauge_u64(t, "tport_tensor_bytes",
                     "Bytes tenants pay for: distinct storages, conversions in progress, gets' host "

@@ -199,7 +199,7 @@ typedef struct shm_stats {
   uint64_t ipc_regions;                   /* CUDA IPC regions registered now (in regions) */
   uint64_t ipc_opens, ipc_refused;        /* CUDA IPC allocations opened / refused, ever */
   uint64_t process_regions;               /* process regions registered now */
-  uint64_t process_reads, process_bytes;  /* chunks / bytes read from clients' memory, ever */
+  uint64_t process_reads, process_bytes;  /* reads / bytes of clients' memory stored from, ever */
   uint64_t process_reading, process_stuck; /* reads running now; of them, given up */
 } shm_stats;
 void shm_get_stats(shm_table *t, shm_stats *out);

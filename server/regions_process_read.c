@@ -300,7 +300,9 @@ static void read_ended(read_job *j)
     HASH_DEL(t->tenants, j->u);
     free(j->u);
   }
-  if (!j->rc && !abandoned) {
+  /* counted where its bytes may be stored: read whole, waited for, and
+   * its fence (if it names one) held */
+  if (!j->rc && !abandoned && (!j->fence_addr || j->fence_held)) {
     t->stats.process_reads++;
     t->stats.process_bytes += j->n;
   }
