@@ -1,7 +1,7 @@
 /*
  * hold_util.h: requests of one method held in their worker until released,
  * through the server's test hook (server_test_before_handle), for the
- * tests that need tportd's workers busy (test_admission, test_shm_process).
+ * tests that need tportd's workers busy (test_admission, test_shm_process_stuck).
  * The server runs in the test's process.
  */
 #ifndef TPORT_HOLD_UTIL_H
