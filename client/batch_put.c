@@ -62,12 +62,54 @@ static int group_make(put_plan *pp, size_t g, nng_msg **out, tport_err *err)
   bool direct = g >= pp->direct_from;
   pp->slot[g] = direct ? BATCH_NO_SLOT : batch_region_take(pp->c, &pp->region);
   int rc = batch_put_request(pp, first, pp->start[g + 1] - first, batch_put_group_kth, true,
-                             direct ? BATCH_DIRECT : pp->slot[g], out, err);
+                             direct ? BATCH_DIRECT : pp->slot[g], &pp->alone[g], out, err);
   if (rc) { /* never sent */
     batch_region_give(&pp->region, pp->slot[g]);
     pp->slot[g] = BATCH_NO_SLOT;
   }
   return rc;
+}
+
+/* Element j of group g answered by a reply of its own, one. */
+static void element_take(put_plan *pp, size_t g, size_t j, const Tport__PutBeginReply *one)
+{
+  size_t first = pp->start[g];
+  tport_put_item *it = batch_put_group_kth(pp, first, j);
+  if (batch_element_status(one->status, &it->err) != TPORT_OK) {
+    /* read from the caller's buffer: the server gave up the read (memory
+     * that pages in slowly) or had no reader free -- put on its own after
+     * the window, through the region where it gave up */
+    int code = it->err.code;
+    if (g >= pp->direct_from && (code == TPORT_DEADLINE_EXCEEDED || code == TPORT_RESOURCE_EXHAUSTED)) {
+      size_t item = pp->idx[first + j];
+      pp->redo[item] = true;
+      pp->not_direct[item] = code == TPORT_DEADLINE_EXCEEDED;
+      it->err.code = NOT_ANSWERED;
+    }
+  } else if (!one->info) {
+    tport_err_set(&it->err, TPORT_DATA_LOSS, "the server's reply describes no tensor");
+  } else {
+    client_info_from_wire(one->info, &it->info);
+  }
+}
+
+/* Run x of group g's reply, its elements from *j on (*j moved past them):
+ * each stored as the run's info says, under its handle, or answered by a
+ * reply of its own. */
+static void run_take(put_plan *pp, size_t g, const Tport__PutRunReply *run, size_t *j)
+{
+  size_t n = run->handles.len / TPORT_HANDLE_BYTES, next = 0;
+  tport_tensor_info base;
+  client_info_from_wire(run->info, &base); /* (none: each replied) */
+  for (size_t i = 0; i < n; i++, (*j)++) {
+    if (next < run->n_replied && run->replied[next] == i) {
+      element_take(pp, g, *j, run->replies[next++]);
+      continue;
+    }
+    tport_put_item *it = batch_put_group_kth(pp, pp->start[g], *j);
+    it->info = base;
+    memcpy(it->info.ref.handle, run->handles.data + i * TPORT_HANDLE_BYTES, TPORT_HANDLE_BYTES);
+  }
 }
 
 /* Group g's reply: each element's result, or the group's error for all.
@@ -79,31 +121,19 @@ static void group_take(put_plan *pp, client_slot *s, size_t g)
   pp->slot[g] = BATCH_NO_SLOT;
   Tport__PutBatchReply *r = NULL;
   tport_err ge;
-  int rc = batch_put_reply(pp, s, k, &r, &ge);
-  bool direct = g >= pp->direct_from;
+  int rc = batch_put_reply(pp, s, k, pp->alone[g], &r, &ge);
   for (size_t j = 0; j < k; j++) {
     tport_put_item *it = batch_put_group_kth(pp, first, j);
     tport_err_clear(&it->err);
-    if (rc) {
+    if (rc)
       it->err = ge;
-    } else if (batch_element_status(r->puts[j]->status, &it->err) != TPORT_OK) {
-      /* read from the caller's buffer: the server gave up the read (memory
-       * that pages in slowly) or had no reader free -- put on its own after
-       * the window, through the region where it gave up */
-      int code = it->err.code;
-      if (direct && (code == TPORT_DEADLINE_EXCEEDED || code == TPORT_RESOURCE_EXHAUSTED)) {
-        size_t item = pp->idx[first + j];
-        pp->redo[item] = true;
-        pp->not_direct[item] = code == TPORT_DEADLINE_EXCEEDED;
-        it->err.code = NOT_ANSWERED;
-      }
-    } else {
-      if (!r->puts[j]->info)
-        tport_err_set(&it->err, TPORT_DATA_LOSS, "the server's reply describes no tensor");
-      else
-        client_info_from_wire(r->puts[j]->info, &it->info);
-    }
   }
+  if (rc)
+    return;
+  for (size_t j = 0; j < r->n_puts; j++)
+    element_take(pp, g, j, r->puts[j]);
+  for (size_t x = 0, j = r->n_puts; x < r->n_runs; x++)
+    run_take(pp, g, r->runs[x], &j);
 }
 
 static int unit_make(void *ctx, size_t u, size_t one, nng_msg **out, tport_err *err)
@@ -330,6 +360,7 @@ static void put_window(tport_client *c, tport_put_item *items, const window_sets
                  .items = items,
                  .idx = idx,
                  .start = malloc((k + nd + 1) * sizeof(size_t)),
+                 .alone = malloc((k + nd + 1) * sizeof(size_t)),
                  .slot = malloc((k + nd + 1) * sizeof(size_t)),
                  .redo = ws->redo,
                  .not_direct = ws->not_direct,
@@ -341,7 +372,7 @@ static void put_window(tport_client *c, tport_put_item *items, const window_sets
                  .lent = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0}};
   tport_err err;
   tport_err_set(&err, TPORT_INTERNAL, "the batch stopped before this element was answered");
-  int rc = pp.start && pp.slot && pp.bstart && pp.units
+  int rc = pp.start && pp.alone && pp.slot && pp.bstart && pp.units
                ? TPORT_OK
                : tport_err_set(&err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   arena_init(&pp.replies);
@@ -374,7 +405,7 @@ static void put_window(tport_client *c, tport_put_item *items, const window_sets
     for (size_t j = 0; j < k + nd; j++)
       items[idx[j]].err = err;
   arena_fini(&pp.replies);
-  free(pp.start), free(pp.slot), free(pp.bstart), free(pp.units);
+  free(pp.start), free(pp.alone), free(pp.slot), free(pp.bstart), free(pp.units);
 }
 
 /* Where each element goes (classify's answer). */

@@ -58,6 +58,7 @@ typedef struct put_plan {
   tport_client *c;
   tport_put_item *items;
   size_t *idx, *start;  /* the groups: group g is idx[start[g] .. start[g + 1]) */
+  size_t *alone;        /* group g's elements that its request puts alone (the rest in runs) */
   size_t ngroups;
   size_t direct_from;   /* groups from here on name the caller's buffers (proc) */
   /* the direct groups' fence (PutBatchRequest): fence_token while the
@@ -93,14 +94,21 @@ tport_put_item *batch_put_begun_kth(put_plan *pp, size_t first, size_t j);
  * bytes ride in the request, or, with slot (not BATCH_NO_SLOT), are copied
  * into that slot of pp's region and named by slices of it, or, direct
  * (BATCH_DIRECT), are named where they are, slices of the process region
- * (pp->proc) that the server reads. */
+ * (pp->proc) that the server reads.  With alone (a group's elements, in
+ * pp->idx from first), where the server takes runs, alike ones go as runs
+ * (PutBatchRequest.runs): the group's elements are put in the request's
+ * order -- *alone of them as puts of their own, then the runs'. */
 #define BATCH_DIRECT ((size_t)-2)
 int batch_put_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool commit, size_t slot,
-                      nng_msg **out, tport_err *err);
-/* A PutBatch's reply, unpacked into pp->replies: its k elements' replies,
- * or an error for all. */
-int batch_put_reply(put_plan *pp, client_slot *s, size_t k, Tport__PutBatchReply **r,
-                    tport_err *err);
+                      size_t *alone, nng_msg **out, tport_err *err);
+/* A PutBatch's reply, unpacked into pp->replies, to a request of k
+ * elements, alone of them puts of their own: an error for all, or the
+ * reply whose puts answer the first alone and whose runs the rest, each
+ * run's elements in order: by a handle each (PutRunReply.handles), and
+ * those it names in replied (increasing, each within the run) by
+ * PutBeginReplies of their own. */
+int batch_put_reply(put_plan *pp, client_slot *s, size_t k, size_t alone,
+                    Tport__PutBatchReply **r, tport_err *err);
 
 /* ---- batch_put_chunked.c: the units of the elements in chunks */
 

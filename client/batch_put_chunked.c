@@ -13,7 +13,7 @@ int batch_put_begins_make(put_plan *pp, size_t b, nng_msg **out, tport_err *err)
 {
   size_t first = pp->bstart[b];
   return batch_put_request(pp, first, pp->bstart[b + 1] - first, batch_put_begun_kth, false,
-                           BATCH_NO_SLOT, out, err);
+                           BATCH_NO_SLOT, NULL, out, err);
 }
 
 void batch_put_begins_take(put_plan *pp, client_slot *s, size_t b)
@@ -21,7 +21,7 @@ void batch_put_begins_take(put_plan *pp, client_slot *s, size_t b)
   size_t first = pp->bstart[b], k = pp->bstart[b + 1] - first;
   Tport__PutBatchReply *r = NULL;
   tport_err ge;
-  int rc = batch_put_reply(pp, s, k, &r, &ge);
+  int rc = batch_put_reply(pp, s, k, k, &r, &ge);
   for (size_t j = 0; j < k; j++) {
     chunked *e = &pp->ch[first + j];
     tport_put_item *it = &pp->items[e->item];

@@ -25,27 +25,141 @@ tport_put_item *batch_put_begun_kth(put_plan *pp, size_t first, size_t j)
   return &pp->items[pp->ch[first + j].item];
 }
 
-/* A PutBatch of the k PutBegins qp (lens: their payloads' lengths): its
- * head, then the copied elements' bytes (copied of them in all), then the
- * nlent lent ones' (the group's last), lent to the message. */
-static int batch_message(put_plan *pp, Tport__PutBeginRequest **qp, uint64_t *lens, size_t k,
+/* ---------------------------------------------------------------- runs */
+
+/* Whether a request q may be one of a run: a put that commits with no
+ * name (a name is one tensor's), its bytes not lent (a run's bytes are in
+ * the body, before the lent ones). */
+static bool runnable(const tport_client *c, const Tport__PutBeginRequest *q, uint64_t len)
+{
+  return q->commit && !q->name[0] && !batch_put_is_lent(c, len);
+}
+
+static bool same_ints(const int64_t *a, const int64_t *b, size_t n)
+{
+  return !n || !memcmp(a, b, n * sizeof *a);
+}
+
+/* Whether b goes as a's run does: the same PutBegin (its options, layout
+ * and bytes -- so the same place for them) but for its slice's offset and
+ * its CRC32C. */
+static bool alike(const Tport__PutBeginRequest *a, const Tport__PutBeginRequest *b,
+                  const tport_put_item *ia, const tport_put_item *ib)
+{
+  const Tport__TensorDesc *da = a->desc, *db = b->desc;
+  return ia->nbytes == ib->nbytes && da->dtype == db->dtype && da->n_sizes == db->n_sizes &&
+         da->n_strides == db->n_strides && same_ints(da->sizes, db->sizes, da->n_sizes) &&
+         same_ints(da->strides, db->strides, da->n_strides) &&
+         da->storage_offset == db->storage_offset && a->ttl_ms == b->ttl_ms &&
+         a->replace == b->replace && !strcmp(a->device, b->device) &&
+         a->dtype_set == b->dtype_set && a->dtype == b->dtype &&
+         a->memory_format == b->memory_format && a->managed == b->managed &&
+         a->non_blocking == b->non_blocking && a->keep == b->keep &&
+         a->crc32c_set == b->crc32c_set && (a->shm == NULL) == (b->shm == NULL) &&
+         (!a->shm || (a->shm->region == b->shm->region && a->shm->length == b->shm->length));
+}
+
+/* The order of the group's request (perm[r]: its r-th element's j): each
+ * element alone first, then the runs -- two or more alike one after
+ * another -- each keeping its order (runlen[x]: run x's elements, *nruns
+ * runs).  None where one of them is lent (the body's bytes come before the
+ * lent ones').  Returns how many go alone. */
+static size_t plan_runs(put_plan *pp, size_t first, size_t k, kth_fn kth,
+                        const Tport__PutBeginRequest *qs, const uint64_t *lens, size_t *perm,
+                        size_t *runlen, size_t *nruns)
+{
+  size_t a = 0, b = k;
+  *nruns = 0;
+  for (size_t j = 0; j < k; j++)
+    if (batch_put_is_lent(pp->c, kth(pp, first, j)->nbytes))
+      return k;
+  /* the runs first found, from the end backwards, then turned around */
+  for (size_t j = 0, e; j < k; j = e) {
+    e = j + 1;
+    if (runnable(pp->c, &qs[j], lens[j]))
+      while (e < k && runnable(pp->c, &qs[e], lens[e]) &&
+             alike(&qs[j], &qs[e], kth(pp, first, j), kth(pp, first, e)))
+        e++;
+    if (e - j < 2) {
+      perm[a++] = j;
+      continue;
+    }
+    runlen[(*nruns)++] = e - j;
+    for (size_t i = e; i-- > j;)
+      perm[--b] = i;
+  }
+  for (size_t l = b, r = k - 1; l < r; l++, r--) {
+    size_t t = perm[l];
+    perm[l] = perm[r];
+    perm[r] = t;
+  }
+  return a;
+}
+
+/* Group first's elements (pp->idx) and their lengths put in perm's order. */
+static void permute(put_plan *pp, size_t first, size_t k, const size_t *perm, uint64_t *lens,
+                    size_t *scratch)
+{
+  size_t *idx = pp->idx + first;
+  for (size_t r = 0; r < k; r++)
+    scratch[r] = idx[perm[r]];
+  memcpy(idx, scratch, k * sizeof *idx);
+  uint64_t *l = (uint64_t *)scratch; /* (as many bytes: _Static_assert below) */
+  for (size_t r = 0; r < k; r++)
+    l[r] = lens[perm[r]];
+  memcpy(lens, l, k * sizeof *lens);
+}
+_Static_assert(sizeof(size_t) == sizeof(uint64_t), "permute's scratch holds lengths too");
+
+/* The runs of a request whose elements qp[nputs ..) are, runlen[r] long
+ * (plan_runs), into rs (offs and crcs: room for each element's slice
+ * offset and CRC32C). */
+static void fill_runs(Tport__PutBeginRequest **qp, const uint64_t *lens, size_t nputs,
+                      const size_t *runlen, size_t nruns, Tport__PutRun *rs, Tport__PutRun **rp,
+                      uint64_t *offs, uint32_t *crcs)
+{
+  for (size_t r = 0, at = nputs; r < nruns; at += runlen[r++]) {
+    const Tport__PutBeginRequest *q = qp[at];
+    rs[r] = (Tport__PutRun)TPORT__PUT_RUN__INIT;
+    rs[r].put = qp[at];
+    rs[r].count = (uint32_t)runlen[r];
+    rs[r].nbytes = q->shm ? 0 : lens[at];
+    for (size_t i = at; i < at + runlen[r]; i++) {
+      offs[i] = q->shm ? qp[i]->shm->offset : 0;
+      crcs[i] = qp[i]->crc32c;
+    }
+    if (q->shm) {
+      rs[r].n_shm_offsets = runlen[r];
+      rs[r].shm_offsets = offs + at;
+    }
+    if (q->crc32c_set) {
+      rs[r].n_crc32c = runlen[r];
+      rs[r].crc32c = crcs + at;
+    }
+    rp[r] = &rs[r];
+  }
+}
+
+/* ---------------------------------------------------------------- requests */
+
+/* The PutBatch q of the group's k elements (lens: their payloads' lengths,
+ * in q's order -- its puts', then its runs'): its head, then the copied
+ * elements' bytes (copied of them in all), then the nlent lent ones' (the
+ * group's last), lent to the message. */
+static int batch_message(put_plan *pp, Tport__PutBatchRequest *q, uint64_t *lens, size_t k,
                          kth_fn kth, size_t first, size_t copied, size_t nlent, bool direct,
                          nng_msg **out, tport_err *err)
 {
-  Tport__PutBatchRequest q = TPORT__PUT_BATCH_REQUEST__INIT;
-  q.n_puts = q.n_payload_bytes = k;
-  q.puts = qp;
-  q.payload_bytes = lens;
   if (direct) { /* read only while this window waits (put_window) */
-    q.fence_addr = (uint64_t)(uintptr_t)&pp->fence;
-    q.fence_token = pp->fence_token;
+    q->fence_addr = (uint64_t)(uintptr_t)&pp->fence;
+    q->fence_token = pp->fence_token;
   }
-  size_t head = frame_head_size(&q.base);
+  size_t head = frame_head_size(&q->base);
   if (nng_msg_alloc(out, head + copied) != 0)
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte batch",
                          head + copied);
   uint8_t *at = nng_msg_body(*out);
-  frame_write_head(at, TPORT__METHOD__METHOD_PUT_BATCH, 0, &q.base);
+  frame_write_head(at, TPORT__METHOD__METHOD_PUT_BATCH, 0, &q->base);
   at += head;
   for (size_t j = 0; j < k - nlent; j++) {
     tport_put_item *it = kth(pp, first, j);
@@ -69,19 +183,30 @@ static int batch_message(put_plan *pp, Tport__PutBeginRequest **qp, uint64_t *le
 }
 
 int batch_put_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool commit, size_t slot,
-                      nng_msg **out, tport_err *err)
+                      size_t *alone, nng_msg **out, tport_err *err)
 {
   bool direct = commit && slot == BATCH_DIRECT;
   bool in_slot = commit && slot != BATCH_NO_SLOT && !direct;
+  bool runs = commit && alone && atomic_load(&pp->c->put_runs) && k >= 2;
   Tport__TensorDesc *descs = calloc(k, sizeof *descs);
   Tport__PutBeginRequest *qs = calloc(k, sizeof *qs);
   Tport__PutBeginRequest **qp = calloc(k, sizeof *qp);
   uint64_t *lens = calloc(k, sizeof *lens);
   Tport__ShmSlice *slices = in_slot || direct ? calloc(k, sizeof *slices) : NULL;
+  /* the runs': their lengths, the planning's scratch, each element's
+   * slice offset and CRC32C */
+  size_t *runlen = runs ? calloc(k, sizeof *runlen) : NULL, nputs = k, nruns = 0;
+  size_t *scratch = runs ? calloc(k, sizeof *scratch) : NULL;
+  size_t *perm = runs ? calloc(k, sizeof *perm) : NULL;
+  uint64_t *offs = runs ? calloc(k, sizeof *offs) : NULL;
+  uint32_t *crcs = runs ? calloc(k, sizeof *crcs) : NULL;
+  Tport__PutRun *rs = runs ? calloc(k / 2, sizeof *rs) : NULL;
+  Tport__PutRun **rp = runs ? calloc(k / 2, sizeof *rp) : NULL;
   tport_put_options defaults;
   tport_put_options_init(&defaults);
   size_t copied = 0, nlent = 0, at = 0;
-  int rc = descs && qs && qp && lens && (slices || !(in_slot || direct))
+  int rc = descs && qs && qp && lens && (slices || !(in_slot || direct)) &&
+                   (!runs || (runlen && scratch && perm && offs && crcs && rs && rp))
                ? TPORT_OK
                : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a batch");
   for (size_t j = 0; !rc && j < k; j++) {
@@ -117,20 +242,72 @@ int batch_put_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool com
       copied += lens[j]; /* within a chunk (the groups' bound) */
     }
   }
+  if (!rc && runs) {
+    nputs = plan_runs(pp, first, k, kth, qs, lens, perm, runlen, &nruns);
+    if (nruns) {
+      for (size_t r = 0; r < k; r++)
+        qp[r] = &qs[perm[r]];
+      permute(pp, first, k, perm, lens, scratch);
+      fill_runs(qp, lens, nputs, runlen, nruns, rs, rp, offs, crcs);
+    }
+  }
+  Tport__PutBatchRequest q = TPORT__PUT_BATCH_REQUEST__INIT;
+  q.n_puts = q.n_payload_bytes = nputs;
+  q.puts = qp;
+  q.payload_bytes = lens;
+  q.n_runs = nruns;
+  q.runs = rp;
+  if (alone)
+    *alone = nputs;
   if (!rc)
-    rc = batch_message(pp, qp, lens, k, kth, first, copied, nlent, direct, out, err);
+    rc = batch_message(pp, &q, lens, k, kth, first, copied, nlent, direct, out, err);
   free(descs), free(qs), free(qp), free(lens), free(slices);
+  free(runlen), free(scratch), free(perm), free(offs), free(crcs), free(rs), free(rp);
   return rc;
 }
 
-int batch_put_reply(put_plan *pp, client_slot *s, size_t k, Tport__PutBatchReply **r,
-                    tport_err *err)
+/* Run x of a reply: its elements (*n), checked. */
+static int check_run_reply(const Tport__PutRunReply *run, size_t x, size_t *n, tport_err *err)
+{
+  *n = run->handles.len / TPORT_HANDLE_BYTES;
+  if (!*n || run->handles.len % TPORT_HANDLE_BYTES)
+    return tport_err_set(err, TPORT_DATA_LOSS, "the server answered run %zu with %zu handle bytes",
+                         x, run->handles.len);
+  if (run->n_replied != run->n_replies || run->n_replied > *n)
+    return tport_err_set(err, TPORT_DATA_LOSS,
+                         "the server answered %zu of run %zu's %zu elements with %zu replies", x,
+                         run->n_replied, *n, run->n_replies);
+  for (size_t i = 0; i < run->n_replied; i++)
+    if (run->replied[i] >= *n || (i && run->replied[i] <= run->replied[i - 1]))
+      return tport_err_set(err, TPORT_DATA_LOSS,
+                           "the server's replies to run %zu name element %u out of order", x,
+                           run->replied[i]);
+  if (run->n_replied < *n && !run->info)
+    return tport_err_set(err, TPORT_DATA_LOSS,
+                         "the server's answer to run %zu describes no tensor", x);
+  return TPORT_OK;
+}
+
+int batch_put_reply(put_plan *pp, client_slot *s, size_t k, size_t alone,
+                    Tport__PutBatchReply **r, tport_err *err)
 {
   int rc = client_unpack_in(TPORT__METHOD__METHOD_PUT_BATCH, s->reply,
                             &tport__put_batch_reply__descriptor, &pp->replies,
                             (ProtobufCMessage **)r, NULL, err);
-  if (!rc && (*r)->n_puts != k)
-    rc = tport_err_set(err, TPORT_DATA_LOSS, "the server answered %zu of %zu elements",
-                       (*r)->n_puts, k);
-  return rc;
+  if (rc)
+    return rc;
+  size_t answered = (*r)->n_puts;
+  if ((*r)->n_puts != alone)
+    return tport_err_set(err, TPORT_DATA_LOSS, "the server answered %zu of %zu elements",
+                         (*r)->n_puts, alone);
+  for (size_t x = 0; x < (*r)->n_runs; x++) {
+    size_t n;
+    if ((rc = check_run_reply((*r)->runs[x], x, &n, err)) != TPORT_OK)
+      return rc;
+    answered += n;
+  }
+  if (answered != k)
+    return tport_err_set(err, TPORT_DATA_LOSS, "the server answered %zu of %zu elements", answered,
+                         k);
+  return TPORT_OK;
 }

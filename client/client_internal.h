@@ -85,6 +85,7 @@ struct tport_client {
   uint8_t proc_probe[16];
   _Atomic uint64_t proc_read_max; /* the last Hello's: bytes one chunk of it may name (0: one) */
   _Atomic bool proc_put_once;     /* the last Hello's: a PutBegin with commit may name it */
+  _Atomic bool put_runs;          /* the last Hello's: a PutBatch's alike elements go as runs */
   /* the application's regions, unmapped by tport_close */
   pthread_mutex_t regions_mu;
   struct tport_shm *regions;

@@ -64,6 +64,8 @@ int client_env_check(tport_err *err)
   if (!rc)
     rc = client_env_flag("TPORT_SHM_DIRECT", true, &on, err);
   if (!rc)
+    rc = client_env_flag("TPORT_PUT_RUNS", true, &on, err);
+  if (!rc)
     rc = client_env_count("TPORT_COPY_THREADS", &n, err);
   if (!rc)
     rc = client_env_size("TPORT_GET_CACHE_BYTES", &n, &on, err);

@@ -3,6 +3,8 @@
  *
  *   TPORT_SHM=0|1          same-host regions on a local URL (default 1)
  *   TPORT_CUDA_IPC=0|1     CUDA IPC on the same host (default 1)
+ *   TPORT_SHM_DIRECT=0|1   puts read by the server from the caller's memory (default 1)
+ *   TPORT_PUT_RUNS=0|1     a put batch's alike elements as runs (default 1)
  *   TPORT_COPY_THREADS=N   the copy pool's threads, a whole number >= 1
  *                          (more than COPY_POOL_MAX_THREADS is that many)
  *   TPORT_GET_CACHE_BYTES=SIZE  the most bytes of freed get buffers kept

@@ -14,6 +14,7 @@
 #include <openssl/crypto.h>
 
 #include "client_internal.h"
+#include "env.h"
 #include "hello_mac.h"
 #include "local_secret.h"
 #include "tls_openssl.h"
@@ -162,6 +163,9 @@ int client_say_hello(tport_client *c, Tport__HelloReply **out, tport_err *err)
     atomic_store(&c->batch_get_slices, r && r->batch_get_slices);
     atomic_store(&c->proc_read_max, r ? r->process_read_max_bytes : 0);
     atomic_store(&c->proc_put_once, r && r->process_put_once);
+    bool runs = true;
+    client_env_flag("TPORT_PUT_RUNS", true, &runs, NULL); /* (checked by tport_connect) */
+    atomic_store(&c->put_runs, r && r->put_batch_runs && runs);
     uint64_t uid;
     atomic_store(&c->server_uid,
                  nng_pipe_get_uint64(c->reply_pipe, NNG_OPT_IPC_PEER_UID, &uid) == 0

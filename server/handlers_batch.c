@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "put_gather.h"
+#include "put_runs.h"
 #include "server_internal.h"
 #include "wire.h"
 
@@ -51,6 +52,8 @@ typedef struct element {
   size_t payload_len;
   void *lent; /* payload held by a lend (lends_begin) rather than in the sink */
   bool ok, sunk;
+  bool in_run; /* a run's element answered by its handle alone (put_runs.h) */
+  uint8_t handle[REG_HANDLE_BYTES];
 } element; /* small: a batch of 4096 allocates 4096 (no error message in it) */
 
 /* el failed with *why: its reply is a status alone, packed into own. */
@@ -84,7 +87,7 @@ static void element_answered(call *sub, int rc, element *el)
 {
   if (sub->out) /* (every reply goes to the sink) */
     nng_msg_free(sub->out);
-  if (!rc && !sub->sunk)
+  if (!rc && !sub->sunk && !sub->run_answered)
     rc = tport_err_set(&sub->err, TPORT_INTERNAL, "the handler gave no reply");
   if (rc) {
 #ifdef TPORT_NNG_LENT_TAIL
@@ -92,6 +95,10 @@ static void element_answered(call *sub, int rc, element *el)
       lends_end(sub->lent);
 #endif
     element_failed(el, &sub->err);
+    return;
+  }
+  if (sub->run_answered) { /* its handle written into el by the handler */
+    el->ok = el->in_run = true;
     return;
   }
   el->ok = el->sunk = true;
@@ -106,11 +113,12 @@ static void element_answered(call *sub, int rc, element *el)
 }
 
 /* Runs handler on one element (req, payload) as a call of its own and
- * keeps its answer in el (its reply in sink) -- unless the handler gathered
- * it (a put from the client's memory, answered by put_gather_end). */
-static void run_element(call *c, reply_sink *sink, put_gather *gather, uint16_t method,
-                        int (*handler)(call *), ProtobufCMessage *req, const uint8_t *payload,
-                        size_t n, element *el)
+ * keeps its answer in el (its reply in sink, or its handle where it is an
+ * element of run) -- unless the handler gathered it (a put from the
+ * client's memory, answered by put_gather_end). */
+static void run_element(call *c, reply_sink *sink, put_gather *gather, put_run_info *run,
+                        uint16_t method, int (*handler)(call *), ProtobufCMessage *req,
+                        const uint8_t *payload, size_t n, element *el)
 {
   call sub = {.srv = c->srv,
               .sink = sink,
@@ -122,7 +130,9 @@ static void run_element(call *c, reply_sink *sink, put_gather *gather, uint16_t 
               .arrived_ns = c->arrived_ns,
               .copy_payload = true,
               .lend_to_batch = method == TPORT__METHOD__METHOD_GET_BEGIN,
-              .gather = gather};
+              .gather = gather,
+              .run = run,
+              .run_handle = el->handle};
   tport_err_clear(&sub.err);
   int rc = handler(&sub);
   if (!rc && sub.gathered)
@@ -189,11 +199,101 @@ static uint8_t *put_varint(uint8_t *p, uint64_t v)
   return p;
 }
 
+/* A length-delimited field's bytes: its key, its length, then len bytes. */
+static size_t field_size(uint32_t field, size_t len)
+{
+  return varint_size((uint64_t)field << 3 | 2) + varint_size(len) + len;
+}
+
+static uint8_t *put_field_head(uint8_t *p, uint32_t field, size_t len)
+{
+  return put_varint(put_varint(p, (uint64_t)field << 3 | 2), len);
+}
+
+/* The bytes of PutRunReply's fields (put_runs.h) for els[0..k), the run's
+ * elements. */
+static size_t run_reply_size(const put_run_info *ri, const element *els, size_t k)
+{
+  size_t replied = 0, n = field_size(1, k * REG_HANDLE_BYTES);
+  for (size_t i = 0; i < k; i++)
+    if (!els[i].in_run) {
+      replied += varint_size(i);
+      n += field_size(4, els[i].packed_len);
+    }
+  n += ri->set ? field_size(2, ri->packed_len) : 0;
+  return n + (replied ? field_size(3, replied) : 0);
+}
+
+/* Writes them at p; returns where they end. */
+static uint8_t *run_reply_write(const put_run_info *ri, const element *els, size_t k, uint8_t *p)
+{
+  size_t replied = 0;
+  p = put_field_head(p, 1, k * REG_HANDLE_BYTES);
+  for (size_t i = 0; i < k; i++, p += REG_HANDLE_BYTES) {
+    memcpy(p, els[i].handle, REG_HANDLE_BYTES); /* (zeros where not in_run) */
+    replied += els[i].in_run ? 0 : varint_size(i);
+  }
+  if (ri->set) {
+    p = put_field_head(p, 2, ri->packed_len);
+    memcpy(p, ri->packed, ri->packed_len);
+    p += ri->packed_len;
+  }
+  if (replied) {
+    p = put_field_head(p, 3, replied);
+    for (size_t i = 0; i < k; i++)
+      if (!els[i].in_run)
+        p = put_varint(p, i);
+  }
+  for (size_t i = 0; i < k; i++)
+    if (!els[i].in_run) {
+      p = put_field_head(p, 4, els[i].packed_len);
+      if (els[i].packed_len)
+        memcpy(p, els[i].packed, els[i].packed_len);
+      p += els[i].packed_len;
+    }
+  return p;
+}
+
+/* Run r's elements in b: els[*at ..), how many (*at moved past them). */
+static size_t run_elements(const batch_puts *b, size_t r, size_t *at)
+{
+  size_t k = 0;
+  while (*at + k < b->n && b->run[*at + k] == r + 1)
+    k++;
+  *at += k;
+  return k;
+}
+
+/* The bytes of the runs' answers of b's elements (els[b->nputs ..)),
+ * PutBatchReply's field 3 each. */
+static size_t runs_reply_size(const batch_puts *b, const element *els)
+{
+  size_t n = 0, at = b ? b->nputs : 0;
+  for (size_t r = 0; b && r < b->nruns; r++) {
+    size_t from = at, k = run_elements(b, r, &at);
+    n += field_size(3, run_reply_size(&b->runs[r], els + from, k));
+  }
+  return n;
+}
+
+static uint8_t *runs_reply_write(const batch_puts *b, const element *els, uint8_t *p)
+{
+  size_t at = b->nputs;
+  for (size_t r = 0; r < b->nruns; r++) {
+    size_t from = at, k = run_elements(b, r, &at);
+    p = put_field_head(p, 3, run_reply_size(&b->runs[r], els + from, k));
+    p = run_reply_write(&b->runs[r], els + from, k, p);
+  }
+  return p;
+}
+
 /* The batch's reply: head (its status and other fields, packed by
- * protobuf-c), then each element's packed reply as repeated field `field`;
- * its payload trailer the elements' payloads one after another. */
+ * protobuf-c), then each element's packed reply as repeated field `field`
+ * -- but a put batch's runs' elements (b, els[b->nputs ..)), each run's
+ * answer in field 3; its payload trailer the elements' payloads one after
+ * another. */
 static int batch_reply(call *c, const ProtobufCMessage *head, uint32_t field, element *els,
-                       size_t n, const reply_sink *sink)
+                       size_t n, const reply_sink *sink, const batch_puts *b)
 {
   for (size_t i = 0; i < n; i++)
     if (els[i].sunk) { /* the sink has its final place now */
@@ -202,10 +302,12 @@ static int batch_reply(call *c, const ProtobufCMessage *head, uint32_t field, el
         els[i].payload = sink->buf + els[i].at + els[i].packed_len;
     }
   size_t msg_len = protobuf_c_message_get_packed_size(head), payload_len = 0, from;
-  size_t key = varint_size((uint64_t)field << 3 | 2);
+  size_t key = varint_size((uint64_t)field << 3 | 2), singles = b ? b->nputs : n;
   int nlent = lent_suffix(els, n, &from);
+  msg_len += runs_reply_size(b, els);
   for (size_t i = 0; i < n; i++) {
-    msg_len += key + varint_size(els[i].packed_len) + els[i].packed_len;
+    if (i < singles)
+      msg_len += key + varint_size(els[i].packed_len) + els[i].packed_len;
     if (i < from || !els[i].lent)
       payload_len += els[i].payload_len; /* copied: within a chunk (the gets' budget) */
   }
@@ -221,13 +323,14 @@ static int batch_reply(call *c, const ProtobufCMessage *head, uint32_t field, el
   frame_write_header(body, c->method, FRAME_FLAG_REPLY, msg_len);
   uint8_t *p = body + FRAME_HEADER_BYTES;
   p += protobuf_c_message_pack(head, p);
-  for (size_t i = 0; i < n; i++) {
-    p = put_varint(p, (uint64_t)field << 3 | 2);
-    p = put_varint(p, els[i].packed_len);
+  for (size_t i = 0; i < singles; i++) {
+    p = put_field_head(p, field, els[i].packed_len);
     if (els[i].packed_len)
       memcpy(p, els[i].packed, els[i].packed_len);
     p += els[i].packed_len;
   }
+  if (b)
+    p = runs_reply_write(b, els, p);
   for (size_t i = 0; i < from; i++) {
     if (els[i].payload_len)
       memcpy(p, els[i].payload, els[i].payload_len);
@@ -293,28 +396,16 @@ _Static_assert(BATCH_MAX_ELEMENTS <= SHM_PROCESS_READ_SEGS,
 int h_put_batch(call *c)
 {
   Tport__PutBatchRequest *q = (Tport__PutBatchRequest *)c->req;
-  size_t n = q->n_puts;
-  int rc = check_count(c, n);
+  batch_puts b;
+  int rc = batch_puts_expand(c, q, BATCH_MAX_ELEMENTS, &b);
   if (rc)
     return rc;
-  if (q->n_payload_bytes != n)
-    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
-                         "%zu payload lengths for %zu elements: one each", q->n_payload_bytes, n);
-  size_t total = 0;
-  for (size_t i = 0; i < n; i++)
-    if (q->payload_bytes[i] > SIZE_MAX ||
-        __builtin_add_overflow(total, (size_t)q->payload_bytes[i], &total) ||
-        total > c->payload_len)
-      return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
-                           "the elements' lengths pass the %zu-byte payload at element %zu",
-                           c->payload_len, i);
-  if (total != c->payload_len)
-    return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
-                         "the elements' lengths add up to %zu bytes: the payload is %zu", total,
-                         c->payload_len);
+  size_t n = b.n;
   element *els = calloc(n ? n : 1, sizeof *els);
-  if (!els)
+  if (!els) {
+    batch_puts_free(&b);
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for %zu elements", n);
+  }
   reply_sink sink = {0};
   put_gather gather;
   put_gather_init(&gather, shm_process_read_max(c->srv->cfg.chunk_bytes), q->fence_addr,
@@ -323,26 +414,29 @@ int h_put_batch(call *c)
   at_end.sink = &sink;
   size_t off = 0;
   for (size_t i = 0; i < n; i++) {
-    size_t len = (size_t)q->payload_bytes[i];
+    size_t len = (size_t)b.len[i];
     /* the puts from the client's memory before stored first: the batch's
      * elements take their names in order (no lookup while none is
      * gathered: a batch of payloads pays nothing for it) */
-    if (gather.n && !names_process(c, q->puts[i]))
+    if (gather.n && !names_process(c, b.req[i]))
       put_gather_flush(&at_end, &gather, gathered_answered, els);
     /* without commit an upload begins (its chunks follow by PutChunk):
      * h_put_begin refuses such an element that carries bytes */
     gather.el = i;
-    run_element(c, &sink, &gather, TPORT__METHOD__METHOD_PUT_BEGIN, h_put_begin,
-                &q->puts[i]->base, c->payload ? c->payload + off : NULL, len, &els[i]);
+    run_element(c, &sink, &gather, b.run[i] ? &b.runs[b.run[i] - 1] : NULL,
+                TPORT__METHOD__METHOD_PUT_BEGIN, h_put_begin,
+                (ProtobufCMessage *)&b.req[i]->base, c->payload ? c->payload + off : NULL, len,
+                &els[i]);
     off += len;
   }
   /* the puts from the client's memory: one read for all, then answered */
   put_gather_end(&at_end, &gather, gathered_answered, els);
   Tport__PutBatchReply r = TPORT__PUT_BATCH_REPLY__INIT;
   r.status = wire_ok();
-  rc = batch_reply(c, &r.base, 2 /* puts */, els, n, &sink);
+  rc = batch_reply(c, &r.base, 2 /* puts */, els, n, &sink, &b);
   free_elements(els, n);
   free(sink.buf);
+  batch_puts_free(&b);
   return rc;
 }
 
@@ -432,8 +526,8 @@ static void get_element(call *c, reply_sink *sink, const Tport__GetBeginRequest 
   Tport__GetBeginRequest one = *g;
   if (one.inline_max > *budget)
     one.inline_max = *budget;
-  run_element(c, sink, NULL, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin, &one.base, NULL, 0,
-              el);
+  run_element(c, sink, NULL, NULL, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin, &one.base, NULL,
+              0, el);
   *budget -= el->payload_len <= *budget ? el->payload_len : *budget;
   if (g->shm)
     *region_left -= n <= *region_left ? n : *region_left;
@@ -463,7 +557,7 @@ int h_get_batch(call *c)
   r.status = wire_ok();
   r.n_deferred = q->defer_large ? n : 0;
   r.deferred = deferred;
-  rc = batch_reply(c, &r.base, 2 /* gets */, els, n, &sink);
+  rc = batch_reply(c, &r.base, 2 /* gets */, els, n, &sink, NULL);
   free_elements(els, n);
   free(deferred);
   free(sink.buf);

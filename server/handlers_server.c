@@ -27,6 +27,7 @@ static int hello_reply(call *c, int code, const char *msg, const uint8_t *challe
   r.protocol_version = PROTOCOL_VERSION;
   r.get_expect = true; /* h_get_begin checks expect_* first */
   r.batch_get_slices = true; /* handlers_batch.c get_element */
+  r.put_batch_runs = true;   /* put_runs.c */
   r.process_regions = c->srv->shm != NULL; /* regions_process.c */
   if (r.process_regions) {
     r.process_read_max_bytes = shm_process_read_max(c->srv->cfg.chunk_bytes);

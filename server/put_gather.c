@@ -19,6 +19,8 @@ static int make_tensor(call *c, const Tport__PutBeginRequest *q, const meta_layo
 {
   size_t n = (size_t)q->shm->length; /* the tensor's bytes (check_put_begin) */
   gd->q = q;
+  gd->run = c->run;
+  gd->run_handle = c->run_handle;
   gd->paid = REG_RESERVATION_INIT(&c->srv->reg, c->pipe);
   int rc = reg_add_check(&c->srv->reg, q->name, q->ttl_ms, &c->err);
   if (!rc && (rc = wire_charge_begin(c, &gd->paid, n, "the put's tensor")) == TPORT_OK) {
@@ -197,6 +199,8 @@ void put_gather_flush(call *c, put_gather *g, put_gather_done_fn done, void *ctx
   for (size_t i = 0; i < g->n; i++) {
     gathered *gd = &g->v[i];
     call sub = element_call(c);
+    sub.run = gd->run;
+    sub.run_handle = gd->run_handle;
     int erc = rc;
     if (rc)
       sub.err = c->err; /* the read's, for all */

@@ -42,6 +42,8 @@ typedef struct gathered {
   tport_tensor *t;                 /* its tensor, made, written by the read */
   reg_reservation paid;            /* t's charge until the registry takes it */
   shm_read_seg seg;                /* its bytes in the client's memory, into t */
+  struct put_run_info *run;        /* its run's (call.run), and where its handle goes */
+  uint8_t *run_handle;
 } gathered;
 
 typedef struct put_gather {

@@ -164,6 +164,12 @@ typedef struct call {
    * (gathered) */
   struct put_gather *gather;
   bool gathered;
+  /* an element of a PutBatch's run (put_runs.h): answered by its handle
+   * alone (written at run_handle, run_answered set) where its tensor's
+   * info is the run's */
+  struct put_run_info *run;
+  uint8_t *run_handle;
+  bool run_answered;
   /* waiting for a name: the context's waiter and first arrival; a handler
    * that registered the waiter sets park_until_ms and gives no reply */
   reg_waiter *waiter;

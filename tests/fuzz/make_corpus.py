@@ -306,6 +306,15 @@ def put_batch(elements):
         data for _, _, data in elements)
 
 
+def put_run(d, count, nbytes, crcs=None, offsets=None, shm=None, name=""):
+    """A PutBatchRequest's PutRun: count elements as one PutBegin with commit."""
+    put = put_begin(d, name=name, commit=True) + (f_msg(14, shm) if shm else b"") + (
+        f_varint(13, 1) if crcs is not None else b"")
+    fixed = b"".join(struct.pack("<I", c) for c in crcs or [])
+    return (f_msg(1, put) + f_varint(2, count) + f_varint(3, nbytes) + f_packed(4, offsets or []) +
+            (f_bytes(5, fixed) if fixed else b""))
+
+
 def get_batch(names, inline_max):
     return b"".join(f_msg(1, get_begin(ref(name=n), inline_max)) for n in names)
 
@@ -353,6 +362,17 @@ def batch_seeds():
            f_msg(1, put_begin(desc("uint8", [33 << 20]), commit=True) +
                  f_msg(14, slice_(3, 1 << 41, 33 << 20))) +
            f_packed(2, [0, 0, 0]) + f_varint(3, (1 << 40) + 65536) + f_fixed64(4, 0x5eed)),
+        # a put and two runs of alike elements (one with CRC32Cs, not all right),
+        # then runs that cannot be: named, a slice in no region, too many
+        "put_batch_runs": op("PUT_BATCH", msg + f_msg(5, put_run(desc("float32", [3]), 4, 12, crcs=[1, 2, 3, 4])) +
+                             f_msg(5, put_run(desc("int16", [2, 10]), 3, 40)),
+                             payload + tensor_bytes("float32", [3]) * 4 +
+                             tensor_bytes("int16", [2, 10]) * 3) +
+        op("PUT_BATCH", f_msg(5, put_run(desc("uint8", [8]), 2, 8, name="one"))) +
+        op("PUT_BATCH", f_msg(5, put_run(desc("uint8", [8]), 2, 0, offsets=[1 << 40, 1 << 41],
+                                         shm=slice_(3, 0, 8))) +
+           f_varint(3, (1 << 40) + 65536) + f_fixed64(4, 0x5eed)) +
+        op("PUT_BATCH", f_msg(5, put_run(desc("uint8", [0]), 5000, 0))),
         "put_batch_bad_lengths": op("PUT_BATCH", short_msg, short_payload + b"\0") +
         op("PUT_BATCH", f_msg(1, put_begin(desc("uint8", [4]))) + f_packed(2, [4]), b"abcd") +
         op("GET_BATCH", b""),
