@@ -18,6 +18,8 @@
  *    ends; body-changing calls and duplicates see the tail as the body's end.
  *  - 0012 (segments): such a tail may be up to four segments lent from four
  *    places (nng_msg_add_tail), sent or copied in order, released once.
+ *  - 0013 (ipc socket buffers): both ends of an ipc connection have the send
+ *    and receive buffers it asks for (4 MiB, as far as the kernel allows).
  *
  * The cache is off under AddressSanitizer (TPORT_NNG_MSG_CACHE_BYTES=0, set
  * by the test runs): the reuse test skips there.
@@ -35,7 +37,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 Test(nng_patched, a_large_body_freed_is_reused)
@@ -510,4 +514,86 @@ Test(nng_patched, a_lent_tail_shared_by_several_pipes_stays_until_the_last_has_s
   nng_close(sub);
   nng_close(pub);
   free(tail);
+}
+
+/* ---------------------------------------------------------------- 0013 */
+
+/* /proc/sys/net/core/NAME (-1 where it cannot be read). */
+static long core_sysctl(const char *name)
+{
+  char path[96];
+  snprintf(path, sizeof path, "/proc/sys/net/core/%s", name);
+  FILE *f = fopen(path, "r");
+  long v = -1;
+  if (f && fscanf(f, "%ld", &v) != 1)
+    v = -1;
+  if (f)
+    fclose(f);
+  return v;
+}
+
+/* Whether fd is a connected Unix stream socket with path at one end. */
+static bool connection_of(int fd, const char *path)
+{
+  int type = 0, listening = 0;
+  socklen_t len = sizeof type;
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) || type != SOCK_STREAM)
+    return false;
+  len = sizeof listening;
+  if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) || listening)
+    return false;
+  struct sockaddr_un me, peer;
+  socklen_t ml = sizeof me, pl = sizeof peer;
+  memset(&me, 0, sizeof me), memset(&peer, 0, sizeof peer);
+  if (getsockname(fd, (struct sockaddr *)&me, &ml) || me.sun_family != AF_UNIX)
+    return false;
+  if (getpeername(fd, (struct sockaddr *)&peer, &pl))
+    return false;
+  return !strcmp(me.sun_path, path) || !strcmp(peer.sun_path, path);
+}
+
+Test(nng_patched, an_ipc_connection_has_bulk_socket_buffers)
+{
+  long wmax = core_sysctl("wmem_max"), rmax = core_sysctl("rmem_max");
+  cr_assert(wmax > 0 && rmax > 0, "net.core.wmem_max and rmem_max cannot be read");
+  char path[96], url[112];
+  snprintf(path, sizeof path, "/tmp/tport-nng-buf-%d.sock", (int)getpid());
+  snprintf(url, sizeof url, "ipc://%s", path);
+  nng_socket rep, req;
+  cr_assert_eq(nng_rep0_open(&rep), 0);
+  cr_assert_eq(nng_req0_open(&req), 0);
+  cr_assert_eq(nng_listen(rep, url, NULL, 0), 0, "listen on %s", url);
+  cr_assert_eq(nng_dial(req, url, NULL, 0), 0, "dial %s", url);
+  /* a round trip: both ends' connections are made by then */
+  cr_assert_eq(nng_send(req, "ask", 3, 0), 0);
+  nng_msg *m;
+  cr_assert_eq(nng_recvmsg(rep, &m, 0), 0);
+  cr_assert_eq(nng_sendmsg(rep, m, 0), 0);
+  cr_assert_eq(nng_recvmsg(req, &m, 0), 0);
+  nng_msg_free(m);
+  /* Linux keeps twice what was asked, held to the maximum first */
+  long want_snd = 2 * (wmax < (4 << 20) ? wmax : (4 << 20));
+  long want_rcv = 2 * (rmax < (4 << 20) ? rmax : (4 << 20));
+  int found = 0;
+  DIR *d = opendir("/proc/self/fd");
+  cr_assert_not_null(d);
+  for (struct dirent *e; (e = readdir(d));) {
+    int fd = atoi(e->d_name);
+    if (e->d_name[0] == '.' || fd == dirfd(d) || !connection_of(fd, path))
+      continue;
+    int snd = 0, rcv = 0;
+    socklen_t len = sizeof snd;
+    cr_assert_eq(getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &snd, &len), 0);
+    len = sizeof rcv;
+    cr_assert_eq(getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, &len), 0);
+    cr_expect_eq(snd, want_snd, "fd %d: send buffer %d bytes, not %ld (wmem_max %ld)", fd, snd,
+                 want_snd, wmax);
+    cr_expect_eq(rcv, want_rcv, "fd %d: receive buffer %d bytes, not %ld (rmem_max %ld)", fd,
+                 rcv, want_rcv, rmax);
+    found++;
+  }
+  closedir(d);
+  cr_expect_eq(found, 2, "%d ends of the connection found", found);
+  nng_close(req);
+  nng_close(rep);
 }
