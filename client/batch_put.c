@@ -62,7 +62,7 @@ static int group_make(put_plan *pp, size_t g, nng_msg **out, tport_err *err)
   bool direct = g >= pp->direct_from;
   pp->slot[g] = direct ? BATCH_NO_SLOT : batch_region_take(pp->c, &pp->region);
   int rc = batch_put_request(pp, first, pp->start[g + 1] - first, batch_put_group_kth, true,
-                             direct ? BATCH_DIRECT : pp->slot[g], &pp->alone[g], out, err);
+                             direct ? BATCH_DIRECT : pp->slot[g], &pp->runs[g], out, err);
   if (rc) { /* never sent */
     batch_region_give(&pp->region, pp->slot[g]);
     pp->slot[g] = BATCH_NO_SLOT;
@@ -121,7 +121,7 @@ static void group_take(put_plan *pp, client_slot *s, size_t g)
   pp->slot[g] = BATCH_NO_SLOT;
   Tport__PutBatchReply *r = NULL;
   tport_err ge;
-  int rc = batch_put_reply(pp, s, k, pp->alone[g], &r, &ge);
+  int rc = batch_put_reply(pp, s, k, &pp->runs[g], &r, &ge);
   for (size_t j = 0; j < k; j++) {
     tport_put_item *it = batch_put_group_kth(pp, first, j);
     tport_err_clear(&it->err);
@@ -360,7 +360,8 @@ static void put_window(tport_client *c, tport_put_item *items, const window_sets
                  .items = items,
                  .idx = idx,
                  .start = malloc((k + nd + 1) * sizeof(size_t)),
-                 .alone = malloc((k + nd + 1) * sizeof(size_t)),
+                 .runs = malloc((k + nd + 1) * sizeof(group_runs)),
+                 .runlens = malloc((k + nd + 1) * sizeof(size_t)),
                  .slot = malloc((k + nd + 1) * sizeof(size_t)),
                  .redo = ws->redo,
                  .not_direct = ws->not_direct,
@@ -372,7 +373,7 @@ static void put_window(tport_client *c, tport_put_item *items, const window_sets
                  .lent = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0}};
   tport_err err;
   tport_err_set(&err, TPORT_INTERNAL, "the batch stopped before this element was answered");
-  int rc = pp.start && pp.alone && pp.slot && pp.bstart && pp.units
+  int rc = pp.start && pp.runs && pp.runlens && pp.slot && pp.bstart && pp.units
                ? TPORT_OK
                : tport_err_set(&err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   arena_init(&pp.replies);
@@ -380,8 +381,10 @@ static void put_window(tport_client *c, tport_put_item *items, const window_sets
     plan_groups(&pp, k);
     plan_direct_groups(&pp, k, nd, ws->room);
     plan_units(&pp);
-    for (size_t g = 0; g < pp.ngroups; g++)
+    for (size_t g = 0; g < pp.ngroups; g++) {
       pp.slot[g] = BATCH_NO_SLOT;
+      pp.runs[g] = (group_runs){.runlen = pp.runlens + pp.start[g]};
+    }
     if (atomic_load(&c->shm_auto))
       open_region(&pp);
     if (nd)
@@ -405,7 +408,7 @@ static void put_window(tport_client *c, tport_put_item *items, const window_sets
     for (size_t j = 0; j < k + nd; j++)
       items[idx[j]].err = err;
   arena_fini(&pp.replies);
-  free(pp.start), free(pp.alone), free(pp.slot), free(pp.bstart), free(pp.units);
+  free(pp.start), free(pp.runs), free(pp.runlens), free(pp.slot), free(pp.bstart), free(pp.units);
 }
 
 /* Where each element goes (classify's answer). */

@@ -49,6 +49,14 @@ typedef struct chunked {
   Tport__Ref ref;
 } chunked;
 
+/* How a group's request carries its elements: the first alone of them as
+ * puts of their own, then nruns runs of runlen[x] each
+ * (PutBatchRequest.runs). */
+typedef struct group_runs {
+  size_t alone, nruns;
+  size_t *runlen; /* room for the group's elements */
+} group_runs;
+
 typedef struct unit {
   unit_kind kind;
   size_t which; /* the group (U_GROUP, U_BEGINS), or the element in chunks */
@@ -58,7 +66,8 @@ typedef struct put_plan {
   tport_client *c;
   tport_put_item *items;
   size_t *idx, *start;  /* the groups: group g is idx[start[g] .. start[g + 1]) */
-  size_t *alone;        /* group g's elements that its request puts alone (the rest in runs) */
+  group_runs *runs;     /* how group g's request carries its elements */
+  size_t *runlens;      /* their runlen: group g's from start[g] */
   size_t ngroups;
   size_t direct_from;   /* groups from here on name the caller's buffers (proc) */
   /* the direct groups' fence (PutBatchRequest): fence_token while the
@@ -94,20 +103,21 @@ tport_put_item *batch_put_begun_kth(put_plan *pp, size_t first, size_t j);
  * bytes ride in the request, or, with slot (not BATCH_NO_SLOT), are copied
  * into that slot of pp's region and named by slices of it, or, direct
  * (BATCH_DIRECT), are named where they are, slices of the process region
- * (pp->proc) that the server reads.  With alone (a group's elements, in
+ * (pp->proc) that the server reads.  With gr (a group's elements, in
  * pp->idx from first), where the server takes runs, alike ones go as runs
  * (PutBatchRequest.runs): the group's elements are put in the request's
- * order -- *alone of them as puts of their own, then the runs'. */
+ * order -- gr->alone of them as puts of their own, then the runs' (gr
+ * says how many and how long). */
 #define BATCH_DIRECT ((size_t)-2)
 int batch_put_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool commit, size_t slot,
-                      size_t *alone, nng_msg **out, tport_err *err);
+                      group_runs *gr, nng_msg **out, tport_err *err);
 /* A PutBatch's reply, unpacked into pp->replies, to a request of k
- * elements, alone of them puts of their own: an error for all, or the
- * reply whose puts answer the first alone and whose runs the rest, each
- * run's elements in order: by a handle each (PutRunReply.handles), and
- * those it names in replied (increasing, each within the run) by
- * PutBeginReplies of their own. */
-int batch_put_reply(put_plan *pp, client_slot *s, size_t k, size_t alone,
+ * elements carried as gr says (NULL: each alone): an error for all, or
+ * the reply whose puts answer the first gr->alone and whose runs the
+ * rest, run by run as the request's, each run's elements in order: by a
+ * handle each (PutRunReply.handles), and those it names in replied
+ * (increasing, each within the run) by PutBeginReplies of their own. */
+int batch_put_reply(put_plan *pp, client_slot *s, size_t k, const group_runs *gr,
                     Tport__PutBatchReply **r, tport_err *err);
 
 /* ---- batch_put_chunked.c: the units of the elements in chunks */

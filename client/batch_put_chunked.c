@@ -21,7 +21,7 @@ void batch_put_begins_take(put_plan *pp, client_slot *s, size_t b)
   size_t first = pp->bstart[b], k = pp->bstart[b + 1] - first;
   Tport__PutBatchReply *r = NULL;
   tport_err ge;
-  int rc = batch_put_reply(pp, s, k, k, &r, &ge);
+  int rc = batch_put_reply(pp, s, k, NULL, &r, &ge);
   for (size_t j = 0; j < k; j++) {
     chunked *e = &pp->ch[first + j];
     tport_put_item *it = &pp->items[e->item];

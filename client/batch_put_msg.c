@@ -61,19 +61,18 @@ static bool alike(const Tport__PutBeginRequest *a, const Tport__PutBeginRequest 
 
 /* The order of the group's request (perm[r]: its r-th element's j): each
  * element alone first, then the runs -- two or more alike one after
- * another -- each keeping its order (runlen[x]: run x's elements, *nruns
- * runs).  None where one of them is lent (the body's bytes come before the
- * lent ones').  Returns how many go alone. */
+ * another -- all in the group's order (runlen[x]: run x's elements, *nruns
+ * runs; scratch: room for k).  None where one of them is lent (the body's
+ * bytes come before the lent ones').  Returns how many go alone. */
 static size_t plan_runs(put_plan *pp, size_t first, size_t k, kth_fn kth,
                         const Tport__PutBeginRequest *qs, const uint64_t *lens, size_t *perm,
-                        size_t *runlen, size_t *nruns)
+                        size_t *runlen, size_t *nruns, size_t *scratch)
 {
-  size_t a = 0, b = k;
+  size_t a = 0, b = 0;
   *nruns = 0;
   for (size_t j = 0; j < k; j++)
     if (batch_put_is_lent(pp->c, kth(pp, first, j)->nbytes))
       return k;
-  /* the runs first found, from the end backwards, then turned around */
   for (size_t j = 0, e; j < k; j = e) {
     e = j + 1;
     if (runnable(pp->c, &qs[j], lens[j]))
@@ -85,14 +84,10 @@ static size_t plan_runs(put_plan *pp, size_t first, size_t k, kth_fn kth,
       continue;
     }
     runlen[(*nruns)++] = e - j;
-    for (size_t i = e; i-- > j;)
-      perm[--b] = i;
+    for (size_t i = j; i < e; i++)
+      scratch[b++] = i; /* the runs' elements, after those alone */
   }
-  for (size_t l = b, r = k - 1; l < r; l++, r--) {
-    size_t t = perm[l];
-    perm[l] = perm[r];
-    perm[r] = t;
-  }
+  memcpy(perm + a, scratch, b * sizeof *perm);
   return a;
 }
 
@@ -183,11 +178,11 @@ static int batch_message(put_plan *pp, Tport__PutBatchRequest *q, uint64_t *lens
 }
 
 int batch_put_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool commit, size_t slot,
-                      size_t *alone, nng_msg **out, tport_err *err)
+                      group_runs *gr, nng_msg **out, tport_err *err)
 {
   bool direct = commit && slot == BATCH_DIRECT;
   bool in_slot = commit && slot != BATCH_NO_SLOT && !direct;
-  bool runs = commit && alone && atomic_load(&pp->c->put_runs) && k >= 2;
+  bool runs = commit && gr && atomic_load(&pp->c->put_runs) && k >= 2;
   Tport__TensorDesc *descs = calloc(k, sizeof *descs);
   Tport__PutBeginRequest *qs = calloc(k, sizeof *qs);
   Tport__PutBeginRequest **qp = calloc(k, sizeof *qp);
@@ -243,7 +238,7 @@ int batch_put_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool com
     }
   }
   if (!rc && runs) {
-    nputs = plan_runs(pp, first, k, kth, qs, lens, perm, runlen, &nruns);
+    nputs = plan_runs(pp, first, k, kth, qs, lens, perm, runlen, &nruns, scratch);
     if (nruns) {
       for (size_t r = 0; r < k; r++)
         qp[r] = &qs[perm[r]];
@@ -257,8 +252,11 @@ int batch_put_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool com
   q.payload_bytes = lens;
   q.n_runs = nruns;
   q.runs = rp;
-  if (alone)
-    *alone = nputs;
+  if (gr) {
+    gr->alone = nputs;
+    gr->nruns = nruns;
+    memcpy(gr->runlen, runlen, nruns * sizeof *runlen);
+  }
   if (!rc)
     rc = batch_message(pp, &q, lens, k, kth, first, copied, nlent, direct, out, err);
   free(descs), free(qs), free(qp), free(lens), free(slices);
@@ -266,29 +264,30 @@ int batch_put_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool com
   return rc;
 }
 
-/* Run x of a reply: its elements (*n), checked. */
-static int check_run_reply(const Tport__PutRunReply *run, size_t x, size_t *n, tport_err *err)
+/* Run x of a reply, which answers the n elements of the request's run x,
+ * checked. */
+static int check_run_reply(const Tport__PutRunReply *run, size_t x, size_t n, tport_err *err)
 {
-  *n = run->handles.len / TPORT_HANDLE_BYTES;
-  if (!*n || run->handles.len % TPORT_HANDLE_BYTES)
-    return tport_err_set(err, TPORT_DATA_LOSS, "the server answered run %zu with %zu handle bytes",
-                         x, run->handles.len);
-  if (run->n_replied != run->n_replies || run->n_replied > *n)
+  if (run->handles.len != n * TPORT_HANDLE_BYTES)
     return tport_err_set(err, TPORT_DATA_LOSS,
-                         "the server answered %zu of run %zu's %zu elements with %zu replies", x,
-                         run->n_replied, *n, run->n_replies);
+                         "the server answered run %zu of %zu elements with %zu handle bytes", x, n,
+                         run->handles.len);
+  if (run->n_replied != run->n_replies || run->n_replied > n)
+    return tport_err_set(err, TPORT_DATA_LOSS,
+                         "the server answered %zu of run %zu's %zu elements with %zu replies",
+                         run->n_replied, x, n, run->n_replies);
   for (size_t i = 0; i < run->n_replied; i++)
-    if (run->replied[i] >= *n || (i && run->replied[i] <= run->replied[i - 1]))
+    if (run->replied[i] >= n || (i && run->replied[i] <= run->replied[i - 1]))
       return tport_err_set(err, TPORT_DATA_LOSS,
                            "the server's replies to run %zu name element %u out of order", x,
                            run->replied[i]);
-  if (run->n_replied < *n && !run->info)
+  if (run->n_replied < n && !run->info)
     return tport_err_set(err, TPORT_DATA_LOSS,
                          "the server's answer to run %zu describes no tensor", x);
   return TPORT_OK;
 }
 
-int batch_put_reply(put_plan *pp, client_slot *s, size_t k, size_t alone,
+int batch_put_reply(put_plan *pp, client_slot *s, size_t k, const group_runs *gr,
                     Tport__PutBatchReply **r, tport_err *err)
 {
   int rc = client_unpack_in(TPORT__METHOD__METHOD_PUT_BATCH, s->reply,
@@ -296,18 +295,13 @@ int batch_put_reply(put_plan *pp, client_slot *s, size_t k, size_t alone,
                             (ProtobufCMessage **)r, NULL, err);
   if (rc)
     return rc;
-  size_t answered = (*r)->n_puts;
-  if ((*r)->n_puts != alone)
-    return tport_err_set(err, TPORT_DATA_LOSS, "the server answered %zu of %zu elements",
-                         (*r)->n_puts, alone);
-  for (size_t x = 0; x < (*r)->n_runs; x++) {
-    size_t n;
-    if ((rc = check_run_reply((*r)->runs[x], x, &n, err)) != TPORT_OK)
+  size_t alone = gr ? gr->alone : k, nruns = gr ? gr->nruns : 0;
+  if ((*r)->n_puts != alone || (*r)->n_runs != nruns)
+    return tport_err_set(err, TPORT_DATA_LOSS,
+                         "the server answered %zu puts and %zu runs: the request had %zu and %zu",
+                         (*r)->n_puts, (*r)->n_runs, alone, nruns);
+  for (size_t x = 0; x < nruns; x++)
+    if ((rc = check_run_reply((*r)->runs[x], x, gr->runlen[x], err)) != TPORT_OK)
       return rc;
-    answered += n;
-  }
-  if (answered != k)
-    return tport_err_set(err, TPORT_DATA_LOSS, "the server answered %zu of %zu elements", answered,
-                         k);
   return TPORT_OK;
 }

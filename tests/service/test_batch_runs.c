@@ -179,6 +179,12 @@ Test(runs, an_element_of_a_run_over_the_quota_fails_alone)
   }
   tport_err err;
   cr_assert_eq(tport_put_batch(c, items, K, &err), TPORT_RESOURCE_EXHAUSTED, "%s", err.msg);
+  /* each request's elements are stored in their order: within one (21 a
+   * request) those stored come before those refused */
+  for (int g = 0; g < K; g += 21)
+    for (int i = g + 1; i < g + 21 && i < K; i++)
+      cr_assert(!(items[i].err.code == TPORT_OK && items[i - 1].err.code != TPORT_OK),
+                "element %d stored after %d was refused", i, i - 1);
   int ok = 0, over = 0;
   for (int i = 0; i < K; i++) {
     if (items[i].err.code == TPORT_OK) {

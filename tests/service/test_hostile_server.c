@@ -93,6 +93,76 @@ static void lie_about_chunks(nng_socket s)
 /* What the fake answers a GetBegin with. */
 static void (*get_lie)(nng_socket) = lie_about_region;
 
+/* ---------------------------------------------------------------- runs */
+
+/* The lie a PutBatch of one run of four elements is answered with. */
+enum {
+  RUNS_SPLIT,         /* two runs of two */
+  RUNS_SHORT,         /* three handles */
+  RUNS_REPLIED_PAST,  /* an element past the run replied */
+  RUNS_REPLIED_TWICE, /* one element replied twice */
+  RUNS_ONE_ALONE,     /* one of them answered as a put of its own */
+  RUNS_NO_INFO,       /* every element by handle, no info */
+  RUNS_LIES
+};
+static int runs_lie;
+
+static void lie_about_runs(nng_socket s)
+{
+  Tport__Status ok = TPORT__STATUS__INIT;
+  static int64_t four = 4;
+  Tport__TensorDesc d = TPORT__TENSOR_DESC__INIT;
+  d.dtype = TPORT__DTYPE__DTYPE_UINT8;
+  d.n_sizes = 1;
+  d.sizes = &four;
+  d.device = "cpu";
+  Tport__TensorInfo info = TPORT__TENSOR_INFO__INIT;
+  info.desc = &d;
+  info.nbytes = 4;
+  uint8_t handles[4 * 16];
+  memset(handles, 7, sizeof handles);
+  Tport__PutRunReply a = TPORT__PUT_RUN_REPLY__INIT, b = TPORT__PUT_RUN_REPLY__INIT;
+  Tport__PutRunReply *runs[2] = {&a, &b};
+  a.handles.data = handles;
+  a.handles.len = sizeof handles;
+  a.info = &info;
+  uint32_t replied[2] = {5, 5};
+  Tport__PutBeginReply one = TPORT__PUT_BEGIN_REPLY__INIT, *ones[2] = {&one, &one};
+  one.status = &ok;
+  one.info = &info;
+  Tport__PutBatchReply r = TPORT__PUT_BATCH_REPLY__INIT;
+  r.status = &ok;
+  r.n_runs = 1;
+  r.runs = runs;
+  switch (runs_lie) {
+  case RUNS_SPLIT:
+    a.handles.len = b.handles.len = 2 * 16;
+    b.handles.data = handles + 32;
+    b.info = &info;
+    r.n_runs = 2;
+    break;
+  case RUNS_SHORT: a.handles.len = 3 * 16; break;
+  case RUNS_REPLIED_PAST:
+    a.n_replied = a.n_replies = 1;
+    a.replied = replied;
+    a.replies = ones;
+    break;
+  case RUNS_REPLIED_TWICE:
+    replied[0] = replied[1] = 1;
+    a.n_replied = a.n_replies = 2;
+    a.replied = replied;
+    a.replies = ones;
+    break;
+  case RUNS_ONE_ALONE:
+    a.handles.len = 3 * 16;
+    r.n_puts = 1;
+    r.puts = ones;
+    break;
+  default: a.info = NULL;
+  }
+  reply(s, TPORT__METHOD__METHOD_PUT_BATCH, &r.base);
+}
+
 static void *serve(void *arg)
 {
   fake *f = arg;
@@ -109,9 +179,12 @@ static void *serve(void *arg)
       h.max_chunk_bytes = 64 << 10;
       h.max_inflight_chunks = 4;
       h.max_outstanding = 8;
+      h.put_batch_runs = true;
       reply(f->sock, method, &h.base);
     } else if (method == TPORT__METHOD__METHOD_GET_BEGIN) {
       get_lie(f->sock);
+    } else if (method == TPORT__METHOD__METHOD_PUT_BATCH) {
+      lie_about_runs(f->sock);
     } else {
       Tport__Status bad = TPORT__STATUS__INIT;
       bad.code = TPORT__CODE__CODE_UNIMPLEMENTED;
@@ -204,4 +277,34 @@ Test(hostile_server, a_tensor_described_larger_than_its_bytes_is_refused, .timeo
 Test(hostile_server, chunks_into_a_region_never_offered_are_refused, .timeout = 30)
 {
   expect_region_lie_refused(lie_about_chunks, false, 3 * (64 << 10));
+}
+
+/* A put batch's four alike elements go as one run: an answer shaped as
+ * another request's (runs split or merged, handles short, replies naming
+ * elements past the run or twice, no info) fails each element with
+ * DATA_LOSS -- before the fix, two runs of two for a run of four passed,
+ * the first run's info given to the second's elements. */
+Test(hostile_server, a_put_batch_answer_shaped_as_other_runs_is_refused, .timeout = 30)
+{
+  fake f;
+  fake_start(&f);
+  tport_connect_options o = {.timeout_ms = 5000, .no_shm = true};
+  tport_client *c;
+  tport_err err;
+  cr_assert_eq(tport_connect(f.url, &o, &c, &err), TPORT_OK, "%s", err.msg);
+  static uint8_t bytes[4][4];
+  static int64_t four = 4;
+  for (runs_lie = 0; runs_lie < RUNS_LIES; runs_lie++) {
+    tport_put_item items[4];
+    for (int i = 0; i < 4; i++)
+      items[i] = (tport_put_item){
+          .dtype = TPORT_UINT8, .ndim = 1, .sizes = &four, .data = bytes[i], .nbytes = 4};
+    int rc = tport_put_batch(c, items, 4, &err);
+    cr_expect_eq(rc, TPORT_DATA_LOSS, "lie %d: %d %s", runs_lie, rc, err.msg);
+    for (int i = 0; i < 4; i++)
+      cr_expect_eq(items[i].err.code, TPORT_DATA_LOSS, "lie %d, element %d: %s", runs_lie, i,
+                   items[i].err.msg);
+  }
+  tport_close(c);
+  fake_stop(&f);
 }
