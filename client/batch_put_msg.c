@@ -3,6 +3,8 @@
  * reply.  An element that commits at once has its bytes in the request's
  * payload (copied in, or lent where large), or, on the same host, copied
  * into its group's slot of the automatic region and named by a slice.
+ * Alike elements one after another go as runs (PutBatchRequest.runs, where
+ * the server takes them): one PutBegin for all, answered by a handle each.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -91,20 +93,19 @@ static size_t plan_runs(put_plan *pp, size_t first, size_t k, kth_fn kth,
   return a;
 }
 
-/* Group first's elements (pp->idx) and their lengths put in perm's order. */
+/* Group first's elements (pp->idx) and their lengths put in perm's order
+ * (through room for k of each). */
 static void permute(put_plan *pp, size_t first, size_t k, const size_t *perm, uint64_t *lens,
-                    size_t *scratch)
+                    size_t *idx_room, uint64_t *len_room)
 {
   size_t *idx = pp->idx + first;
-  for (size_t r = 0; r < k; r++)
-    scratch[r] = idx[perm[r]];
-  memcpy(idx, scratch, k * sizeof *idx);
-  uint64_t *l = (uint64_t *)scratch; /* (as many bytes: _Static_assert below) */
-  for (size_t r = 0; r < k; r++)
-    l[r] = lens[perm[r]];
-  memcpy(lens, l, k * sizeof *lens);
+  for (size_t r = 0; r < k; r++) {
+    idx_room[r] = idx[perm[r]];
+    len_room[r] = lens[perm[r]];
+  }
+  memcpy(idx, idx_room, k * sizeof *idx);
+  memcpy(lens, len_room, k * sizeof *lens);
 }
-_Static_assert(sizeof(size_t) == sizeof(uint64_t), "permute's scratch holds lengths too");
 
 /* The runs of a request whose elements qp[nputs ..) are, runlen[r] long
  * (plan_runs), into rs (offs and crcs: room for each element's slice
@@ -242,7 +243,7 @@ int batch_put_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool com
     if (nruns) {
       for (size_t r = 0; r < k; r++)
         qp[r] = &qs[perm[r]];
-      permute(pp, first, k, perm, lens, scratch);
+      permute(pp, first, k, perm, lens, scratch, offs); /* (offs: filled after) */
       fill_runs(qp, lens, nputs, runlen, nruns, rs, rp, offs, crcs);
     }
   }
