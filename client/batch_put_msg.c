@@ -256,7 +256,8 @@ int batch_put_request(put_plan *pp, size_t first, size_t k, kth_fn kth, bool com
   if (gr) {
     gr->alone = nputs;
     gr->nruns = nruns;
-    memcpy(gr->runlen, runlen, nruns * sizeof *runlen);
+    if (nruns)
+      memcpy(gr->runlen, runlen, nruns * sizeof *runlen);
   }
   if (!rc)
     rc = batch_message(pp, &q, lens, k, kth, first, copied, nlent, direct, out, err);

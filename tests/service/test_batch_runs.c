@@ -33,8 +33,8 @@ static tport_client *connect_plain(const char *url)
 
 enum { N = 620 };
 
-/* Element i's dtype and shape: runs of several shapes, with lone ones and a
- * named one between them. */
+/* Element i's dtype and shape: runs of several shapes (scalars among
+ * them), with lone ones and a named one between them. */
 static void shape_of(int i, tport_dtype *dt, int *ndim, int64_t sizes[2])
 {
   *ndim = 1;
@@ -44,6 +44,8 @@ static void shape_of(int i, tport_dtype *dt, int *ndim, int64_t sizes[2])
     *dt = TPORT_INT64, sizes[0] = 3;
   } else if (i == 402) {
     *dt = TPORT_FLOAT64, sizes[0] = 5;
+  } else if (i < 410) {
+    *dt = TPORT_FLOAT32, *ndim = 0; /* scalars */
   } else {
     *dt = TPORT_UINT8, sizes[0] = 4096;
   }
@@ -72,7 +74,7 @@ static mixed *mixed_make(void)
     fill(m->data[i], nbytes, (unsigned)i + 1);
     m->items[i] = (tport_put_item){.dtype = dt,
                                    .ndim = ndim,
-                                   .sizes = m->sizes[i],
+                                   .sizes = ndim ? m->sizes[i] : NULL,
                                    .data = m->data[i],
                                    .nbytes = nbytes,
                                    .opts = i == 250 ? &m->named : NULL};
