@@ -80,7 +80,8 @@ static void element_take(put_plan *pp, size_t g, size_t j, const Tport__PutBegin
      * that pages in slowly) or had no reader free -- put on its own after
      * the window, through the region where it gave up */
     int code = it->err.code;
-    if (g >= pp->direct_from && (code == TPORT_DEADLINE_EXCEEDED || code == TPORT_RESOURCE_EXHAUSTED)) {
+    bool direct = g >= pp->direct_from;
+    if (direct && (code == TPORT_DEADLINE_EXCEEDED || code == TPORT_RESOURCE_EXHAUSTED)) {
       size_t item = pp->idx[first + j];
       pp->redo[item] = true;
       pp->not_direct[item] = code == TPORT_DEADLINE_EXCEEDED;
@@ -408,7 +409,8 @@ static void put_window(tport_client *c, tport_put_item *items, const window_sets
     for (size_t j = 0; j < k + nd; j++)
       items[idx[j]].err = err;
   arena_fini(&pp.replies);
-  free(pp.start), free(pp.runs), free(pp.runlens), free(pp.slot), free(pp.bstart), free(pp.units);
+  free(pp.start), free(pp.runs), free(pp.runlens), free(pp.slot);
+  free(pp.bstart), free(pp.units);
 }
 
 /* Where each element goes (classify's answer). */

@@ -206,6 +206,16 @@ static void fake_start(fake *f)
   cr_assert_eq(pthread_create(&f->thread, NULL, serve, f), 0);
 }
 
+/* A client of f, without a region (verifying or not). */
+static tport_client *fake_connect(fake *f, bool verify)
+{
+  tport_connect_options o = {.timeout_ms = 5000, .no_shm = true, .verify = verify};
+  tport_client *c;
+  tport_err err;
+  cr_assert_eq(tport_connect(f->url, &o, &c, &err), TPORT_OK, "%s", err.msg);
+  return c;
+}
+
 static void fake_stop(fake *f)
 {
   nng_close(f->sock);
@@ -220,10 +230,8 @@ static void expect_region_lie_refused(void (*lie)(nng_socket), bool verify, size
   get_lie = lie;
   fake f;
   fake_start(&f);
-  tport_connect_options o = {.timeout_ms = 5000, .no_shm = true, .verify = verify};
-  tport_client *c;
+  tport_client *c = fake_connect(&f, verify);
   tport_err err;
-  cr_assert_eq(tport_connect(f.url, &o, &c, &err), TPORT_OK, "%s", err.msg);
   tport_ref ref;
   tport_ref_name(&ref, "t");
   uint8_t *buf = malloc(n);
@@ -256,10 +264,8 @@ Test(hostile_server, a_tensor_described_larger_than_its_bytes_is_refused, .timeo
   get_lie = lie_about_size;
   fake f;
   fake_start(&f);
-  tport_connect_options o = {.timeout_ms = 5000, .no_shm = true};
-  tport_client *c;
+  tport_client *c = fake_connect(&f, false);
   tport_err err;
-  cr_assert_eq(tport_connect(f.url, &o, &c, &err), TPORT_OK, "%s", err.msg);
   tport_ref ref;
   tport_ref_name(&ref, "t");
   DLManagedTensor *dl = NULL;
@@ -288,10 +294,8 @@ Test(hostile_server, a_put_batch_answer_shaped_as_other_runs_is_refused, .timeou
 {
   fake f;
   fake_start(&f);
-  tport_connect_options o = {.timeout_ms = 5000, .no_shm = true};
-  tport_client *c;
+  tport_client *c = fake_connect(&f, false);
   tport_err err;
-  cr_assert_eq(tport_connect(f.url, &o, &c, &err), TPORT_OK, "%s", err.msg);
   static uint8_t bytes[4][4];
   static int64_t four = 4;
   for (runs_lie = 0; runs_lie < RUNS_LIES; runs_lie++) {
