@@ -53,6 +53,7 @@ typedef struct element {
   void *lent; /* payload held by a lend (lends_begin) rather than in the sink */
   bool ok, sunk;
   bool in_run; /* a run's element answered by its handle alone (put_runs.h) */
+  bool stored; /* a put's element in the registry under handle */
   uint8_t handle[REG_HANDLE_BYTES];
 } element; /* small: a batch of 4096 allocates 4096 (no error message in it) */
 
@@ -82,6 +83,18 @@ static void element_failed(element *el, const tport_err *why)
   el->packed = el->fallback;
 }
 
+/* Removes the element stored under handle (a batch that could not tell
+ * the client so). */
+static void unstore(const call *c, const uint8_t *handle)
+{
+  reg_entry *e;
+  tport_err ignored;
+  if (reg_find(&c->srv->reg, c->pipe, handle, REG_HANDLE_BYTES, NULL, &e, NULL, &ignored))
+    return; /* gone already (freed by another of the tenant's connections) */
+  reg_remove(&c->srv->reg, e);
+  reg_put(&c->srv->reg, e);
+}
+
 /* What the element's call (sub) answered, rc, kept in el. */
 static void element_answered(call *sub, int rc, element *el)
 {
@@ -94,9 +107,13 @@ static void element_answered(call *sub, int rc, element *el)
     if (sub->lent)
       lends_end(sub->lent);
 #endif
+    if (sub->stored) /* told it failed: not stored */
+      unstore(sub, el->handle);
+    memset(el->handle, 0, sizeof el->handle);
     element_failed(el, &sub->err);
     return;
   }
+  el->stored = sub->stored;
   if (sub->run_answered) { /* its handle written into el by the handler */
     el->ok = el->in_run = true;
     return;
@@ -230,7 +247,10 @@ static uint8_t *run_reply_write(const put_run_info *ri, const element *els, size
   size_t replied = 0;
   p = put_field_head(p, 1, k * REG_HANDLE_BYTES);
   for (size_t i = 0; i < k; i++, p += REG_HANDLE_BYTES) {
-    memcpy(p, els[i].handle, REG_HANDLE_BYTES); /* (zeros where not in_run) */
+    if (els[i].in_run)
+      memcpy(p, els[i].handle, REG_HANDLE_BYTES);
+    else /* answered by a reply of its own */
+      memset(p, 0, REG_HANDLE_BYTES);
     replied += els[i].in_run ? 0 : varint_size(i);
   }
   if (ri->set) {
@@ -316,7 +336,8 @@ static int batch_reply(call *c, const ProtobufCMessage *head, uint32_t field, el
                          "the batch's reply would be %zu bytes: at most %u", msg_len,
                          FRAME_MAX_MESSAGE_BYTES);
   nng_msg *m;
-  if (nng_msg_alloc(&m, FRAME_HEADER_BYTES + msg_len + payload_len) != 0)
+  if ((server_test_reply_fails && server_test_reply_fails(c->method, false)) ||
+      nng_msg_alloc(&m, FRAME_HEADER_BYTES + msg_len + payload_len) != 0)
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte reply",
                          msg_len + payload_len);
   uint8_t *body = nng_msg_body(m);
@@ -434,6 +455,11 @@ int h_put_batch(call *c)
   Tport__PutBatchReply r = TPORT__PUT_BATCH_REPLY__INIT;
   r.status = wire_ok();
   rc = batch_reply(c, &r.base, 2 /* puts */, els, n, &sink, &b);
+  /* the client is told the whole batch failed: nothing of it stays (a
+   * replaced name's former tensor, gone at the swap, is not brought back) */
+  for (size_t i = 0; rc && i < n; i++)
+    if (els[i].stored)
+      unstore(c, els[i].handle);
   free_elements(els, n);
   free(sink.buf);
   batch_puts_free(&b);

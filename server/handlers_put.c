@@ -554,7 +554,7 @@ int h_put_commit(call *c)
     Tport__PutCommitReply r = TPORT__PUT_COMMIT_REPLY__INIT;
     r.status = wire_ok();
     r.info = &wi.info;
-    rc = call_reply(c, &r.base, NULL, 0);
+    rc = wire_reply_stored(c, &r.base, e, NULL);
   }
   reg_put(&c->srv->reg, e);
   return rc;

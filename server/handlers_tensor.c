@@ -76,7 +76,7 @@ int h_to(call *c)
     r.status = wire_ok();
     r.info = &wi.info;
     r.alias = aliased;
-    rc = call_reply(c, &r.base, NULL, 0);
+    rc = wire_reply_stored(c, &r.base, out, e);
   }
   reg_put(&c->srv->reg, out);
   reg_put(&c->srv->reg, e);
@@ -115,7 +115,7 @@ int h_contiguous(call *c)
     r.status = wire_ok();
     r.info = &wi.info;
     r.alias = aliased;
-    rc = call_reply(c, &r.base, NULL, 0);
+    rc = wire_reply_stored(c, &r.base, out, e);
   }
   reg_put(&c->srv->reg, out);
   reg_put(&c->srv->reg, e);
@@ -152,7 +152,7 @@ int h_view(call *c)
     Tport__ViewReply r = TPORT__VIEW_REPLY__INIT;
     r.status = wire_ok();
     r.info = &wi.info;
-    rc = call_reply(c, &r.base, NULL, 0);
+    rc = wire_reply_stored(c, &r.base, out, e);
   }
   reg_put(&c->srv->reg, out);
   reg_put(&c->srv->reg, e);

@@ -33,17 +33,21 @@ int check_crc32c_of(call *c, bool set, uint32_t sent, uint64_t off, const uint8_
 }
 
 /* PutBegin's reply: the entry's ref, the chunking, and the stored tensor
- * when the put committed (final); releases the caller's reference to e. */
+ * when the put committed (final); releases the caller's reference to e,
+ * and removes it where the reply cannot be made (wire_reply_stored). */
 int put_begin_reply(call *c, reg_entry *e, tport_tensor *final)
 {
   server *s = c->srv;
   wire_info wi;
   Tport__PutBeginReply r = TPORT__PUT_BEGIN_REPLY__INIT;
+  if (c->run_handle) { /* a PutBatch's element */
+    memcpy(c->run_handle, e->handle, REG_HANDLE_BYTES);
+    c->stored = true;
+  }
   if (final) {
     wire_fill_info(&wi, e, final);
     r.info = &wi.info;
     if (c->run && put_run_same(c->run, &wi)) {
-      memcpy(c->run_handle, e->handle, REG_HANDLE_BYTES);
       c->run_answered = true;
       reg_put(&s->reg, e);
       return TPORT_OK;
@@ -57,7 +61,9 @@ int put_begin_reply(call *c, reg_entry *e, tport_tensor *final)
   r.ref = &ref;
   r.chunk_bytes = s->cfg.chunk_bytes;
   r.window = (uint32_t)s->cfg.window;
-  int rc = call_reply(c, &r.base, NULL, 0);
+  int rc = wire_reply_stored(c, &r.base, e, NULL);
+  if (rc)
+    c->stored = false;
   reg_put(&s->reg, e);
   return rc;
 }

@@ -55,9 +55,13 @@ static int sink_reply(call *c, ProtobufCMessage *m, const void *payload, size_t 
   return TPORT_OK;
 }
 
+bool (*server_test_reply_fails)(uint16_t method, bool element);
+
 /* The call's reply: its own message, or its batch's sink. */
 static int reply_out(call *c, ProtobufCMessage *m, const void *payload, size_t n)
 {
+  if (server_test_reply_fails && server_test_reply_fails(c->method, c->sink != NULL))
+    return TPORT_RESOURCE_EXHAUSTED;
   return c->sink ? sink_reply(c, m, payload, n) : pack_reply(&c->out, c->method, m, payload, n);
 }
 

@@ -165,17 +165,26 @@ typedef struct call {
   struct put_gather *gather;
   bool gathered;
   /* an element of a PutBatch's run (put_runs.h): answered by its handle
-   * alone (written at run_handle, run_answered set) where its tensor's
-   * info is the run's */
+   * alone (run_answered set) where its tensor's info is the run's.  Every
+   * element of a PutBatch has run_handle: its entry's handle is written
+   * there, and stored set, once it is in the registry -- the batch removes
+   * it again if the batch's reply cannot be made */
   struct put_run_info *run;
   uint8_t *run_handle;
   bool run_answered;
+  bool stored;
   /* waiting for a name: the context's waiter and first arrival; a handler
    * that registered the waiter sets park_until_ms and gives no reply */
   reg_waiter *waiter;
   int64_t first_ms;
   int64_t park_until_ms;
 } call;
+
+/* Testing knob: asked before a reply's message is allocated (element: a
+ * batch element's place in its batch's reply, method PUT_BEGIN or
+ * GET_BEGIN); true fails that allocation as running out of memory would.
+ * Never set outside tests. */
+extern bool (*server_test_reply_fails)(uint16_t method, bool element);
 
 /* The contexts and the workers' queue, now (under qmu). */
 typedef struct server_queue_stats {

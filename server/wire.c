@@ -118,6 +118,14 @@ int wire_format(int v, const char *field, tport_memory_format *out, tport_err *e
   return TPORT_OK;
 }
 
+int wire_reply_stored(call *c, ProtobufCMessage *reply, reg_entry *out, const reg_entry *in)
+{
+  int rc = call_reply(c, reply, NULL, 0);
+  if (rc && out != in)
+    reg_remove(&c->srv->reg, out);
+  return rc;
+}
+
 int wire_register_result(call *c, reg_entry *in, tport_tensor *res, bool aliased, const char *name,
                          bool keep, uint64_t ttl_ms, reg_reservation *paid, reg_entry **out)
 {

@@ -36,6 +36,12 @@ int wire_dtype(int v, const char *field, tport_dtype *out, tport_err *err);
 int wire_format(int v, const char *field, tport_memory_format *out, tport_err *err);
 /* A status OK message (static, shared). */
 Tport__Status *wire_ok(void);
+/* The reply to a request that stored out (a result, a put): sent, or where
+ * it cannot be made, out removed -- the client, told the request failed,
+ * never learns of it, so nothing may stay stored under it (nor hold its
+ * name).  in: the request's input, which an aliased result may be (never
+ * removed). */
+int wire_reply_stored(call *c, ProtobufCMessage *reply, reg_entry *out, const reg_entry *in);
 /* Registers a result of to/contiguous/view: aliased results with no name
  * reuse the input's entry (unless keep asks to keep a connection-scoped
  * input).  The tenant pays for the result's storage unless it already does,
