@@ -39,6 +39,12 @@
 
 #define BATCH_MAX_ELEMENTS 4096
 
+/* From this many bytes a PutBatch request on, its elements' bytes are
+ * written with streaming stores (call.stream_writes): the client sends a
+ * large batch in requests of about a MiB, so this is a request of one, and
+ * what it writes is not read again while the rest of the batch goes by. */
+#define BATCH_STREAM_MIN_BYTES ((size_t)512 << 10)
+
 /* What one element's handler answered: its reply as packed (in the
  * batch's sink at `at`, or in own for a failure's status), and its payload
  * after it there (or held by a lend). */
@@ -134,8 +140,8 @@ static void element_answered(call *sub, int rc, element *el)
  * element of run) -- unless the handler gathered it (a put from the
  * client's memory, answered by put_gather_end). */
 static void run_element(call *c, reply_sink *sink, put_gather *gather, put_run_info *run,
-                        uint16_t method, int (*handler)(call *), ProtobufCMessage *req,
-                        const uint8_t *payload, size_t n, element *el)
+                        bool stream, uint16_t method, int (*handler)(call *),
+                        ProtobufCMessage *req, const uint8_t *payload, size_t n, element *el)
 {
   call sub = {.srv = c->srv,
               .sink = sink,
@@ -147,6 +153,7 @@ static void run_element(call *c, reply_sink *sink, put_gather *gather, put_run_i
               .arrived_ns = c->arrived_ns,
               .copy_payload = true,
               .lend_to_batch = method == TPORT__METHOD__METHOD_GET_BEGIN,
+              .stream_writes = stream,
               .gather = gather,
               .run = run,
               .run_handle = el->handle};
@@ -414,6 +421,18 @@ static bool names_process(call *c, const Tport__PutBeginRequest *q)
 _Static_assert(BATCH_MAX_ELEMENTS <= SHM_PROCESS_READ_SEGS,
                "a batch's puts from the client's memory are one read");
 
+/* Whether b's elements carry BATCH_STREAM_MIN_BYTES to copy (in the
+ * payload or in slices of a region; the client's lengths, capped). */
+static bool streams(const call *c, const batch_puts *b)
+{
+  size_t bytes = c->payload_len;
+  for (size_t i = 0; i < b->n && bytes < BATCH_STREAM_MIN_BYTES; i++)
+    if (b->req[i]->shm)
+      bytes += b->req[i]->shm->length < BATCH_STREAM_MIN_BYTES ? (size_t)b->req[i]->shm->length
+                                                               : BATCH_STREAM_MIN_BYTES;
+  return bytes >= BATCH_STREAM_MIN_BYTES;
+}
+
 int h_put_batch(call *c)
 {
   Tport__PutBatchRequest *q = (Tport__PutBatchRequest *)c->req;
@@ -433,6 +452,7 @@ int h_put_batch(call *c)
                   q->fence_token);
   call at_end = *c; /* where the gathered puts are read and answered */
   at_end.sink = &sink;
+  bool stream = streams(c, &b);
   size_t off = 0;
   for (size_t i = 0; i < n; i++) {
     size_t len = (size_t)b.len[i];
@@ -444,7 +464,7 @@ int h_put_batch(call *c)
     /* without commit an upload begins (its chunks follow by PutChunk):
      * h_put_begin refuses such an element that carries bytes */
     gather.el = i;
-    run_element(c, &sink, &gather, b.run[i] ? &b.runs[b.run[i] - 1] : NULL,
+    run_element(c, &sink, &gather, b.run[i] ? &b.runs[b.run[i] - 1] : NULL, stream,
                 TPORT__METHOD__METHOD_PUT_BEGIN, h_put_begin,
                 (ProtobufCMessage *)&b.req[i]->base, c->payload ? c->payload + off : NULL, len,
                 &els[i]);
@@ -552,8 +572,8 @@ static void get_element(call *c, reply_sink *sink, const Tport__GetBeginRequest 
   Tport__GetBeginRequest one = *g;
   if (one.inline_max > *budget)
     one.inline_max = *budget;
-  run_element(c, sink, NULL, NULL, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin, &one.base, NULL,
-              0, el);
+  run_element(c, sink, NULL, NULL, false, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin,
+              &one.base, NULL, 0, el);
   *budget -= el->payload_len <= *budget ? el->payload_len : *budget;
   if (g->shm)
     *region_left -= n <= *region_left ? n : *region_left;

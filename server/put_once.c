@@ -13,6 +13,7 @@
 
 #include "put_runs.h"
 
+#include "cpu_kernels.h"
 #include "crc32c.h"
 #include "wire.h"
 #include "wrap.h"
@@ -68,6 +69,18 @@ int put_begin_reply(call *c, reg_entry *e, tport_tensor *final)
   return rc;
 }
 
+/* in's bytes into t (cpu, dense, in->len bytes): with streaming stores for
+ * a large batch's element (call.stream_writes). */
+static bool write_bytes(const call *c, tport_tensor *t, const put_source *in)
+{
+  if (!c->stream_writes || !in->len)
+    return tensor_write_host_bytes(t, 0, in->p, in->len);
+  uint8_t *dst = tensor_host_bytes(t, 0, in->len);
+  if (dst)
+    cpu_memcpy_stream(dst, in->p, in->len);
+  return dst != NULL;
+}
+
 /* To the cpu as it is: a tensor with the client's layout, its bytes
  * copied in (no tensor over the client's bytes, no copy plan).  Charged
  * before it is made. */
@@ -79,7 +92,7 @@ static int copy_plain(call *c, const meta_layout *l, tport_dtype from, tport_dev
     return rc;
   rc = tensor_empty_strided(dev, from, l->ndim, l->sizes, l->strides, 0, out, &c->err);
   wire_charge_end(paid);
-  if (!rc && !tensor_write_host_bytes(*out, 0, in->p, in->len))
+  if (!rc && !write_bytes(c, *out, in))
     rc = tport_err_set(&c->err, TPORT_INTERNAL, "the put's %zu bytes could not be written",
                        in->len);
   return rc;

@@ -150,6 +150,10 @@ typedef struct call {
    * may be waiting for */
   bool copy_payload;
   bool lend_to_batch;
+  /* an element of a PutBatch of many bytes: its bytes written into its
+   * tensor with non-temporal stores (cpu_memcpy_stream), which leave the
+   * caches to the rest of the batch's work */
+  bool stream_writes;
   void *lent;
   const void *lent_p;
   size_t lent_n;

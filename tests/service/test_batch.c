@@ -397,3 +397,52 @@ Test(batch, a_cancelled_dlpack_batch_leaves_no_stale_results)
     free(vals[i]);
   tport_close(c);
 }
+
+/* A batch in requests of a MiB and more (the server's default 4 MiB chunks),
+ * whose elements' bytes tportd writes with streaming stores
+ * (cpu_memcpy_stream): 2,000 elements of an odd size, so that the payload's
+ * elements lie at every alignment, come back exact. */
+Test(batch, elements_of_large_requests_come_back_exact)
+{
+  server_config cfg;
+  svc_config(&cfg);
+  cfg.chunk_bytes = (size_t)4 << 20;
+  char big_url[256];
+  server *s = svc_start_with(&cfg, big_url, sizeof big_url);
+  tport_connect_options o = {.timeout_ms = WAIT_MS, .no_shm = true};
+  tport_client *c;
+  tport_err err;
+  cr_assert_eq(tport_connect(big_url, &o, &c, &err), TPORT_OK, "%s", err.msg);
+  enum { K = 2000, B = 4099 };
+  static int64_t n = B;
+  uint8_t *data = malloc((size_t)K * B);
+  tport_put_item *items = calloc(K, sizeof *items);
+  for (size_t i = 0; i < (size_t)K * B; i++)
+    data[i] = (uint8_t)(i * 131 + (i >> 12));
+  for (int i = 0; i < K; i++)
+    items[i] = (tport_put_item){.dtype = TPORT_UINT8,
+                                .ndim = 1,
+                                .sizes = &n,
+                                .data = data + (size_t)i * B,
+                                .nbytes = B};
+  uint64_t before = atomic_load(&s->requests[TPORT__METHOD__METHOD_PUT_BATCH]);
+  cr_assert_eq(tport_put_batch(c, items, K, &err), TPORT_OK, "%s", err.msg);
+  int64_t requests = (int64_t)(atomic_load(&s->requests[TPORT__METHOD__METHOD_PUT_BATCH]) - before);
+  /* what makes tportd stream: requests of BATCH_STREAM_MIN_BYTES (512 KiB) */
+  cr_assert(requests > 0 && (int64_t)K * B / requests >= 512 << 10,
+            "%lld requests for %d bytes: too small to stream", (long long)requests, K * B);
+  tport_get_item *gets = calloc(K, sizeof *gets);
+  for (int i = 0; i < K; i++)
+    gets[i].ref = items[i].info.ref;
+  cr_assert_eq(tport_get_batch(c, gets, K, &err), TPORT_OK, "%s", err.msg);
+  for (int i = 0; i < K; i++) {
+    cr_assert_eq(gets[i].nbytes, (size_t)B, "element %d", i);
+    cr_assert_eq(memcmp(gets[i].data, data + (size_t)i * B, B), 0, "element %d's bytes", i);
+    free(gets[i].data);
+  }
+  free(gets);
+  free(items);
+  free(data);
+  tport_close(c);
+  server_stop(s, 1000);
+}
