@@ -140,7 +140,7 @@ static void element_answered(call *sub, int rc, element *el)
  * element of run) -- unless the handler gathered it (a put from the
  * client's memory, answered by put_gather_end). */
 static void run_element(call *c, reply_sink *sink, put_gather *gather, put_run_info *run,
-                        bool stream, uint16_t method, int (*handler)(call *),
+                        bool stream, int64_t *stage_ns, uint16_t method, int (*handler)(call *),
                         ProtobufCMessage *req, const uint8_t *payload, size_t n, element *el)
 {
   call sub = {.srv = c->srv,
@@ -154,6 +154,7 @@ static void run_element(call *c, reply_sink *sink, put_gather *gather, put_run_i
               .copy_payload = true,
               .lend_to_batch = method == TPORT__METHOD__METHOD_GET_BEGIN,
               .stream_writes = stream,
+              .stage_ns = stage_ns,
               .gather = gather,
               .run = run,
               .run_handle = el->handle};
@@ -453,6 +454,9 @@ int h_put_batch(call *c)
   call at_end = *c; /* where the gathered puts are read and answered */
   at_end.sink = &sink;
   bool stream = streams(c, &b);
+  int64_t stage_ns[METRICS_STAGES] = {0};
+  if (c->payload_len)
+    metrics_stage_since(&c->srv->metrics, STAGE_RECEIVE, c->arrived_ns);
   size_t off = 0;
   for (size_t i = 0; i < n; i++) {
     size_t len = (size_t)b.len[i];
@@ -464,7 +468,7 @@ int h_put_batch(call *c)
     /* without commit an upload begins (its chunks follow by PutChunk):
      * h_put_begin refuses such an element that carries bytes */
     gather.el = i;
-    run_element(c, &sink, &gather, b.run[i] ? &b.runs[b.run[i] - 1] : NULL, stream,
+    run_element(c, &sink, &gather, b.run[i] ? &b.runs[b.run[i] - 1] : NULL, stream, stage_ns,
                 TPORT__METHOD__METHOD_PUT_BEGIN, h_put_begin,
                 (ProtobufCMessage *)&b.req[i]->base, c->payload ? c->payload + off : NULL, len,
                 &els[i]);
@@ -472,6 +476,9 @@ int h_put_batch(call *c)
   }
   /* the puts from the client's memory: one read for all, then answered */
   put_gather_end(&at_end, &gather, gathered_answered, els);
+  for (int st = 0; st < METRICS_STAGES; st++)
+    if (stage_ns[st])
+      metrics_observe(&c->srv->metrics.stage[st], stage_ns[st]);
   Tport__PutBatchReply r = TPORT__PUT_BATCH_REPLY__INIT;
   r.status = wire_ok();
   rc = batch_reply(c, &r.base, 2 /* puts */, els, n, &sink, &b);
@@ -572,7 +579,7 @@ static void get_element(call *c, reply_sink *sink, const Tport__GetBeginRequest 
   Tport__GetBeginRequest one = *g;
   if (one.inline_max > *budget)
     one.inline_max = *budget;
-  run_element(c, sink, NULL, NULL, false, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin,
+  run_element(c, sink, NULL, NULL, false, NULL, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin,
               &one.base, NULL, 0, el);
   *budget -= el->payload_len <= *budget ? el->payload_len : *budget;
   if (g->shm)

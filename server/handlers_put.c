@@ -355,7 +355,7 @@ int h_put_begin(call *c)
   int rc = check_put_begin(c, q, &l, &vr);
   if (rc)
     return rc;
-  if (c->payload_len)
+  if (c->payload_len && !c->stage_ns) /* (a batch's: once, for its request) */
     metrics_stage_since(&s->metrics, STAGE_RECEIVE, c->arrived_ns);
   tport_device dev;
   rc = wire_device(q->device && *q->device ? q->device : q->desc->device, "device",

@@ -147,11 +147,11 @@ int put_once(call *c, const Tport__PutBeginRequest *q, const meta_layout *l, tpo
     rc = copy_plain(c, l, from, dev, in, &paid, &final);
   else if (!rc)
     rc = copy_converting(c, q, l, from, dev, convert, in, &paid, &final);
-  metrics_stage_since(&s->metrics,
-                      dev.type != TPORT_DEV_CPU ? STAGE_HOST_TO_DEVICE
-                      : converts                ? STAGE_CONVERT
-                                                : STAGE_STAGE,
-                      t0);
+  wire_stage_since(c,
+                   dev.type != TPORT_DEV_CPU ? STAGE_HOST_TO_DEVICE
+                   : converts                ? STAGE_CONVERT
+                                             : STAGE_STAGE,
+                   t0);
   if (rc) {
     tensor_release(final);
     reg_reservation_release(&paid);

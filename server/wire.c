@@ -118,6 +118,15 @@ int wire_format(int v, const char *field, tport_memory_format *out, tport_err *e
   return TPORT_OK;
 }
 
+void wire_stage_since(call *c, metrics_stage st, int64_t since_ns)
+{
+  int64_t ns = metrics_now_ns() - since_ns;
+  if (c->stage_ns)
+    c->stage_ns[st] += ns > 0 ? ns : 0;
+  else
+    metrics_observe(&c->srv->metrics.stage[st], ns);
+}
+
 int wire_reply_stored(call *c, ProtobufCMessage *reply, reg_entry *out, const reg_entry *in)
 {
   int rc = call_reply(c, reply, NULL, 0);

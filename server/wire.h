@@ -36,6 +36,10 @@ int wire_dtype(int v, const char *field, tport_dtype *out, tport_err *err);
 int wire_format(int v, const char *field, tport_memory_format *out, tport_err *err);
 /* A status OK message (static, shared). */
 Tport__Status *wire_ok(void);
+/* The time since since_ns spent in stage st: observed in the stage's
+ * histogram, or added to the batch's sums for a batch's element
+ * (call.stage_ns). */
+void wire_stage_since(call *c, metrics_stage st, int64_t since_ns);
 /* The reply to a request that stored out (a result, a put): sent, or where
  * it cannot be made, out removed -- the client, told the request failed,
  * never learns of it, so nothing may stay stored under it (nor hold its
