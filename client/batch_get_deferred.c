@@ -145,7 +145,7 @@ static void take_from_region(deferred_gets *d, size_t g, dget *e, tport_get_item
   uint8_t *buf = it->buf;
   if (client_get_destination(d->c, &gd, b, n, d->c->chunk_bytes, &buf, NULL, &it->err))
     return;
-  copy_pool_copy(buf, d->region.r->data + e->shm_at, n); /* threads from 4 MiB */
+  copy_pool_copy_out(buf, d->region.r->data + e->shm_at, n, n); /* threads from 4 MiB */
   client_info_from_wire(b->info, &it->info);
   it->data = buf;
   it->nbytes = n;

@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "copy_pool.h"
+#include "copy_stream.h"
 #include "env.h"
 
 #define PAGE ((size_t)4096)
@@ -109,6 +110,7 @@ typedef struct copy_job {
   /* a gated stream's: bytes [0, avail) of src may be read (else SIZE_MAX) */
   atomic_size_t avail;
   bool gated;
+  bool nt; /* non-temporal stores (a copy out: copy_pool_copy_out) */
   int seats; /* workers that may still join it (pool.mu) */
 } copy_job;
 
@@ -175,7 +177,10 @@ static bool run_one(copy_job *j)
     return false;
   size_t off, len;
   copy_split_piece(&j->split, k, &off, &len);
-  memcpy(j->dst + off, j->src + off, len);
+  if (j->nt)
+    memcpy_stream(j->dst + off, j->src + off, len);
+  else
+    memcpy(j->dst + off, j->src + off, len);
   /* seq_cst, as the waiter's flag: either this thread sees it waiting
    * (and wakes it) or the waiter sees this piece done */
   if (j->piece_done)
@@ -306,18 +311,27 @@ static void pool_grow(int want)
   pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
-void copy_pool_copy(void *dst, const void *src, size_t n)
+/* One copy in the calling thread. */
+static void copy_here(void *dst, const void *src, size_t n, bool nt)
+{
+  if (nt)
+    memcpy_stream(dst, src, n);
+  else
+    memcpy(dst, src, n);
+}
+
+static void copy_any(void *dst, const void *src, size_t n, bool nt)
 {
   if (n < COPY_POOL_MIN_BYTES || copy_pool_threads() <= 1 ||
       pthread_mutex_trylock(&pool.busy) != 0) {
-    memcpy(dst, src, n);
+    copy_here(dst, src, n, nt);
     return;
   }
   int threads = pool.nthreads;
   /* a few pieces per thread (a thread the scheduler holds back costs one
    * piece, not its share), none below COPY_POOL_MIN_PIECE */
   size_t want = (size_t)threads * 4, most = n / COPY_POOL_MIN_PIECE;
-  copy_job j = {.dst = dst, .src = src, .seats = threads - 1};
+  copy_job j = {.dst = dst, .src = src, .seats = threads - 1, .nt = nt};
   copy_split_make(&j.split, (uintptr_t)dst, n, want < most ? want : most);
   atomic_init(&j.next, 0);
   atomic_init(&j.done, 0);
@@ -327,7 +341,7 @@ void copy_pool_copy(void *dst, const void *src, size_t n)
   if (pool.stopping || pool.nworkers == 0 || j.split.npieces < 2) {
     pthread_mutex_unlock(&pool.mu);
     pthread_mutex_unlock(&pool.busy);
-    memcpy(dst, src, n);
+    copy_here(dst, src, n, nt);
     return;
   }
   pool.job = &j;
@@ -342,6 +356,16 @@ void copy_pool_copy(void *dst, const void *src, size_t n)
   pool.job = NULL; /* a worker waking late finds no job */
   pthread_mutex_unlock(&pool.mu);
   pthread_mutex_unlock(&pool.busy);
+}
+
+void copy_pool_copy(void *dst, const void *src, size_t n)
+{
+  copy_any(dst, src, n, false);
+}
+
+void copy_pool_copy_out(void *dst, const void *src, size_t n, size_t total)
+{
+  copy_any(dst, src, n, total >= COPY_POOL_OUT_STREAM_MIN);
 }
 
 /* ---------------------------------------------------------------- streams */
@@ -370,6 +394,7 @@ static int stream_threads(void)
 
 static bool stream_begin(copy_stream *s, void *dst, const void *src, size_t n, bool gated)
 {
+  /* a gated stream is a get's copy out */
   s->job = NULL;
   s->ready = 0;
   if (n < COPY_POOL_MIN_BYTES || copy_pool_threads() <= 1 || pthread_mutex_trylock(&pool.busy) != 0)
@@ -381,6 +406,7 @@ static bool stream_begin(copy_stream *s, void *dst, const void *src, size_t n, b
   if (j) {
     j->dst = dst;
     j->src = src;
+    j->nt = gated && n >= COPY_POOL_OUT_STREAM_MIN;
     copy_split_make(&j->split, (uintptr_t)dst, n, want);
     j->piece_done = calloc(j->split.npieces, sizeof *j->piece_done);
   }

@@ -21,10 +21,20 @@
  * outweigh waking it. */
 #define COPY_POOL_MIN_PIECE ((size_t)1 << 20)
 
+/* A copy out into the caller's buffer of a get of this many bytes or more
+ * writes with non-temporal stores (memcpy_stream): the destination is
+ * larger than the caches, and ordinary stores would first read each of its
+ * lines and push out the chunks still to be copied.  The automatic
+ * region's get of 256 MiB went from 0.42-0.49 to 0.52-0.61 of an explicit
+ * region's on the development VM (2 cores). */
+#define COPY_POOL_OUT_STREAM_MIN ((size_t)32 << 20)
 /* Copies n bytes from src to dst (not overlapping), split across the copy
  * pool when n is at least COPY_POOL_MIN_BYTES and the pool is free, else
  * one memcpy in the calling thread.  Safe from any number of threads. */
 void copy_pool_copy(void *dst, const void *src, size_t n);
+/* The same for bytes of a get (of total bytes in all) into the caller's
+ * buffer: with non-temporal stores from COPY_POOL_OUT_STREAM_MIN on. */
+void copy_pool_copy_out(void *dst, const void *src, size_t n, size_t total);
 
 /* A copy that runs in the background while its caller uses what is
  * copied: a put through the automatic region sends each chunk as soon as
@@ -46,7 +56,8 @@ typedef struct copy_stream {
 bool copy_pool_stream_begin(copy_stream *s, void *dst, const void *src, size_t n);
 /* A stream whose source arrives in order (a get's chunks, written into
  * the region one after another): no byte of src is read before the caller
- * supplies it.  false as for copy_pool_stream_begin. */
+ * supplies it; a copy out, as copy_pool_copy_out's of n bytes.  false as
+ * for copy_pool_stream_begin. */
 bool copy_pool_stream_begin_gated(copy_stream *s, void *dst, const void *src, size_t n);
 /* Bytes [0, upto) of a gated stream's source may be read now (no-op for
  * others); upto only grows. */

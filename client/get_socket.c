@@ -13,6 +13,7 @@
 #include "client_internal.h"
 #include "get_blocks.h"
 #include "copy_pool.h"
+#include "copy_stream.h"
 #include "crc32c.h"
 #include "cuda_stage.h"
 
@@ -28,6 +29,7 @@ typedef struct get_ctx {
   client_stage *stage;            /* into device memory: each chunk through the ring */
   const struct tport_shm *region; /* NULL: the bytes come in the replies */
   copy_stream *out;               /* region -> buf by the pool (NULL: copied here) */
+  size_t nbytes;                  /* the get's, in all */
 } get_ctx;
 
 int client_check_crc32c(bool verify, bool set, uint32_t sent, const uint8_t *p, size_t n,
@@ -88,7 +90,9 @@ static int get_take(void *vctx, client_slot *s, tport_err *err)
   else if (!rc && g->out)
     copy_pool_stream_supply(g->out, s->offset + s->len); /* replies come in order */
   else if (!rc && g->region)
-    copy_pool_copy(g->buf + s->offset, bytes, s->len);
+    copy_pool_copy_out(g->buf + s->offset, bytes, s->len, g->nbytes);
+  else if (!rc && g->nbytes >= COPY_POOL_OUT_STREAM_MIN)
+    memcpy_stream(g->buf + s->offset, bytes, s->len); /* (one chunk: no threads) */
   else if (!rc)
     memcpy(g->buf + s->offset, bytes, s->len);
   protobuf_c_message_free_unpacked(r, NULL);
@@ -108,7 +112,7 @@ static int get_by_region(tport_client *c, const client_get_desc *g, const Tport_
     return tport_err_set(err, TPORT_DATA_LOSS,
                          "the server asks for a get's chunks into a region that %s",
                          region ? "cannot hold them" : "was not offered");
-  get_ctx rg = {b->transfer, buf, c->verify, stage, region, NULL};
+  get_ctx rg = {b->transfer, buf, c->verify, stage, region, NULL, n};
   copy_stream out;
   if (!stage && copy_pool_stream_begin_gated(&out, buf, tport_shm_data(region), n))
     rg.out = &out;
@@ -177,7 +181,7 @@ static int get_bytes(tport_client *c, const client_get_desc *g, const Tport__Get
   } else if (b->shm) {
     rc = client_shm_check_get(c, b, region, 0, tport_shm_size(region), err);
     if (!rc)
-      copy_pool_copy(buf, tport_shm_data(region), n);
+      copy_pool_copy_out(buf, tport_shm_data(region), n, n);
     if (!rc && g->progress)
       g->progress(g->progress_arg, n, n);
   } else if (n && b->transfer.len == 0) {
@@ -193,7 +197,7 @@ static int get_bytes(tport_client *c, const client_get_desc *g, const Tport__Get
     if (!rc && g->progress)
       g->progress(g->progress_arg, n, n);
   } else if (n) {
-    get_ctx gc = {b->transfer, buf, c->verify, stage, NULL, NULL};
+    get_ctx gc = {b->transfer, buf, c->verify, stage, NULL, NULL, n};
     rc = client_run_window(c, n, chunk, get_make, get_take, &gc, g->progress, g->progress_arg,
                            g->cancel, err);
   }

@@ -13,7 +13,7 @@
 
 #include "put_runs.h"
 
-#include "cpu_kernels.h"
+#include "copy_stream.h"
 #include "crc32c.h"
 #include "wire.h"
 #include "wrap.h"
@@ -77,7 +77,7 @@ static bool write_bytes(const call *c, tport_tensor *t, const put_source *in)
     return tensor_write_host_bytes(t, 0, in->p, in->len);
   uint8_t *dst = tensor_host_bytes(t, 0, in->len);
   if (dst)
-    cpu_memcpy_stream(dst, in->p, in->len);
+    memcpy_stream(dst, in->p, in->len);
   return dst != NULL;
 }
 

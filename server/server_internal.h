@@ -151,7 +151,7 @@ typedef struct call {
   bool copy_payload;
   bool lend_to_batch;
   /* an element of a PutBatch of many bytes: its bytes written into its
-   * tensor with non-temporal stores (cpu_memcpy_stream), which leave the
+   * tensor with non-temporal stores (memcpy_stream), which leave the
    * caches to the rest of the batch's work */
   bool stream_writes;
   /* an element of a PutBatch: the times of its stages added here (one sum

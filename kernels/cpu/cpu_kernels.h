@@ -58,11 +58,6 @@ int cpu_transpose_set_simd(int level);
 #define CPU_MEMCPY_GRAIN ((size_t)256 << 10)
 void cpu_memcpy_parallel(void *dst, const void *src, size_t n);
 
-/* memcpy of n bytes (any alignment) with non-temporal stores: for bytes
- * that will not be read again soon, among many more than the caches hold
- * (a large batch's elements).  Ordered (sfence) before it returns. */
-void cpu_memcpy_stream(void *dst, const void *src, size_t n);
-
 /* A pool of worker threads shared by all CPU kernels. */
 typedef void (*parallel_fn)(void *ctx, int64_t begin, int64_t end);
 /* Runs fn over [0, n) in pieces of at least `grain`, on the pool and the

@@ -400,7 +400,7 @@ Test(batch, a_cancelled_dlpack_batch_leaves_no_stale_results)
 
 /* A batch in requests of a MiB and more (the server's default 4 MiB chunks),
  * whose elements' bytes tportd writes with streaming stores
- * (cpu_memcpy_stream): 2,000 elements of an odd size, so that the payload's
+ * (memcpy_stream): 2,000 elements of an odd size, so that the payload's
  * elements lie at every alignment, come back exact. */
 Test(batch, elements_of_large_requests_come_back_exact)
 {

@@ -125,7 +125,8 @@ Test(copy_pool, threads_come_from_the_cpu_count_or_TPORT_COPY_THREADS)
 }
 
 /* Every size, at odd addresses on both sides: every byte where it belongs
- * and not one written outside the destination. */
+ * and not one written outside the destination -- with ordinary stores and
+ * as a large get's copy out (non-temporal stores). */
 Test(copy_pool, every_byte_lands_once_at_odd_lengths_and_alignments)
 {
   static const size_t shifts[][2] = {{0, 0}, {1, 0}, {0, 3}, {7, 4093}, {4095, 1}};
@@ -133,14 +134,18 @@ Test(copy_pool, every_byte_lands_once_at_odd_lengths_and_alignments)
   uint8_t *src = malloc(most), *dst = malloc(most + 64);
   cr_assert(src && dst);
   for (size_t i = 0; i < NSIZES; i++)
-    for (size_t k = 0; k < sizeof shifts / sizeof *shifts; k++) {
-      size_t n = sizes[i], so = shifts[k][0], dof = shifts[k][1];
+    for (size_t k = 0; k < 2 * sizeof shifts / sizeof *shifts; k++) {
+      size_t n = sizes[i], so = shifts[k / 2][0], dof = shifts[k / 2][1];
       unsigned seed = (unsigned)(i * 10 + k);
       fill(src + so, n, seed);
       memset(dst, 0xa5, most + 64);
-      copy_pool_copy(dst + 32 + dof, src + so, n);
+      if (k % 2)
+        copy_pool_copy_out(dst + 32 + dof, src + so, n, COPY_POOL_OUT_STREAM_MIN);
+      else
+        copy_pool_copy(dst + 32 + dof, src + so, n);
       size_t bad = first_diff(dst + 32 + dof, src + so, n);
-      cr_assert_eq(bad, n, "%zu bytes (src +%zu, dst +%zu): byte %zu is wrong", n, so, dof, bad);
+      cr_assert_eq(bad, n, "%zu bytes (src +%zu, dst +%zu, out %d): byte %zu is wrong", n, so,
+                   dof, (int)(k % 2), bad);
       cr_assert_eq(first_not(dst, 32 + dof, 0xa5), 32 + dof,
                    "a byte before the destination was written");
       size_t after = most + 64 - (32 + dof + n);
@@ -471,6 +476,37 @@ Test(copy_pool, bytes_whole_through_the_automatic_region_around_the_threshold)
         round_trip(c, sizes[i], shifts[k], conv, (unsigned)(i * 8 + k * 2 + (size_t)conv));
   /* every put, get and get_alloc took the region */
   cr_assert_eq(shm_transfers(url), before + 3 * trips);
+  tport_close(c);
+  stop(s);
+}
+
+/* A get of COPY_POOL_OUT_STREAM_MIN bytes and more over the socket: each
+ * chunk's bytes written into the caller's buffer with non-temporal stores,
+ * at an odd address, whole. */
+Test(copy_pool, a_large_get_over_the_socket_comes_back_whole)
+{
+  char url[96];
+  server *s = start(url, sizeof url);
+  tport_client *c;
+  tport_err err;
+  tport_connect_options o = {.tenant = "t", .timeout_ms = 20000, .no_shm = true};
+  cr_assert_eq(tport_connect(url, &o, &c, &err), 0, "connect %s: %s", url, err.msg);
+  size_t n = COPY_POOL_OUT_STREAM_MIN + 4099;
+  uint8_t *in = malloc(n), *out = malloc(n + 8);
+  fill(in, n, 77);
+  memset(out, 0xa5, n + 8);
+  int64_t sz = (int64_t)n;
+  tport_tensor_info info;
+  cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, in, n, NULL, &info, &err), 0, "%s",
+               err.msg);
+  cr_assert_eq(tport_get(c, &info.ref, out + 3, n, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+  size_t bad = first_diff(out + 3, in, n);
+  cr_assert_eq(bad, n, "byte %zu of %zu came back wrong", bad, n);
+  cr_assert_eq(first_not(out, 3, 0xa5), 3, "a byte before the buffer was written");
+  cr_assert_eq(first_not(out + 3 + n, 5, 0xa5), 5, "a byte past the buffer was written");
+  cr_assert_eq(tport_free(c, &info.ref, &err), 0, "%s", err.msg);
+  free(in);
+  free(out);
   tport_close(c);
   stop(s);
 }

@@ -1,5 +1,5 @@
 /*
- * copy_stream.c: memcpy with non-temporal stores (cpu_kernels.h).
+ * copy_stream.c: memcpy with non-temporal stores (copy_stream.h).
  *
  * A PutBatch of many small tensors writes each one's bytes into a block of
  * its own: 10,000 x 4 KiB stream 40 MB through the caches, and with
@@ -8,17 +8,20 @@
  * the allocator's chunks).  Non-temporal stores write the lines without
  * reading them and leave the caches alone: on the development machine
  * (2-core VM, AMD EPYC) tportd's workers used 8-15% less CPU on such a
- * batch.  SSE2's 16-byte streaming store is part of x86-64 itself, so
- * there is no run-time choice to make; elsewhere this is memcpy.
+ * batch.  libtport's copies out of a large get's chunks into the caller's
+ * buffer are the same case.  SSE2's 16-byte streaming store is part of
+ * x86-64 itself, so there is no run-time choice to make; elsewhere this is
+ * memcpy.
  */
+#include <stdint.h>
 #include <string.h>
 
-#include "cpu_kernels.h"
+#include "copy_stream.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
-void cpu_memcpy_stream(void *dst, const void *src, size_t n)
+void memcpy_stream(void *dst, const void *src, size_t n)
 {
   char *d = dst;
   const char *s = src;
@@ -48,7 +51,7 @@ void cpu_memcpy_stream(void *dst, const void *src, size_t n)
 
 #else
 
-void cpu_memcpy_stream(void *dst, const void *src, size_t n)
+void memcpy_stream(void *dst, const void *src, size_t n)
 {
   memcpy(dst, src, n);
 }
