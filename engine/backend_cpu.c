@@ -10,6 +10,7 @@
 
 #include "backend.h"
 #include "cpu_kernels.h"
+#include "host_copy.h"
 #include "host_cache.h"
 
 struct be_stream {
@@ -111,7 +112,7 @@ static int cpu_memcpy_peer(int dd, void *dst, int sd, const void *src, size_t n,
 static int cpu_copy_kernel(int dev, be_stream *s, const plan *p, void *dst, tport_dtype dt,
                            const void *src, tport_dtype st, unsigned flags, tport_err *err)
 {
-  cpu_copy(p, dst, dt, src, st, flags);
+  host_copy(p, dst, dt, src, st, flags);
   return TPORT_OK;
 }
 

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "cpu_kernels.h"
+#include "host_copy.h"
 #include "sim_internal.h"
 
 void sim_event_unref(be_event *e)
@@ -40,8 +41,8 @@ static void run_op(be_stream *s, sim_op *op)
     break;
   case OP_KERNEL:
     sim_delay(s);
-    cpu_copy(&op->u.kernel.p, op->u.kernel.dst, op->u.kernel.dt, op->u.kernel.src, op->u.kernel.st,
-             op->u.kernel.flags);
+    host_copy(&op->u.kernel.p, op->u.kernel.dst, op->u.kernel.dt, op->u.kernel.src,
+              op->u.kernel.st, op->u.kernel.flags);
     break;
   case OP_MARK: {
     be_event *e = op->u.event.ev;

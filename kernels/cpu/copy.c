@@ -101,6 +101,18 @@ static void strided_range(void *vctx, int64_t begin, int64_t end)
   }
 }
 
+bool cpu_copy_is_memcpy(const plan *p, tport_dtype dt, tport_dtype st, unsigned flags,
+                        size_t *nbytes)
+{
+  size_t sizes[2] = {tport_dtype_size(dt), tport_dtype_size(st)};
+  bool conj = (flags & CPU_COPY_CONJ) && cpu_conj_loop(dt);
+  bool neg = (flags & CPU_COPY_NEG) && cpu_neg_loop(dt);
+  if (dt != st || conj || neg || !plan_is_contiguous(p, sizes))
+    return false;
+  *nbytes = (size_t)plan_numel(p) * sizes[0];
+  return true;
+}
+
 cpu_copy_path cpu_copy(const plan *p, void *dst, tport_dtype dt, const void *src, tport_dtype st,
                        unsigned flags)
 {
@@ -110,10 +122,10 @@ cpu_copy_path cpu_copy(const plan *p, void *dst, tport_dtype dt, const void *src
   size_t dsize = tport_dtype_size(dt), ssize = tport_dtype_size(st);
   unary_loop_fn post1 = (flags & CPU_COPY_CONJ) ? cpu_conj_loop(dt) : NULL;
   unary_loop_fn post2 = (flags & CPU_COPY_NEG) ? cpu_neg_loop(dt) : NULL;
-  size_t sizes[2] = {dsize, ssize};
-  if (dt == st && !post1 && !post2 && plan_is_contiguous(p, sizes)) {
+  size_t nbytes;
+  if (cpu_copy_is_memcpy(p, dt, st, flags, &nbytes)) {
     memcpy_ctx c = {dst, src};
-    parallel_for(numel * (int64_t)dsize, (int64_t)COPY_GRAIN * 8, memcpy_range, &c);
+    parallel_for((int64_t)nbytes, (int64_t)COPY_GRAIN * 8, memcpy_range, &c);
     return CPU_PATH_MEMCPY;
   }
   cast_loop_fn cast = cpu_cast_loop(dt, st);

@@ -37,6 +37,10 @@ typedef enum {
  * strided loop.  Large copies are split across the thread pool. */
 cpu_copy_path cpu_copy(const plan *p, void *dst, tport_dtype dst_dtype, const void *src,
                        tport_dtype src_dtype, unsigned flags);
+/* Whether cpu_copy takes its memcpy path for these operands (*nbytes: the
+ * bytes it copies), so that a caller may copy them another way. */
+bool cpu_copy_is_memcpy(const plan *p, tport_dtype dst_dtype, tport_dtype src_dtype,
+                        unsigned flags, size_t *nbytes);
 
 /* Tiled transpose (transpose.c); called by cpu_copy when eligible.  raw_size
  * is the element size when the copy moves bits unchanged (same dtype, no

@@ -459,3 +459,39 @@ Test(engine, host_bytes_are_written_at_the_tensors_offset)
   tensor_release(view);
   tensor_release(t);
 }
+
+/* A plain copy of HOST_COPY_STREAM_MIN bytes and more (host_copy.c: its
+ * bytes written with streaming stores), between views at odd offsets, whole
+ * and in the pieces a deadline cuts it into: every byte where it belongs,
+ * and none before or after the destination's view. */
+Test(engine, a_large_plain_copy_is_exact_whole_and_in_pieces)
+{
+  int64_t n = 2 * ENGINE_PIECE_ELEMS + 4099, all = n + 16;
+  tport_tensor *sbuf, *dbuf, *src, *dst;
+  tport_err e;
+  cr_assert_eq(tensor_empty(CPU, TPORT_UINT8, 1, &all, TPORT_MF_CONTIGUOUS, 0, &sbuf, &e), 0);
+  cr_assert_eq(tensor_empty(CPU, TPORT_UINT8, 1, &all, TPORT_MF_CONTIGUOUS, 0, &dbuf, &e), 0);
+  uint8_t *s = sbuf->storage->ptr, *d = dbuf->storage->ptr;
+  for (int64_t i = 0; i < all; i++)
+    s[i] = (uint8_t)(i * 7 + (i >> 13));
+  int64_t one = 1;
+  cr_assert_eq(tensor_as_strided(sbuf, 1, &n, &one, 3, &src, &e), 0, "%s", e.msg);
+  cr_assert_eq(tensor_as_strided(dbuf, 1, &n, &one, 5, &dst, &e), 0, "%s", e.msg);
+  for (int pieces = 0; pieces < 2; pieces++) {
+    memset(d, 0xA5, (size_t)all);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    engine_set_deadline(pieces ? (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + 600000 : 0);
+    cr_assert_eq(tensor_copy_(dst, src, false, &e), 0, "%s", e.msg);
+    engine_set_deadline(0);
+    cr_assert_eq(memcmp(d + 5, s + 3, (size_t)n), 0, "pieces %d: the bytes differ", pieces);
+    for (int64_t i = 0; i < 5; i++)
+      cr_assert_eq(d[i], 0xA5, "pieces %d: byte %lld before the view", pieces, (long long)i);
+    for (int64_t i = 5 + n; i < all; i++)
+      cr_assert_eq(d[i], 0xA5, "pieces %d: byte %lld after the view", pieces, (long long)i);
+  }
+  tensor_release(src);
+  tensor_release(dst);
+  tensor_release(sbuf);
+  tensor_release(dbuf);
+}

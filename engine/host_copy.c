@@ -1,0 +1,38 @@
+/*
+ * host_copy.c: the copy kernel of host memory (host_copy.h).
+ *
+ * A copy larger than the last-level cache cannot leave its destination
+ * there, and with ordinary stores every destination line is first read
+ * for ownership: the bytes cross the memory bus three times instead of
+ * two.  glibc's memcpy streams only from a size near the cache's, which
+ * the pool's pieces (a few MiB each) never reach.  Measured on the
+ * development machine (2-core VM, AMD EPYC): a get of 256 MiB into an
+ * explicit region (tportd's copy into it) went from 6.4-8.2 to 11.2-12.2
+ * GB/s, a put from one from 6.6-9.2 to 9.3-9.8.
+ */
+#include "host_copy.h"
+
+#include "copy_stream.h"
+
+typedef struct stream_ctx {
+  char *dst;
+  const char *src;
+} stream_ctx;
+
+static void stream_range(void *vctx, int64_t b, int64_t e)
+{
+  stream_ctx *c = vctx;
+  memcpy_stream(c->dst + b, c->src + b, (size_t)(e - b));
+}
+
+void host_copy(const plan *p, void *dst, tport_dtype dt, const void *src, tport_dtype st,
+               unsigned flags)
+{
+  size_t n;
+  if (!cpu_copy_is_memcpy(p, dt, st, flags, &n) || n < HOST_COPY_STREAM_MIN) {
+    cpu_copy(p, dst, dt, src, st, flags);
+    return;
+  }
+  stream_ctx c = {dst, src};
+  parallel_for((int64_t)n, (int64_t)CPU_MEMCPY_GRAIN, stream_range, &c);
+}
