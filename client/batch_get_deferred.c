@@ -3,12 +3,14 @@
  * deferred (batch.h), all in one window.
  */
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "batch.h"
 #include "batch_region.h"
 #include "copy_pool.h"
+#include "copy_stream.h"
 #include "get_blocks.h"
 
 /* The deferred elements, all in one window.  Those of up to a chunk go in
@@ -67,6 +69,7 @@ typedef struct deferred_gets {
   size_t ngroups, *slot;  /* group g's slot of the region (BATCH_NO_SLOT: none) */
   batch_region region;    /* same host: where the groups' tensors are written */
   bool blocks;            /* buffers made from get_blocks.h */
+  size_t total;           /* the deferred elements' bytes, all of them */
   const atomic_bool *cancel;
 } deferred_gets;
 
@@ -145,7 +148,7 @@ static void take_from_region(deferred_gets *d, size_t g, dget *e, tport_get_item
   uint8_t *buf = it->buf;
   if (client_get_destination(d->c, &gd, b, n, d->c->chunk_bytes, &buf, NULL, &it->err))
     return;
-  copy_pool_copy_out(buf, d->region.r->data + e->shm_at, n, n); /* threads from 4 MiB */
+  copy_pool_copy_out(buf, d->region.r->data + e->shm_at, n, d->total); /* threads from 4 MiB */
   client_info_from_wire(b->info, &it->info);
   it->data = buf;
   it->nbytes = n;
@@ -321,6 +324,8 @@ static void chunk_take(deferred_gets *d, client_slot *s, dget *e)
                                         len);
   if (rc)
     e->state = DG_FAILED;
+  else if (e->state == DG_READING && d->total >= COPY_POOL_OUT_STREAM_MIN)
+    memcpy_stream(e->buf + off, p.data, p.len); /* as copy_pool_copy_out would */
   else if (e->state == DG_READING)
     memcpy(e->buf + off, p.data, p.len);
   protobuf_c_message_free_unpacked(r, NULL);
@@ -491,11 +496,12 @@ static void open_region(deferred_gets *d)
 void batch_get_deferred(tport_client *c, tport_get_item *items, size_t k, const size_t *planned,
                         bool blocks, const atomic_bool *cancel)
 {
-  size_t n = 0, nunits = 0, chunk = c->chunk_bytes;
+  size_t n = 0, nunits = 0, chunk = c->chunk_bytes, total = 0;
   for (size_t j = 0; j < k; j++)
     if (items[j].err.code == NOT_ANSWERED) {
       n++;
       nunits += 1 + (planned[j] > chunk ? planned[j] / chunk + 1 : 0);
+      total = total > SIZE_MAX - planned[j] ? SIZE_MAX : total + planned[j];
     }
   if (!n)
     return;
@@ -511,6 +517,7 @@ void batch_get_deferred(tport_client *c, tport_get_item *items, size_t k, const 
                      .gstart = malloc((n + 1) * sizeof(size_t)),
                      .slot = malloc((n + 1) * sizeof(size_t)),
                      .blocks = blocks,
+                     .total = total,
                      .cancel = cancel};
   size_t *large = malloc(n * sizeof *large);
   if (d.el && d.unit_el && d.unit_kind && d.small && d.gstart && d.slot && large) {
