@@ -80,6 +80,7 @@ static client_get_desc desc_of(const deferred_gets *d, tport_get_item *it)
                            .cap = it->cap,
                            .alloc = it->buf == NULL,
                            .alloc_blocks = d->blocks,
+                           .out_total = d->total,
                            .cancel = d->cancel};
 }
 

@@ -410,6 +410,10 @@ typedef struct client_get_desc {
   void *progress_arg;
   const atomic_bool *cancel; /* set: stop between chunks (NULL: never) */
   uint32_t wait_ms; /* a ref by name not there yet: the server waits this long */
+  /* the bytes of what this get is a part of (a batch's deferred elements;
+   * 0: its own): from COPY_POOL_OUT_STREAM_MIN its bytes are copied into
+   * their buffer with streaming stores, as one get of them all would be */
+  size_t out_total;
 } client_get_desc;
 /* Requests that lend the caller's bytes (nng sends them from there, tcp
  * and ipc) instead of copying them, and how many nng still holds. */

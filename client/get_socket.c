@@ -29,7 +29,7 @@ typedef struct get_ctx {
   client_stage *stage;            /* into device memory: each chunk through the ring */
   const struct tport_shm *region; /* NULL: the bytes come in the replies */
   copy_stream *out;               /* region -> buf by the pool (NULL: copied here) */
-  size_t nbytes;                  /* the get's, in all */
+  size_t out_total;               /* the get's bytes, or its batch's (client_get_desc) */
 } get_ctx;
 
 int client_check_crc32c(bool verify, bool set, uint32_t sent, const uint8_t *p, size_t n,
@@ -90,8 +90,8 @@ static int get_take(void *vctx, client_slot *s, tport_err *err)
   else if (!rc && g->out)
     copy_pool_stream_supply(g->out, s->offset + s->len); /* replies come in order */
   else if (!rc && g->region)
-    copy_pool_copy_out(g->buf + s->offset, bytes, s->len, g->nbytes);
-  else if (!rc && g->nbytes >= COPY_POOL_OUT_STREAM_MIN)
+    copy_pool_copy_out(g->buf + s->offset, bytes, s->len, g->out_total);
+  else if (!rc && g->out_total >= COPY_POOL_OUT_STREAM_MIN)
     memcpy_stream(g->buf + s->offset, bytes, s->len); /* (one chunk: no threads) */
   else if (!rc)
     memcpy(g->buf + s->offset, bytes, s->len);
@@ -112,7 +112,8 @@ static int get_by_region(tport_client *c, const client_get_desc *g, const Tport_
     return tport_err_set(err, TPORT_DATA_LOSS,
                          "the server asks for a get's chunks into a region that %s",
                          region ? "cannot hold them" : "was not offered");
-  get_ctx rg = {b->transfer, buf, c->verify, stage, region, NULL, n};
+  get_ctx rg = {b->transfer, buf, c->verify, stage, region, NULL,
+                g->out_total > n ? g->out_total : n};
   copy_stream out;
   if (!stage && copy_pool_stream_begin_gated(&out, buf, tport_shm_data(region), n))
     rg.out = &out;
@@ -170,7 +171,7 @@ static int get_bytes(tport_client *c, const client_get_desc *g, const Tport__Get
                      const client_payload *inl, const struct tport_shm *region, uint8_t *buf,
                      client_stage *stage, size_t chunk, tport_err *err)
 {
-  size_t n = (size_t)b->nbytes;
+  size_t n = (size_t)b->nbytes, total = g->out_total > n ? g->out_total : n;
   int rc = TPORT_OK;
   if (b->shm_chunks) {
     rc = get_by_region(c, g, b, region, buf, stage, chunk, err);
@@ -181,7 +182,7 @@ static int get_bytes(tport_client *c, const client_get_desc *g, const Tport__Get
   } else if (b->shm) {
     rc = client_shm_check_get(c, b, region, 0, tport_shm_size(region), err);
     if (!rc)
-      copy_pool_copy_out(buf, tport_shm_data(region), n, n);
+      copy_pool_copy_out(buf, tport_shm_data(region), n, total);
     if (!rc && g->progress)
       g->progress(g->progress_arg, n, n);
   } else if (n && b->transfer.len == 0) {
@@ -192,12 +193,14 @@ static int get_bytes(tport_client *c, const client_get_desc *g, const Tport__Get
       rc = client_check_crc32c(c->verify, b->crc32c_set, b->crc32c, inl->data, n, 0, err);
     if (!rc && stage)
       rc = stage_get_chunk(stage, 0, inl->data, n, err);
+    else if (!rc && total >= COPY_POOL_OUT_STREAM_MIN)
+      memcpy_stream(buf, inl->data, n);
     else if (!rc)
       memcpy(buf, inl->data, n);
     if (!rc && g->progress)
       g->progress(g->progress_arg, n, n);
   } else if (n) {
-    get_ctx gc = {b->transfer, buf, c->verify, stage, NULL, NULL, n};
+    get_ctx gc = {b->transfer, buf, c->verify, stage, NULL, NULL, total};
     rc = client_run_window(c, n, chunk, get_make, get_take, &gc, g->progress, g->progress_arg,
                            g->cancel, err);
   }
