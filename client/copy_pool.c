@@ -392,9 +392,10 @@ static int stream_threads(void)
   return most > 2 ? most : 2; /* a stream begins only where the pool has 2 or more */
 }
 
-static bool stream_begin(copy_stream *s, void *dst, const void *src, size_t n, bool gated)
+static bool stream_begin(copy_stream *s, void *dst, const void *src, size_t n, bool gated,
+                         size_t total)
 {
-  /* a gated stream is a get's copy out */
+  /* a gated stream is a get's copy out (of total bytes in all) */
   s->job = NULL;
   s->ready = 0;
   if (n < COPY_POOL_MIN_BYTES || copy_pool_threads() <= 1 || pthread_mutex_trylock(&pool.busy) != 0)
@@ -406,7 +407,7 @@ static bool stream_begin(copy_stream *s, void *dst, const void *src, size_t n, b
   if (j) {
     j->dst = dst;
     j->src = src;
-    j->nt = gated && n >= COPY_POOL_OUT_STREAM_MIN;
+    j->nt = gated && total >= COPY_POOL_OUT_STREAM_MIN;
     copy_split_make(&j->split, (uintptr_t)dst, n, want);
     j->piece_done = calloc(j->split.npieces, sizeof *j->piece_done);
   }
@@ -438,12 +439,13 @@ static bool stream_begin(copy_stream *s, void *dst, const void *src, size_t n, b
 
 bool copy_pool_stream_begin(copy_stream *s, void *dst, const void *src, size_t n)
 {
-  return stream_begin(s, dst, src, n, false);
+  return stream_begin(s, dst, src, n, false, 0);
 }
 
-bool copy_pool_stream_begin_gated(copy_stream *s, void *dst, const void *src, size_t n)
+bool copy_pool_stream_begin_gated(copy_stream *s, void *dst, const void *src, size_t n,
+                                  size_t total)
 {
-  return stream_begin(s, dst, src, n, true);
+  return stream_begin(s, dst, src, n, true, total > n ? total : n);
 }
 
 void copy_pool_stream_supply(copy_stream *s, size_t upto)

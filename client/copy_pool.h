@@ -56,9 +56,10 @@ typedef struct copy_stream {
 bool copy_pool_stream_begin(copy_stream *s, void *dst, const void *src, size_t n);
 /* A stream whose source arrives in order (a get's chunks, written into
  * the region one after another): no byte of src is read before the caller
- * supplies it; a copy out, as copy_pool_copy_out's of n bytes.  false as
- * for copy_pool_stream_begin. */
-bool copy_pool_stream_begin_gated(copy_stream *s, void *dst, const void *src, size_t n);
+ * supplies it; a copy out, as copy_pool_copy_out's of n bytes of total.
+ * false as for copy_pool_stream_begin. */
+bool copy_pool_stream_begin_gated(copy_stream *s, void *dst, const void *src, size_t n,
+                                  size_t total);
 /* Bytes [0, upto) of a gated stream's source may be read now (no-op for
  * others); upto only grows. */
 void copy_pool_stream_supply(copy_stream *s, size_t upto);

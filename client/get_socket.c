@@ -115,7 +115,7 @@ static int get_by_region(tport_client *c, const client_get_desc *g, const Tport_
   get_ctx rg = {b->transfer, buf, c->verify, stage, region, NULL,
                 g->out_total > n ? g->out_total : n};
   copy_stream out;
-  if (!stage && copy_pool_stream_begin_gated(&out, buf, tport_shm_data(region), n))
+  if (!stage && copy_pool_stream_begin_gated(&out, buf, tport_shm_data(region), n, rg.out_total))
     rg.out = &out;
   int rc = client_run_window(c, n, chunk, get_make, get_take, &rg, g->progress, g->progress_arg,
                              g->cancel, err);

@@ -426,10 +426,12 @@ void tport_request_free(tport_request *req);
  * (tport_cancel) first waits for the replies of the requests it has in
  * flight, so that each element's result says what the server did; an
  * element begun and not committed is aborted.  Each element has its
- * own result and error; one element's failure leaves the others alone,
- * and an element that reports an error left nothing stored on the server
- * (a request whose reply the server could not make takes back what it
- * stored).  Elements are independent, stored in no set order (the small ones are
+ * own result and error; one element's failure leaves the others alone.
+ * An element the server answered with an error left nothing stored there
+ * (a request whose reply the server could not make takes back what it had
+ * stored; a replaced name's previous tensor is not brought back); one that
+ * failed on this side (a timeout, the connection lost) may have been
+ * stored.  Elements are independent, stored in no set order (the small ones are
  * grouped together, whatever lies between them): of two elements with one
  * name, either may be stored first.  Returns TPORT_OK when every element succeeded, else the status of the
  * first that failed (err: which, and how many failed), or an error of the

@@ -90,13 +90,17 @@ static void element_failed(element *el, const tport_err *why)
 }
 
 /* Removes the element stored under handle (a batch that could not tell
- * the client so). */
+ * the client so).  Until then it could be found like any other: a waiter
+ * for its name may have read it, a PutChunk by name may have committed an
+ * upload it began (out of memory only: the client hears of neither). */
 static void unstore(const call *c, const uint8_t *handle)
 {
   reg_entry *e;
   tport_err ignored;
   if (reg_find(&c->srv->reg, c->pipe, handle, REG_HANDLE_BYTES, NULL, &e, NULL, &ignored))
-    return; /* gone already (freed by another of the tenant's connections) */
+    return; /* gone already (freed by another of the tenant's connections),
+             * or the connection is closing (its tensors go with it, but
+             * for the named and kept ones, which the client never heard of) */
   reg_remove(&c->srv->reg, e);
   reg_put(&c->srv->reg, e);
 }

@@ -350,7 +350,7 @@ Test(copy_pool, a_gated_stream_reads_only_what_was_supplied)
     memset(src, 0x5a, n);
     memset(dst, 0, n);
     copy_stream st;
-    bool on = copy_pool_stream_begin_gated(&st, dst, src, n);
+    bool on = copy_pool_stream_begin_gated(&st, dst, src, n, n);
     cr_assert(on || copy_pool_threads() <= 1, "no stream with %d threads", copy_pool_threads());
     size_t upto = 0;
     bool early = round == 3;
