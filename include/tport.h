@@ -431,11 +431,12 @@ void tport_request_free(tport_request *req);
  * (a request whose reply the server could not make takes back what it had
  * stored; a replaced name's previous tensor is not brought back); one that
  * failed on this side (a timeout, the connection lost) may have been
- * stored.  Elements are independent, stored in no set order (the small ones are
- * grouped together, whatever lies between them): of two elements with one
- * name, either may be stored first.  Returns TPORT_OK when every element succeeded, else the status of the
- * first that failed (err: which, and how many failed), or an error of the
- * batch as a whole (the connection). */
+ * stored.  Elements are independent, stored in no set order (the small
+ * ones are grouped together, whatever lies between them): of two elements
+ * with one name, either may be stored first.  Returns TPORT_OK when every
+ * element succeeded, else the status of the first that failed (err: which,
+ * and how many failed), or an error of the batch as a whole (the
+ * connection). */
 typedef struct tport_put_item {
   tport_dtype dtype;
   int ndim;
