@@ -7,8 +7,8 @@
  * two.  glibc's memcpy streams only from a size near the cache's, which
  * the pool's pieces (a few MiB each) never reach.  Measured on the
  * development machine (2-core VM, AMD EPYC): a get of 256 MiB into an
- * explicit region (tportd's copy into it) went from 6.4-8.2 to 11.2-12.2
- * GB/s, a put from one from 6.6-9.2 to 9.3-9.8.
+ * explicit region (tportd's copy into it) went from 6.8-7.7 to 11.9-12.8
+ * GB/s in alternating runs; a put from one stayed at 8.6-9.7.
  */
 #include "host_copy.h"
 
