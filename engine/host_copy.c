@@ -14,17 +14,6 @@
 
 #include "copy_stream.h"
 
-typedef struct stream_ctx {
-  char *dst;
-  const char *src;
-} stream_ctx;
-
-static void stream_range(void *vctx, int64_t b, int64_t e)
-{
-  stream_ctx *c = vctx;
-  memcpy_stream(c->dst + b, c->src + b, (size_t)(e - b));
-}
-
 void host_copy(const plan *p, void *dst, tport_dtype dt, const void *src, tport_dtype st,
                unsigned flags)
 {
@@ -33,6 +22,5 @@ void host_copy(const plan *p, void *dst, tport_dtype dt, const void *src, tport_
     cpu_copy(p, dst, dt, src, st, flags);
     return;
   }
-  stream_ctx c = {dst, src};
-  parallel_for((int64_t)n, (int64_t)CPU_MEMCPY_GRAIN, stream_range, &c);
+  cpu_memcpy_split(dst, src, n, memcpy_stream);
 }

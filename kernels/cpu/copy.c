@@ -15,12 +15,24 @@
 typedef struct memcpy_ctx {
   char *dst;
   const char *src;
+  cpu_memcpy_fn copy;
 } memcpy_ctx;
 
 static void memcpy_range(void *vctx, int64_t b, int64_t e)
 {
   memcpy_ctx *c = vctx;
-  memcpy(c->dst + b, c->src + b, (size_t)(e - b));
+  c->copy(c->dst + b, c->src + b, (size_t)(e - b));
+}
+
+static void plain_memcpy(void *dst, const void *src, size_t n)
+{
+  memcpy(dst, src, n);
+}
+
+void cpu_memcpy_split(void *dst, const void *src, size_t n, cpu_memcpy_fn copy)
+{
+  memcpy_ctx c = {dst, src, copy};
+  parallel_for((int64_t)n, (int64_t)CPU_MEMCPY_GRAIN, memcpy_range, &c);
 }
 
 void cpu_memcpy_parallel(void *dst, const void *src, size_t n)
@@ -31,8 +43,7 @@ void cpu_memcpy_parallel(void *dst, const void *src, size_t n)
     memcpy(dst, src, n);
     return;
   }
-  memcpy_ctx c = {dst, src};
-  parallel_for((int64_t)n, (int64_t)CPU_MEMCPY_GRAIN, memcpy_range, &c);
+  cpu_memcpy_split(dst, src, n, plain_memcpy);
 }
 
 typedef struct strided_ctx {
@@ -124,8 +135,7 @@ cpu_copy_path cpu_copy(const plan *p, void *dst, tport_dtype dt, const void *src
   unary_loop_fn post2 = (flags & CPU_COPY_NEG) ? cpu_neg_loop(dt) : NULL;
   size_t nbytes;
   if (cpu_copy_is_memcpy(p, dt, st, flags, &nbytes)) {
-    memcpy_ctx c = {dst, src};
-    parallel_for((int64_t)nbytes, (int64_t)COPY_GRAIN * 8, memcpy_range, &c);
+    cpu_memcpy_split(dst, src, nbytes, plain_memcpy);
     return CPU_PATH_MEMCPY;
   }
   cast_loop_fn cast = cpu_cast_loop(dt, st);

@@ -61,6 +61,11 @@ int cpu_transpose_set_simd(int level);
 #define CPU_MEMCPY_PARALLEL_MIN ((size_t)1 << 20)
 #define CPU_MEMCPY_GRAIN ((size_t)256 << 10)
 void cpu_memcpy_parallel(void *dst, const void *src, size_t n);
+/* n bytes split across the pool as cpu_copy splits its memcpy path, each
+ * piece copied by copy: memcpy, or a caller's own (the engine's streaming
+ * copy of large host tensors). */
+typedef void (*cpu_memcpy_fn)(void *dst, const void *src, size_t n);
+void cpu_memcpy_split(void *dst, const void *src, size_t n, cpu_memcpy_fn copy);
 
 /* A pool of worker threads shared by all CPU kernels. */
 typedef void (*parallel_fn)(void *ctx, int64_t begin, int64_t end);

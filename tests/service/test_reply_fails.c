@@ -91,9 +91,7 @@ static int put_floats(tport_client *c, const char *name, const float *v, int64_t
 Test(reply_fails, a_single_put_leaves_nothing)
 {
   char url[128];
-  server_config cfg;
-  svc_config(&cfg);
-  server *s = svc_start_with(&cfg, url, sizeof url);
+  server *s = svc_start_inproc(url, sizeof url, NULL);
   tport_client *c = connect_to(url);
   /* 4 floats: one request; 2^18: an upload of 16 chunks (64 KiB each) */
   const int64_t sizes[] = {4, 1 << 18};
@@ -131,9 +129,7 @@ Test(reply_fails, a_single_put_leaves_nothing)
 Test(reply_fails, a_result_or_a_commit_leaves_nothing)
 {
   char url[128];
-  server_config cfg;
-  svc_config(&cfg);
-  server *s = svc_start_with(&cfg, url, sizeof url);
+  server *s = svc_start_inproc(url, sizeof url, NULL);
   tport_client *c = connect_to(url);
   tport_err err;
   /* the input: 64 x 3 floats, read as 3 x 64 with strides (1, 3) */
@@ -235,9 +231,7 @@ static void batch_free(batch *b)
 Test(reply_fails, a_batch_whose_reply_fails_leaves_none_of_its_elements)
 {
   char url[128];
-  server_config cfg;
-  svc_config(&cfg);
-  server *s = svc_start_with(&cfg, url, sizeof url);
+  server *s = svc_start_inproc(url, sizeof url, NULL);
   batch *b = batch_make("rf/batch");
   for (int runs = 0; runs < 2; runs++) {
     cr_assert_eq(setenv("TPORT_PUT_RUNS", runs ? "1" : "0", 1), 0);
@@ -266,9 +260,7 @@ Test(reply_fails, a_batch_whose_reply_fails_leaves_none_of_its_elements)
 Test(reply_fails, an_element_whose_reply_fails_alone_is_not_stored)
 {
   char url[128];
-  server_config cfg;
-  svc_config(&cfg);
-  server *s = svc_start_with(&cfg, url, sizeof url);
+  server *s = svc_start_inproc(url, sizeof url, NULL);
   batch *b = batch_make("rf/element");
   /* each element answered by a reply of its own: the 101st made (the
    * requests of a batch run on several workers: any element) cannot be */
