@@ -8,13 +8,15 @@ that ``tport_close`` must not race with calls, is kept here: ``close()``
 waits for the calls in flight, and calls after it raise FailedPrecondition.
 """
 import ctypes
+import functools
 import os
 import sys
 import threading
 import weakref
 
 from . import _batch, _dlpack, _futures, _lib, _lifetime, _names, _requests
-from ._convert import _enc, _env, _info_from_c, _s, _timeout_ms, _ttl_ms, _wait_ms
+from ._convert import (_enc, _env, _handle_and_name_of, _info_from_bytes, _info_from_c, _s,
+                       _timeout_ms, _ttl_ms, _wait_ms)
 from ._devices import DeviceInfo, DeviceList, devices_from_c
 from ._progress import Progress
 from .errors import FailedPrecondition, InvalidArgument, NotFound, error_for
@@ -241,8 +243,10 @@ class Client:
         """The Tensor of c: one this call made (made) on the client's own connection
         without a name is freed when Python drops it; one it made before is the
         same object again."""
-        info, handle = _info_from_c(c)
-        if made and info.name is None and not self.keep:
+        raw = bytes(c)
+        handle, name = _handle_and_name_of(raw)
+        info = functools.partial(_info_from_bytes, raw)  # decoded when first read
+        if made and name is None and not self.keep:
             return self._lifetime.adopt(Tensor(self, info, handle))
         return self._lifetime.existing(handle) or Tensor(self, info, handle)
 

@@ -69,9 +69,22 @@ class Tensor:
 
     def __init__(self, client, info, handle):
         self._client = client
-        self._info = info
+        # a TensorInfo, or a function that makes it when first read (a batch's
+        # results: most are never looked at, and 161 decoded cost ~2 ms)
+        self._info_or_maker = info
         self._handle = handle
         self._finalizer = None  # set when its client frees it on collection
+
+    @property
+    def _info(self):
+        i = self._info_or_maker
+        if not isinstance(i, TensorInfo):
+            i = self._info_or_maker = i()  # two threads may both make it: the same value
+        return i
+
+    @_info.setter
+    def _info(self, info):
+        self._info_or_maker = info
 
     # ------------------------------------------------------------ description
 

@@ -99,3 +99,36 @@ def test_ref_parse_and_format_through_the_mirror():
     assert lib.tport_ref_parse(b"", ctypes.byref(r), ctypes.byref(err)) == 3
     assert err.code == 3 and err.msg == b"an empty REF"
     assert lib.tport_status_name(16) == b"UNAUTHENTICATED"
+
+
+def test_tensor_info_read_from_its_bytes_field_by_field():
+    # _convert reads a tport_tensor_info with one struct.unpack (a batch's
+    # results are many): every field, each set to a value of its own, must
+    # come out as ctypes reads it
+    from tensorport import _convert, _names
+
+    c = _lib.TensorInfoC()
+    for i in range(_lib.HANDLE_BYTES):
+        c.ref.handle[i] = 0xF0 - i
+    c.ref.name = b"n" * (_lib.NAME_MAX - 1)  # the longest name, no room left for junk
+    c.dtype, c.ndim = _names.DTYPE_NUMBER["bfloat16"], _lib.MAX_DIMS
+    for i in range(_lib.MAX_DIMS):
+        c.sizes[i], c.strides[i] = 2 + i, -(1 << 40) - i
+    c.storage_offset, c.device = 77, b"sim:1"
+    c.actual_format, c.suggested_format = 1, 2
+    c.is_contiguous, c.managed, c.conj, c.neg = True, False, True, True
+    c.nbytes, c.storage_nbytes, c.expires_unix_ms = 1 << 50, 3, 2**63 - 1
+    info, handle = _convert._info_from_c(c)
+    assert handle == bytes(c.ref.handle) and info.ref == bytes(c.ref.handle).hex()
+    assert info.name == c.ref.name.decode() and info.dtype == "bfloat16"
+    assert info.shape == tuple(c.sizes) and info.strides == tuple(c.strides)
+    assert (info.storage_offset, info.device) == (77, "sim:1")
+    assert (info.memory_format, info.suggested_memory_format) == (_names.FORMATS[1],
+                                                                 _names.FORMATS[2])
+    assert (info.is_contiguous, info.managed, info.conj, info.neg) == (True, False, True, True)
+    assert (info.nbytes, info.storage_nbytes, info.expires_unix_ms) == (1 << 50, 3, 2**63 - 1)
+    c.ndim, c.ref.name = 2, b""
+    info, _ = _convert._info_from_c(c)
+    assert info.shape == (2, 3) and info.name is None
+    c.ndim = 99  # out of range: at most MAX_DIMS, never the strides read as sizes
+    assert _convert._info_from_c(c)[0].shape == tuple(c.sizes)

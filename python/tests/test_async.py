@@ -249,6 +249,23 @@ def test_put_dict_of_torch_tensors_and_get_dict_as_torch(server):
             c.put_dict({"x": torch.zeros(2, device="meta")})
 
 
+def test_put_dict_results_describe_what_the_server_holds(server):
+    # the Tensors put_dict returns decode their description when first read:
+    # each must be the server's own, field by field
+    sd = {"w": np.ones((3, 2, 5), np.float16), "s": np.float64(2.0), "i": np.arange(7)[::3],
+          "e": np.zeros((0, 2), np.int32)}
+    with tp.Client(server.url, tenant="sd-info") as c:
+        put = c.put_dict(sd, prefix="info.", ttl=60)
+        for k, t in put.items():
+            assert t.info() == put[k]._info, k  # (info() asks the server again)
+        fresh = c.put_dict(sd, prefix="info2.", ttl=60)
+        for k, v in sd.items():
+            t, want = fresh[k], np.asarray(v)
+            assert (t.name, t.shape, t.dtype, t.nbytes) == ("info2." + k, want.shape,
+                                                             str(want.dtype), want.nbytes), k
+            assert t.info() == t._info, k
+
+
 def test_put_dict_errors_name_every_key_and_leave_nothing(server):
     with tp.Client(server.url, tenant="sd-err") as c:
         c.put(np.zeros(2, np.float32), name="e.b", ttl=60)
