@@ -92,6 +92,7 @@ typedef struct reg_entry {
   UT_hash_handle hh_name; /* by name, in its tenant */
   struct reg_entry *prev, *next;   /* every entry */
   struct reg_entry *sprev, *snext; /* its owner session's */
+  struct reg_entry *tprev, *tnext; /* its tenant's (a List walks these alone) */
 } reg_entry;
 
 typedef struct reg_limits {
@@ -120,6 +121,9 @@ typedef struct registry {
   reg_entry *handle_keep;
   struct reg_charge *charge_keep;
   reg_entry *entries;   /* list */
+  /* Entries reg_list has looked at, ever (tests: a tenant's List walks its own
+   * entries, not every tenant's under the lock). */
+  uint64_t list_walked;
   struct reg_session *sessions;
   struct reg_tenant *tenants;
   reg_limits limits;

@@ -68,6 +68,7 @@ typedef struct reg_tenant {
   int refs;         /* sessions, entries and transfers that name it */
   uint64_t charges; /* its records in registry.charges (entries', so none once it is forgotten) */
   reg_entry *names; /* hash (hh_name) */
+  reg_entry *entries; /* list (tprev/tnext): all of its entries, newest first */
   reg_waiter *waiters; /* list: requests waiting for one of its names */
   uint64_t nwaiters;
   UT_hash_handle hh;
