@@ -92,12 +92,16 @@ static tport_progress_fn bar_for(size_t nbytes)
   return nbytes > (8u << 20) && isatty(STDERR_FILENO) && !json ? progress_bar : NULL;
 }
 
-static int need(const cli_args *a, int n, const char *cmd, tport_err *err)
+/* n arguments, or up to n with optional. */
+static int need(const cli_args *a, int n, bool optional, const char *cmd, tport_err *err)
 {
-  if (a->npos != n)
-    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s takes %d argument%s", cmd, n,
+  if (a->npos == n || (optional && a->npos < n))
+    return 0;
+  if (optional)
+    return tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s takes at most %d argument%s", cmd, n,
                          n == 1 ? "" : "s");
-  return 0;
+  return tport_err_set(err, TPORT_INVALID_ARGUMENT, "%s takes %d argument%s", cmd, n,
+                       n == 1 ? "" : "s");
 }
 
 static int refarg(const char *s, tport_ref *r, tport_err *err)
@@ -246,7 +250,8 @@ static int cmd_ls(tport_client *c, const cli_args *a, tport_err *err)
   int rc;
   tport_tensor_info *v;
   size_t n;
-  if ((rc = tport_list(c, &v, &n, err)))
+  /* with a PREFIX, the named tensors under it, by name */
+  if ((rc = a->npos ? tport_list_named(c, a->pos[0], &v, &n, err) : tport_list(c, &v, &n, err)))
     return rc;
   if (json)
     printf("[");
@@ -336,21 +341,22 @@ static int cmd_stats(tport_client *c, const cli_args *a, tport_err *err)
 typedef struct command {
   const char *name;
   int nargs;
+  bool optional; /* up to nargs */
   int (*run)(tport_client *c, const cli_args *a, tport_err *err);
 } command;
 
 static const command commands[] = {
-    {"put", 1, cmd_put},
-    {"get", 2, cmd_get},
-    {"info", 1, cmd_info},
-    {"view", 1, cmd_view},
-    {"to", 1, cmd_to},
-    {"contiguous", 1, cmd_contiguous},
-    {"copy", 2, cmd_copy},
-    {"rm", 1, cmd_rm},
-    {"ls", 0, cmd_ls},
-    {"devices", 0, cmd_devices},
-    {"stats", 0, cmd_stats},
+    {"put", 1, false, cmd_put},
+    {"get", 2, false, cmd_get},
+    {"info", 1, false, cmd_info},
+    {"view", 1, false, cmd_view},
+    {"to", 1, false, cmd_to},
+    {"contiguous", 1, false, cmd_contiguous},
+    {"copy", 2, false, cmd_copy},
+    {"rm", 1, false, cmd_rm},
+    {"ls", 1, true, cmd_ls}, /* ls [PREFIX] */
+    {"devices", 0, false, cmd_devices},
+    {"stats", 0, false, cmd_stats},
 };
 
 /* The command and its arguments, checked before any connection: a usage
@@ -360,7 +366,7 @@ static const command *find_command(const char *cmd, const cli_args *a, tport_err
 {
   for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
     if (strcmp(cmd, commands[i].name) == 0)
-      return need(a, commands[i].nargs, cmd, err) ? NULL : &commands[i];
+      return need(a, commands[i].nargs, commands[i].optional, cmd, err) ? NULL : &commands[i];
   tport_err_set(err, TPORT_INVALID_ARGUMENT,
                 "unknown command '%s': put, get, info, view, to, contiguous, copy, rm, ls, "
                 "devices or stats",

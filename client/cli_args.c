@@ -113,7 +113,8 @@ void cli_usage(FILE *o)
              "         [--exact-format] [--name N] [--ttl S]\n"
              "  copy DST SRC [--non-blocking]\n"
              "  contiguous REF [--memory-format F] [--name N]\n"
-             "  ls | rm REF | devices | stats\n\n"
+             "  ls [PREFIX]   the tenant's tensors (PREFIX: the named ones under it, by name)\n"
+             "  rm REF | devices | stats\n\n"
              "--ttl and --wait take a duration (30s, 10m, 1.5h; a bare number is seconds).\n"
              "bfloat16 tensors travel in .npy files as '<u2' bit patterns.\n"
              "Exit status: 0 done, 1 failed, 2 a usage error.\n");

@@ -3,6 +3,7 @@
  * bytes, are path.c's. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "client_internal.h"
 
@@ -200,9 +201,18 @@ int tport_sync(tport_client *c, const tport_ref *ref, tport_err *err)
   return call_status(c, TPORT__METHOD__METHOD_SYNC, &q.base, &tport__sync_reply__descriptor, err);
 }
 
-int tport_list(tport_client *c, tport_tensor_info **out, size_t *n, tport_err *err)
+static int by_name(const void *a, const void *b)
+{
+  return strcmp(((const tport_tensor_info *)a)->ref.name, ((const tport_tensor_info *)b)->ref.name);
+}
+
+/* List; named: only the named tensors under prefix, sorted by name. */
+static int list(tport_client *c, const char *prefix, bool named, tport_tensor_info **out,
+                size_t *n, tport_err *err)
 {
   Tport__ListRequest q = TPORT__LIST_REQUEST__INIT;
+  q.prefix = (char *)(prefix ? prefix : "");
+  q.named = named;
   Tport__ListReply *r;
   int rc = client_rpc(c, TPORT__METHOD__METHOD_LIST, &q.base, NULL, 0,
                       &tport__list_reply__descriptor, (ProtobufCMessage **)&r, NULL, err);
@@ -213,12 +223,29 @@ int tport_list(tport_client *c, tport_tensor_info **out, size_t *n, tport_err *e
     protobuf_c_message_free_unpacked(&r->base, NULL);
     return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   }
-  for (size_t i = 0; i < r->n_tensors; i++)
-    client_info_from_wire(r->tensors[i], &v[i]);
-  *n = r->n_tensors;
-  *out = v;
+  size_t k = 0, plen = strlen(q.prefix);
+  for (size_t i = 0; i < r->n_tensors; i++) {
+    client_info_from_wire(r->tensors[i], &v[k]);
+    /* (a server older than the prefix sends every tensor: the filter again) */
+    k += !named || (v[k].ref.name[0] && strncmp(v[k].ref.name, q.prefix, plen) == 0);
+  }
   protobuf_c_message_free_unpacked(&r->base, NULL);
+  if (named)
+    qsort(v, k, sizeof *v, by_name);
+  *n = k;
+  *out = v;
   return TPORT_OK;
+}
+
+int tport_list(tport_client *c, tport_tensor_info **out, size_t *n, tport_err *err)
+{
+  return list(c, NULL, false, out, n, err);
+}
+
+int tport_list_named(tport_client *c, const char *prefix, tport_tensor_info **out, size_t *n,
+                     tport_err *err)
+{
+  return list(c, prefix, true, out, n, err);
 }
 
 int tport_devices(tport_client *c, tport_device_info **out, size_t *n, char *cuda_reason,

@@ -259,7 +259,15 @@ int tport_free_many(tport_client *c, const tport_ref *refs, size_t n, size_t *fr
                     tport_err *err);
 /* Waits for the tensor's pending device work (ref NULL: all work). */
 int tport_sync(tport_client *c, const tport_ref *ref, tport_err *err);
+/* The tenant's tensors (those of each of its connections, and those kept or
+ * named) into *out (free() it), *n of them. */
 int tport_list(tport_client *c, tport_tensor_info **out, size_t *n, tport_err *err);
+/* The tenant's named tensors whose names begin with prefix (NULL or "":
+ * every named one), sorted by name (strcmp): a state dict's names without
+ * the rest of what the tenant holds.  The server filters (a server older
+ * than the prefix sends everything, and libtport filters). */
+int tport_list_named(tport_client *c, const char *prefix, tport_tensor_info **out, size_t *n,
+                     tport_err *err);
 int tport_devices(tport_client *c, tport_device_info **out, size_t *n, char *cuda_reason,
                   size_t reason_len, tport_err *err);
 int tport_stats(tport_client *c, tport_counter **out, size_t *n, tport_err *err);

@@ -196,9 +196,10 @@ int h_copy(call *c)
 
 int h_list(call *c)
 {
+  Tport__ListRequest *q = (Tport__ListRequest *)c->req;
   reg_entry **v;
   size_t n;
-  if (reg_list(&c->srv->reg, c->pipe, &v, &n))
+  if (reg_list(&c->srv->reg, c->pipe, q->prefix, q->named, &v, &n))
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory listing tensors");
   wire_info *wi = calloc(n ? n : 1, sizeof *wi);
   Tport__TensorInfo **infos = calloc(n ? n : 1, sizeof *infos);

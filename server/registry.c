@@ -490,8 +490,11 @@ int reg_expire(registry *r, int64_t now_ms)
   return n;
 }
 
-int reg_list(registry *r, uint32_t pipe, reg_entry ***out, size_t *n)
+int reg_list(registry *r, uint32_t pipe, const char *prefix, bool named, reg_entry ***out,
+             size_t *n)
 {
+  size_t plen = prefix ? strlen(prefix) : 0;
+  named = named || plen;
   pthread_mutex_lock(&r->mu);
   reg_session *s = session_find(r, pipe);
   size_t count = s ? (size_t)s->tn->tensors : 0;
@@ -505,7 +508,8 @@ int reg_list(registry *r, uint32_t pipe, reg_entry ***out, size_t *n)
    * every tenant does (under the lock every request takes) */
   for (reg_entry *e = s ? s->tn->entries : NULL; e && i < count; e = e->tnext) {
     r->list_walked++;
-    if (e->state == REG_READY) {
+    if (e->state == REG_READY &&
+        (!named || (e->holds_name && strncmp(e->name, prefix ? prefix : "", plen) == 0))) {
       e->refs++;
       v[i++] = e;
     }

@@ -374,7 +374,11 @@ bool reg_unwait(registry *r, reg_waiter *w);
 /* Removes expired entries. */
 int reg_expire(registry *r, int64_t now_ms);
 /* Entries of the pipe's tenant (references held; reg_put each, free the array). */
-int reg_list(registry *r, uint32_t pipe, reg_entry ***out, size_t *n);
+/* The tenant's ready entries (references taken) into *out (malloc'd): only
+ * the named ones whose names begin with prefix when named or prefix is
+ * not empty. */
+int reg_list(registry *r, uint32_t pipe, const char *prefix, bool named, reg_entry ***out,
+             size_t *n);
 
 typedef struct reg_stats {
   uint64_t tensors, uploads, bytes; /* of the tenant, or of everyone */

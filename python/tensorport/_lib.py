@@ -279,6 +279,8 @@ _PROTOTYPES = {
     "tport_free_many": (_c.c_int, [_c.c_void_p, _P(Ref), _c.c_size_t, _P(_c.c_size_t), _P(Err)]),
     "tport_sync": (_c.c_int, [_c.c_void_p, _P(Ref), _P(Err)]),
     "tport_list": (_c.c_int, [_c.c_void_p, _P(_P(TensorInfoC)), _P(_c.c_size_t), _P(Err)]),
+    "tport_list_named": (_c.c_int, [_c.c_void_p, _c.c_char_p, _P(_P(TensorInfoC)),
+                                    _P(_c.c_size_t), _P(Err)]),
     "tport_devices": (
         _c.c_int,
         [_c.c_void_p, _P(_P(DeviceInfoC)), _P(_c.c_size_t), _c.c_char_p, _c.c_size_t, _P(Err)],

@@ -133,9 +133,9 @@ class Client:
         """``tensorport.Client.free`` (in the default executor)."""
         return await self._blocking(self.sync.free, ref)
 
-    async def list(self):
+    async def list(self, prefix=None):
         """``tensorport.Client.list`` (in the default executor)."""
-        return await self._blocking(self.sync.list)
+        return await self._blocking(self.sync.list, prefix)
 
     async def put_dict(self, d, prefix="", **kwargs):
         """``tensorport.Client.put_dict`` (in the default executor)."""

@@ -573,35 +573,40 @@ class Client:
         """The :class:`Tensor` for a handle (32 hex digits) or a name; NotFound if there is none."""
         return self._tensor(self._info_c(ref))
 
-    def _listed(self, take):
-        """take(info) of each tport_tensor_info of tport_list (this tenant's tensors),
-        None results left out."""
+    def _listed(self, take, prefix=None):
+        """take(info) of each tport_tensor_info of tport_list (this tenant's tensors;
+        with prefix, tport_list_named's: the named ones under it, by name), None
+        results left out."""
         self.flush_frees()
         p = ctypes.POINTER(_lib.TensorInfoC)()
         n = ctypes.c_size_t()
-        self._call("tport_list", ctypes.byref(p), ctypes.byref(n))
+        if prefix is None:
+            self._call("tport_list", ctypes.byref(p), ctypes.byref(n))
+        else:
+            if not isinstance(prefix, str):
+                raise InvalidArgument("prefix is a %s: a str" % type(prefix).__name__)
+            self._call("tport_list_named", _enc(prefix), ctypes.byref(p), ctypes.byref(n))
         try:
             return [x for x in (take(p[i]) for i in range(n.value)) if x is not None]
         finally:
             _libc_free(ctypes.cast(p, ctypes.c_void_p))
 
-    def list(self):
-        """This tenant's tensors (those of this connection and those kept), as Tensors."""
-        return self._listed(self._tensor)
+    def list(self, prefix=None):
+        """This tenant's tensors (those of each of its connections, and those kept or named),
+        as Tensors.
+        With ``prefix`` (a str), only the named ones whose names begin with it, sorted
+        by name (``""``: every named one); the server picks them out."""
+        return self._listed(self._tensor, prefix)
 
     def _named(self, prefix):
         """(name, handle, dtype number) of this tenant's tensors named ``prefix...``,
-        sorted by name: read off tport_list's array without a Tensor for each of
-        the tenant's tensors (get_dict's listing; ~20 us a tensor as Tensors)."""
-        want = prefix.encode("utf-8")
+        sorted by name: the server's listing under the prefix, without a Tensor for
+        each (get_dict's; ~20 us a tensor as Tensors)."""
 
         def named(c):
-            name = c.ref.name
-            if name and name.startswith(want):
-                return (_s(name), bytes(c.ref.handle), c.dtype)
-            return None
+            return (_s(c.ref.name), bytes(c.ref.handle), c.dtype)
 
-        return sorted(self._listed(named))
+        return self._listed(named, prefix)
 
     def free(self, ref):
         """Frees a tensor (a Tensor, a handle or a name) on the server."""

@@ -78,6 +78,23 @@ def test_tensor_list_free_and_names(client):
         u.info()
 
 
+def test_list_by_prefix_gives_the_named_tensors_under_it_by_name(server):
+    with tp.Client(server.url, tenant="list-prefix") as c, \
+            tp.Client(server.url, tenant="list-prefix-other") as other:
+        for name in ("run/7/b", "run/7/a", "run/70", "run/8/a"):
+            c.put(np.arange(3), name=name, ttl=60)
+        unnamed = c.put(np.arange(2))  # in list() alone (held: a dropped one is freed)
+        other.put(np.arange(2), name="run/7/c", ttl=60)
+        assert [t.name for t in c.list("run/7/")] == ["run/7/a", "run/7/b"]
+        assert [t.name for t in c.list("run/7")] == ["run/7/a", "run/7/b", "run/70"]
+        assert [t.name for t in c.list("")] == ["run/7/a", "run/7/b", "run/70", "run/8/a"]
+        assert len(c.list()) == 5 and unnamed.ref in {t.ref for t in c.list()}
+        assert c.list("nothing/") == []
+        assert c.list("run/8/")[0].shape == (3,)
+        with pytest.raises(tp.InvalidArgument):
+            c.list(7)
+
+
 def test_view_and_views_share_storage(client):
     t = client.put(np.arange(12, dtype=np.int32), device="sim:1")
     v = t.view((3, 2), (4, 1), storage_offset=1)

@@ -142,6 +142,11 @@ try:
     # listing, removal, devices, stats, errors and exit codes
     names = [t["name"] for t in tjson("ls")]
     check("bf" in names and "f64" in names, "ls lists the kept tensors: %s" % names)
+    names = [t["name"] for t in tjson("ls", "f")]
+    check(names == sorted(n for n in names if n.startswith("f")) and "f64" in names
+          and "float32" in names and "bf" not in names, "ls PREFIX: the names under it: %s" % names)
+    e = tport("ls", "a", "b", ok=False)
+    check(e.returncode == 2 and "at most 1 argument" in e.stderr, "ls A B: %s" % e.stderr)
     tport("rm", "f64")
     check(tport("info", "f64", ok=False).returncode == 1, "info of a removed tensor exits 1")
     d = tjson("devices")
