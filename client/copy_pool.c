@@ -42,6 +42,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "copy_pool.h"
@@ -201,6 +202,7 @@ static void run_pieces(copy_job *j)
  * worker must not take that job for one it has seen). */
 static void *worker_main(void *arg)
 {
+  prctl(PR_SET_NAME, "tport:copy"); /* what top -H, perf and gdb show */
   uint64_t seen = (uint64_t)(uintptr_t)arg;
   pthread_mutex_lock(&pool.mu);
   for (;;) {

@@ -15,6 +15,7 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 
 #include "client_internal.h"
 
@@ -175,6 +176,7 @@ static tport_request *take_next(struct client_pool *p)
 
 static void *worker(void *arg)
 {
+  prctl(PR_SET_NAME, "tport:request"); /* what top -H, perf and gdb show */
   struct client_pool *p = arg;
   pthread_mutex_lock(&p->mu);
   for (;;) {

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 #include "cpu_kernels.h"
@@ -74,6 +75,7 @@ static void run_op(be_stream *s, sim_op *op)
 
 static void *stream_main(void *arg)
 {
+  prctl(PR_SET_NAME, "tport:sim"); /* what top -H, perf and gdb show */
   be_stream *s = arg;
   for (;;) {
     pthread_mutex_lock(&s->mu);

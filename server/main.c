@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@ static unsigned long watchdog_ms;
 
 static void *watchdog_main(void *arg)
 {
+  prctl(PR_SET_NAME, "tportd:watchdog"); /* what top -H, perf and gdb show */
   (void)arg;
   struct timespec ts = {.tv_sec = (time_t)(watchdog_ms / 1000),
                         .tv_nsec = (long)(watchdog_ms % 1000) * 1000000};

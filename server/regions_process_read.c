@@ -17,6 +17,7 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -353,6 +354,7 @@ static void piece_ended(read_job *j, int rc, const tport_err *err)
 
 static void *read_thread(void *arg)
 {
+  prctl(PR_SET_NAME, "tportd:read"); /* what top -H, perf and gdb show */
   read_piece *p = arg;
   read_job *j = p->j;
   tport_err err;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -112,6 +113,7 @@ typedef struct handoff_job {
 /* One connection of the socket: its handoff, the verdict, the end. */
 static void *handoff_thread(void *arg)
 {
+  prctl(PR_SET_NAME, "tportd:handoff"); /* what top -H, perf and gdb show */
   handoff_job *j = arg;
   shm_table *t = j->t;
   tport_err err;
@@ -140,6 +142,7 @@ static void *handoff_thread(void *arg)
 
 static void *handoff_main(void *arg)
 {
+  prctl(PR_SET_NAME, "tportd:shm"); /* what top -H, perf and gdb show */
   shm_table *t = arg;
   for (;;) {
     struct pollfd p[2] = {{.fd = t->listen_fd, .events = POLLIN},

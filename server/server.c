@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 #include "idle_trim.h"
@@ -39,6 +40,7 @@ static uint64_t activity(server *s)
 
 static void *reaper_main(void *arg)
 {
+  prctl(PR_SET_NAME, "tportd:reaper"); /* what top -H, perf and gdb show */
   server *s = arg;
   idle_trim trim = {0};
   pthread_mutex_lock(&s->rmu);

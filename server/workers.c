@@ -8,6 +8,7 @@
 #include <openssl/crypto.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 
 #include "arena.h"
 #include "random_ids.h"
@@ -17,6 +18,7 @@ void (*server_test_before_handle)(server *s, uint32_t pipe, uint16_t method);
 
 static void *worker_main(void *arg)
 {
+  prctl(PR_SET_NAME, "tportd:worker"); /* what top -H, perf and gdb show */
   server *s = arg;
   arena requests; /* where each request's message is unpacked */
   arena_init(&requests);

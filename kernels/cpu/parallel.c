@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "cpu_kernels.h"
@@ -59,6 +60,7 @@ static void run_pieces(pool_job *j)
 
 static void *worker_main(void *arg)
 {
+  prctl(PR_SET_NAME, "tport:kernel"); /* what top -H, perf and gdb show */
   (void)arg;
   uint64_t seen = 0;
   for (;;) {
