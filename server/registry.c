@@ -125,6 +125,7 @@ void entry_owner_unlink(reg_entry *e)
  * free once the lock is let go.  mu held. */
 void entry_unlink(registry *r, reg_entry *e, reg_entry **dead)
 {
+  expiry_remove(r, e);
   HASH_DELETE(hh, r->by_handle, e);
   if (e->holds_name)
     HASH_DELETE(hh_name, e->tn->names, e);
@@ -166,6 +167,7 @@ void reg_destroy(registry *r)
   pthread_mutex_lock(&r->mu);
   while (r->entries)
     entry_unlink(r, r->entries, &dead);
+  expiry_free(r);
   reg_session *s, *stmp;
   HASH_ITER(hh, r->sessions, s, stmp)
   {
@@ -198,7 +200,10 @@ static reg_entry *find_name(reg_tenant *t, const char *name)
 void entry_set_expiry(registry *r, reg_entry *e, uint64_t ttl_ms)
 {
   uint64_t ttl = ttl_ms ? ttl_ms : r->limits.default_ttl_ms;
+  expiry_remove(r, e); /* (set once today; were it set again, moved) */
   e->expires_ms = ttl ? reg_now_ms() + (int64_t)ttl : 0; /* ttl <= max_ttl: no overflow */
+  if (e->expires_ms)
+    expiry_add(r, e);
 }
 
 /* The name's holder, for an entry about to take it: none (*holder NULL),
@@ -471,12 +476,19 @@ int reg_expire(registry *r, int64_t now_ms)
   int n = 0;
   reg_entry *dead = NULL;
   pthread_mutex_lock(&r->mu);
-  for (reg_entry *e = r->entries, *next; e; e = next) {
+  /* what is due, off the heap's top; every entry only while some that
+   * expire could not join the heap */
+  for (reg_entry *e = r->expiry_unindexed ? r->entries : NULL, *next; e; e = next) {
     next = e->next;
+    r->expire_walked++;
     if (e->expires_ms && e->expires_ms <= now_ms) {
       entry_unlink(r, e, &dead);
       n++;
     }
+  }
+  for (reg_entry *e; (e = expiry_due(r, now_ms)); n++) {
+    r->expire_walked++;
+    entry_unlink(r, e, &dead);
   }
   /* tenants no one names whose lends have all come back (tenant_unref) */
   reg_tenant *t, *ttmp;

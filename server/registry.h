@@ -24,8 +24,10 @@
  * make, under the lock (two requests never both pass a check that only one
  * fits), and its result's charge is paid from the reservation when the
  * result is registered.
- * One mutex guards it all; every operation under it is O(1) but reg_expire
- * and the dropping of a session (O(what that session owns)).  Nothing is
+ * One mutex guards it all; every operation under it is O(1) (an expiring
+ * entry's O(log n): registry_expiry.c) but a List (O(what the tenant
+ * holds)), reg_expire (O(what is due)) and the dropping of a session
+ * (O(what that session owns)): none costs what other tenants hold.  Nothing is
  * freed under it (entries removed are freed once it is let go), and what is
  * lent is given back without it (an atomic count per tenant).
  */
@@ -80,6 +82,7 @@ typedef struct reg_entry {
   struct reg_tenant *tn;
   struct reg_session *owner; /* NULL: kept for the tenant */
   int64_t expires_ms;        /* 0: no time limit */
+  size_t expiry_at;          /* its place in registry.expiry, from 1 (0: not there) */
   reg_state state;
   tport_tensor *tensor; /* READY */
   reg_upload *up;       /* UPLOADING */
@@ -109,6 +112,12 @@ typedef struct reg_limits {
   size_t max_readback_bytes;
 } reg_limits;
 
+/* The entries with a time limit, soonest first (registry_expiry.c). */
+typedef struct reg_expiry {
+  struct reg_entry **v;
+  size_t n, cap;
+} reg_expiry;
+
 typedef struct registry {
   pthread_mutex_t mu;
   reg_entry *by_handle; /* hash */
@@ -124,6 +133,9 @@ typedef struct registry {
   /* Entries reg_list has looked at, ever (tests: a tenant's List walks its own
    * entries, not every tenant's under the lock). */
   uint64_t list_walked;
+  reg_expiry expiry;
+  uint64_t expiry_unindexed; /* entries with a time limit not in it (out of memory) */
+  uint64_t expire_walked;    /* entries reg_expire has looked at, ever (tests) */
   struct reg_session *sessions;
   struct reg_tenant *tenants;
   reg_limits limits;
@@ -136,6 +148,9 @@ void reg_destroy(registry *r);
 /* Tests: the next n names a tensor takes fail as the name table's
  * allocation failing would (RESOURCE_EXHAUSTED, nothing changed). */
 void reg_test_fail_name_adds(int n);
+/* Tests: the next n growths of the heap of expiring entries fail as an
+ * allocation failure would (those entries are found by walking them all). */
+void reg_test_fail_expiry_growth(int n);
 
 /* A connection arrived (the pipe's ADD_PRE event: before its first
  * request): its session, of tenant "default".  False when max_sessions

@@ -3,7 +3,8 @@
  * face): the records of tenants, their accounts and charges, and sessions,
  * and the functions one file of the registry calls in another.  Calls go
  * one way: registry_sessions.c and registry_uploads.c -> registry.c (the
- * tensors) -> registry_quota.c (tenants, charges, reservations).  Every
+ * tensors) -> registry_quota.c (tenants, charges, reservations) and
+ * registry_expiry.c (the entries that expire).  Every
  * function here but the clock wants the registry's mutex held.
  */
 #ifndef TPORT_REGISTRY_INTERNAL_H
@@ -135,6 +136,13 @@ void entry_unlink(registry *r, reg_entry *e, reg_entry **dead);
 int name_take(registry *r, reg_entry *e, reg_entry *holder, reg_entry **dead, tport_err *err);
 /* e kept for its tenant: it expires after ttl_ms (0: the default TTL). */
 void entry_set_expiry(registry *r, reg_entry *e, uint64_t ttl_ms);
+/* registry_expiry.c: e into the heap of entries that expire (its
+ * expires_ms set), and out of it (whether there or not: unlinked); the
+ * soonest one due by now_ms (NULL: none); the heap's memory freed. */
+void expiry_add(registry *r, reg_entry *e);
+void expiry_remove(registry *r, reg_entry *e);
+reg_entry *expiry_due(const registry *r, int64_t now_ms);
+void expiry_free(registry *r);
 /* registry_waiters.c (called by the three above, calls none of them): every waiter of the pipe's
  * session unregistered (it is closing) into wake/arg (up to max; returns how many: call again while
  * it fills max), and the same for the waiters of name in t. */

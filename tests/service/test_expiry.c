@@ -1,0 +1,166 @@
+/*
+ * test_expiry.c: tensors with a time limit leave when it ends -- all of
+ * them, in order, and at a cost of what is due, not of what the server
+ * holds (the reaper takes them under the lock every request takes).
+ *
+ * The tests call reg_expire with a time of their own, in the future: TTLs
+ * of tens of seconds, so that the reaper's own calls (each second, with
+ * the real time) never find them due.
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "registry.h"
+#include "server_internal.h"
+#include "service_util.h"
+#include "tport.h"
+
+#define SEC 1000LL
+
+/* A zero-byte tensor named name that lives ttl_ms. */
+static void put_for(tport_client *c, const char *name, uint64_t ttl_ms, tport_tensor_info *out)
+{
+  tport_put_options o;
+  tport_put_options_init(&o);
+  o.name = name;
+  o.ttl_ms = ttl_ms;
+  tport_err err;
+  cr_assert_eq(tport_put(c, TPORT_UINT8, 1, (int64_t[]){0}, NULL, NULL, 0, &o, out, &err), 0,
+               "%s: %s", name, err.msg);
+}
+
+static bool exists(tport_client *c, const char *name)
+{
+  tport_ref r;
+  tport_err err;
+  cr_assert_eq(tport_ref_parse(name, &r, &err), 0);
+  tport_tensor_info info;
+  int rc = tport_info(c, &r, &info, &err);
+  cr_assert(rc == 0 || rc == TPORT_NOT_FOUND, "%s: %s", name, err.msg);
+  return rc == 0;
+}
+
+/* reg_expire at now_ms, as the reaper calls it; (expired, entries looked at). */
+static int expire_at(server *s, int64_t now_ms, uint64_t *walked)
+{
+  pthread_mutex_lock(&s->reg.mu);
+  uint64_t before = s->reg.expire_walked;
+  pthread_mutex_unlock(&s->reg.mu);
+  int n = reg_expire(&s->reg, now_ms);
+  pthread_mutex_lock(&s->reg.mu);
+  *walked = s->reg.expire_walked - before;
+  pthread_mutex_unlock(&s->reg.mu);
+  return n;
+}
+
+Test(expiry, what_is_due_leaves_and_nothing_else_is_looked_at)
+{
+  /* before: every entry of every tenant walked at each call, once a second */
+  char url[128], name[64];
+  server_config cfg;
+  svc_config(&cfg);
+  cfg.max_ttl_s = 7200;
+  server *s = svc_start_with(&cfg, url, sizeof url);
+  tport_client *c = svc_connect(url, "long"), *d = svc_connect(url, "short");
+  int64_t t0 = reg_now_ms();
+  for (int i = 0; i < 2000; i++) {
+    snprintf(name, sizeof name, "long/%d", i);
+    put_for(c, name, 3000 * SEC, NULL);
+  }
+  for (int i = 0; i < 3; i++) {
+    snprintf(name, sizeof name, "short/%d", i);
+    put_for(d, name, 20 * SEC, NULL);
+  }
+  uint64_t walked;
+  cr_assert_eq(expire_at(s, t0 + 10 * SEC, &walked), 0);
+  cr_assert_eq(walked, 0, "looked at %llu entries with none due", (unsigned long long)walked);
+  cr_assert_eq(expire_at(s, t0 + 60 * SEC, &walked), 3);
+  cr_assert_eq(walked, 3, "looked at %llu entries to expire 3 of 2003",
+               (unsigned long long)walked);
+  cr_assert_not(exists(d, "short/0"));
+  cr_assert(exists(c, "long/1999"));
+  tport_close(d);
+  tport_close(c);
+  server_stop(s, 1000);
+}
+
+/* How many of n tensors, the i-th living (i + 1) * 10 s and those with
+ * freed[i] gone before, are still there. */
+static int left(tport_client *c, int n, const bool *freed)
+{
+  char name[64];
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    snprintf(name, sizeof name, "t/%d", i);
+    bool there = exists(c, name);
+    cr_assert(!(freed[i] && there), "%s was freed", name);
+    k += there;
+  }
+  return k;
+}
+
+static void expire_in_order(int failing_growths)
+{
+  enum { N = 300 }; /* past the heap's first 256 slots */
+  char url[128], name[64];
+  server_config cfg;
+  svc_config(&cfg);
+  cfg.max_ttl_s = 7200;
+  server *s = svc_start_with(&cfg, url, sizeof url);
+  tport_client *c = svc_connect(url, "order");
+  reg_test_fail_expiry_growth(failing_growths);
+  int64_t t0 = reg_now_ms();
+  bool freed[N] = {0};
+  tport_tensor_info info[N];
+  /* put in a shuffled order (a fixed one), so that the heap sorts */
+  for (int j = 0; j < N; j++) {
+    int i = (int)(((unsigned)j * 7919u) % N);
+    snprintf(name, sizeof name, "t/%d", i);
+    put_for(c, name, (uint64_t)(i + 1) * 10 * SEC, &info[i]);
+  }
+  reg_test_fail_expiry_growth(0);
+  tport_err err;
+  for (int i = 0; i < N; i += 3) { /* some leave early: out of the heap's middle */
+    cr_assert_eq(tport_free(c, &info[i].ref, &err), 0, "%s", err.msg);
+    freed[i] = true;
+  }
+  int64_t put_time = reg_now_ms() - t0;
+  cr_assert_lt(put_time, 5 * SEC, "the puts took %lld ms: the times below need < 5 s",
+               (long long)put_time);
+  int total = 0;
+  for (int k = 1; k <= N; k += 37) {
+    /* at k * 10 s + 5 s, the tensors 0..k-1 are due and no other */
+    uint64_t walked;
+    total += expire_at(s, t0 + k * 10 * SEC + 5 * SEC, &walked);
+    int want = 0;
+    for (int i = k; i < N; i++)
+      want += !freed[i];
+    cr_assert_eq(left(c, N, freed), want, "at %d s", k * 10 + 5);
+  }
+  uint64_t walked;
+  total += expire_at(s, t0 + (N + 1) * 10 * SEC, &walked);
+  cr_assert_eq(left(c, N, freed), 0);
+  cr_assert_eq(total, N - (N + 2) / 3, "expired: %d", total);
+  pthread_mutex_lock(&s->reg.mu);
+  cr_assert_eq(s->reg.expiry.n, 0, "the heap holds %zu", s->reg.expiry.n);
+  cr_assert_eq(s->reg.expiry_unindexed, 0);
+  pthread_mutex_unlock(&s->reg.mu);
+  tport_close(c);
+  server_stop(s, 1000);
+}
+
+Test(expiry, tensors_leave_in_the_order_of_their_time_limits)
+{
+  expire_in_order(0);
+}
+
+Test(expiry, out_of_memory_for_the_heap_the_entries_are_walked_and_still_expire)
+{
+  /* the heap's first two growths fail: two entries stay out of it,
+   * counted, and while they live reg_expire walks every entry as before */
+  expire_in_order(2);
+}
