@@ -48,6 +48,31 @@ int transfers_reserve(transfers *ts, get_transfer *g, size_t charge, tport_err *
   return rc;
 }
 
+/* g last in the order of reading (the most recently read).  mu held. */
+static void idle_append(transfers *ts, get_transfer *g)
+{
+  g->idle_next = NULL;
+  g->idle_prev = ts->idle_tail;
+  if (ts->idle_tail)
+    ts->idle_tail->idle_next = g;
+  else
+    ts->idle_head = g;
+  ts->idle_tail = g;
+}
+
+static void idle_unlink(transfers *ts, get_transfer *g)
+{
+  if (g->idle_prev)
+    g->idle_prev->idle_next = g->idle_next;
+  else
+    ts->idle_head = g->idle_next;
+  if (g->idle_next)
+    g->idle_next->idle_prev = g->idle_prev;
+  else
+    ts->idle_tail = g->idle_prev;
+  g->idle_prev = g->idle_next = NULL;
+}
+
 int transfers_insert(transfers *ts, get_transfer *g, tport_err *err)
 {
   char tenant[REG_TENANT_MAX];
@@ -59,15 +84,38 @@ int transfers_insert(transfers *ts, get_transfer *g, tport_err *err)
   if (!reg_session_tenant(ts->reg, g->pipe, tenant, sizeof tenant)) {
     rc = tport_err_set(err, TPORT_ABORTED, "the connection is closing");
   } else {
-    g->refs = 1;
-    g->listed = true;
-    g->last_ms = transfers_now_ms();
-    transfers_oom = false;
-    HASH_ADD(hh, ts->by_id, id, TRANSFER_ID_BYTES, g);
-    if (transfers_oom) {
-      g->listed = false;
+    transfer_pipe *tp;
+    HASH_FIND(hh, ts->by_pipe, &g->pipe, sizeof g->pipe, tp);
+    bool made = !tp;
+    if (made && (tp = calloc(1, sizeof *tp)) != NULL) {
+      tp->pipe = g->pipe;
+      transfers_oom = false;
+      HASH_ADD(hh, ts->by_pipe, pipe, sizeof tp->pipe, tp);
+      if (transfers_oom) {
+        free(tp);
+        tp = NULL;
+      }
+    }
+    if (tp) {
+      transfers_oom = false;
+      HASH_ADD(hh, ts->by_id, id, TRANSFER_ID_BYTES, g);
+    }
+    if (!tp || transfers_oom) {
+      if (tp && made) {
+        HASH_DEL(ts->by_pipe, tp);
+        free(tp);
+      }
       rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a transfer");
     } else {
+      g->refs = 1;
+      g->listed = true;
+      g->last_ms = transfers_now_ms();
+      g->owner = tp;
+      g->pipe_next = tp->list;
+      if (tp->list)
+        tp->list->pipe_prev = g;
+      tp->list = g;
+      idle_append(ts, g);
       ts->count++;
     }
   }
@@ -85,6 +133,8 @@ get_transfer *transfers_get(transfers *ts, uint32_t pipe, const uint8_t *id)
   if (g) {
     g->refs++;
     g->last_ms = transfers_now_ms();
+    idle_unlink(ts, g); /* the most recently read now */
+    idle_append(ts, g);
   }
   pthread_mutex_unlock(&ts->mu);
   return g;
@@ -96,6 +146,20 @@ static bool unlist(transfers *ts, get_transfer *g)
   if (!g->listed)
     return false;
   HASH_DEL(ts->by_id, g);
+  idle_unlink(ts, g);
+  transfer_pipe *tp = g->owner;
+  if (g->pipe_prev)
+    g->pipe_prev->pipe_next = g->pipe_next;
+  else
+    tp->list = g->pipe_next;
+  if (g->pipe_next)
+    g->pipe_next->pipe_prev = g->pipe_prev;
+  g->pipe_prev = g->pipe_next = NULL;
+  g->owner = NULL;
+  if (!tp->list) { /* its connection has none left */
+    HASH_DEL(ts->by_pipe, tp);
+    free(tp);
+  }
   g->listed = false;
   ts->count--;
   return --g->refs == 0;
@@ -114,41 +178,69 @@ void transfers_release(transfers *ts, get_transfer *g, size_t served)
     transfers_free(ts, g);
 }
 
-/* Ends the transfers that match; frees them outside the lock. */
-static int drop_where(transfers *ts, uint32_t pipe, bool all, int64_t idle_before)
+/* g off the table, onto *dead when that was its last reference (else a
+ * chunk being served frees it at its release); counted in *n.  mu held. */
+static void end_one(transfers *ts, get_transfer *g, get_transfer **dead, int *n)
 {
-  get_transfer *g, *tmp, *dead = NULL;
-  int n = 0;
-  pthread_mutex_lock(&ts->mu);
-  HASH_ITER(hh, ts->by_id, g, tmp)
-  {
-    bool match = all || (pipe && g->pipe == pipe) ||
-                 (idle_before && g->refs == 1 && g->last_ms < idle_before);
-    if (match && unlist(ts, g)) {
-      g->hh.next = dead; /* reuse the link: g is off the table */
-      dead = g;
-      n++;
-    } else if (match) {
-      n++; /* a chunk is being served: its release frees it */
-    }
+  ts->walked++;
+  (*n)++;
+  if (unlist(ts, g)) {
+    g->hh.next = *dead; /* reuse the link: g is off the table */
+    *dead = g;
   }
-  pthread_mutex_unlock(&ts->mu);
+}
+
+static void free_dead(transfers *ts, get_transfer *dead)
+{
   while (dead) {
-    g = dead;
+    get_transfer *g = dead;
     dead = g->hh.next;
     transfers_free(ts, g);
   }
-  return n;
 }
 
 void transfers_drop(transfers *ts, uint32_t pipe)
 {
-  drop_where(ts, pipe, pipe == 0, 0);
+  get_transfer *dead = NULL, *g, *next;
+  int n = 0;
+  pthread_mutex_lock(&ts->mu);
+  if (pipe == 0) {
+    get_transfer *tmp;
+    HASH_ITER(hh, ts->by_id, g, tmp)
+    {
+      end_one(ts, g, &dead, &n);
+    }
+  } else {
+    transfer_pipe *tp;
+    HASH_FIND(hh, ts->by_pipe, &pipe, sizeof pipe, tp);
+    /* (the last one's unlist frees tp: nothing of it is read after) */
+    for (g = tp ? tp->list : NULL; g; g = next) {
+      next = g->pipe_next;
+      end_one(ts, g, &dead, &n);
+    }
+  }
+  pthread_mutex_unlock(&ts->mu);
+  free_dead(ts, dead);
 }
 
 int transfers_expire(transfers *ts, int64_t now_mono_ms, int64_t idle_ms)
 {
-  return drop_where(ts, 0, false, now_mono_ms - idle_ms);
+  int64_t idle_before = now_mono_ms - idle_ms;
+  get_transfer *dead = NULL, *g, *next;
+  int n = 0;
+  pthread_mutex_lock(&ts->mu);
+  /* from the least recently read, while they are idle; one whose chunk is
+   * being served (read from too, so rarely here) is left */
+  for (g = ts->idle_head; g && g->last_ms < idle_before; g = next) {
+    next = g->idle_next;
+    if (g->refs == 1)
+      end_one(ts, g, &dead, &n);
+    else
+      ts->walked++;
+  }
+  pthread_mutex_unlock(&ts->mu);
+  free_dead(ts, dead);
+  return n;
 }
 
 uint64_t transfers_count(transfers *ts)

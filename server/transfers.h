@@ -10,7 +10,10 @@
  * as they live (the replies they are lent to may outlive the transfer:
  * wire_charge_lend_begin).  It ends once every byte was served, when it
  * has not been read from for the idle timeout, or with its connection.  Transfers are found by their 128-bit
- * random id in a hash table.
+ * random id in a hash table; each connection's are listed apart (a
+ * connection's end walks its own), and all of them by when they were last
+ * read from (the idle ones are at the front): under the lock every GetChunk
+ * takes, nothing walks what other connections hold.
  */
 #ifndef TPORT_TRANSFERS_H
 #define TPORT_TRANSFERS_H
@@ -38,13 +41,26 @@ typedef struct get_transfer {
   int refs;        /* the table's (while listed) plus one per chunk being served */
   bool listed;
   UT_hash_handle hh;
+  struct get_transfer *idle_prev, *idle_next; /* all listed, least recently read first */
+  struct get_transfer *pipe_prev, *pipe_next; /* its connection's */
+  struct transfer_pipe *owner;
 } get_transfer;
+
+/* A connection's transfers (while it has some). */
+typedef struct transfer_pipe {
+  uint32_t pipe;
+  get_transfer *list;
+  UT_hash_handle hh;
+} transfer_pipe;
 
 typedef struct transfers {
   pthread_mutex_t mu;
   registry *reg;
   get_transfer *by_id;
+  transfer_pipe *by_pipe;
+  get_transfer *idle_head, *idle_tail;
   uint64_t count;
+  uint64_t walked; /* transfers the drops and expiries looked at, ever (tests) */
 } transfers;
 
 void transfers_init(transfers *ts, registry *reg);

@@ -79,8 +79,7 @@ Test(expiry, what_is_due_leaves_and_nothing_else_is_looked_at)
   cr_assert_eq(expire_at(s, t0 + 10 * SEC, &walked), 0);
   cr_assert_eq(walked, 0, "looked at %llu entries with none due", (unsigned long long)walked);
   cr_assert_eq(expire_at(s, t0 + 60 * SEC, &walked), 3);
-  cr_assert_eq(walked, 3, "looked at %llu entries to expire 3 of 2003",
-               (unsigned long long)walked);
+  cr_assert_eq(walked, 3, "looked at %llu entries to expire 3 of 2003", (unsigned long long)walked);
   cr_assert_not(exists(d, "short/0"));
   cr_assert(exists(c, "long/1999"));
   tport_close(d);
