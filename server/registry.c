@@ -484,6 +484,9 @@ int reg_expire(registry *r, int64_t now_ms)
     if (e->expires_ms && e->expires_ms <= now_ms) {
       entry_unlink(r, e, &dead);
       n++;
+    } else if (e->expires_ms && !e->expiry_at) {
+      r->expiry_unindexed--; /* into the heap again, memory allowing (else counted again) */
+      expiry_add(r, e);
     }
   }
   for (reg_entry *e; (e = expiry_due(r, now_ms)); n++) {
@@ -507,6 +510,11 @@ int reg_list(registry *r, uint32_t pipe, const char *prefix, bool named, reg_ent
 {
   size_t plen = prefix ? strlen(prefix) : 0;
   named = named || plen;
+  if (plen >= REG_NAME_MAX) { /* longer than any name: none, without a walk */
+    *out = calloc(1, sizeof **out);
+    *n = 0;
+    return *out ? TPORT_OK : TPORT_RESOURCE_EXHAUSTED;
+  }
   pthread_mutex_lock(&r->mu);
   reg_session *s = session_find(r, pipe);
   size_t count = s ? (size_t)s->tn->tensors : 0;

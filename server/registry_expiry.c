@@ -11,7 +11,8 @@
  * that one leaving early (freed, replaced, its connection gone) is taken
  * out in O(log n).  When the heap cannot grow (out of memory) the entry
  * stays out of it and is counted: while any such entry lives, reg_expire
- * walks every entry as it did, so nothing outlives its time limit.
+ * walks every entry as it did, so nothing outlives its time limit, and
+ * puts those it finds back into the heap.
  * Everything here runs with the registry's lock held.
  */
 #include <stdatomic.h>
@@ -107,13 +108,21 @@ void expiry_remove(registry *r, reg_entry *e)
   size_t i = e->expiry_at - 1;
   e->expiry_at = 0;
   reg_entry *last = h->v[--h->n];
-  if (i == h->n)
-    return;
-  place(h, i, last);
-  if (i > 0 && sooner(last, h->v[(i - 1) / 2]))
-    sift_up(h, i);
-  else
-    sift_down(h, i);
+  if (i != h->n) {
+    place(h, i, last);
+    if (i > 0 && sooner(last, h->v[(i - 1) / 2]))
+      sift_up(h, i);
+    else
+      sift_down(h, i);
+  }
+  /* a burst gone (a million tensors expired): its memory too */
+  if (h->cap > 256 && h->n < h->cap / 4) {
+    reg_entry **v = realloc(h->v, h->cap / 2 * sizeof *v);
+    if (v) {
+      h->v = v;
+      h->cap /= 2;
+    }
+  }
 }
 
 reg_entry *expiry_due(const registry *r, int64_t now_ms)

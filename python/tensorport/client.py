@@ -583,8 +583,8 @@ class Client:
         if prefix is None:
             self._call("tport_list", ctypes.byref(p), ctypes.byref(n))
         else:
-            if not isinstance(prefix, str):
-                raise InvalidArgument("prefix is a %s: a str" % type(prefix).__name__)
+            if not isinstance(prefix, str) or "\0" in prefix:
+                raise InvalidArgument("prefix is %r: a str without NUL" % (prefix,))
             self._call("tport_list_named", _enc(prefix), ctypes.byref(p), ctypes.byref(n))
         try:
             return [x for x in (take(p[i]) for i in range(n.value)) if x is not None]

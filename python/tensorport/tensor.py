@@ -78,9 +78,12 @@ class Tensor:
     @property
     def _info(self):
         i = self._info_or_maker
-        if not isinstance(i, TensorInfo):
-            i = self._info_or_maker = i()  # two threads may both make it: the same value
-        return i
+        if isinstance(i, TensorInfo):
+            return i
+        v = i()  # two threads may both make it: the same value
+        if self._info_or_maker is i:  # (not over a fresher one info() stored meanwhile)
+            self._info_or_maker = v
+        return v
 
     @_info.setter
     def _info(self, info):

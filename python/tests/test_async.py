@@ -257,13 +257,15 @@ def test_put_dict_results_describe_what_the_server_holds(server):
     with tp.Client(server.url, tenant="sd-info") as c:
         put = c.put_dict(sd, prefix="info.", ttl=60)
         for k, t in put.items():
-            assert t.info() == put[k]._info, k  # (info() asks the server again)
+            lazy = t._info  # decoded from put_dict's reply, now
+            assert t.info() == lazy, k  # (info() asks the server again)
         fresh = c.put_dict(sd, prefix="info2.", ttl=60)
         for k, v in sd.items():
             t, want = fresh[k], np.asarray(v)
             assert (t.name, t.shape, t.dtype, t.nbytes) == ("info2." + k, want.shape,
                                                              str(want.dtype), want.nbytes), k
-            assert t.info() == t._info, k
+            lazy = t._info
+            assert t.info() == lazy, k
 
 
 def test_put_dict_errors_name_every_key_and_leave_nothing(server):

@@ -4,6 +4,8 @@
  * holds (the reaper takes them under the lock every request takes).
  *
  * The tests call reg_expire with a time of their own, in the future: TTLs
+ * an hour past LATER (the reaper's calls, each second with the real time,
+ * never find them due however slow the run) plus
  * of tens of seconds, so that the reaper's own calls (each second, with
  * the real time) never find them due.
  */
@@ -20,6 +22,7 @@
 #include "tport.h"
 
 #define SEC 1000LL
+#define LATER (3600 * SEC) /* every TTL's start */
 
 /* A zero-byte tensor named name that lives ttl_ms. */
 static void put_for(tport_client *c, const char *name, uint64_t ttl_ms, tport_tensor_info *out)
@@ -69,16 +72,16 @@ Test(expiry, what_is_due_leaves_and_nothing_else_is_looked_at)
   int64_t t0 = reg_now_ms();
   for (int i = 0; i < 2000; i++) {
     snprintf(name, sizeof name, "long/%d", i);
-    put_for(c, name, 3000 * SEC, NULL);
+    put_for(c, name, LATER + 3000 * SEC, NULL);
   }
   for (int i = 0; i < 3; i++) {
     snprintf(name, sizeof name, "short/%d", i);
-    put_for(d, name, 20 * SEC, NULL);
+    put_for(d, name, LATER + 20 * SEC, NULL);
   }
   uint64_t walked;
-  cr_assert_eq(expire_at(s, t0 + 10 * SEC, &walked), 0);
+  cr_assert_eq(expire_at(s, t0 + LATER + 10 * SEC, &walked), 0);
   cr_assert_eq(walked, 0, "looked at %llu entries with none due", (unsigned long long)walked);
-  cr_assert_eq(expire_at(s, t0 + 60 * SEC, &walked), 3);
+  cr_assert_eq(expire_at(s, t0 + LATER + 60 * SEC, &walked), 3);
   cr_assert_eq(walked, 3, "looked at %llu entries to expire 3 of 2003", (unsigned long long)walked);
   cr_assert_not(exists(d, "short/0"));
   cr_assert(exists(c, "long/1999"));
@@ -102,6 +105,14 @@ static int left(tport_client *c, int n, const bool *freed)
   return k;
 }
 
+static uint64_t unindexed(server *s)
+{
+  pthread_mutex_lock(&s->reg.mu);
+  uint64_t n = s->reg.expiry_unindexed;
+  pthread_mutex_unlock(&s->reg.mu);
+  return n;
+}
+
 static void expire_in_order(int failing_growths)
 {
   enum { N = 300 }; /* past the heap's first 256 slots */
@@ -119,14 +130,20 @@ static void expire_in_order(int failing_growths)
   for (int j = 0; j < N; j++) {
     int i = (int)(((unsigned)j * 7919u) % N);
     snprintf(name, sizeof name, "t/%d", i);
-    put_for(c, name, (uint64_t)(i + 1) * 10 * SEC, &info[i]);
+    put_for(c, name, LATER + (uint64_t)(i + 1) * 10 * SEC, &info[i]);
   }
   reg_test_fail_expiry_growth(0);
+  cr_assert_eq(unindexed(s), (uint64_t)failing_growths, "out of the heap: %llu",
+               (unsigned long long)unindexed(s));
   tport_err err;
   for (int i = 0; i < N; i += 3) { /* some leave early: out of the heap's middle */
     cr_assert_eq(tport_free(c, &info[i].ref, &err), 0, "%s", err.msg);
     freed[i] = true;
   }
+  uint64_t want_out = 0; /* the first puts' entries, those not freed */
+  for (int j = 0; j < failing_growths; j++)
+    want_out += !freed[(j * 7919) % N];
+  cr_assert_eq(unindexed(s), want_out);
   int64_t put_time = reg_now_ms() - t0;
   cr_assert_lt(put_time, 5 * SEC, "the puts took %lld ms: the times below need < 5 s",
                (long long)put_time);
@@ -134,14 +151,16 @@ static void expire_in_order(int failing_growths)
   for (int k = 1; k <= N; k += 37) {
     /* at k * 10 s + 5 s, the tensors 0..k-1 are due and no other */
     uint64_t walked;
-    total += expire_at(s, t0 + k * 10 * SEC + 5 * SEC, &walked);
+    total += expire_at(s, t0 + LATER + k * 10 * SEC + 5 * SEC, &walked);
     int want = 0;
     for (int i = k; i < N; i++)
       want += !freed[i];
     cr_assert_eq(left(c, N, freed), want, "at %d s", k * 10 + 5);
+    /* the walk put back into the heap those it found not due */
+    cr_assert_eq(unindexed(s), 0, "at %d s", k * 10 + 5);
   }
   uint64_t walked;
-  total += expire_at(s, t0 + (N + 1) * 10 * SEC, &walked);
+  total += expire_at(s, t0 + LATER + (N + 1) * 10 * SEC, &walked);
   cr_assert_eq(left(c, N, freed), 0);
   cr_assert_eq(total, N - (N + 2) / 3, "expired: %d", total);
   pthread_mutex_lock(&s->reg.mu);
@@ -160,6 +179,7 @@ Test(expiry, tensors_leave_in_the_order_of_their_time_limits)
 Test(expiry, out_of_memory_for_the_heap_the_entries_are_walked_and_still_expire)
 {
   /* the heap's first two growths fail: two entries stay out of it,
-   * counted, and while they live reg_expire walks every entry as before */
+   * counted, and while any lives reg_expire walks every entry as before,
+   * putting it back into the heap */
   expire_in_order(2);
 }
