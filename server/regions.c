@@ -4,7 +4,6 @@
  * The socket and its handoff thread are regions_socket.c.
  */
 #define _GNU_SOURCE
-#include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,8 +70,11 @@ void region_free(shm_region *r)
 bool region_remove(shm_table *t, shm_region *r)
 {
   HASH_DELETE(hh, t->by_id, r);
-  if (r->tokened)
+  index_remove(t, r);
+  if (r->tokened) {
     HASH_DELETE(hh_tok, t->by_token, r);
+    pending_remove(t, r);
+  }
   r->tokened = false;
   uncharge(t, r);
   t->stats.regions--;
@@ -95,11 +97,11 @@ bool region_remove(shm_table *t, shm_region *r)
 static void expire_pending(shm_table *t, shm_region **dead)
 {
   int64_t now = now_ms();
-  shm_region *r, *tmp;
-  HASH_ITER(hh_tok, t->by_token, r, tmp)
-  {
-    if (now <= r->token_expires_ms)
-      continue;
+  shm_region *r, *next;
+  /* oldest first (every token lives cfg.token_ms): the expired front */
+  for (r = t->pending_head; r && now > r->token_expires_ms; r = next) {
+    next = r->tok_next;
+    t->walked++;
     if (region_remove(t, r)) {
       r->hh.next = *dead; /* out of the table: the link is free to reuse */
       *dead = r;
@@ -123,9 +125,8 @@ static void free_dead(shm_region *dead)
 static int ipc_refusal(shm_table *t, uint32_t pipe, const char *tenant, const uint8_t *handle,
                        const tenant_use *u, tport_err *err)
 {
-  for (shm_region *x = t->by_id; x; x = x->hh.next) {
-    if (!is_ipc(x) || CRYPTO_memcmp(x->ipc_handle, handle, SHM_IPC_HANDLE_BYTES) != 0)
-      continue;
+  for (shm_region *x = index_ipc_first(t, handle); x; x = x->ipc_next) {
+    t->walked++;
     if (strcmp(x->tenant, tenant) != 0)
       return tport_err_set(err, TPORT_PERMISSION_DENIED,
                            "that CUDA IPC handle is registered by another tenant: a tenant opens "
@@ -147,11 +148,11 @@ static int ipc_refusal(shm_table *t, uint32_t pipe, const char *tenant, const ui
 /* Why a connection may not have its process region (mu held): it has one. */
 static int process_refusal(shm_table *t, uint32_t pipe, tport_err *err)
 {
-  for (shm_region *x = t->by_id; x; x = x->hh.next)
-    if (x->kind == KIND_PROCESS && x->pipe == pipe)
-      return tport_err_set(err, TPORT_ALREADY_EXISTS,
-                           "this connection has its process region already (region %llu)",
-                           (unsigned long long)x->id);
+  shm_region *x = index_pipe_process(t, pipe);
+  if (x)
+    return tport_err_set(err, TPORT_ALREADY_EXISTS,
+                         "this connection has its process region already (region %llu)",
+                         (unsigned long long)x->id);
   return TPORT_OK;
 }
 
@@ -162,9 +163,7 @@ static int refusal(shm_table *t, uint32_t pipe, const char *tenant, region_kind 
                    const uint8_t *handle, size_t nbytes, const tenant_use *u, tport_err *err)
 {
   /* the process region is one a connection, beside its others */
-  size_t mine = 0;
-  for (shm_region *x = t->by_id; x; x = x->hh.next)
-    mine += x->pipe == pipe && x->kind != KIND_PROCESS;
+  size_t mine = index_pipe_regions(t, pipe);
   int rc = TPORT_OK;
   if (kind != KIND_PROCESS && mine >= t->cfg.max_regions)
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
@@ -228,6 +227,8 @@ int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_
   tenant_use *u = tenant_of(t, tenant, true);
   int rc = u ? refusal(t, pipe, tenant, kind, handle, r->nbytes, u, err)
              : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  if (!rc && !index_add(t, r))
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   if (rc) {
     if (kind_is_ipc(kind))
       t->stats.ipc_refused++;
@@ -257,6 +258,7 @@ int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_
     *opening = r;
   } else {
     HASH_ADD(hh_tok, t->by_token, token, sizeof r->token, r);
+    pending_append(t, r);
     r->tokened = true;
   }
   t->stats.regions++;
@@ -282,9 +284,8 @@ static int ipc_open_now(shm_table *t, shm_region *r, tport_err *err)
   /* another connection of the tenant has it open: shared (a region in the
    * table holds its reference, so the map cannot go meanwhile) */
   pthread_mutex_lock(&t->mu);
-  for (shm_region *x = t->by_id; x && !r->map; x = x->hh.next)
-    if (x != r && x->kind == KIND_IPC_CUDA && x->map && strcmp(x->tenant, r->tenant) == 0 &&
-        memcmp(x->ipc_handle, r->ipc_handle, sizeof r->ipc_handle) == 0) {
+  for (shm_region *x = index_ipc_first(t, r->ipc_handle); x && !r->map; x = x->ipc_next)
+    if (x != r && x->kind == KIND_IPC_CUDA && x->map && strcmp(x->tenant, r->tenant) == 0) {
       atomic_fetch_add(&x->map->refs, 1);
       r->map = x->map;
     }
@@ -383,11 +384,11 @@ void shm_drop_pipe(shm_table *t, uint32_t pipe)
     return;
   shm_region *dead = NULL;
   pthread_mutex_lock(&t->mu);
-  shm_region *r, *tmp;
-  HASH_ITER(hh, t->by_id, r, tmp)
-  {
-    if (r->pipe != pipe)
-      continue;
+  shm_region *next;
+  /* (the last one's removal frees the connection's record: not read after) */
+  for (shm_region *r = index_pipe_first(t, pipe); r; r = next) {
+    next = r->pipe_next;
+    t->walked++;
     if (region_remove(t, r)) {
       r->hh.next = dead; /* out of the table: the link is free to reuse */
       dead = r;

@@ -63,7 +63,15 @@ struct shm_region {
   int holds;
   UT_hash_handle hh;     /* by id */
   UT_hash_handle hh_tok; /* by token, while PENDING */
+  /* regions_index.c's lists: its connection's, its IPC handle's, and the
+   * pending ones' (while tokened) */
+  struct shm_region *pipe_prev, *pipe_next, *ipc_prev, *ipc_next, *tok_prev, *tok_next;
+  struct shm_pipe *owner;
+  struct shm_ipc_key *ipc_key;
 };
+
+typedef struct shm_pipe shm_pipe;
+typedef struct shm_ipc_key shm_ipc_key;
 
 typedef struct tenant_use {
   char name[TENANT_MAX];
@@ -83,6 +91,10 @@ struct shm_table {
   pthread_t thread;
   pthread_mutex_t mu;
   shm_region *by_id, *by_token;
+  shm_pipe *by_pipe;       /* regions_index.c */
+  shm_ipc_key *by_handle;  /* regions_index.c */
+  shm_region *pending_head, *pending_tail; /* the tokened, oldest first */
+  uint64_t walked; /* regions the registrations and ends looked at, ever (tests) */
   tenant_use *tenants;
   uint64_t next_id;
   shm_stats stats;
@@ -160,6 +172,22 @@ int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_
 int region_opened(shm_table *t, shm_region *r, int rc, tport_err *err);
 /* The connection's region id (mu held); NULL where it has none. */
 shm_region *find_mine(shm_table *t, uint32_t pipe, uint64_t id);
+
+/* regions_index.c (mu held): r into its connection's list and its IPC
+ * handle's (false: out of memory, nothing changed), and out of them; the
+ * connection's count of regions (its process region aside), its process
+ * region, its first region (then pipe_next); the first region of a handle
+ * (then ipc_next); the pending list (tokened regions, oldest first); the
+ * index's records freed (the table is going). */
+bool index_add(shm_table *t, shm_region *r);
+void index_remove(shm_table *t, shm_region *r);
+size_t index_pipe_regions(shm_table *t, uint32_t pipe);
+shm_region *index_pipe_process(shm_table *t, uint32_t pipe);
+shm_region *index_pipe_first(shm_table *t, uint32_t pipe);
+shm_region *index_ipc_first(shm_table *t, const uint8_t *handle);
+void pending_append(shm_table *t, shm_region *r);
+void pending_remove(shm_table *t, shm_region *r);
+void index_free(shm_table *t);
 
 /* regions_process_read.c, for the registration's check too: whether the
  * process behind pidfd still runs; bytes [from, to) of the runs seg of

@@ -44,6 +44,7 @@ static int handoff(shm_table *t, int conn, tport_err *err)
   HASH_FIND(hh_tok, t->by_token, token, sizeof token, r);
   if (r) {
     HASH_DELETE(hh_tok, t->by_token, r);
+    pending_remove(t, r);
     r->tokened = false;
     r->handing_off = true;
   }
@@ -293,6 +294,7 @@ void shm_stop(shm_table *t)
     region_remove(t, r);
     region_free(r);
   }
+  index_free(t); /* (emptied by the removals: whatever is left) */
   tenant_use *u, *ut;
   HASH_ITER(hh, t->tenants, u, ut)
   {
