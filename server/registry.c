@@ -524,12 +524,21 @@ int reg_list(registry *r, uint32_t pipe, const char *prefix, bool named, reg_ent
     return TPORT_RESOURCE_EXHAUSTED;
   }
   size_t i = 0;
-  /* the tenant's own list: a List costs what the tenant holds, not what
-   * every tenant does (under the lock every request takes) */
-  for (reg_entry *e = s ? s->tn->entries : NULL; e && i < count; e = e->tnext) {
+  /* the tenant's own: a List costs what the tenant holds, not what every
+   * tenant does (under the lock every request takes); a named one, what
+   * it holds by name */
+  if (s && named) {
+    for (reg_entry *e = s->tn->names; e && i < count; e = e->hh_name.next) {
+      r->list_walked++;
+      if (e->state == REG_READY && strncmp(e->name, prefix ? prefix : "", plen) == 0) {
+        e->refs++;
+        v[i++] = e;
+      }
+    }
+  }
+  for (reg_entry *e = s && !named ? s->tn->entries : NULL; e && i < count; e = e->tnext) {
     r->list_walked++;
-    if (e->state == REG_READY &&
-        (!named || (e->holds_name && strncmp(e->name, prefix ? prefix : "", plen) == 0))) {
+    if (e->state == REG_READY) {
       e->refs++;
       v[i++] = e;
     }
