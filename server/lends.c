@@ -19,8 +19,9 @@ typedef struct lend {
 
 struct lends {
   pthread_mutex_t mu;
-  lend *head;
+  lend *head, *tail; /* newest first: the overdue ones are at the tail */
   size_t n;
+  uint64_t walked; /* lends lends_overdue looked at, ever (tests) */
   bool orphaned; /* lends_free gave up waiting: the last lend frees it */
 };
 
@@ -64,11 +65,13 @@ void *lends_begin(lends *l, uint32_t pipe, tport_storage *st)
   d->owner = l;
   d->st = storage_retain(st);
   d->pipe = pipe;
-  d->since_ms = lends_now_ms();
   pthread_mutex_lock(&l->mu);
+  d->since_ms = lends_now_ms(); /* under the lock: the list stays in order of it */
   d->next = l->head;
   if (l->head)
     l->head->prev = d;
+  else
+    l->tail = d;
   l->head = d;
   l->n++;
   pthread_mutex_unlock(&l->mu);
@@ -86,6 +89,8 @@ void lends_end(void *arg)
     l->head = d->next;
   if (d->next)
     d->next->prev = d->prev;
+  else
+    l->tail = d->prev;
   bool last_of_orphan = --l->n == 0 && l->orphaned;
   pthread_mutex_unlock(&l->mu);
   /* on nng's thread, maybe under its locks: never free memory here */
@@ -101,9 +106,11 @@ size_t lends_overdue(lends *l, int64_t before_ms, uint32_t *pipes, size_t max)
 {
   size_t k = 0;
   pthread_mutex_lock(&l->mu);
-  for (lend *d = l->head; d && k < max; d = d->next) {
-    if (d->since_ms >= before_ms)
-      continue;
+  /* oldest first, while overdue: the reaper's call each second costs what
+   * is overdue, not every reply in flight (under the lock each lent reply
+   * takes) */
+  for (lend *d = l->tail; d && k < max && d->since_ms < before_ms; d = d->prev) {
+    l->walked++;
     bool seen = false;
     for (size_t i = 0; i < k && !seen; i++)
       seen = pipes[i] == d->pipe;
@@ -112,6 +119,14 @@ size_t lends_overdue(lends *l, int64_t before_ms, uint32_t *pipes, size_t max)
   }
   pthread_mutex_unlock(&l->mu);
   return k;
+}
+
+uint64_t lends_walked(lends *l)
+{
+  pthread_mutex_lock(&l->mu);
+  uint64_t n = l->walked;
+  pthread_mutex_unlock(&l->mu);
+  return n;
 }
 
 size_t lends_count(lends *l)

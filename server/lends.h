@@ -45,6 +45,8 @@ void lends_end(void *lend);
 size_t lends_overdue(lends *l, int64_t before_ms, uint32_t *pipes, size_t max);
 /* Lends not yet ended. */
 size_t lends_count(lends *l);
+/* Lends lends_overdue has looked at, ever (tests: the overdue alone). */
+uint64_t lends_walked(lends *l);
 int64_t lends_now_ms(void);
 
 #ifdef TPORT_NNG_LENT_TAIL
