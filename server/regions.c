@@ -300,7 +300,11 @@ static int ipc_open_now(shm_table *t, shm_region *r, tport_err *err)
       free(m);
     else {
       atomic_init(&m->refs, 1);
+      /* under the lock another open's search above reads it under (it was
+       * written without: a search could see the map before its count) */
+      pthread_mutex_lock(&t->mu);
       r->map = m;
+      pthread_mutex_unlock(&t->mu);
     }
   }
   if (!rc) {

@@ -174,7 +174,9 @@ int region_opened(shm_table *t, shm_region *r, int rc, tport_err *err);
 shm_region *find_mine(shm_table *t, uint32_t pipe, uint64_t id);
 
 /* regions_index.c (mu held): r into its connection's list and its IPC
- * handle's (false: out of memory, nothing changed), and out of them; the
+ * handle's (false: no memory for a new connection's or handle's record,
+ * nothing changed; a hash add out of memory is fatal, as the table's
+ * others in regions.c are), and out of them; the
  * connection's count of regions (its process region aside), its process
  * region, its first region (then pipe_next); the first region of a handle
  * (then ipc_next); the pending list (tokened regions, oldest first); the

@@ -111,6 +111,7 @@ int transfers_insert(transfers *ts, get_transfer *g, tport_err *err)
       g->listed = true;
       g->last_ms = transfers_now_ms();
       g->owner = tp;
+      g->pipe_prev = NULL;
       g->pipe_next = tp->list;
       if (tp->list)
         tp->list->pipe_prev = g;

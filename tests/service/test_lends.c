@@ -27,7 +27,7 @@ Test(lends, the_overdue_are_found_oldest_first_and_alone)
   cr_assert_not_null(l);
   enum { OLD = 100, NEW = 400 };
   void *d[OLD + NEW];
-  for (int i = 0; i < OLD; i++) /* pipes 1..100, each twice over below */
+  for (int i = 0; i < OLD; i++) /* pipes 1..50, each twice */
     cr_assert_not_null(d[i] = lends_begin(l, 1 + (uint32_t)(i % 50), t->storage));
   usleep(100 * 1000);
   int64_t cut = lends_now_ms() - 50;
