@@ -494,12 +494,7 @@ int reg_expire(registry *r, int64_t now_ms)
     entry_unlink(r, e, &dead);
   }
   /* tenants no one names whose lends have all come back (tenant_unref) */
-  reg_tenant *t, *ttmp;
-  HASH_ITER(hh, r->tenants, t, ttmp)
-  {
-    if (t->refs == 0 && !account_busy(t->acct))
-      tenant_forget(r, t);
-  }
+  tenants_forget_lingering(r);
   pthread_mutex_unlock(&r->mu);
   entry_free_dead(r, dead);
   return n;

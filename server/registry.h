@@ -138,6 +138,8 @@ typedef struct registry {
   uint64_t expire_walked;    /* entries reg_expire has looked at, ever (tests) */
   struct reg_session *sessions;
   struct reg_tenant *tenants;
+  struct reg_tenant *lingering; /* list: tenants named by no one, with lends out */
+  uint64_t tenants_walked;      /* tenants reg_expire has looked at, ever (tests) */
   reg_limits limits;
   uint64_t count, uploads, nsessions, ntenants;
 } registry;

@@ -73,6 +73,10 @@ typedef struct reg_tenant {
   reg_waiter *waiters; /* list: requests waiting for one of its names */
   uint64_t nwaiters;
   UT_hash_handle hh;
+  /* named by no one, kept for what is lent (registry.lingering): the
+   * reaper forgets it once that came back */
+  bool lingering;
+  struct reg_tenant *lprev, *lnext;
 } reg_tenant;
 
 typedef struct reg_session {
@@ -111,6 +115,9 @@ size_t tenant_left(const registry *r, const reg_tenant *t);
 reg_tenant *tenant_ref(registry *r, const char *name);
 void tenant_unref(registry *r, reg_tenant *t);
 void tenant_forget(registry *r, reg_tenant *t);
+/* The tenants no one names whose lends have all come back, forgotten: the
+ * lingering ones alone are looked at (the reaper, each second). */
+void tenants_forget_lingering(registry *r);
 /* Bytes the tenant would newly pay for storage s; its charge for s taken
  * (false: out of memory) and given back, counted per storage. */
 size_t tenant_charge_cost(registry *r, reg_tenant *t, const tport_storage *s);

@@ -112,8 +112,22 @@ reg_tenant *tenant_ref(registry *r, const char *name)
   return t;
 }
 
+static void linger_unlink(registry *r, reg_tenant *t)
+{
+  if (t->lprev)
+    t->lprev->lnext = t->lnext;
+  else
+    r->lingering = t->lnext;
+  if (t->lnext)
+    t->lnext->lprev = t->lprev;
+  t->lprev = t->lnext = NULL;
+  t->lingering = false;
+}
+
 void tenant_forget(registry *r, reg_tenant *t)
 {
+  if (t->lingering)
+    linger_unlink(r, t);
   /* its charges went with its entries; were one left, a tenant made later
    * at the same address would inherit it (the table is keyed by address) */
   reg_charge *c, *tmp;
@@ -136,9 +150,29 @@ void tenant_forget(registry *r, reg_tenant *t)
  * finds its lends still charged), and reg_expire forgets it after.  mu held. */
 void tenant_unref(registry *r, reg_tenant *t)
 {
-  if (!t || --t->refs > 0 || account_busy(t->acct))
+  if (!t || --t->refs > 0)
     return;
-  tenant_forget(r, t);
+  if (!account_busy(t->acct)) {
+    tenant_forget(r, t);
+  } else if (!t->lingering) { /* the reaper looks at these alone */
+    t->lingering = true;
+    t->lnext = r->lingering;
+    if (r->lingering)
+      r->lingering->lprev = t;
+    r->lingering = t;
+  }
+}
+
+void tenants_forget_lingering(registry *r)
+{
+  for (reg_tenant *t = r->lingering, *next; t; t = next) {
+    next = t->lnext;
+    r->tenants_walked++;
+    if (t->refs > 0)
+      linger_unlink(r, t); /* named again: its next unref decides */
+    else if (!account_busy(t->acct))
+      tenant_forget(r, t);
+  }
 }
 
 static reg_charge *charge_find(registry *r, const reg_tenant *t, const tport_storage *s)

@@ -183,3 +183,77 @@ Test(expiry, out_of_memory_for_the_heap_the_entries_are_walked_and_still_expire)
    * putting it back into the heap */
   expire_in_order(2);
 }
+
+Test(expiry, the_reapers_second_does_not_walk_every_tenant)
+{
+  /* it looked at every tenant each second for those no one names any more
+   * whose lent bytes had come back; those are listed apart now */
+  char url[128];
+  server_config cfg;
+  svc_config(&cfg);
+  cfg.max_ttl_s = 7200;
+  server *s = svc_start_with(&cfg, url, sizeof url);
+  for (int i = 0; i < 200; i++) { /* tenants that outlive their connection: a tensor kept */
+    char tenant[32];
+    snprintf(tenant, sizeof tenant, "t%d", i);
+    tport_client *c = svc_connect(url, tenant);
+    put_for(c, "kept", LATER, NULL);
+    tport_close(c);
+  }
+  pthread_mutex_lock(&s->reg.mu);
+  uint64_t before = s->reg.tenants_walked, tenants = s->reg.ntenants;
+  pthread_mutex_unlock(&s->reg.mu);
+  cr_assert_geq(tenants, 200);
+  uint64_t walked;
+  cr_assert_eq(expire_at(s, reg_now_ms(), &walked), 0);
+  pthread_mutex_lock(&s->reg.mu);
+  uint64_t looked = s->reg.tenants_walked - before;
+  pthread_mutex_unlock(&s->reg.mu);
+  cr_assert_eq(looked, 0, "looked at %llu of %llu tenants, none lingering",
+               (unsigned long long)looked, (unsigned long long)tenants);
+  server_stop(s, 1000);
+}
+
+static uint64_t tenants_of(registry *r)
+{
+  pthread_mutex_lock(&r->mu);
+  uint64_t n = r->ntenants;
+  pthread_mutex_unlock(&r->mu);
+  return n;
+}
+
+Test(expiry, a_tenant_named_by_no_one_goes_once_its_lent_bytes_came_back)
+{
+  /* the lingering tenants: closed, with bytes still lent to replies (a
+   * hold that charges later), kept until those come back, then forgotten
+   * by the reaper -- unless a connection names the tenant again meanwhile */
+  registry r;
+  reg_limits lim = {.tenant_quota_bytes = 1 << 20, .max_tensors = 16, .max_outstanding = 4};
+  reg_init(&r, &lim);
+  tport_err err;
+  cr_assert(reg_session_open(&r, 7, 0));
+  cr_assert_eq(reg_session_set_tenant(&r, 7, "ling", &err), 0, "%s", err.msg);
+  reg_later later;
+  cr_assert_eq(reg_later_begin(&r, 7, &later, &err), 0, "%s", err.msg);
+  reg_later_charge(&later, 4096);
+  reg_session_close(&r, 7);
+  cr_assert_eq(tenants_of(&r), 1, "kept while its bytes are lent");
+  reg_expire(&r, reg_now_ms());
+  cr_assert_eq(tenants_of(&r), 1, "still lent: still kept");
+  /* named again while lingering, then let go while still lent */
+  cr_assert(reg_session_open(&r, 8, 0));
+  cr_assert_eq(reg_session_set_tenant(&r, 8, "ling", &err), 0, "%s", err.msg);
+  reg_expire(&r, reg_now_ms());
+  cr_assert_eq(tenants_of(&r), 1);
+  reg_session_close(&r, 8);
+  reg_expire(&r, reg_now_ms());
+  cr_assert_eq(tenants_of(&r), 1, "lent still");
+  reg_later_end(&later);
+  uint64_t before = r.tenants_walked;
+  reg_expire(&r, reg_now_ms());
+  cr_assert_eq(tenants_of(&r), 0, "forgotten once its bytes came back");
+  cr_assert_eq(r.tenants_walked - before, 1);
+  reg_expire(&r, reg_now_ms());
+  cr_assert_eq(r.tenants_walked - before, 1, "nothing left to look at");
+  reg_destroy(&r);
+}
