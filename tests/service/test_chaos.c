@@ -54,7 +54,17 @@
 
 #define NCLIENTS 32
 #define MAX_PROCS 4096
+/* Under AddressSanitizer tportd's RSS is its allocator's: freed chunks go
+ * back to the system only lazily, on later allocations of their size
+ * class, so an idle tportd stays up by what the chaos's last rounds
+ * freed (67-80 MiB over in runs beside another test, at this session's
+ * start and end alike, 2026-11-28); there its exit's leak check (LSan,
+ * measurable_memory) is the sharper test, and the bound is looser. */
+#ifdef __SANITIZE_ADDRESS__
+#define RSS_SLACK_KB (160L << 10)
+#else
 #define RSS_SLACK_KB (64L << 10)
+#endif
 #define ADMIN "chaos-admin"
 
 typedef struct proc {
