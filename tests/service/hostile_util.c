@@ -253,8 +253,8 @@ int raw_hello(rawc *r, const char *tenant, char *msg)
   return code;
 }
 
-int raw_put_begin_as(rawc *r, size_t nbytes, const char *device, const char *name, int dtype,
-                     uint8_t handle[16], char *msg)
+static int put_begin(rawc *r, size_t nbytes, const char *device, const char *name, int dtype,
+                     bool replace, uint8_t handle[16], char *msg)
 {
   Tport__TensorDesc d = TPORT__TENSOR_DESC__INIT;
   int64_t sz[1] = {(int64_t)nbytes};
@@ -268,6 +268,7 @@ int raw_put_begin_as(rawc *r, size_t nbytes, const char *device, const char *nam
   q.name = (char *)(name ? name : "");
   q.dtype_set = dtype >= 0;
   q.dtype = (Tport__DType)(dtype >= 0 ? dtype : 0);
+  q.replace = replace;
   ProtobufCMessage *out;
   int code = raw_call(r, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, NULL, 0,
                       &tport__put_begin_reply__descriptor, msg, &out, NULL);
@@ -278,6 +279,17 @@ int raw_put_begin_as(rawc *r, size_t nbytes, const char *device, const char *nam
   }
   protobuf_c_message_free_unpacked(out, NULL);
   return code;
+}
+
+int raw_put_begin_as(rawc *r, size_t nbytes, const char *device, const char *name, int dtype,
+                     uint8_t handle[16], char *msg)
+{
+  return put_begin(r, nbytes, device, name, dtype, false, handle, msg);
+}
+
+int raw_put_begin_replacing(rawc *r, size_t nbytes, const char *name, uint8_t handle[16], char *msg)
+{
+  return put_begin(r, nbytes, NULL, name, -1, true, handle, msg);
 }
 
 int raw_put_begin(rawc *r, size_t nbytes, const char *device, const char *name, uint8_t handle[16],
@@ -593,7 +605,7 @@ static void sp_read_all(int fd, void *buf, size_t n)
 }
 
 int sp_recv_reply(int fd, uint32_t *id, const ProtobufCMessageDescriptor *d, char *msg,
-            ProtobufCMessage **out)
+                  ProtobufCMessage **out)
 {
   uint8_t head[12];
   sp_read_all(fd, head, 12);

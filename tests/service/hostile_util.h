@@ -82,6 +82,10 @@ int raw_put_begin_as(rawc *r, size_t nbytes, const char *device, const char *nam
                      uint8_t handle[16], char *msg);
 int raw_put_begin(rawc *r, size_t nbytes, const char *device, const char *name, uint8_t handle[16],
                   char *msg);
+/* PutBegin of a uint8 tensor of nbytes named name with replace: it takes
+ * the name at its commit. */
+int raw_put_begin_replacing(rawc *r, size_t nbytes, const char *name, uint8_t handle[16],
+                            char *msg);
 void chunk_req(Tport__PutChunkRequest *q, Tport__Ref *ref, uint64_t offset);
 int raw_chunk(rawc *r, const uint8_t handle[16], uint64_t offset, const void *p, size_t n,
               char *msg);

@@ -85,17 +85,30 @@ static void put_named(tport_client *c, const char *name)
                "%s: %s", name, err.msg);
 }
 
-/* The names tport_list_named(c, prefix) gives, joined by spaces. */
-static void named(tport_client *c, const char *prefix, char *out, size_t len)
+/* The names tport_list_named(c, prefix) gives, joined by spaces (each
+ * name=handle with handles). */
+static void listed(tport_client *c, bool handles, const char *prefix, char *out, size_t len)
 {
   tport_tensor_info *v;
   size_t n;
   tport_err err;
   cr_assert_eq(tport_list_named(c, prefix, &v, &n, &err), 0, "%s", err.msg);
   out[0] = 0;
-  for (size_t i = 0; i < n; i++)
-    snprintf(out + strlen(out), len - strlen(out), "%s%s", i ? " " : "", v[i].ref.name);
+  for (size_t i = 0; i < n; i++) {
+    char hex[40] = "";
+    tport_ref h = v[i].ref;
+    h.name[0] = 0;
+    if (handles)
+      tport_ref_format(&h, hex, sizeof hex);
+    snprintf(out + strlen(out), len - strlen(out), "%s%s%s%s", i ? " " : "", v[i].ref.name,
+             handles ? "=" : "", hex);
+  }
   free(v);
+}
+
+static void named(tport_client *c, const char *prefix, char *out, size_t len)
+{
+  listed(c, false, prefix, out, len);
 }
 
 Test(list, a_named_listing_gives_the_names_under_a_prefix_in_order)
@@ -174,71 +187,28 @@ Test(list, the_server_sends_only_the_names_under_the_prefix)
   server_stop(s, 1000);
 }
 
-/* PutBegin of n bytes named name (no commit), with replace. */
-static void begin_named(rawc *r, size_t n, const char *name, bool replace, uint8_t handle[16])
-{
-  Tport__TensorDesc d = TPORT__TENSOR_DESC__INIT;
-  int64_t sz[1] = {(int64_t)n};
-  d.dtype = TPORT__DTYPE__DTYPE_UINT8;
-  d.n_sizes = 1;
-  d.sizes = sz;
-  Tport__PutBeginRequest q = TPORT__PUT_BEGIN_REQUEST__INIT;
-  q.desc = &d;
-  q.memory_format = TPORT__MEMORY_FORMAT__MF_PRESERVE;
-  q.name = (char *)name;
-  q.replace = replace;
-  q.ttl_ms = 60000;
-  char msg[256];
-  ProtobufCMessage *out;
-  cr_assert_eq(raw_call(r, TPORT__METHOD__METHOD_PUT_BEGIN, &q.base, NULL, 0,
-                        &tport__put_begin_reply__descriptor, msg, &out, NULL),
-               0, "PutBegin %s: %s", name, msg);
-  Tport__PutBeginReply *b = (Tport__PutBeginReply *)out;
-  cr_assert(b->ref && b->ref->handle.len == 16);
-  memcpy(handle, b->ref->handle.data, 16);
-  protobuf_c_message_free_unpacked(out, NULL);
-}
-
-/* The handle (as hex) of each tensor a named listing gives, joined. */
-static void named_handles(tport_client *c, const char *prefix, char *out, size_t len)
-{
-  tport_tensor_info *v;
-  size_t n;
-  tport_err err;
-  cr_assert_eq(tport_list_named(c, prefix, &v, &n, &err), 0, "%s", err.msg);
-  out[0] = 0;
-  for (size_t i = 0; i < n; i++) {
-    tport_ref h = v[i].ref;
-    h.name[0] = 0;
-    char hex[40];
-    tport_ref_format(&h, hex, sizeof hex);
-    snprintf(out + strlen(out), len - strlen(out), "%s%s=%s", i ? " " : "", v[i].ref.name, hex);
-  }
-  free(v);
-}
-
 Test(list, uploads_in_progress_are_not_listed_and_a_replace_swaps_at_its_commit)
 {
   char url[128], before[512], during[512], after[512];
   server *s = svc_start_inproc(url, sizeof url, NULL);
   tport_client *c = svc_connect(url, "up");
   put_named(c, "u/a");
-  named_handles(c, "u/", before, sizeof before);
+  listed(c, true, "u/", before, sizeof before);
   rawc r;
   raw_open(&r, url);
   char msg[256];
   cr_assert_eq(raw_hello(&r, "up", msg), 0, "%s", msg);
   const size_t n = 4 * CHUNK;
   uint8_t *data = calloc(1, n), hr[16], hn[16];
-  begin_named(&r, n, "u/a", true, hr);  /* replaces u/a at its commit */
-  begin_named(&r, n, "u/b", false, hn); /* holds u/b while uploading */
-  named_handles(c, "u/", during, sizeof during);
+  cr_assert_eq(raw_put_begin_replacing(&r, n, "u/a", hr, msg), 0, "%s", msg); /* at its commit */
+  cr_assert_eq(raw_put_begin(&r, n, NULL, "u/b", hn, msg), 0, "%s", msg);     /* u/b's already */
+  listed(c, true, "u/", during, sizeof during);
   cr_assert_str_eq(during, before, "during the uploads: the old u/a alone");
   raw_chunks(&r, hr, data, n, 0, nchunks(n));
   cr_assert_eq(raw_commit(&r, hr, msg, NULL), 0, "%s", msg);
   raw_chunks(&r, hn, data, n, 0, nchunks(n));
   cr_assert_eq(raw_commit(&r, hn, msg, NULL), 0, "%s", msg);
-  named_handles(c, "u/", after, sizeof after);
+  listed(c, true, "u/", after, sizeof after);
   char want[512], a[40], b[40];
   tport_ref ra, rb;
   memset(&ra, 0, sizeof ra);
