@@ -32,6 +32,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pb_fields.h"
+#include "put_bulk.h"
 #include "put_gather.h"
 #include "put_runs.h"
 #include "server_internal.h"
@@ -139,16 +141,27 @@ static void element_answered(call *sub, int rc, element *el)
   }
 }
 
-/* Runs handler on one element (req, payload) as a call of its own and
- * keeps its answer in el (its reply in sink, or its handle where it is an
+/* What a batch's elements share: the reply's sink, the puts gathered from
+ * the client's memory and added together (NULL for a get's), whether the
+ * bytes are written with streaming stores, the stages' times. */
+typedef struct batch_env {
+  reply_sink *sink;
+  put_gather *gather;
+  put_bulk *bulk;
+  bool stream;
+  int64_t *stage_ns;
+} batch_env;
+
+/* Runs handler on element i (req, payload) as a call of its own and keeps
+ * its answer in el (its reply in the sink, or its handle where it is an
  * element of run) -- unless the handler gathered it (a put from the
  * client's memory, answered by put_gather_end). */
-static void run_element(call *c, reply_sink *sink, put_gather *gather, put_run_info *run,
-                        bool stream, int64_t *stage_ns, uint16_t method, int (*handler)(call *),
-                        ProtobufCMessage *req, const uint8_t *payload, size_t n, element *el)
+static void run_element(call *c, const batch_env *env, put_run_info *run, uint16_t method,
+                        int (*handler)(call *), ProtobufCMessage *req, const uint8_t *payload,
+                        size_t n, size_t i, element *el)
 {
   call sub = {.srv = c->srv,
-              .sink = sink,
+              .sink = env->sink,
               .pipe = c->pipe,
               .method = method,
               .req = req,
@@ -157,16 +170,28 @@ static void run_element(call *c, reply_sink *sink, put_gather *gather, put_run_i
               .arrived_ns = c->arrived_ns,
               .copy_payload = true,
               .lend_to_batch = method == TPORT__METHOD__METHOD_GET_BEGIN,
-              .stream_writes = stream,
-              .stage_ns = stage_ns,
-              .gather = gather,
+              .stream_writes = env->stream,
+              .stage_ns = env->stage_ns,
+              .gather = env->gather,
               .run = run,
-              .run_handle = el->handle};
+              .run_handle = el->handle,
+              .bulk = env->bulk,
+              .element = i};
   tport_err_clear(&sub.err);
   int rc = handler(&sub);
   if (!rc && sub.gathered)
     return;
   element_answered(&sub, rc, el);
+}
+
+/* An element that the bulk add refused (put_put_bulk_end's failed; ctx the
+ * elements): answered by its status, not stored. */
+static void bulk_failed(void *ctx, size_t i, const tport_err *why)
+{
+  element *el = &((element *)ctx)[i];
+  el->in_run = el->stored = false;
+  memset(el->handle, 0, sizeof el->handle);
+  element_failed(el, why);
 }
 
 /* A gathered element's answer (put_gather_done_fn; ctx the elements). */
@@ -210,75 +235,46 @@ static int lent_suffix(const element *els, size_t n, size_t *from)
   return k;
 }
 
-static size_t varint_size(uint64_t v)
-{
-  size_t n = 1;
-  while (v >= 0x80)
-    v >>= 7, n++;
-  return n;
-}
-
-static uint8_t *put_varint(uint8_t *p, uint64_t v)
-{
-  while (v >= 0x80) {
-    *p++ = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  *p++ = (uint8_t)v;
-  return p;
-}
-
-/* A length-delimited field's bytes: its key, its length, then len bytes. */
-static size_t field_size(uint32_t field, size_t len)
-{
-  return varint_size((uint64_t)field << 3 | 2) + varint_size(len) + len;
-}
-
-static uint8_t *put_field_head(uint8_t *p, uint32_t field, size_t len)
-{
-  return put_varint(put_varint(p, (uint64_t)field << 3 | 2), len);
-}
-
 /* The bytes of PutRunReply's fields (put_runs.h) for els[0..k), the run's
  * elements. */
 static size_t run_reply_size(const put_run_info *ri, const element *els, size_t k)
 {
-  size_t replied = 0, n = field_size(1, k * REG_HANDLE_BYTES);
+  size_t replied = 0, n = pb_field_size(1, k * REG_HANDLE_BYTES);
   for (size_t i = 0; i < k; i++)
     if (!els[i].in_run) {
-      replied += varint_size(i);
-      n += field_size(4, els[i].packed_len);
+      replied += pb_varint_size(i);
+      n += pb_field_size(4, els[i].packed_len);
     }
-  n += ri->set ? field_size(2, ri->packed_len) : 0;
-  return n + (replied ? field_size(3, replied) : 0);
+  n += ri->set ? pb_field_size(2, ri->packed_len) : 0;
+  return n + (replied ? pb_field_size(3, replied) : 0);
 }
 
 /* Writes them at p; returns where they end. */
 static uint8_t *run_reply_write(const put_run_info *ri, const element *els, size_t k, uint8_t *p)
 {
   size_t replied = 0;
-  p = put_field_head(p, 1, k * REG_HANDLE_BYTES);
+  p = pb_put_field_head(p, 1, k * REG_HANDLE_BYTES);
   for (size_t i = 0; i < k; i++, p += REG_HANDLE_BYTES) {
     if (els[i].in_run)
       memcpy(p, els[i].handle, REG_HANDLE_BYTES);
     else /* answered by a reply of its own */
       memset(p, 0, REG_HANDLE_BYTES);
-    replied += els[i].in_run ? 0 : varint_size(i);
+    replied += els[i].in_run ? 0 : pb_varint_size(i);
   }
   if (ri->set) {
-    p = put_field_head(p, 2, ri->packed_len);
+    p = pb_put_field_head(p, 2, ri->packed_len);
     memcpy(p, ri->packed, ri->packed_len);
     p += ri->packed_len;
   }
   if (replied) {
-    p = put_field_head(p, 3, replied);
+    p = pb_put_field_head(p, 3, replied);
     for (size_t i = 0; i < k; i++)
       if (!els[i].in_run)
-        p = put_varint(p, i);
+        p = pb_put_varint(p, i);
   }
   for (size_t i = 0; i < k; i++)
     if (!els[i].in_run) {
-      p = put_field_head(p, 4, els[i].packed_len);
+      p = pb_put_field_head(p, 4, els[i].packed_len);
       if (els[i].packed_len)
         memcpy(p, els[i].packed, els[i].packed_len);
       p += els[i].packed_len;
@@ -303,7 +299,7 @@ static size_t runs_reply_size(const batch_puts *b, const element *els)
   size_t n = 0, at = b ? b->nputs : 0;
   for (size_t r = 0; b && r < b->nruns; r++) {
     size_t from = at, k = run_elements(b, r, &at);
-    n += field_size(3, run_reply_size(&b->runs[r], els + from, k));
+    n += pb_field_size(3, run_reply_size(&b->runs[r], els + from, k));
   }
   return n;
 }
@@ -313,7 +309,7 @@ static uint8_t *runs_reply_write(const batch_puts *b, const element *els, uint8_
   size_t at = b->nputs;
   for (size_t r = 0; r < b->nruns; r++) {
     size_t from = at, k = run_elements(b, r, &at);
-    p = put_field_head(p, 3, run_reply_size(&b->runs[r], els + from, k));
+    p = pb_put_field_head(p, 3, run_reply_size(&b->runs[r], els + from, k));
     p = run_reply_write(&b->runs[r], els + from, k, p);
   }
   return p;
@@ -334,12 +330,12 @@ static int batch_reply(call *c, const ProtobufCMessage *head, uint32_t field, el
         els[i].payload = sink->buf + els[i].at + els[i].packed_len;
     }
   size_t msg_len = protobuf_c_message_get_packed_size(head), payload_len = 0, from;
-  size_t key = varint_size((uint64_t)field << 3 | 2), singles = b ? b->nputs : n;
+  size_t key = pb_varint_size((uint64_t)field << 3 | 2), singles = b ? b->nputs : n;
   int nlent = lent_suffix(els, n, &from);
   msg_len += runs_reply_size(b, els);
   for (size_t i = 0; i < n; i++) {
     if (i < singles)
-      msg_len += key + varint_size(els[i].packed_len) + els[i].packed_len;
+      msg_len += key + pb_varint_size(els[i].packed_len) + els[i].packed_len;
     if (i < from || !els[i].lent)
       payload_len += els[i].payload_len; /* copied: within a chunk (the gets' budget) */
   }
@@ -357,7 +353,7 @@ static int batch_reply(call *c, const ProtobufCMessage *head, uint32_t field, el
   uint8_t *p = body + FRAME_HEADER_BYTES;
   p += protobuf_c_message_pack(head, p);
   for (size_t i = 0; i < singles; i++) {
-    p = put_field_head(p, field, els[i].packed_len);
+    p = pb_put_field_head(p, field, els[i].packed_len);
     if (els[i].packed_len)
       memcpy(p, els[i].packed, els[i].packed_len);
     p += els[i].packed_len;
@@ -457,8 +453,13 @@ int h_put_batch(call *c)
                   q->fence_token);
   call at_end = *c; /* where the gathered puts are read and answered */
   at_end.sink = &sink;
-  bool stream = streams(c, &b);
   int64_t stage_ns[METRICS_STAGES] = {0};
+  put_bulk bulk;
+  batch_env env = {.sink = &sink,
+                   .gather = &gather,
+                   .bulk = put_bulk_init(&bulk, b.n - b.nputs) ? &bulk : NULL,
+                   .stream = streams(c, &b),
+                   .stage_ns = stage_ns};
   if (c->payload_len)
     metrics_stage_since(&c->srv->metrics, STAGE_RECEIVE, c->arrived_ns);
   size_t off = 0;
@@ -472,14 +473,15 @@ int h_put_batch(call *c)
     /* without commit an upload begins (its chunks follow by PutChunk):
      * h_put_begin refuses such an element that carries bytes */
     gather.el = i;
-    run_element(c, &sink, &gather, b.run[i] ? &b.runs[b.run[i] - 1] : NULL, stream, stage_ns,
-                TPORT__METHOD__METHOD_PUT_BEGIN, h_put_begin,
-                (ProtobufCMessage *)&b.req[i]->base, c->payload ? c->payload + off : NULL, len,
-                &els[i]);
+    run_element(c, &env, b.run[i] ? &b.runs[b.run[i] - 1] : NULL, TPORT__METHOD__METHOD_PUT_BEGIN,
+                h_put_begin, (ProtobufCMessage *)&b.req[i]->base,
+                c->payload ? c->payload + off : NULL, len, i, &els[i]);
     off += len;
   }
   /* the puts from the client's memory: one read for all, then answered */
   put_gather_end(&at_end, &gather, gathered_answered, els);
+  if (env.bulk)
+    put_bulk_end(c, env.bulk, bulk_failed, els);
   for (int st = 0; st < METRICS_STAGES; st++)
     if (stage_ns[st])
       metrics_observe(&c->srv->metrics.stage[st], stage_ns[st]);
@@ -491,6 +493,8 @@ int h_put_batch(call *c)
   for (size_t i = 0; rc && i < n; i++)
     if (els[i].stored)
       unstore(c, els[i].handle);
+  if (env.bulk)
+    put_bulk_free(&c->srv->reg, env.bulk);
   free_elements(els, n);
   free(sink.buf);
   batch_puts_free(&b);
@@ -583,8 +587,9 @@ static void get_element(call *c, reply_sink *sink, const Tport__GetBeginRequest 
   Tport__GetBeginRequest one = *g;
   if (one.inline_max > *budget)
     one.inline_max = *budget;
-  run_element(c, sink, NULL, NULL, false, NULL, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin,
-              &one.base, NULL, 0, el);
+  batch_env env = {.sink = sink};
+  run_element(c, &env, NULL, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin, &one.base, NULL, 0, 0,
+              el);
   *budget -= el->payload_len <= *budget ? el->payload_len : *budget;
   if (g->shm)
     *region_left -= n <= *region_left ? n : *region_left;

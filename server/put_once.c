@@ -11,6 +11,7 @@
 
 #include <string.h>
 
+#include "put_bulk.h"
 #include "put_runs.h"
 
 #include "copy_stream.h"
@@ -161,6 +162,8 @@ int put_once(call *c, const Tport__PutBeginRequest *q, const meta_layout *l, tpo
     atomic_fetch_add(&s->bytes_in, in->len);
     shm_count_transfer(s->shm);
   }
+  if (put_bulk_take(c, q, final, &paid))
+    return TPORT_OK; /* added with the batch's others */
   reg_entry *e;
   rc = (q->replace ? reg_add_replacing : reg_add)(&s->reg, c->pipe, final, NULL, q->name, q->keep,
                                                   q->ttl_ms, 0, &paid, &e, &c->err);

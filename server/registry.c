@@ -252,9 +252,8 @@ int name_take(registry *r, reg_entry *e, reg_entry *holder, reg_entry **dead, tp
 
 /* The checks and charge of reg_add, under the lock; *holder the entry a
  * replace swaps out. */
-static int add_check(registry *r, reg_session *s, const reg_entry *e, const tport_storage *st,
-                     bool take_name, bool replace, size_t reserve, reg_entry **holder,
-                     tport_err *err)
+int add_check(registry *r, reg_session *s, const reg_entry *e, const tport_storage *st,
+              bool take_name, bool replace, size_t reserve, reg_entry **holder, tport_err *err)
 {
   *holder = NULL;
   reg_tenant *tn = s ? s->tn : NULL;
@@ -284,7 +283,7 @@ static int add_check(registry *r, reg_session *s, const reg_entry *e, const tpor
 }
 
 /* e into the registry's lists and its session's (or kept for its tenant). */
-static void add_link(registry *r, reg_session *s, reg_entry *e, bool keep, uint64_t ttl_ms)
+void add_link(registry *r, reg_session *s, reg_entry *e, bool keep, uint64_t ttl_ms)
 {
   reg_tenant *tn = s->tn;
   tn->refs++;

@@ -140,6 +140,7 @@ typedef struct registry {
   struct reg_tenant *tenants;
   struct reg_tenant *lingering; /* list: tenants named by no one, with lends out */
   uint64_t tenants_walked;      /* tenants reg_expire has looked at, ever (tests) */
+  uint64_t added_in_bulk;       /* entries reg_add_many added, ever (tests) */
   reg_limits limits;
   uint64_t count, uploads, nsessions, ntenants;
 } registry;
@@ -320,6 +321,30 @@ int reg_add(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const c
 int reg_add_replacing(registry *r, uint32_t pipe, tport_tensor *t, reg_upload *up, const char *name,
                       bool keep, uint64_t ttl_ms, size_t reserve, reg_reservation *paid,
                       reg_entry **out, tport_err *err);
+/* Tensors added together (registry_bulk.c): a PutBatch's plain elements,
+ * each made by its worker, then added under one hold of the lock for many
+ * rather than under two of their own (the add and the caller's reference
+ * dropped).  Unnamed and connection-scoped: what reg_add without a name,
+ * keep or reserve would make of them, with the same checks and charges. */
+typedef struct reg_pending {
+  reg_entry *e;         /* its entry: handle set, tensor held, not in the registry */
+  reg_reservation paid; /* what its request reserved for the tensor */
+} reg_pending;
+
+/* An entry for t under handle, not added (reg_add_many adds it, or
+ * reg_pending_free frees it without t); NULL when out of memory. */
+reg_entry *reg_pending_entry(tport_tensor *t, const uint8_t *handle);
+void reg_pending_free(reg_entry *e);
+/* Adds p[0..n) in order until one fails; returns how many were added
+ * (the registry holds them; the caller has no reference).  The one at
+ * the index returned, if it is below n, failed with *err and is freed with
+ * its tensor; nothing it reserved stays reserved.  The lock is let go
+ * every REG_ADD_MANY_HOLD entries. */
+#define REG_ADD_MANY_HOLD 64
+size_t reg_add_many(registry *r, uint32_t pipe, reg_pending *p, size_t n, tport_err *err);
+/* What p[0..n), never added, hold: their entries and tensors freed, their
+ * reservations given back. */
+void reg_pending_drop(registry *r, reg_pending *p, size_t n);
 /* Finds a tensor by handle bytes or name, for the pipe's tenant; NOT_FOUND
  * otherwise (another tenant's handle included).  *state (when not NULL) is
  * the entry's state read under the lock: the only way a caller may look at

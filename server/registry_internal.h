@@ -138,6 +138,12 @@ void entry_owner_unlink(reg_entry *e);
 /* Unlinks e, stops charging its tenant and drops the registry's reference;
  * the last one puts e on *dead. */
 void entry_unlink(registry *r, reg_entry *e, reg_entry **dead);
+/* reg_add's checks and charge for e (st its storage) under the lock, *holder
+ * the entry a replace swaps out (registry.c); then e into the registry's
+ * lists and its session's, or kept for its tenant. */
+int add_check(registry *r, reg_session *s, const reg_entry *e, const tport_storage *st,
+              bool take_name, bool replace, size_t reserve, reg_entry **holder, tport_err *err);
+void add_link(registry *r, reg_session *s, reg_entry *e, bool keep, uint64_t ttl_ms);
 /* e takes its name from holder (NULL: none), which leaves the registry in
  * the same step (onto *dead); on failure neither changes. */
 int name_take(registry *r, reg_entry *e, reg_entry *holder, reg_entry **dead, tport_err *err);

@@ -182,6 +182,10 @@ typedef struct call {
   uint8_t *run_handle;
   bool run_answered;
   bool stored;
+  /* an element of a PutBatch (its index `element`): added to the registry
+   * with others of the batch where it can be (put_bulk.h) */
+  struct put_bulk *bulk;
+  size_t element;
   /* waiting for a name: the context's waiter and first arrival; a handler
    * that registered the waiter sets park_until_ms and gives no reply */
   reg_waiter *waiter;

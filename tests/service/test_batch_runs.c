@@ -6,7 +6,8 @@
  * the tenant's quota fails alone.  By hand on the wire: a run whose middle
  * element's CRC32C is wrong (that element alone DATA_LOSS, the answer's
  * shape as PutRunReply says), and runs that cannot be, each refused as a
- * whole while the server goes on serving. */
+ * whole while the server goes on serving.  A run's elements past the
+ * tenant's tensor limit, refused when the batch adds them together. */
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -206,6 +207,61 @@ Test(runs, an_element_of_a_run_over_the_quota_fails_alone)
   cr_assert_gt(ok, 0);
   cr_assert_gt(over, 0);
   cr_assert_leq((size_t)ok * B, (size_t)1 << 20, "%d stored", ok);
+  tport_close(c);
+  server_stop(s, 1000);
+}
+
+/* A run's plain elements join the registry together, after the batch's
+ * copies (server/put_bulk.h); the tenant's tensor limit is checked there.
+ * Past it each element fails alone, in order, its tensor and what it
+ * reserved given back: the quota's every byte is still there for the
+ * tenant's next put. */
+Test(runs, a_run_past_the_tenants_tensor_limit_fails_from_there)
+{
+  char url[128];
+  server_config cfg;
+  config(&cfg);
+  enum { K = 100, B = 1000, LIMIT = 40, QUOTA = 1 << 20 };
+  cfg.max_tensors = LIMIT;
+  cfg.tenant_quota_bytes = QUOTA;
+  server *s = start(&cfg, url, sizeof url);
+  tport_client *c = connect_plain(url);
+  static uint8_t data[K][B];
+  static tport_put_item items[K];
+  static int64_t n = B;
+  for (int i = 0; i < K; i++) {
+    fill(data[i], B, (unsigned)i + 7);
+    items[i] = (tport_put_item){
+        .dtype = TPORT_UINT8, .ndim = 1, .sizes = &n, .data = data[i], .nbytes = B};
+  }
+  uint64_t bulk0 = s->reg.added_in_bulk;
+  tport_err err;
+  cr_assert_eq(tport_put_batch(c, items, K, &err), TPORT_RESOURCE_EXHAUSTED, "%s", err.msg);
+  cr_assert_eq(s->reg.added_in_bulk - bulk0, LIMIT, "%llu added together, want %d",
+               (unsigned long long)(s->reg.added_in_bulk - bulk0), LIMIT);
+  for (int i = 0; i < K; i++) {
+    if (i >= LIMIT) {
+      cr_assert_eq(items[i].err.code, TPORT_RESOURCE_EXHAUSTED, "element %d: %s", i,
+                   items[i].err.msg);
+      cr_assert(strstr(items[i].err.msg, "its limit is 40") != NULL, "%s", items[i].err.msg);
+      continue;
+    }
+    cr_assert_eq(items[i].err.code, TPORT_OK, "element %d: %s", i, items[i].err.msg);
+    uint8_t back[B];
+    cr_assert_eq(tport_get(c, &items[i].info.ref, back, B, NULL, NULL, NULL, &err), TPORT_OK,
+                 "element %d: %s", i, err.msg);
+    cr_assert_eq(memcmp(back, data[i], B), 0, "element %d", i);
+  }
+  /* one freed: the rest of the quota, to the byte, is the tenant's again */
+  cr_assert_eq(tport_free(c, &items[0].info.ref, &err), TPORT_OK, "%s", err.msg);
+  int64_t rest = QUOTA - (LIMIT - 1) * B;
+  uint8_t *big = calloc(1, (size_t)rest + 1);
+  int rc = tport_put(c, TPORT_UINT8, 1, (int64_t[]){rest + 1}, NULL, big, (size_t)rest + 1, NULL,
+                     NULL, &err);
+  cr_assert_eq(rc, TPORT_RESOURCE_EXHAUSTED, "a byte past the quota: %s", err.msg);
+  rc = tport_put(c, TPORT_UINT8, 1, &rest, NULL, big, (size_t)rest, NULL, NULL, &err);
+  cr_assert_eq(rc, TPORT_OK, "the quota's last %lld bytes: %s", (long long)rest, err.msg);
+  free(big);
   tport_close(c);
   server_stop(s, 1000);
 }
