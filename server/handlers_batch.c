@@ -184,7 +184,7 @@ static void run_element(call *c, const batch_env *env, put_run_info *run, uint16
   element_answered(&sub, rc, el);
 }
 
-/* An element that the bulk add refused (put_put_bulk_end's failed; ctx the
+/* An element that the bulk add refused (put_bulk_end's failed; ctx the
  * elements): answered by its status, not stored. */
 static void bulk_failed(void *ctx, size_t i, const tport_err *why)
 {

@@ -8,7 +8,11 @@
  * with the batch's others in one go.  One that the add refuses (the
  * tenant's quota or tensor limit reached meanwhile, the connection closing)
  * becomes a failed element, as it would have been on its own; the client
- * hears of none before all are in the registry.
+ * hears of none before all are in the registry.  They are added after the
+ * batch's other elements: near the tenant's tensor limit, one of them may
+ * be refused where a later element that went on its own (named, kept, or
+ * unlike its run) was stored -- each element has its own result, in no
+ * promised order.
  */
 #ifndef TPORT_SERVER_PUT_BULK_H
 #define TPORT_SERVER_PUT_BULK_H

@@ -336,7 +336,8 @@ typedef struct reg_pending {
 reg_entry *reg_pending_entry(tport_tensor *t, const uint8_t *handle);
 void reg_pending_free(reg_entry *e);
 /* Adds p[0..n) in order until one fails; returns how many were added
- * (the registry holds them; the caller has no reference).  The one at
+ * (the registry holds them, their p[i].e set to NULL: the caller has no
+ * reference).  The one at
  * the index returned, if it is below n, failed with *err and is freed with
  * its tensor; nothing it reserved stays reserved.  The lock is let go
  * every REG_ADD_MANY_HOLD entries. */

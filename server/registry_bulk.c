@@ -53,6 +53,7 @@ static int add_one(registry *r, reg_session *s, reg_pending *p, tport_err *err)
   e->charged = st;
   add_link(r, s, e, false, 0);
   r->added_in_bulk++;
+  p->e = NULL; /* the registry's now: never the caller's to free */
   return TPORT_OK;
 }
 
