@@ -27,8 +27,7 @@ bool put_bulk_take(call *c, const Tport__PutBeginRequest *q, tport_tensor *final
                    const reg_reservation *paid)
 {
   put_bulk *b = c->bulk;
-  if (!b || !c->run || b->n == b->cap || (q->name && *q->name) || q->keep ||
-      q->replace)
+  if (!b || !c->run || b->n == b->cap || (q->name && *q->name) || q->keep || q->replace)
     return false;
   reg_entry *e = reg_pending_entry(final, b->handles + b->n * REG_HANDLE_BYTES);
   if (!e)
