@@ -21,7 +21,12 @@ tenant_use *tenant_of(shm_table *t, const char *name, bool create)
   HASH_FIND_STR(t->tenants, name, u);
   if (!u && create && (u = calloc(1, sizeof *u))) {
     snprintf(u->name, sizeof u->name, "%s", name);
+    shm_oom = false;
     HASH_ADD_STR(t->tenants, name, u);
+    if (shm_oom) {
+      free(u);
+      u = NULL;
+    }
   }
   return u;
 }
@@ -87,6 +92,26 @@ bool region_remove(shm_table *t, shm_region *r)
   r->released = true;
   /* the handoff thread owns a region it is checking: it frees it */
   return r->holds == 0 && !r->handing_off;
+}
+
+/* r by its id, and by its token where its descriptor comes through the
+ * socket (not an IPC handle's nor a process's, which are opened at once);
+ * false out of memory, neither added.  mu held. */
+static bool tables_add(shm_table *t, shm_region *r)
+{
+  bool tokened = r->kind != KIND_IPC_CUDA && r->kind != KIND_PROCESS;
+  shm_oom = false;
+  r->id = t->next_id;
+  HASH_ADD(hh, t->by_id, id, sizeof r->id, r);
+  if (!shm_oom && tokened) {
+    HASH_ADD(hh_tok, t->by_token, token, sizeof r->token, r);
+    if (shm_oom)
+      HASH_DELETE(hh, t->by_id, r);
+  }
+  if (shm_oom)
+    return false;
+  t->next_id++;
+  return true;
 }
 
 /* Ends the regions whose token expired before their descriptor came (mu
@@ -229,6 +254,10 @@ int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_
              : tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   if (!rc && !index_add(t, r))
     rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  if (!rc && !tables_add(t, r)) {
+    index_remove(t, r);
+    rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  }
   if (rc) {
     if (kind_is_ipc(kind))
       t->stats.ipc_refused++;
@@ -251,13 +280,10 @@ int register_region(shm_table *t, uint32_t pipe, const char *tenant, pid_t peer_
     u->process++;
     t->stats.process_regions++;
   }
-  r->id = t->next_id++;
-  HASH_ADD(hh, t->by_id, id, sizeof r->id, r);
   if (kind == KIND_IPC_CUDA || kind == KIND_PROCESS) {
     r->handing_off = true; /* the caller opens it outside mu, and frees it if it goes */
     *opening = r;
   } else {
-    HASH_ADD(hh_tok, t->by_token, token, sizeof r->token, r);
     pending_append(t, r);
     r->tokened = true;
   }

@@ -208,5 +208,9 @@ void shm_limits(const shm_table *t, size_t *quota, size_t *total_max);
 /* A put or a get went through a region (once per tensor, however many
  * chunks it took). */
 void shm_count_transfer(shm_table *t);
+/* Tests: the k-th allocation of the table's hashes from now (1: the next)
+ * fails, as it would out of memory (the registration that needs it is
+ * refused); 0: none. */
+void shm_test_fail_hash_alloc(int k);
 
 #endif

@@ -48,6 +48,22 @@ static shm_ipc_key *key_of(shm_table *t, const uint8_t *handle)
   return k;
 }
 
+static atomic_int hash_alloc_fails_at;
+
+void shm_test_fail_hash_alloc(int k)
+{
+  atomic_store(&hash_alloc_fails_at, k);
+}
+
+void *shm_hash_malloc(size_t n)
+{
+  /* counts down to the one that fails (1), then stops (0) */
+  int k = atomic_load(&hash_alloc_fails_at);
+  while (k > 0 && !atomic_compare_exchange_weak(&hash_alloc_fails_at, &k, k - 1))
+    ;
+  return k == 1 ? NULL : malloc(n);
+}
+
 bool index_add(shm_table *t, shm_region *r)
 {
   shm_pipe *p = pipe_of(t, r->pipe);
@@ -60,13 +76,23 @@ bool index_add(shm_table *t, shm_region *r)
       free(p);
     return false;
   }
+  shm_oom = false;
   if (new_pipe) {
     p->pipe = r->pipe;
     HASH_ADD(hh, t->by_pipe, pipe, sizeof p->pipe, p);
   }
-  if (new_key) {
+  if (new_key && !shm_oom) {
     memcpy(k->handle, r->ipc_handle, sizeof k->handle);
     HASH_ADD(hh, t->by_handle, handle, sizeof k->handle, k);
+    if (shm_oom && new_pipe)
+      HASH_DEL(t->by_pipe, p); /* (in it: the handle's add failed) */
+  }
+  if (shm_oom) {
+    if (new_pipe)
+      free(p);
+    if (new_key)
+      free(k);
+    return false;
   }
   r->owner = p;
   r->pipe_prev = NULL;

@@ -9,7 +9,20 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <time.h>
+
+/* uthash: an allocation failure leaves the table as it was (reported through
+ * shm_oom, set and read within one HASH_ADD's caller) instead of exiting
+ * the process -- uthash's default, by which a registration under memory
+ * pressure took tportd down.  Its allocations go through shm_hash_malloc,
+ * which tests make fail (shm_test_fail_hash_alloc). */
+static _Thread_local bool shm_oom __attribute__((unused));
+void *shm_hash_malloc(size_t n);
+#define uthash_malloc(sz) shm_hash_malloc(sz)
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(e) (shm_oom = true)
 #include <uthash.h>
 
 #include "regions.h"
@@ -174,9 +187,8 @@ int region_opened(shm_table *t, shm_region *r, int rc, tport_err *err);
 shm_region *find_mine(shm_table *t, uint32_t pipe, uint64_t id);
 
 /* regions_index.c (mu held): r into its connection's list and its IPC
- * handle's (false: no memory for a new connection's or handle's record,
- * nothing changed; a hash add out of memory is fatal, as the table's
- * others in regions.c are), and out of them; the
+ * handle's (false: no memory for a new connection's or handle's record or
+ * its place in a hash, nothing changed), and out of them; the
  * connection's count of regions (its process region aside), its process
  * region, its first region (then pipe_next); the first region of a handle
  * (then ipc_next); the pending list (tokened regions, oldest first); the

@@ -1,0 +1,68 @@
+/*
+ * test_shm_hash_oom.c: the regions' tables (server/regions*.c) out of
+ * memory.  uthash exits the process when an add cannot allocate, unless
+ * told otherwise: a registration under memory pressure took tportd down.
+ * Each of the allocations a first registration makes (four tables, each its
+ * record and its buckets) fails in turn here: the registration is refused
+ * RESOURCE_EXHAUSTED, nothing of it stays, and the next one is served.
+ */
+#include <criterion/criterion.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "regions.h"
+#include "server_internal.h"
+#include "service_util.h"
+
+/* the tenants', the connections', the ids' and the tokens' tables */
+#define FIRST_REGISTRATION_ALLOCS 8
+
+static int register_one(tport_client *c, tport_err *err)
+{
+  Tport__ShmRegisterRequest q = TPORT__SHM_REGISTER_REQUEST__INIT;
+  q.nbytes = 4096;
+  Tport__ShmRegisterReply *a;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_SHM_REGISTER, &q.base, NULL, 0,
+                      &tport__shm_register_reply__descriptor, (ProtobufCMessage **)&a, NULL, err);
+  if (!rc)
+    protobuf_c_message_free_unpacked(&a->base, NULL);
+  return rc;
+}
+
+static uint64_t regions_now(server *s)
+{
+  shm_stats st;
+  shm_get_stats(s->shm, &st);
+  return st.regions;
+}
+
+Test(shm_hash_oom, each_allocation_of_a_registration_fails_alone, .timeout = 120)
+{
+  for (int k = 1; k <= FIRST_REGISTRATION_ALLOCS + 1; k++) {
+    char url[96], dir[64];
+    server_config cfg;
+    svc_config_shm(&cfg, "hashoom", dir, sizeof dir);
+    server *s = svc_start_with(&cfg, url, sizeof url);
+    tport_client *c;
+    tport_err err;
+    tport_connect_options o = {.timeout_ms = 20000, .no_shm = true};
+    cr_assert_eq(tport_connect(url, &o, &c, &err), 0, "connect: %s", err.msg);
+    shm_test_fail_hash_alloc(k);
+    int rc = register_one(c, &err);
+    shm_test_fail_hash_alloc(0);
+    if (k <= FIRST_REGISTRATION_ALLOCS) {
+      cr_assert_eq(rc, TPORT_RESOURCE_EXHAUSTED, "allocation %d failing: %s (%s)", k,
+                   tport_strerror(rc), err.msg);
+      cr_assert_eq(regions_now(s), 0, "allocation %d failing: a region stayed", k);
+    } else {
+      cr_assert_eq(rc, TPORT_OK, "no allocation failing: %s", err.msg);
+    }
+    /* served as before */
+    cr_assert_eq(register_one(c, &err), TPORT_OK, "after allocation %d failed: %s", k, err.msg);
+    cr_assert_eq(register_one(c, &err), TPORT_OK, "after allocation %d failed: %s", k, err.msg);
+    cr_assert_eq(regions_now(s), k <= FIRST_REGISTRATION_ALLOCS ? 2 : 3);
+    tport_close(c);
+    server_stop(s, 0);
+    rmdir(dir);
+  }
+}
