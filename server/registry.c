@@ -175,6 +175,7 @@ void reg_destroy(registry *r)
     tenant_unref(r, s->tn);
     free(s);
   }
+  r->unproved = r->unproved_tail = NULL;
   /* only transfers not yet ended could still name some, and lends not yet
    * given back (their accounts outlive the records) */
   reg_tenant *t, *ttmp;

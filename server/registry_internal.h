@@ -88,7 +88,10 @@ typedef struct reg_session {
   uint8_t challenge[REG_CHALLENGE_BYTES];
   bool dropped; /* the server is closing it */
   int64_t dropped_ms; /* when it was last told to close */
-  int64_t opened_ms;
+  int64_t opened_ms; /* CLOCK_MONOTONIC */
+  /* the list of sessions not yet proved, in opening order (registry.unproved) */
+  struct reg_session *uprev, *unext;
+  bool unproved_listed;
   reg_via via;
   char peer[REG_PEER_MAX];
   int inflight_chunks, outstanding, transfers;

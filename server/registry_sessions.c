@@ -7,10 +7,49 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "registry_internal.h"
 
 /* ---------------------------------------------------------------- sessions */
+
+/* When a session opened, for the proof's deadline: a clock that a step of
+ * the wall clock does not move, so that the unproved list stays in order. */
+static int64_t mono_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* s at the end of the unproved list / out of it (mu held). */
+static void unproved_append(registry *r, reg_session *s)
+{
+  s->uprev = r->unproved_tail;
+  s->unext = NULL;
+  if (r->unproved_tail)
+    r->unproved_tail->unext = s;
+  else
+    r->unproved = s;
+  r->unproved_tail = s;
+  s->unproved_listed = true;
+}
+
+static void unproved_unlink(registry *r, reg_session *s)
+{
+  if (!s->unproved_listed)
+    return;
+  if (s->uprev)
+    s->uprev->unext = s->unext;
+  else
+    r->unproved = s->unext;
+  if (s->unext)
+    s->unext->uprev = s->uprev;
+  else
+    r->unproved_tail = s->uprev;
+  s->uprev = s->unext = NULL;
+  s->unproved_listed = false;
+}
 
 bool reg_session_open(registry *r, uint32_t pipe, uint64_t max_sessions)
 {
@@ -24,7 +63,7 @@ bool reg_session_open(registry *r, uint32_t pipe, uint64_t max_sessions)
      * take the last place */
   } else if ((s = calloc(1, sizeof *s)) != NULL) {
     s->pipe = pipe;
-    s->opened_ms = reg_now_ms();
+    s->opened_ms = mono_ms();
     s->via = REG_VIA_OTHER;
     snprintf(s->peer, sizeof s->peer, "unknown");
     s->tn = tenant_ref(r, "default");
@@ -37,6 +76,7 @@ bool reg_session_open(registry *r, uint32_t pipe, uint64_t max_sessions)
       free(s);
     } else {
       r->nsessions++;
+      unproved_append(r, s);
       ok = true;
     }
   }
@@ -78,6 +118,7 @@ void reg_session_close(registry *r, uint32_t pipe)
     nwake = waiters_take_session(r, s, wake, arg, REG_WAITERS_PER_SESSION);
     while (s->owned)
       entry_unlink(r, s->owned, &dead);
+    unproved_unlink(r, s);
     HASH_DEL(r->sessions, s);
     r->nsessions--;
     tenant_unref(r, s->tn);
@@ -130,8 +171,10 @@ int reg_session_authenticate(registry *r, uint32_t pipe, const char *tenant, tpo
   if (!rc) {
     pthread_mutex_lock(&r->mu);
     reg_session *s = session_find(r, pipe);
-    if (s)
+    if (s) {
       s->authenticated = true;
+      unproved_unlink(r, s);
+    }
     pthread_mutex_unlock(&r->mu);
   }
   return rc;
@@ -184,16 +227,19 @@ bool reg_session_tenant(registry *r, uint32_t pipe, char *buf, size_t len)
   return s != NULL;
 }
 
-size_t reg_unproved_sessions(registry *r, int64_t before_ms, uint32_t *out, size_t max)
+size_t reg_unproved_sessions(registry *r, int64_t timeout_ms, uint32_t *out, size_t max)
 {
   size_t n = 0;
-  int64_t now = reg_now_ms();
+  int64_t now = reg_now_ms(), before = mono_ms() - timeout_ms;
   pthread_mutex_lock(&r->mu);
-  for (reg_session *s = r->sessions; s && n < max; s = s->hh.next)
+  for (reg_session *s = r->unproved; s && n < max; s = s->unext) {
+    r->unproved_walked++;
+    if (s->opened_ms >= before)
+      break; /* opening order: the rest are younger */
     /* dropped ones again a second later: a close may not have taken */
-    if (!s->authenticated && s->opened_ms < before_ms &&
-        (!s->dropped || now - s->dropped_ms >= 1000))
+    if (!s->dropped || now - s->dropped_ms >= 1000)
       out[n++] = s->pipe;
+  }
   pthread_mutex_unlock(&r->mu);
   return n;
 }

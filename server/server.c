@@ -67,7 +67,7 @@ static void *reaper_main(void *arg)
       uint32_t ids[256];
       size_t k, total = 0;
       do {
-        k = reg_unproved_sessions(&s->reg, reg_now_ms() - (int64_t)s->cfg.auth_timeout_ms, ids,
+        k = reg_unproved_sessions(&s->reg, (int64_t)s->cfg.auth_timeout_ms, ids,
                                   256);
         for (size_t i = 0; i < k; i++, total++)
           server_drop_pipe_logged(s, (nng_pipe){.id = ids[i]},

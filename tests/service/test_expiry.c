@@ -4,10 +4,10 @@
  * holds (the reaper takes them under the lock every request takes).
  *
  * The tests call reg_expire with a time of their own, in the future: TTLs
- * an hour past LATER (the reaper's calls, each second with the real time,
- * never find them due however slow the run) plus
- * of tens of seconds, so that the reaper's own calls (each second, with
- * the real time) never find them due.
+ * start an hour past LATER, so that the reaper's own calls (each second,
+ * with the real time) never find them due however slow the run.  The
+ * reaper's look for connections that did not prove their tenant in time
+ * walks those alone, oldest first, up to the first not yet overdue.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "registry.h"
 #include "server_internal.h"
@@ -255,5 +256,42 @@ Test(expiry, a_tenant_named_by_no_one_goes_once_its_lent_bytes_came_back)
   cr_assert_eq(r.tenants_walked - before, 1);
   reg_expire(&r, reg_now_ms());
   cr_assert_eq(r.tenants_walked - before, 1, "nothing left to look at");
+  reg_destroy(&r);
+}
+
+Test(expiry, the_look_for_unproved_connections_walks_the_unproved_alone)
+{
+  registry r;
+  reg_limits lim = {.tenant_quota_bytes = 1 << 20, .max_tensors = 16, .max_outstanding = 4};
+  reg_init(&r, &lim);
+  tport_err err;
+  for (uint32_t p = 1; p <= 200; p++) {
+    cr_assert(reg_session_open(&r, p, 0));
+    if (p != 5 && p != 50 && p != 150)
+      cr_assert_eq(reg_session_authenticate(&r, p, "proved", &err), 0, "%s", err.msg);
+  }
+  usleep(30 * 1000);
+  cr_assert(reg_session_open(&r, 201, 0)); /* unproved, young */
+  uint32_t out[256];
+  uint64_t before = r.unproved_walked;
+  size_t n = reg_unproved_sessions(&r, 20, out, 256);
+  cr_assert_eq(n, 3);
+  cr_assert(out[0] == 5 && out[1] == 50 && out[2] == 150, "oldest first: %u %u %u", out[0],
+            out[1], out[2]);
+  cr_assert_eq(r.unproved_walked - before, 4, "looked at %llu of 201 sessions, want 4",
+               (unsigned long long)(r.unproved_walked - before));
+  /* one told to close a moment ago is left out; one closed is gone; one
+   * that proves its tenant leaves the list */
+  cr_assert(reg_session_mark_dropped(&r, 5));
+  reg_session_close(&r, 50);
+  before = r.unproved_walked;
+  n = reg_unproved_sessions(&r, 20, out, 256);
+  cr_assert(n == 1 && out[0] == 150, "%zu: %u", n, out[0]);
+  cr_assert_eq(r.unproved_walked - before, 3);
+  cr_assert_eq(reg_session_authenticate(&r, 150, "proved", &err), 0, "%s", err.msg);
+  cr_assert_eq(reg_session_authenticate(&r, 201, "proved", &err), 0, "%s", err.msg);
+  before = r.unproved_walked;
+  cr_assert_eq(reg_unproved_sessions(&r, 0, out, 256), 0);
+  cr_assert_eq(r.unproved_walked - before, 1, "only the dropped one is left to look at");
   reg_destroy(&r);
 }
