@@ -176,6 +176,7 @@ void reg_destroy(registry *r)
     free(s);
   }
   r->unproved = r->unproved_tail = NULL;
+  memset(r->nsessions_via, 0, sizeof r->nsessions_via);
   /* only transfers not yet ended could still name some, and lends not yet
    * given back (their accounts outlive the records) */
   reg_tenant *t, *ttmp;
@@ -556,8 +557,7 @@ void reg_counts(registry *r, reg_stats *out)
   }
   out->sessions = r->nsessions;
   out->tenants = r->ntenants;
-  for (reg_session *s = r->sessions; s; s = s->hh.next)
-    out->sessions_via[s->via < REG_VIAS ? s->via : REG_VIA_OTHER]++;
+  memcpy(out->sessions_via, r->nsessions_via, sizeof out->sessions_via);
   pthread_mutex_unlock(&r->mu);
 }
 

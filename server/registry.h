@@ -44,6 +44,16 @@
 #define REG_TENANT_MAX 64
 #define REG_CHALLENGE_BYTES 32
 
+/* How a connection came (the listener's scheme), for tport_connections. */
+typedef enum {
+  REG_VIA_TCP,
+  REG_VIA_TLS,
+  REG_VIA_IPC,
+  REG_VIA_INPROC,
+  REG_VIA_OTHER,
+  REG_VIAS
+} reg_via;
+extern const char *const reg_via_names[REG_VIAS];
 typedef enum { REG_UPLOADING, REG_READY } reg_state;
 
 /* An upload's life: RECEIVING (chunks are claimed and written) ->
@@ -145,6 +155,9 @@ typedef struct registry {
    * look for the overdue ones walks these, not every session */
   struct reg_session *unproved, *unproved_tail;
   uint64_t unproved_walked; /* sessions reg_unproved_sessions has looked at, ever (tests) */
+  /* sessions by transport, kept as they open, are described and close:
+   * the reaper's count of activity each second walked every session */
+  uint64_t nsessions_via[REG_VIAS];
   reg_limits limits;
   uint64_t count, uploads, nsessions, ntenants;
 } registry;
@@ -164,16 +177,6 @@ void reg_test_fail_expiry_growth(int n);
  * (0: no limit) are open already, or out of memory: the caller closes the
  * connection (--max-connections). */
 bool reg_session_open(registry *r, uint32_t pipe, uint64_t max_sessions);
-/* How a connection came (the listener's scheme), for tport_connections. */
-typedef enum {
-  REG_VIA_TCP,
-  REG_VIA_TLS,
-  REG_VIA_IPC,
-  REG_VIA_INPROC,
-  REG_VIA_OTHER,
-  REG_VIAS
-} reg_via;
-extern const char *const reg_via_names[REG_VIAS];
 #define REG_PEER_MAX 64
 /* What the session remembers of its connection: how it came and its peer's
  * address, which nng no longer gives once the connection has gone (the

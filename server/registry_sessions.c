@@ -76,6 +76,7 @@ bool reg_session_open(registry *r, uint32_t pipe, uint64_t max_sessions)
       free(s);
     } else {
       r->nsessions++;
+      r->nsessions_via[s->via]++;
       unproved_append(r, s);
       ok = true;
     }
@@ -91,7 +92,9 @@ void reg_session_describe(registry *r, uint32_t pipe, reg_via via, const char *p
   pthread_mutex_lock(&r->mu);
   reg_session *s = session_find(r, pipe);
   if (s) {
+    r->nsessions_via[s->via]--;
     s->via = via < REG_VIAS ? via : REG_VIA_OTHER;
+    r->nsessions_via[s->via]++;
     snprintf(s->peer, sizeof s->peer, "%s", peer ? peer : "unknown");
   }
   pthread_mutex_unlock(&r->mu);
@@ -121,6 +124,7 @@ void reg_session_close(registry *r, uint32_t pipe)
     unproved_unlink(r, s);
     HASH_DEL(r->sessions, s);
     r->nsessions--;
+    r->nsessions_via[s->via]--;
     tenant_unref(r, s->tn);
     free(s);
   }

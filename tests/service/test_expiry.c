@@ -295,3 +295,34 @@ Test(expiry, the_look_for_unproved_connections_walks_the_unproved_alone)
   cr_assert_eq(r.unproved_walked - before, 1, "only the dropped one is left to look at");
   reg_destroy(&r);
 }
+
+Test(expiry, the_connections_by_transport_are_counted_not_walked)
+{
+  /* the reaper counts activity each second (reg_counts): the sessions by
+   * transport are kept as they open, are described and close */
+  registry r;
+  reg_limits lim = {.tenant_quota_bytes = 1 << 20, .max_tensors = 16, .max_outstanding = 4};
+  reg_init(&r, &lim);
+  reg_via via[4] = {REG_VIA_TCP, REG_VIA_IPC, REG_VIA_IPC, REG_VIA_TLS};
+  for (uint32_t p = 1; p <= 4; p++) {
+    cr_assert(reg_session_open(&r, p, 0));
+    reg_session_describe(&r, p, via[p - 1], "peer");
+  }
+  cr_assert(reg_session_open(&r, 5, 0)); /* not described yet */
+  reg_stats st;
+  reg_counts(&r, &st);
+  cr_assert_eq(st.sessions, 5);
+  cr_assert(st.sessions_via[REG_VIA_TCP] == 1 && st.sessions_via[REG_VIA_IPC] == 2 &&
+                st.sessions_via[REG_VIA_TLS] == 1 && st.sessions_via[REG_VIA_OTHER] == 1 &&
+                st.sessions_via[REG_VIA_INPROC] == 0,
+            "tcp %llu ipc %llu tls %llu other %llu", (unsigned long long)st.sessions_via[0],
+            (unsigned long long)st.sessions_via[2], (unsigned long long)st.sessions_via[1],
+            (unsigned long long)st.sessions_via[4]);
+  reg_session_close(&r, 2);
+  reg_session_describe(&r, 5, REG_VIA_INPROC, "peer");
+  reg_session_close(&r, 9); /* none: nothing changes */
+  reg_counts(&r, &st);
+  cr_assert(st.sessions == 4 && st.sessions_via[REG_VIA_IPC] == 1 &&
+            st.sessions_via[REG_VIA_INPROC] == 1 && st.sessions_via[REG_VIA_OTHER] == 0);
+  reg_destroy(&r);
+}
