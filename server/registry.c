@@ -175,7 +175,7 @@ void reg_destroy(registry *r)
     tenant_unref(r, s->tn);
     free(s);
   }
-  r->unproved = r->unproved_tail = NULL;
+  r->unproved = r->unproved_tail = r->overdue = r->overdue_tail = NULL;
   memset(r->nsessions_via, 0, sizeof r->nsessions_via);
   /* only transfers not yet ended could still name some, and lends not yet
    * given back (their accounts outlive the records) */

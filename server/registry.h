@@ -151,9 +151,10 @@ typedef struct registry {
   struct reg_tenant *lingering; /* list: tenants named by no one, with lends out */
   uint64_t tenants_walked;      /* tenants reg_expire has looked at, ever (tests) */
   uint64_t added_in_bulk;       /* entries reg_add_many added, ever (tests) */
-  /* the sessions that have not proved a tenant, oldest first: the reaper's
-   * look for the overdue ones walks these, not every session */
-  struct reg_session *unproved, *unproved_tail;
+  /* the sessions that have not proved a tenant, oldest first, and those of
+   * them the reaper was told of, least recently first: its look for the
+   * overdue ones walks what it returns, not every session */
+  struct reg_session *unproved, *unproved_tail, *overdue, *overdue_tail;
   uint64_t unproved_walked; /* sessions reg_unproved_sessions has looked at, ever (tests) */
   /* sessions by transport, kept as they open, are described and close:
    * the reaper's count of activity each second walked every session */
@@ -205,10 +206,11 @@ bool reg_session_take_challenge(registry *r, uint32_t pipe, uint8_t out[REG_CHAL
 bool reg_session_tenant(registry *r, uint32_t pipe, char *buf, size_t len);
 
 /* Up to max connections open for longer than timeout_ms that have not
- * proved a tenant (the reaper drops them when authentication is on), the
- * oldest first; one told to close less than a second ago is left out.
- * Looks at the unproved ones alone, from the oldest to the first not yet
- * overdue. */
+ * proved a tenant (the reaper drops them when authentication is on): first
+ * those returned a second ago or more (a close may not have taken), then
+ * the newly overdue, oldest first -- but one told to close less than a
+ * second ago, which waits for the second.  Looks at what it returns and at
+ * one more of each list. */
 size_t reg_unproved_sessions(registry *r, int64_t timeout_ms, uint32_t *out, size_t max);
 /* A request of the pipe arrived / its reply was sent.  enter says whether
  * the request may be served; every enter, admitted or not, is matched by a

@@ -89,9 +89,11 @@ typedef struct reg_session {
   bool dropped; /* the server is closing it */
   int64_t dropped_ms; /* when it was last told to close */
   int64_t opened_ms; /* CLOCK_MONOTONIC */
-  /* the list of sessions not yet proved, in opening order (registry.unproved) */
+  /* not yet proved: in registry.unproved (opening order) until overdue, then
+   * in registry.overdue (by looked_ms: when the reaper was last told of it) */
   struct reg_session *uprev, *unext;
-  bool unproved_listed;
+  uint8_t ulist; /* 0: in neither, UNPROVED_NEW, UNPROVED_OVERDUE */
+  int64_t looked_ms; /* CLOCK_MONOTONIC */
   reg_via via;
   char peer[REG_PEER_MAX];
   int inflight_chunks, outstanding, transfers;

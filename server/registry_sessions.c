@@ -22,33 +22,51 @@ static int64_t mono_ms(void)
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* s at the end of the unproved list / out of it (mu held). */
-static void unproved_append(registry *r, reg_session *s)
+#define UNPROVED_NEW 1
+#define UNPROVED_OVERDUE 2
+
+/* s at the end of a list (head, tail) / out of it (mu held). */
+static void slist_append(reg_session **head, reg_session **tail, reg_session *s)
 {
-  s->uprev = r->unproved_tail;
+  s->uprev = *tail;
   s->unext = NULL;
-  if (r->unproved_tail)
-    r->unproved_tail->unext = s;
+  if (*tail)
+    (*tail)->unext = s;
   else
-    r->unproved = s;
-  r->unproved_tail = s;
-  s->unproved_listed = true;
+    *head = s;
+  *tail = s;
 }
 
-static void unproved_unlink(registry *r, reg_session *s)
+static void slist_unlink(reg_session **head, reg_session **tail, reg_session *s)
 {
-  if (!s->unproved_listed)
-    return;
   if (s->uprev)
     s->uprev->unext = s->unext;
   else
-    r->unproved = s->unext;
+    *head = s->unext;
   if (s->unext)
     s->unext->uprev = s->uprev;
   else
-    r->unproved_tail = s->uprev;
+    *tail = s->uprev;
   s->uprev = s->unext = NULL;
-  s->unproved_listed = false;
+}
+
+/* s out of the unproved lists: proved, or closed (mu held). */
+static void unproved_leave(registry *r, reg_session *s)
+{
+  if (s->ulist == UNPROVED_NEW)
+    slist_unlink(&r->unproved, &r->unproved_tail, s);
+  else if (s->ulist == UNPROVED_OVERDUE)
+    slist_unlink(&r->overdue, &r->overdue_tail, s);
+  s->ulist = 0;
+}
+
+/* s to the end of the overdue list, looked at now (mu held). */
+static void overdue_requeue(registry *r, reg_session *s, int64_t now)
+{
+  unproved_leave(r, s);
+  slist_append(&r->overdue, &r->overdue_tail, s);
+  s->ulist = UNPROVED_OVERDUE;
+  s->looked_ms = now;
 }
 
 bool reg_session_open(registry *r, uint32_t pipe, uint64_t max_sessions)
@@ -77,7 +95,8 @@ bool reg_session_open(registry *r, uint32_t pipe, uint64_t max_sessions)
     } else {
       r->nsessions++;
       r->nsessions_via[s->via]++;
-      unproved_append(r, s);
+      slist_append(&r->unproved, &r->unproved_tail, s);
+      s->ulist = UNPROVED_NEW;
       ok = true;
     }
   }
@@ -121,7 +140,7 @@ void reg_session_close(registry *r, uint32_t pipe)
     nwake = waiters_take_session(r, s, wake, arg, REG_WAITERS_PER_SESSION);
     while (s->owned)
       entry_unlink(r, s->owned, &dead);
-    unproved_unlink(r, s);
+    unproved_leave(r, s);
     HASH_DEL(r->sessions, s);
     r->nsessions--;
     r->nsessions_via[s->via]--;
@@ -177,7 +196,7 @@ int reg_session_authenticate(registry *r, uint32_t pipe, const char *tenant, tpo
     reg_session *s = session_find(r, pipe);
     if (s) {
       s->authenticated = true;
-      unproved_unlink(r, s);
+      unproved_leave(r, s);
     }
     pthread_mutex_unlock(&r->mu);
   }
@@ -234,13 +253,24 @@ bool reg_session_tenant(registry *r, uint32_t pipe, char *buf, size_t len)
 size_t reg_unproved_sessions(registry *r, int64_t timeout_ms, uint32_t *out, size_t max)
 {
   size_t n = 0;
-  int64_t now = reg_now_ms(), before = mono_ms() - timeout_ms;
+  int64_t now = reg_now_ms(), mono = mono_ms(), before = mono - timeout_ms;
+  reg_session *s;
   pthread_mutex_lock(&r->mu);
-  for (reg_session *s = r->unproved; s && n < max; s = s->unext) {
+  /* told of a second ago or more: again (least recently first) */
+  while (n < max && (s = r->overdue) != NULL) {
+    r->unproved_walked++;
+    if (mono - s->looked_ms < 1000)
+      break;
+    overdue_requeue(r, s, mono);
+    out[n++] = s->pipe;
+  }
+  /* the newly overdue (opening order: the first not yet overdue ends it) */
+  while (n < max && (s = r->unproved) != NULL) {
     r->unproved_walked++;
     if (s->opened_ms >= before)
-      break; /* opening order: the rest are younger */
-    /* dropped ones again a second later: a close may not have taken */
+      break;
+    overdue_requeue(r, s, mono);
+    /* one told to close a moment ago (for another reason): a second later */
     if (!s->dropped || now - s->dropped_ms >= 1000)
       out[n++] = s->pipe;
   }
