@@ -15,20 +15,14 @@
 #include "regions.h"
 #include "server_internal.h"
 #include "service_util.h"
+#include "shm_util.h"
 
 /* the tenants', the connections', the ids' and the tokens' tables */
 #define FIRST_REGISTRATION_ALLOCS 8
 
 static int register_one(tport_client *c, tport_err *err)
 {
-  Tport__ShmRegisterRequest q = TPORT__SHM_REGISTER_REQUEST__INIT;
-  q.nbytes = 4096;
-  Tport__ShmRegisterReply *a;
-  int rc = client_rpc(c, TPORT__METHOD__METHOD_SHM_REGISTER, &q.base, NULL, 0,
-                      &tport__shm_register_reply__descriptor, (ProtobufCMessage **)&a, NULL, err);
-  if (!rc)
-    protobuf_c_message_free_unpacked(&a->base, NULL);
-  return rc;
+  return shm_register_pending(c, 4096, err);
 }
 
 static uint64_t regions_now(server *s)

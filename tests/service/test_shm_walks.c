@@ -14,6 +14,7 @@
 #include "regions_internal.h"
 #include "server_internal.h"
 #include "service_util.h"
+#include "shm_util.h"
 
 static char sock_dir[64];
 
@@ -38,14 +39,7 @@ static tport_client *connect_as(const char *url, const char *tenant)
 /* A pending region of this connection (registered, never handed over). */
 static int register_one(tport_client *c, tport_err *err)
 {
-  Tport__ShmRegisterRequest q = TPORT__SHM_REGISTER_REQUEST__INIT;
-  q.nbytes = 4096;
-  Tport__ShmRegisterReply *a;
-  int rc = client_rpc(c, TPORT__METHOD__METHOD_SHM_REGISTER, &q.base, NULL, 0,
-                      &tport__shm_register_reply__descriptor, (ProtobufCMessage **)&a, NULL, err);
-  if (!rc)
-    protobuf_c_message_free_unpacked(&a->base, NULL);
-  return rc;
+  return shm_register_pending(c, 4096, err);
 }
 
 static uint64_t walked(server *s)
