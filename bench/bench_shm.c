@@ -15,11 +15,15 @@
  *    copy on each side) vs the same on a client with no_shm (the socket);
  *  - put_auto_shm_NMiB_vs_put_shm / get_auto_shm_NMiB_vs_get_shm: the same
  *    tport_put / tport_get vs tport_put_shm / tport_get_shm of a region the
- *    application fills in place (what the client's copy costs);
+ *    application fills in place (what the client's copy costs; a cpu
+ *    tensor's get written straight into the caller's buffer);
  *  - put_direct_NMiB_vs_region: that tport_put, which over ipc:// the
  *    server reads from the caller's buffer itself (process_vm_readv: one
  *    copy, client/process_region.c), vs the same on a client with
  *    TPORT_SHM_DIRECT=0 (copied into the automatic region, then out);
+ *  - get_direct_NMiB_vs_region: the same for tport_get, which the server
+ *    writes into the caller's buffer (process_vm_writev,
+ *    server/get_direct.h) where the tensor is on the cpu;
  *  - copy_pool_NMiB_vs_memcpy / copy_pool_NMiB_vs_threads: the client's
  *    copy alone (client/copy_pool.c, "threads" in the row) vs one memcpy,
  *    and vs memcpy split evenly across as many fresh threads.
@@ -270,8 +274,8 @@ int main(int argc, char **argv)
     emit(name, n, v, b, reps, "put_shm");
     snprintf(name, sizeof name, "get_auto_shm_%zuMiB_vs_get_shm%s", mib, suffix);
     emit(name, n, v2, b2, reps, "get_shm");
-    /* the caller's buffer read by the server vs the automatic region (a
-     * device's put takes the region either way) */
+    /* the caller's buffer read (a put) or written (a get) by the server vs
+     * the automatic region (a device's tensor takes the region either way) */
     for (int r = 0; r < reps && !device; r++) {
       for (int k = 0; k < 2; k++) {
         bool direct = (k == 0) == (r % 2 == 0);
@@ -281,11 +285,20 @@ int main(int argc, char **argv)
           die("put", &err);
         (direct ? v2 : b2)[r] = bench_now() - t0;
         tport_free(who, &info.ref, NULL);
+        t0 = bench_now();
+        if (tport_get(who, &kept.ref, back, n, NULL, NULL, NULL, &err))
+          die("get", &err);
+        (direct ? v : b)[r] = bench_now() - t0;
       }
     }
+    if (!device && memcmp(back, user, n))
+      die("the bytes came back wrong", NULL);
     snprintf(name, sizeof name, "put_direct_%zuMiB_vs_region%s", mib, suffix);
     if (!device)
       emit(name, n, v2, b2, reps, "automatic_region");
+    snprintf(name, sizeof name, "get_direct_%zuMiB_vs_region%s", mib, suffix);
+    if (!device)
+      emit(name, n, v, b, reps, "automatic_region");
     /* the copy alone: the pool vs one memcpy (v, b) and vs as many fresh
      * threads (v2 reused for the pool's second timing, b2) */
     int k = copy_pool_threads();

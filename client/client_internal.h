@@ -85,6 +85,7 @@ struct tport_client {
   uint8_t proc_probe[16];
   _Atomic uint64_t proc_read_max; /* the last Hello's: bytes one chunk of it may name (0: one) */
   _Atomic bool proc_put_once;     /* the last Hello's: a PutBegin with commit may name it */
+  _Atomic bool proc_gets;         /* the last Hello's: a get may be written straight into it */
   _Atomic bool put_runs;          /* the last Hello's: a PutBatch's alike elements go as runs */
   /* the application's regions, unmapped by tport_close */
   pthread_mutex_t regions_mu;
@@ -358,13 +359,15 @@ void client_shm_auto_want(tport_client *c, size_t want);
 void client_shm_auto_retire(tport_client *c);
 /* Unmaps the client's regions (tport_close). */
 void client_shm_close(tport_client *c);
-/* GetBegin with the automatic region r offered: the server writes the
+struct client_get_desc;
+/* GetBegin with the automatic region r offered (and g's direct_region,
+ * if any): the server writes the
  * tensor there when it fits and is not small (reply's shm), else answers
  * as an ordinary GetBegin.  *unanswered: it failed with the request sent
  * and no answer read, so the server may still write r. */
-int client_shm_get_begin(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
-                         struct tport_shm *r, Tport__GetBeginReply **out, client_payload *payload,
-                         bool *unanswered, tport_err *err);
+int client_shm_get_begin(tport_client *c, const struct client_get_desc *g, struct tport_shm *r,
+                         Tport__GetBeginReply **out, client_payload *payload, bool *unanswered,
+                         tport_err *err);
 /* The bytes a get wrote at offset of r (at most cap): checked against the
  * reply (and its CRC32C with verify). */
 int client_shm_check_get(tport_client *c, const Tport__GetBeginReply *b, const struct tport_shm *r,
@@ -410,6 +413,9 @@ typedef struct client_get_desc {
   void *progress_arg;
   const atomic_bool *cancel; /* set: stop between chunks (NULL: never) */
   uint32_t wait_ms; /* a ref by name not there yet: the server waits this long */
+  /* the connection's process region, offered for a get straight into buf
+   * (process_region.c; 0: none) */
+  uint64_t direct_region;
   /* the bytes of what this get is a part of (a batch's deferred elements;
    * 0: its own): from COPY_POOL_OUT_STREAM_MIN its bytes are copied into
    * their buffer with streaming stores, as one get of them all would be */
@@ -460,6 +466,13 @@ size_t client_process_span(const tport_client *c, size_t chunk);
 /* The most bytes one PutBatch may name of the process region, its elements
  * read together by the server (0: none, the server reads no such put). */
 size_t client_process_batch_bytes(const tport_client *c);
+/* The connection's process region for a get of up to cap bytes straight
+ * into buf (the server writes them there, process_vm_writev), or 0: a host
+ * buffer of the caller's, large enough for the automatic region, on a
+ * connection whose server writes so. */
+uint64_t client_get_direct_region(tport_client *c, const void *buf, size_t cap);
+/* GetBeginRequest's direct_* from g (none where g offers none). */
+void client_get_direct_fill(const struct client_get_desc *g, Tport__GetBeginRequest *q);
 /* A fresh nonzero token for a batch's fence (PutBatchRequest.fence_token):
  * none this process made before (counted from a random start), so that
  * memory an earlier batch's fence was never holds this one's. */

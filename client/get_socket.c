@@ -127,17 +127,18 @@ static int get_by_region(tport_client *c, const client_get_desc *g, const Tport_
 
 /* ---------------------------------------------------------------- GetBegin */
 
-static int get_begin(tport_client *c, const tport_ref *ref, uint32_t wait_ms,
-                     Tport__GetBeginReply **out, client_payload *payload, tport_err *err)
+static int get_begin(tport_client *c, const client_get_desc *g, Tport__GetBeginReply **out,
+                     client_payload *payload, tport_err *err)
 {
   Tport__Ref w;
-  client_ref_to_wire(ref, &w);
+  client_ref_to_wire(g->ref, &w);
   Tport__GetBeginRequest q = TPORT__GET_BEGIN_REQUEST__INIT;
   q.ref = &w;
   q.inline_max = c->chunk_bytes; /* small tensors come back in the reply */
   q.want_crc32c = c->verify;
-  q.wait_ms = wait_ms;
-  return client_rpc_waiting(c, wait_ms, TPORT__METHOD__METHOD_GET_BEGIN, &q.base,
+  q.wait_ms = g->wait_ms;
+  client_get_direct_fill(g, &q);
+  return client_rpc_waiting(c, g->wait_ms, TPORT__METHOD__METHOD_GET_BEGIN, &q.base,
                             &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload,
                             NULL, err);
 }
@@ -165,6 +166,29 @@ int client_get_destination(tport_client *c, const client_get_desc *g, const Tpor
   return rc;
 }
 
+/* A get the server wrote straight into buf (client_get_direct_region):
+ * offered, as many bytes as it said, with the CRC32C it sent when
+ * verifying. */
+static int get_written_direct(tport_client *c, const client_get_desc *g,
+                              const Tport__GetBeginReply *b, const uint8_t *buf, tport_err *err)
+{
+  size_t n = (size_t)b->nbytes;
+  if (!g->direct_region || buf != g->buf || b->nbytes > g->cap)
+    /* a hostile or broken server: written where it was not offered */
+    return tport_err_set(err, TPORT_DATA_LOSS,
+                         "the server says it wrote %llu bytes into this process's buffer, which "
+                         "it was not offered",
+                         (unsigned long long)b->nbytes);
+  int rc = TPORT_OK;
+  if (c->verify && !b->crc32c_set)
+    rc = tport_err_set(err, TPORT_DATA_LOSS, "the get came without a CRC32C");
+  else if (c->verify)
+    rc = client_check_crc32c(true, true, b->crc32c, buf, n, 0, err);
+  if (!rc && g->progress)
+    g->progress(g->progress_arg, n, n);
+  return rc;
+}
+
 /* The bytes of b into buf (or the ring): from the region the server wrote
  * them into, inline in its reply (inl), or by chunk requests. */
 static int get_bytes(tport_client *c, const client_get_desc *g, const Tport__GetBeginReply *b,
@@ -173,7 +197,9 @@ static int get_bytes(tport_client *c, const client_get_desc *g, const Tport__Get
 {
   size_t n = (size_t)b->nbytes, total = g->out_total > n ? g->out_total : n;
   int rc = TPORT_OK;
-  if (b->shm_chunks) {
+  if (b->direct) {
+    rc = get_written_direct(c, g, b, buf, err);
+  } else if (b->shm_chunks) {
     rc = get_by_region(c, g, b, region, buf, stage, chunk, err);
   } else if (b->shm && !region) {
     /* a hostile or broken server: no region was offered to write into */
@@ -245,18 +271,18 @@ int client_socket_get(tport_client *c, const client_get_desc *g, struct tport_sh
   *region_want = 0;
   *region_spoiled = false;
   bool unanswered = false;
-  int rc = region ? client_shm_get_begin(c, g->ref, g->wait_ms, region, &b, &inl, &unanswered, err)
-                  : get_begin(c, g->ref, g->wait_ms, &b, &inl, err);
+  int rc = region ? client_shm_get_begin(c, g, region, &b, &inl, &unanswered, err)
+                  : get_begin(c, g, &b, &inl, err);
   if (rc) {
     /* a GetBegin the server may still carry out (its reply did not come:
      * a timeout, a cancel) may still write the region, after its next
-     * user's bytes */
+     * user's bytes (or the caller's buffer, offered direct: tport.h) */
     *region_spoiled = region && unanswered;
     return rc;
   }
   rc = client_socket_get_rest(c, g, b, &inl, region, alloced, nbytes, info, err);
   /* a tensor too large for the region came by socket: next time it fits */
-  *region_want = b->shm || b->shm_chunks ? 0 : (size_t)b->nbytes;
+  *region_want = b->shm || b->shm_chunks || b->direct ? 0 : (size_t)b->nbytes;
   /* chunks into the region stopped half way (an error, a cancel, a reply
    * that did not come): requests the window gave up on may still be
    * written there by the server, after this region's next user's bytes */

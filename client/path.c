@@ -5,9 +5,10 @@
  *     them, a window of chunks in flight;
  *   - the caller's own buffer (process_region.c), over ipc:// and
  *     inproc://: a tensor of more than a chunk, stored on the cpu as it
- *     is, is read by the server straight from it, chunk by chunk (the
- *     server only reads: gets, smaller puts, converted ones and those to
- *     a device take the region);
+ *     is, is read by the server straight from it, chunk by chunk (smaller
+ *     puts, converted ones and those to a device take the region); a large
+ *     get offers it to the server, which writes there a tensor whose
+ *     values lie in its memory as they are (cpu, contiguous);
  *   - the automatic region (shm.c), on the same host: a large tensor is
  *     copied into the client's own memfd region and put from there in one
  *     request, or, when it is several chunks long, copied in ahead of
@@ -167,12 +168,16 @@ int client_get(tport_client *c, const client_get_desc *g, void **alloced, size_t
     if (used)
       return rc;
   }
-  /* host memory on the same host: the region offered (the server writes
-   * the tensor there when it is large and fits); device memory is staged */
+  /* host memory on the same host: the caller's buffer (process_region.c)
+   * and the region offered -- the server writes the tensor into one of
+   * them when it is large and fits; device memory is staged */
+  client_get_desc with = *g;
+  if (!g->dev && !g->alloc && (!g->want || atomic_load(&c->get_expect)))
+    with.direct_region = client_get_direct_region(c, g->buf, g->cap);
   struct tport_shm *region = g->dev ? NULL : client_shm_auto_take(c, g->alloc ? 0 : g->cap);
   size_t want = 0;
   bool spoiled = false;
-  int rc = client_socket_get(c, g, region, alloced, nbytes, info, &want, &spoiled, err);
+  int rc = client_socket_get(c, &with, region, alloced, nbytes, info, &want, &spoiled, err);
   if (region && spoiled)
     client_shm_auto_retire(c);
   else if (region)

@@ -1,8 +1,9 @@
 /*
  * process_region.c: the server reads a large put's chunks straight from
- * the caller's buffer (server/regions.h, "Process regions"): one copy in
- * all, where the automatic region costs two (this process's into the
- * region, the server's out of it).
+ * the caller's buffer (server/regions.h, "Process regions"), and writes a
+ * large get straight into it (server/get_direct.h): one copy in all, where
+ * the automatic region costs two (this process's into the region, the
+ * server's out of it).
  *
  * The connection registers this process's memory once, as a region whose
  * slices are addresses here; it proves that the server's idea of its peer
@@ -12,7 +13,13 @@
  * server says it can; TPORT_SHM_DIRECT=0 turns it off.  Where the server
  * refuses (another user, a kernel that does not let it read this process),
  * that connection is not asked again and large puts take the automatic
- * region.  The server only reads: a get still lands in the region.
+ * region.  A get offers the caller's buffer and the automatic region
+ * together: the server writes the buffer where the tensor's values lie in
+ * its memory as they are (cpu, contiguous), the region otherwise (a
+ * device's, whose copy engine writes the region).  A get into the
+ * caller's buffer whose answer never came (the client's timeout, the
+ * connection lost) may still be written by the server later, as a CUDA
+ * IPC get may (tport.h).
  */
 #include <string.h>
 #include <strings.h>
@@ -121,6 +128,30 @@ bool client_put_reads_direct(const tport_client *c, const tport_put_options *o, 
   bool converts = o && (o->has_dtype || o->memory_format != TPORT_MF_PRESERVE);
   bool on_cpu = !o || !o->device || strcmp(o->device, "cpu") == 0;
   return c->proc_on && data && nbytes > 0 && on_cpu && !converts && !(o && o->managed);
+}
+
+uint64_t client_get_direct_region(tport_client *c, const void *buf, size_t cap)
+{
+  uint64_t id = 0;
+  if (!c->proc_on || !buf || cap < CLIENT_SHM_MIN_BYTES || !atomic_load(&c->proc_gets) ||
+      client_process_region(c, &id) != TPORT_OK)
+    return 0;
+  return id;
+}
+
+void client_get_direct_fill(const client_get_desc *g, Tport__GetBeginRequest *q)
+{
+  if (!g->direct_region)
+    return;
+  q->direct_region = g->direct_region;
+  q->direct_addr = (uint64_t)(uintptr_t)g->buf;
+  q->direct_length = g->cap;
+  if (g->want) { /* written before the reply says what: checked there first */
+    q->expect_set = true;
+    q->expect_dtype = (Tport__DType)g->want->dtype;
+    q->n_expect_sizes = (size_t)g->want->ndim;
+    q->expect_sizes = (int64_t *)g->want->sizes;
+  }
 }
 
 int client_process_region(tport_client *c, uint64_t *id)

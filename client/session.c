@@ -163,6 +163,7 @@ int client_say_hello(tport_client *c, Tport__HelloReply **out, tport_err *err)
     atomic_store(&c->batch_get_slices, r && r->batch_get_slices);
     atomic_store(&c->proc_read_max, r ? r->process_read_max_bytes : 0);
     atomic_store(&c->proc_put_once, r && r->process_put_once);
+    atomic_store(&c->proc_gets, r && r->process_gets);
     bool runs = true;
     client_env_flag("TPORT_PUT_RUNS", true, &runs, NULL); /* (checked by tport_connect) */
     atomic_store(&c->put_runs, r && r->put_batch_runs && runs);

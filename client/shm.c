@@ -252,8 +252,8 @@ int tport_put_shm(tport_client *c, tport_shm *r, size_t offset, tport_dtype dtyp
  * still write the slice. */
 static int get_begin_shm(tport_client *c, const tport_ref *ref, uint32_t wait_ms, tport_shm *r,
                          size_t offset, size_t cap, bool fallback, bool chunks, int fmt,
-                         Tport__GetBeginReply **out, client_payload *payload, bool *unanswered,
-                         tport_err *err)
+                         const client_get_desc *direct, Tport__GetBeginReply **out,
+                         client_payload *payload, bool *unanswered, tport_err *err)
 {
   Tport__Ref w;
   client_ref_to_wire(ref, &w);
@@ -268,6 +268,8 @@ static int get_begin_shm(tport_client *c, const tport_ref *ref, uint32_t wait_ms
   q.memory_format_set = fmt >= 0;
   q.memory_format = (Tport__MemoryFormat)(fmt >= 0 ? fmt : 0);
   q.wait_ms = wait_ms;
+  if (direct)
+    client_get_direct_fill(direct, &q);
   return client_rpc_waiting(c, wait_ms, TPORT__METHOD__METHOD_GET_BEGIN, &q.base,
                             &tport__get_begin_reply__descriptor, (ProtobufCMessage **)out, payload,
                             unanswered, err);
@@ -302,7 +304,7 @@ static int get_shm(tport_client *c, const tport_ref *ref, tport_shm *r, size_t o
   if (rc)
     return rc;
   Tport__GetBeginReply *b;
-  rc = get_begin_shm(c, ref, 0, r, offset, cap, false, false, fmt, &b, NULL, NULL, err);
+  rc = get_begin_shm(c, ref, 0, r, offset, cap, false, false, fmt, NULL, &b, NULL, NULL, err);
   if (rc)
     return rc;
   if (!b->shm)
@@ -460,10 +462,10 @@ void client_shm_close(tport_client *c)
   c->shm_retired = NULL;
 }
 
-int client_shm_get_begin(tport_client *c, const tport_ref *ref, uint32_t wait_ms, tport_shm *r,
+int client_shm_get_begin(tport_client *c, const client_get_desc *g, tport_shm *r,
                          Tport__GetBeginReply **out, client_payload *payload, bool *unanswered,
                          tport_err *err)
 {
-  return get_begin_shm(c, ref, wait_ms, r, 0, r->nbytes, true, true, -1, out, payload, unanswered,
-                       err);
+  return get_begin_shm(c, g->ref, g->wait_ms, r, 0, r->nbytes, true, true, -1, g, out, payload,
+                       unanswered, err);
 }

@@ -32,6 +32,7 @@ static int hello_reply(call *c, int code, const char *msg, const uint8_t *challe
   if (r.process_regions) {
     r.process_read_max_bytes = shm_process_read_max(c->srv->cfg.chunk_bytes);
     r.process_put_once = true; /* put_gather.c */
+    r.process_gets = true;     /* get_direct.c */
   }
   r.server = "tportd "
              "0.1.0";
@@ -393,6 +394,8 @@ int h_stats(call *c)
   COUNTER("shm_process_regions", ss.process_regions);
   COUNTER("shm_process_reads", ss.process_reads);
   COUNTER("shm_process_bytes", ss.process_bytes);
+  COUNTER("shm_process_writes", ss.process_writes);
+  COUNTER("shm_process_written", ss.process_written);
   COUNTER("shm_process_reading", ss.process_reading);
   COUNTER("shm_process_stuck", ss.process_stuck);
   COUNTER("bytes_in", atomic_load(&s->bytes_in));

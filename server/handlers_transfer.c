@@ -15,7 +15,8 @@
  * Same host: a PutBegin (with commit) or a GetBegin may name a slice of a
  * region (regions.h) instead of carrying bytes: the bytes are copied once,
  * between the region and the tensor, converted on the way where the put
- * asks for it; nothing rides in the messages.
+ * asks for it; nothing rides in the messages.  A GetBegin may also name the
+ * caller's buffer itself, written by tportd (get_direct.h).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@
 #include "crc32c.h"
 #include "random_ids.h"
 #include "dtype.h"
+#include "get_direct.h"
 #include "validate.h"
 #include "wire.h"
 #include "wrap.h"
@@ -174,6 +176,18 @@ static int check_expect(call *c, const Tport__GetBeginRequest *q, const tport_te
   return TPORT_OK;
 }
 
+/* What a GetBegin of t must pass before a byte is written anywhere. */
+static int check_get(call *c, const Tport__GetBeginRequest *q, const tport_tensor *t)
+{
+  int rc = q->expect_set ? check_expect(c, q, t) : TPORT_OK;
+  if (!rc)
+    rc = wire_check_bytes(c, "the get", tensor_numel(t), tport_dtype_size(t->dtype));
+  if (!rc && q->memory_format_set && (!q->shm || q->shm_fallback))
+    rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
+                       "memory_format: a get in another order writes into a region (shm)");
+  return rc;
+}
+
 /* The most one GetChunk of t may ask for: a device's chunks are read back
  * into pool blocks, no larger than READER_MAX_CHUNK. */
 static size_t get_chunk_bytes(const server *s, const tport_tensor *t)
@@ -204,19 +218,16 @@ int h_get_begin(call *c)
   if (rc || !e)
     return rc; /* !e: waiting for the name */
   size_t want = tensor_nbytes(t);
-  rc = q->expect_set ? check_expect(c, q, t) : TPORT_OK; /* before a byte is written */
-  if (!rc)
-    rc = wire_check_bytes(c, "the get", tensor_numel(t), tport_dtype_size(t->dtype));
+  rc = check_get(c, q, t);
   /* into a region -- unless, with shm_fallback, the tensor is small enough
    * for the reply or too large for the slice: then the ordinary way */
   bool small = want <= q->inline_max && want <= s->cfg.chunk_bytes;
-  if (!rc && q->memory_format_set && (!q->shm || q->shm_fallback))
-    rc = tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
-                       "memory_format: a get in another order writes into a region (shm)");
-  size_t chunk_bytes = get_chunk_bytes(s, t);
-  bool region_chunks = by_region_chunks(q, want, chunk_bytes);
-  if (!rc && q->shm && !region_chunks && !(q->shm_fallback && (small || want > q->shm->length))) {
-    rc = get_into_region(c, q, e, t);
+  bool direct = !rc && get_direct_try(c, q, e, t, &rc); /* into the caller's buffer */
+  bool region_chunks = by_region_chunks(q, want, get_chunk_bytes(s, t));
+  if (direct ||
+      (!rc && q->shm && !region_chunks && !(q->shm_fallback && (small || want > q->shm->length)))) {
+    if (!direct)
+      rc = get_into_region(c, q, e, t);
     reg_put(&s->reg, e);
     return rc;
   }
@@ -228,7 +239,7 @@ int h_get_begin(call *c)
     return rc;
   }
   g->pipe = c->pipe;
-  g->chunk = chunk_bytes; /* the client is told to ask for no more */
+  g->chunk = get_chunk_bytes(s, t); /* the client is told to ask for no more */
   /* small tensors come back in this reply; an empty one has nothing to wait for */
   bool inline_data = want <= q->inline_max && want <= g->chunk;
   bool keep = want > 0 && !inline_data;

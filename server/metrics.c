@@ -220,6 +220,11 @@ static void registry_gauges(metrics_text *t, server *s)
   metrics_counter_u64(t, "tport_shm_process_read_bytes_total",
                       "Bytes of those reads (process_vm_readv).",
                       ss.process_bytes);
+  metrics_counter_u64(t, "tport_shm_process_writes_total",
+                      "Gets written straight into same-host clients' memory.",
+                      ss.process_writes);
+  metrics_counter_u64(t, "tport_shm_process_written_bytes_total",
+                      "Bytes of those writes (process_vm_writev).", ss.process_written);
   metrics_gauge_u64(t, "tport_tensor_bytes",
                     "Bytes tenants pay for: distinct storages, conversions in progress, gets' host "
                     "copies.",

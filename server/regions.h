@@ -175,6 +175,16 @@ typedef struct shm_read_many {
  * error for all. */
 int shm_process_read_segs(shm_table *t, uint32_t pipe, uint64_t id, shm_read_many *m,
                           struct reg_later *hold, bool *stuck, tport_err *err);
+/* Writes n bytes at src, which are keep's (retained while the write may
+ * read them), into the connection's process region id at address addr
+ * (a get straight into the caller's buffer): all of them, or an error.
+ * The same slots, threads and deadline as a read's: *stuck, the write was
+ * given up (DEADLINE_EXCEEDED) and may still land there -- the client is
+ * told so.  Nothing is written where the process has exited; a write is
+ * made in pieces, each while it still runs. */
+int shm_process_write(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, const void *src,
+                      size_t n, tport_tensor *keep, struct reg_later *hold, size_t keep_bytes,
+                      bool *stuck, tport_err *err);
 int shm_release(shm_table *t, uint32_t pipe, uint64_t id, tport_err *err);
 /* The connection closed: its regions go (once their holders are done). */
 void shm_drop_pipe(shm_table *t, uint32_t pipe);
@@ -200,6 +210,7 @@ typedef struct shm_stats {
   uint64_t ipc_opens, ipc_refused;        /* CUDA IPC allocations opened / refused, ever */
   uint64_t process_regions;               /* process regions registered now */
   uint64_t process_reads, process_bytes;  /* reads / bytes of clients' memory stored from, ever */
+  uint64_t process_writes, process_written; /* gets / bytes written into clients' memory, ever */
   uint64_t process_reading, process_stuck; /* reads running now; of them, given up */
 } shm_stats;
 void shm_get_stats(shm_table *t, shm_stats *out);

@@ -203,13 +203,16 @@ void pending_append(shm_table *t, shm_region *r);
 void pending_remove(shm_table *t, shm_region *r);
 void index_free(shm_table *t);
 
-/* regions_process_read.c, for the registration's check too: whether the
+/* regions_process_access.c, for the registration's check too: whether the
  * process behind pidfd still runs; bytes [from, to) of the runs seg of
  * process pid into their dsts, read by this thread without CAP_SYS_PTRACE
  * meanwhile (with bad, a flag a run: one that cannot be read is flagged
- * and skipped rather than failing the read). */
+ * and skipped rather than failing the read); or written from their dsts
+ * into the process, in calls each made while pidfd's process runs. */
 bool process_alive(int pidfd);
 int process_read_as_user(pid_t pid, const shm_read_seg *seg, size_t nseg, size_t from, size_t to,
                          atomic_bool *bad, tport_err *err);
+int process_write_as_user(pid_t pid, int pidfd, const shm_read_seg *seg, size_t nseg, size_t from,
+                          size_t to, tport_err *err);
 
 #endif

@@ -2,24 +2,22 @@
  * regions_process_read.c: reads of a same-host client's own memory, a
  * process region's (regions.h; registered and confirmed in
  * regions_process.c): a put's chunks, or a batch's elements together, taken
- * with process_vm_readv straight into the tensors that store them.
+ * with process_vm_readv straight into the tensors that store them -- and
+ * its writes, a get's bytes written straight into the caller's buffer
+ * (process_vm_writev), run the same way.
  *
  * A read runs on threads of its own (two share one of a MiB or more), each
- * without CAP_SYS_PTRACE, and checks before and after that the pidfd's
- * process still runs; the worker that asked waits for it until a deadline,
- * then gives it up (what it keeps stays charged to its tenant until it
- * ends).  A batch's read flags an element whose bytes cannot be read and
- * goes on with the next, then reads the batch's fence.
+ * without CAP_SYS_PTRACE (regions_process_access.c), and checks before and
+ * after that the pidfd's process still runs; the worker that asked waits
+ * for it until a deadline, then gives it up (what it keeps stays charged to
+ * its tenant until it ends).  A batch's read flags an element whose bytes
+ * cannot be read and goes on with the next, then reads the batch's fence.
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <linux/capability.h>
-#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/syscall.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -30,153 +28,6 @@
  * refused, and how long a worker waits for the read */
 #define PROCESS_READ_WAIT_MS 1000
 #define PROCESS_READ_DEADLINE_MS 5000
-
-/* Whether the process behind pidfd still runs (a pidfd polls readable once
- * its process has exited). */
-bool process_alive(int pidfd)
-{
-  struct pollfd p = {.fd = pidfd, .events = POLLIN};
-  int n;
-  do
-    n = poll(&p, 1, 0);
-  while (n < 0 && errno == EINTR);
-  return n == 0;
-}
-
-/* iovecs one process_vm_readv takes here (IOV_MAX is 1024): a batch's
- * request of 256 elements in one call, on the reading thread's stack */
-#define READ_IOV 256
-
-/* The iovecs of bytes [at, to) of the runs seg (at most READ_IOV of them,
- * from the run holding at): how many; *bytes, what they cover. */
-static int iov_of(const shm_read_seg *seg, size_t nseg, size_t at, size_t to, struct iovec *local,
-                  struct iovec *remote, size_t *bytes)
-{
-  int k = 0;
-  size_t base = 0;
-  *bytes = 0;
-  for (size_t i = 0; i < nseg && base < to && k < READ_IOV; base += seg[i++].n) {
-    size_t a = at > base ? at - base : 0, b = to - base < seg[i].n ? to - base : seg[i].n;
-    if (a >= b)
-      continue;
-    local[k] = (struct iovec){seg[i].dst + a, b - a};
-    remote[k] = (struct iovec){(void *)(uintptr_t)(seg[i].addr + a), b - a};
-    *bytes += b - a;
-    k++;
-  }
-  return k;
-}
-
-/* The client's address of byte at of the runs (at within them). */
-static uint64_t addr_at(const shm_read_seg *seg, size_t nseg, size_t at)
-{
-  for (size_t i = 0; i < nseg; at -= seg[i++].n)
-    if (at < seg[i].n)
-      return seg[i].addr + at;
-  return 0;
-}
-
-/* The run holding byte at of the runs (at within them), and where it
- * begins. */
-static size_t run_at(const shm_read_seg *seg, size_t nseg, size_t at, size_t *base)
-{
-  size_t r = 0;
-  for (*base = 0; r + 1 < nseg && at >= *base + seg[r].n; r++)
-    *base += seg[r].n;
-  return r;
-}
-
-/* Bytes [from, to) of the runs seg (none wraps the address space) of
- * process pid into their dsts: all of them, or why not.  With bad (a flag
- * a run), a run that cannot be read (nothing mapped) is flagged and the
- * read goes on with the next: each of a batch's elements answered for its
- * own bytes, in the one read. */
-static int read_process(pid_t pid, const shm_read_seg *seg, size_t nseg, size_t from, size_t to,
-                        atomic_bool *bad, tport_err *err)
-{
-  struct iovec local[READ_IOV], remote[READ_IOV];
-  size_t done = from;
-  while (done < to) {
-    size_t want;
-    int k = iov_of(seg, nseg, done, to, local, remote, &want);
-    ssize_t got = process_vm_readv(pid, local, (unsigned long)k, remote, (unsigned long)k, 0);
-    if (got > 0) {
-      done += (size_t)got;
-      continue;
-    }
-    if ((got == 0 || errno == EFAULT) && bad) {
-      size_t base, r = run_at(seg, nseg, done, &base);
-      atomic_store(&bad[r], true);
-      done = base + seg[r].n; /* (the next run, or past to) */
-      continue;
-    }
-    if (got == 0 || errno == EFAULT)
-      return tport_err_set(err, TPORT_OUT_OF_RANGE,
-                           "bytes [0x%llx, +%zu) of the client's memory cannot be read",
-                           (unsigned long long)addr_at(seg, nseg, done), local[0].iov_len);
-    if (errno == ESRCH)
-      return tport_err_set(err, TPORT_ABORTED, "the client process has exited");
-    if (errno == EPERM)
-      return tport_err_set(err, TPORT_PERMISSION_DENIED,
-                           "the kernel does not let tportd read the client's memory (ptrace "
-                           "access: the same user, a dumpable process, Yama's ptrace_scope)");
-    return tport_err_set(err, TPORT_INTERNAL, "process_vm_readv: %s", strerror(errno));
-  }
-  return TPORT_OK;
-}
-
-/* CAP_SYS_PTRACE out of this thread's effective set for a read, and back
- * after it (capabilities are a thread's own): a root tportd reads only
- * what the kernel lets any process of its user read (the same uids and
- * gids, a dumpable process), never a process a client might have made
- * become another (an exec of a setuid program).  Put back because the
- * thread's other work (a CUDA IPC open, say) may need it. */
-typedef struct ptrace_cap {
-  struct __user_cap_header_struct h;
-  struct __user_cap_data_struct d[_LINUX_CAPABILITY_U32S_3];
-  bool dropped;
-} ptrace_cap;
-
-#define PTRACE_WORD (CAP_SYS_PTRACE / 32)
-#define PTRACE_BIT (1u << (CAP_SYS_PTRACE % 32))
-
-static bool ptrace_cap_drop(ptrace_cap *pc)
-{
-  pc->h = (struct __user_cap_header_struct){.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-  pc->dropped = false;
-  if (syscall(SYS_capget, &pc->h, pc->d) != 0)
-    return false;
-  if (!(pc->d[PTRACE_WORD].effective & PTRACE_BIT))
-    return true;
-  pc->d[PTRACE_WORD].effective &= ~PTRACE_BIT;
-  if (syscall(SYS_capset, &pc->h, pc->d) != 0)
-    return false;
-  pc->dropped = true;
-  return true;
-}
-
-static void ptrace_cap_restore(ptrace_cap *pc)
-{
-  if (!pc->dropped)
-    return;
-  pc->d[PTRACE_WORD].effective |= PTRACE_BIT;
-  if (syscall(SYS_capset, &pc->h, pc->d) != 0)
-    log_msg(LOG_WARN, "CAP_SYS_PTRACE could not be put back on a reading thread: %s",
-            strerror(errno));
-}
-
-int process_read_as_user(pid_t pid, const shm_read_seg *seg, size_t nseg, size_t from, size_t to,
-                         atomic_bool *bad, tport_err *err)
-{
-  ptrace_cap pc;
-  if (!ptrace_cap_drop(&pc))
-    return tport_err_set(err, TPORT_INTERNAL,
-                         "cannot drop CAP_SYS_PTRACE before reading a client's memory: %s",
-                         strerror(errno));
-  int rc = read_process(pid, seg, nseg, from, to, bad, err);
-  ptrace_cap_restore(&pc);
-  return rc;
-}
 
 /* Reads of at least this many bytes are split over PROCESS_READ_PIECES
  * threads: process_vm_readv pins and copies the client's pages one by one,
@@ -204,11 +55,12 @@ struct read_job {
   size_t n;            /* the runs' bytes */
   shm_read_seg *seg;   /* the runs (the job's copy) */
   size_t nseg;
-  tport_tensor **keep; /* the dsts' tensors, retained while the read may write them */
+  tport_tensor **keep; /* the dsts' tensors, retained while the read may touch them */
   size_t nkeep;
   atomic_bool *bad;    /* a flag a run (NULL: a fault fails the read) */
   uint64_t fence_addr, fence_want; /* read after the runs where fence_addr */
   bool fence_held;                 /* ... and it held fence_want */
+  bool write;          /* from the dsts into the client (a get) */
   reg_later hold;      /* charged keep_bytes once given up, until the end */
   size_t keep_bytes;
   read_job *next_given_up; /* in the table's given_up (mu) */
@@ -303,7 +155,10 @@ static void read_ended(read_job *j)
   }
   /* counted where its bytes may be stored: read whole, waited for, and
    * its fence (if it names one) held */
-  if (!j->rc && !abandoned && (!j->fence_addr || j->fence_held)) {
+  if (!j->rc && !abandoned && j->write) {
+    t->stats.process_writes++;
+    t->stats.process_written += j->n;
+  } else if (!j->rc && !abandoned && (!j->fence_addr || j->fence_held)) {
     t->stats.process_reads++;
     t->stats.process_bytes += j->n;
   }
@@ -362,13 +217,15 @@ static void *read_thread(void *arg)
   int rc = TPORT_OK;
   if (!process_alive(j->pidfd))
     rc = tport_err_set(&err, TPORT_ABORTED, "the client process has exited");
-  if (!rc)
+  if (!rc && j->write)
+    rc = process_write_as_user(j->pid, j->pidfd, j->seg, j->nseg, p->from, p->to, &err);
+  else if (!rc)
     rc = process_read_as_user(j->pid, j->seg, j->nseg, p->from, p->to, j->bad, &err);
   /* while the process runs its pid is its own: gone now, the pid may have
    * named another process during the read */
   if (!rc && !process_alive(j->pidfd))
-    rc = tport_err_set(&err, TPORT_ABORTED,
-                       "the client process exited during the read: what was read is thrown away");
+    rc = tport_err_set(&err, TPORT_ABORTED, "the client process exited during the %s",
+                       j->write ? "write" : "read: what was read is thrown away");
   piece_ended(j, rc, &err);
   return NULL;
 }
@@ -539,8 +396,10 @@ static read_job *job_new(const shm_read_many *m)
   return j;
 }
 
-int shm_process_read_segs(shm_table *t, uint32_t pipe, uint64_t id, shm_read_many *m,
-                          reg_later *hold, bool *stuck, tport_err *err)
+/* A read of m's runs, or (write) a write of them: shm_process_read_segs,
+ * shm_process_write. */
+static int process_job(shm_table *t, uint32_t pipe, uint64_t id, shm_read_many *m, bool write,
+                       reg_later *hold, bool *stuck, tport_err *err)
 {
   *stuck = false;
   if (!t)
@@ -563,6 +422,7 @@ int shm_process_read_segs(shm_table *t, uint32_t pipe, uint64_t id, shm_read_man
   t->process_reading++;
   u->reading++;
   j->t = t;
+  j->write = write;
   j->r = r;
   j->u = u;
   j->pid = r->peer_pid;
@@ -591,6 +451,12 @@ int shm_process_read_segs(shm_table *t, uint32_t pipe, uint64_t id, shm_read_man
     give_up(t, j);
     pthread_mutex_unlock(&t->mu);
     *stuck = true;
+    if (write)
+      return tport_err_set(err, TPORT_DEADLINE_EXCEEDED,
+                           "the client's memory at 0x%llx (+%zu bytes) was not written in %d s: "
+                           "given up, though the write may still land there (memory that pages "
+                           "in slowly: TPORT_SHM_DIRECT=0 gets through the shared region instead)",
+                           (unsigned long long)m->seg[0].addr, n, PROCESS_READ_DEADLINE_MS / 1000);
     return tport_err_set(err, TPORT_DEADLINE_EXCEEDED,
                          "the client's memory at 0x%llx (+%zu bytes%s) was not read in %d s: "
                          "given up (memory that pages in slowly: TPORT_SHM_DIRECT=0 puts "
@@ -608,4 +474,20 @@ int shm_process_read_segs(shm_table *t, uint32_t pipe, uint64_t id, shm_read_man
   m->fence_held = j->fence_held;
   job_free(j);
   return rc;
+}
+
+int shm_process_read_segs(shm_table *t, uint32_t pipe, uint64_t id, shm_read_many *m,
+                          reg_later *hold, bool *stuck, tport_err *err)
+{
+  return process_job(t, pipe, id, m, false, hold, stuck, err);
+}
+
+int shm_process_write(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, const void *src,
+                      size_t n, tport_tensor *keep, reg_later *hold, size_t keep_bytes, bool *stuck,
+                      tport_err *err)
+{
+  /* (a run's dst is the local side: here what is written) */
+  shm_read_seg one = {.addr = addr, .dst = (uint8_t *)(uintptr_t)src, .n = n};
+  shm_read_many m = {.seg = &one, .nseg = 1, .keep = &keep, .nkeep = 1, .keep_bytes = keep_bytes};
+  return process_job(t, pipe, id, &m, true, hold, stuck, err);
 }

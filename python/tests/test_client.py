@@ -190,7 +190,7 @@ def test_context_managers_and_close(server):
         t.info()
 
 
-def test_progress_callable(server):
+def test_progress_callable(server, monkeypatch):
     # by socket: chunk by chunk (through a same-host region too for a put
     # that is not converted; a get through one reports once, whole)
     client = tp.Client(server.url, shm=False)
@@ -219,6 +219,13 @@ def test_progress_callable(server):
         # 24 MB reports once, whole
         assert seen and seen[-1] == (x.nbytes, x.nbytes)
         assert all(a[0] < b[0] for a, b in zip(seen, seen[1:]))
+        # written by tportd straight into this process's memory: once, whole
+        seen.clear()
+        assert np.array_equal(c.get(t, progress=lambda d, n: seen.append((d, n))), x)
+        assert seen == [(x.nbytes, x.nbytes)]
+    monkeypatch.setenv("TPORT_SHM_DIRECT", "0")
+    with tp.Client(server.url) as c:
+        t = c.put(x)
         # through the automatic region a chunk at a time: progress per chunk
         seen.clear()
         assert np.array_equal(c.get(t, progress=lambda d, n: seen.append((d, n))), x)

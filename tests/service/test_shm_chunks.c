@@ -34,13 +34,24 @@ static void stop(server *s)
   rmdir(sock_dir);
 }
 
-static tport_client *connect_to(const char *url, bool verify)
+/* direct: a large get from the cpu may be written straight into the
+ * caller's buffer (server/get_direct.h) -- else (TPORT_SHM_DIRECT=0) it
+ * goes through the region as a device's does. */
+static tport_client *connect_direct(const char *url, bool verify, bool direct)
 {
   tport_client *c;
   tport_err err;
   tport_connect_options o = {.tenant = "t", .timeout_ms = 20000, .verify = verify};
+  if (!direct)
+    cr_assert_eq(setenv("TPORT_SHM_DIRECT", "0", 1), 0);
   cr_assert_eq(tport_connect(url, &o, &c, &err), 0, "connect %s: %s", url, err.msg);
+  cr_assert_eq(unsetenv("TPORT_SHM_DIRECT"), 0);
   return c;
+}
+
+static tport_client *connect_to(const char *url, bool verify)
+{
+  return connect_direct(url, verify, false);
 }
 
 static void fill(uint8_t *p, size_t n, unsigned seed)
@@ -263,15 +274,18 @@ static void count_progress(void *arg, size_t done, size_t total)
 
 /* tport_get of large tensors through the automatic region, from cpu and
  * sim:0, at odd sizes, verified or not: one region transfer of one
- * GetChunk a chunk, every byte right, the progress reaching the end. */
+ * GetChunk a chunk, every byte right, the progress reaching the end.  With
+ * the caller's buffer offered too, the cpu's are written there instead
+ * (no GetChunk) and the devices' still come through the region. */
 Test(shm_chunks, libtport_gets_large_tensors_a_chunk_at_a_time)
 {
   char url[96];
   server *s = start(url, sizeof url);
   const size_t sizes[] = {5 * CHUNK + 1, 40 * CHUNK + 12345, (size_t)9 << 20 | 7};
   const char *devices[] = {"cpu", "sim:0", "sim:1"};
-  for (int verify = 0; verify < 2; verify++) {
-    tport_client *c = connect_to(url, verify);
+  for (int mode = 0; mode < 4; mode++) {
+    bool verify = mode & 1, direct = mode & 2;
+    tport_client *c = connect_direct(url, verify, direct);
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
       for (int d = 0; d < 3; d++) {
         uint8_t *v;
@@ -286,13 +300,19 @@ Test(shm_chunks, libtport_gets_large_tensors_a_chunk_at_a_time)
                              .progress = count_progress,
                              .progress_arg = &last};
         int64_t chunks0 = svc_server_counter(url, "requests_GetChunk"),
-                shm0 = svc_server_counter(url, "shm_transfers");
+                shm0 = svc_server_counter(url, "shm_transfers"),
+                direct0 = svc_server_counter(url, "shm_process_writes");
         cr_assert_eq(client_get(c, &g, NULL, NULL, NULL, &err), 0, "%s", err.msg);
-        /* through the region (one transfer there), by GetChunks: one a chunk */
+        /* through the region (one transfer there), by GetChunks: one a chunk
+         * -- or, from the cpu, written straight into back */
+        bool wrote = direct && d == 0;
         cr_assert_eq(svc_server_counter(url, "shm_transfers"), shm0 + 1,
                      "the get did not use the region");
+        cr_assert_eq(svc_server_counter(url, "shm_process_writes"), direct0 + wrote,
+                     "%s: the get was %swritten straight into the buffer", devices[d],
+                     wrote ? "not " : "");
         cr_assert_eq(svc_server_counter(url, "requests_GetChunk"),
-                     chunks0 + (int64_t)((sizes[i] + CHUNK - 1) / CHUNK),
+                     chunks0 + (wrote ? 0 : (int64_t)((sizes[i] + CHUNK - 1) / CHUNK)),
                      "the get was not a chunk at a time");
         cr_assert_eq(last, sizes[i], "progress stopped at %zu of %zu", last, sizes[i]);
         cr_assert_eq(memcmp(back, v, sizes[i]), 0, "%zu bytes from %s (verify %d)", sizes[i],

@@ -1,0 +1,76 @@
+/* get_direct.c: a get straight into the caller's buffer (get_direct.h). */
+#include "get_direct.h"
+
+#include "crc32c.h"
+#include "wire.h"
+
+static bool fits(const call *c, const Tport__GetBeginRequest *q, const tport_tensor *t,
+                 size_t want)
+{
+  const server *s = c->srv;
+  bool small = want <= q->inline_max && want <= s->cfg.chunk_bytes;
+  return q->direct_region && s->shm && !small && want <= q->direct_length &&
+         !q->memory_format_set && tensor_device(t).type == TPORT_DEV_CPU &&
+         !tensor_is_managed(t) && meta_is_contiguous(&t->layout) && !t->conj && !t->neg;
+}
+
+static int get_direct(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tport_tensor *t,
+                      bool *other)
+{
+  server *s = c->srv;
+  size_t want = tensor_nbytes(t);
+  *other = false;
+  if (q->direct_addr > UINT64_MAX - want)
+    return tport_err_set(&c->err, TPORT_OUT_OF_RANGE,
+                         "bytes [0x%llx, +%zu) wrap past the end of the address space",
+                         (unsigned long long)q->direct_addr, want);
+  const uint8_t *src = tensor_host_bytes(t, 0, want); /* (waits for its pending work) */
+  if (!src)
+    return tport_err_set(&c->err, TPORT_INTERNAL, "the tensor's values are not in host memory");
+  /* a write given up keeps the tensor, which a free may no longer pay
+   * for: its tenant pays until the write ends */
+  reg_later hold = {0};
+  int rc = reg_later_begin(&s->reg, c->pipe, &hold, &c->err);
+  bool stuck = false;
+  int64_t t0 = metrics_now_ns();
+  if (!rc)
+    rc = shm_process_write(s->shm, c->pipe, q->direct_region, q->direct_addr, src, want, t, &hold,
+                           want, &stuck, &c->err);
+  metrics_stage_since(&s->metrics, STAGE_STAGE, t0);
+  if (rc == TPORT_RESOURCE_EXHAUSTED && !stuck) {
+    *other = true; /* no slot: nothing written */
+    return rc;
+  }
+  if (rc)
+    return rc;
+  wire_info wi;
+  wire_fill_info(&wi, e, t);
+  Tport__GetBeginReply r = TPORT__GET_BEGIN_REPLY__INIT;
+  r.status = wire_ok();
+  r.info = &wi.info;
+  r.nbytes = want;
+  r.chunk_bytes = s->cfg.chunk_bytes;
+  if (q->want_crc32c) { /* of what was written: the tensor does not change */
+    r.crc32c_set = true;
+    r.crc32c = transport_crc32c(0, src, want);
+  }
+  r.direct = true;
+  atomic_fetch_add(&s->bytes_out, want);
+  shm_count_transfer(s->shm);
+  return call_reply(c, &r.base, NULL, 0);
+}
+
+bool get_direct_try(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tport_tensor *t,
+                    int *rc)
+{
+  if (!fits(c, q, t, tensor_nbytes(t)))
+    return false;
+  bool other;
+  int r = get_direct(c, q, e, t, &other);
+  if (other) { /* no slot: the way the rest of the request asks */
+    tport_err_clear(&c->err);
+    return false;
+  }
+  *rc = r;
+  return true;
+}

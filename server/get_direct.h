@@ -1,0 +1,31 @@
+/*
+ * get_direct.h: a get written straight into the caller's buffer
+ * (GetBeginRequest.direct_*): a same-host client's process region
+ * (regions.h), written with process_vm_writev from the tensor's own memory
+ * -- one copy, where the automatic region costs two (tportd's into the
+ * region, the client's out of it).
+ *
+ * Only a tensor whose values already lie in host memory in logical C order
+ * (cpu, contiguous, no lazy conj or neg) and too large for the reply's
+ * payload goes so; any other goes the way the rest of the request asks (a
+ * device's through the region, which the GPU's copy engine writes).  The
+ * write runs as a process region's reads do (regions_process_read.c: its
+ * slots, threads, deadline), the tensor held until it ends.  Where no slot
+ * is free the get goes the other way instead.  A write given up after the
+ * deadline may still land: the client is told (DEADLINE_EXCEEDED), and its
+ * tport.h says what a get that failed may leave behind.
+ */
+#ifndef TPORT_SERVER_GET_DIRECT_H
+#define TPORT_SERVER_GET_DIRECT_H
+
+#include "server_internal.h"
+
+/* Where q asks t written straight into the client's memory and t can be:
+ * writes its values at q->direct_addr of the connection's process region
+ * q->direct_region and answers (reply's direct), or fails (*rc), and
+ * returns true.  False where the get goes another way (nothing written,
+ * *rc untouched): t cannot be, or no slot was free. */
+bool get_direct_try(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tport_tensor *t,
+                    int *rc);
+
+#endif
