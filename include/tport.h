@@ -212,7 +212,14 @@ int tport_put(tport_client *c, tport_dtype dtype, int ndim, const int64_t *sizes
               const int64_t *strides, const void *data, size_t nbytes,
               const tport_put_options *opts, tport_tensor_info *out, tport_err *err);
 /* Gets a tensor's values in logical C order into buf (cap bytes); info, when
- * not NULL, receives its description. */
+ * not NULL, receives its description.  Over ipc:// and inproc:// (same
+ * host, same user), a large tensor that the server holds on its cpu as it
+ * is gets written by the server straight into buf (process_vm_writev; off
+ * with TPORT_SHM_DIRECT=0): a get into buf that fails before the server's
+ * answer came (the client's timeout, the connection lost) or whose write
+ * the server gave up (DEADLINE_EXCEEDED, "may still land": memory that
+ * never faults in, userfaultfd or FUSE) may still write buf later, as a
+ * CUDA IPC get may write device memory (tport_get_dlpack). */
 int tport_get(tport_client *c, const tport_ref *ref, void *buf, size_t cap, tport_tensor_info *info,
               tport_progress_fn progress, void *progress_arg, tport_err *err);
 /* The same into a buffer it allocates (free() it). */
@@ -329,8 +336,10 @@ int tport_get_into_dlpack(tport_client *c, const tport_ref *ref, const DLTensor 
  * too: a cancelled request may still be reading or writing until it
  * completes.  tport_request_free of a request in flight cancels it; the
  * memory it used is the caller's again only once it has completed (wait
- * first).  Options (names, devices) and sizes are copied: they need not
- * outlive the call.
+ * first) -- except a get's buffer that the server was writing directly
+ * when the get failed (see tport_get).  A get written directly is one
+ * request: a cancel waits for it.  Options (names, devices) and sizes are
+ * copied: they need not outlive the call.
  *
  * Completion: tport_test polls, tport_wait waits (timeout_ms < 0: for ever;
  * 0: a poll), tport_wait_any waits for the first of several; the waits

@@ -29,16 +29,24 @@ static int get_direct(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tp
     return tport_err_set(&c->err, TPORT_INTERNAL, "the tensor's values are not in host memory");
   /* a write given up keeps the tensor, which a free may no longer pay
    * for: its tenant pays until the write ends */
-  reg_later hold = {0};
-  int rc = reg_later_begin(&s->reg, c->pipe, &hold, &c->err);
+  int rc = TPORT_OK;
   bool stuck = false;
   int64_t t0 = metrics_now_ns();
-  if (!rc)
-    rc = shm_process_write(s->shm, c->pipe, q->direct_region, q->direct_addr, src, want, t, &hold,
-                           want, &stuck, &c->err);
+  /* a write of SHM_PROCESS_READ_SPAN at most, each with its own deadline
+   * (a whole tensor under one would fail every get past a few GB) */
+  for (size_t off = 0; !rc && off < want; off += SHM_PROCESS_READ_SPAN) {
+    size_t n = want - off < SHM_PROCESS_READ_SPAN ? want - off : SHM_PROCESS_READ_SPAN;
+    reg_later hold = {0};
+    rc = reg_later_begin(&s->reg, c->pipe, &hold, &c->err);
+    if (!rc)
+      rc = shm_process_write(s->shm, c->pipe, q->direct_region, q->direct_addr + off, src + off,
+                             n, t, &hold, n, &stuck, &c->err);
+  }
   metrics_stage_since(&s->metrics, STAGE_STAGE, t0);
   if (rc == TPORT_RESOURCE_EXHAUSTED && !stuck) {
-    *other = true; /* no slot: nothing written */
+    /* no slot (or no thread): what was written is the tensor's own bytes
+     * at their place, written again or refused the other way */
+    *other = true;
     return rc;
   }
   if (rc)

@@ -10,7 +10,8 @@
  * payload goes so; any other goes the way the rest of the request asks (a
  * device's through the region, which the GPU's copy engine writes).  The
  * write runs as a process region's reads do (regions_process_read.c: its
- * slots, threads, deadline), the tensor held until it ends.  Where no slot
+ * slots, threads, deadline), SHM_PROCESS_READ_SPAN at a time, the tensor
+ * held until each ends.  Where no slot
  * is free the get goes the other way instead.  A write given up after the
  * deadline may still land: the client is told (DEADLINE_EXCEEDED), and its
  * tport.h says what a get that failed may leave behind.

@@ -587,6 +587,7 @@ static void get_element(call *c, reply_sink *sink, const Tport__GetBeginRequest 
   Tport__GetBeginRequest one = *g;
   if (one.inline_max > *budget)
     one.inline_max = *budget;
+  one.direct_region = 0; /* a batch's gets are never written into the caller's memory */
   batch_env env = {.sink = sink};
   run_element(c, &env, NULL, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin, &one.base, NULL, 0, 0,
               el);

@@ -221,7 +221,8 @@ static void registry_gauges(metrics_text *t, server *s)
                       "Bytes of those reads (process_vm_readv).",
                       ss.process_bytes);
   metrics_counter_u64(t, "tport_shm_process_writes_total",
-                      "Gets written straight into same-host clients' memory.",
+                      "Writes of gets straight into same-host clients' memory (32 MiB at most "
+                      "each).",
                       ss.process_writes);
   metrics_counter_u64(t, "tport_shm_process_written_bytes_total",
                       "Bytes of those writes (process_vm_writev).", ss.process_written);

@@ -50,9 +50,12 @@
  * read by a thread without CAP_SYS_PTRACE (a root tportd reads only what
  * any process of its user may).  The process is held by a pidfd: a read is
  * refused once it has exited, and a read during which it exited is thrown
- * away (its pid may name another process by then).  tportd only reads a
- * client's memory, never writes it: a write the client could not take back
- * (a get that timed out) would land in memory it has reused.  A read may
+ * away (its pid may name another process by then).  A get may name the
+ * region too (get_direct.h): the tensor's bytes written into the caller's
+ * buffer (process_vm_writev), in calls each made while the process runs.
+ * A write cannot be taken back: one whose get the client stopped waiting
+ * for (its timeout) may land in memory it has reused since -- the
+ * client's own, as a CUDA IPC get's is, and tport.h says so.  A read may
  * never end (a page the client never lets fault in: userfaultfd, FUSE): each
  * runs on threads of its own (two share a read of a MiB or more: one
  * thread's process_vm_readv is half a memcpy), which the worker waits for
@@ -210,7 +213,7 @@ typedef struct shm_stats {
   uint64_t ipc_opens, ipc_refused;        /* CUDA IPC allocations opened / refused, ever */
   uint64_t process_regions;               /* process regions registered now */
   uint64_t process_reads, process_bytes;  /* reads / bytes of clients' memory stored from, ever */
-  uint64_t process_writes, process_written; /* gets / bytes written into clients' memory, ever */
+  uint64_t process_writes, process_written; /* writes / bytes into clients' memory, ever */
   uint64_t process_reading, process_stuck; /* reads running now; of them, given up */
 } shm_stats;
 void shm_get_stats(shm_table *t, shm_stats *out);

@@ -79,6 +79,16 @@ Test(get_direct, a_large_get_is_written_into_the_callers_buffer)
     cr_assert_eq(tport_get(c, &i2.ref, back2, big, NULL, NULL, NULL, &err), 0, "%s", err.msg);
     cr_assert_eq(svc_server_counter(url, "shm_process_writes") - writes, 2);
     cr_assert_eq(memcmp(back2, v2, big), 0);
+    /* past a span: a write a span, each with its own deadline */
+    size_t huge = 2 * SPAN + 4097;
+    uint8_t *v3 = malloc(huge), *back3 = calloc(1, huge);
+    fill(v3, huge, 19);
+    tport_tensor_info i3 = put_u8(c, v3, huge, "cpu");
+    cr_assert_eq(tport_get(c, &i3.ref, back3, huge, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(svc_server_counter(url, "shm_process_writes") - writes, 5);
+    cr_assert_eq(memcmp(back3, v3, huge), 0);
+    tport_free(c, &i3.ref, NULL);
+    free(v3), free(back3);
     free(v), free(back), free(v2), free(back2);
     tport_close(c);
   }
