@@ -58,7 +58,7 @@ static int get_direct(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tp
   r.info = &wi.info;
   r.nbytes = want;
   r.chunk_bytes = s->cfg.chunk_bytes;
-  if (q->want_crc32c) { /* of what was written: the tensor does not change */
+  if (q->want_crc32c) { /* of the tensor now: a Copy into it meanwhile shows as a mismatch */
     r.crc32c_set = true;
     r.crc32c = transport_crc32c(0, src, want);
   }

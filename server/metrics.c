@@ -210,8 +210,8 @@ static void registry_gauges(metrics_text *t, server *s)
                     "Same-host clients whose memory tportd reads directly now.",
                     ss.process_regions);
   metrics_gauge_u64(t, "tport_shm_process_reads_stuck",
-                    "Reads of clients' memory given up by their workers and still running (a "
-                    "page the client never lets fault in).",
+                    "Reads and writes of clients' memory given up by their workers and still "
+                    "running (a page the client never lets fault in).",
                     ss.process_stuck);
   metrics_counter_u64(t, "tport_shm_process_reads_total",
                       "Reads of same-host clients' memory whose bytes could be stored (a "

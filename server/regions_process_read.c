@@ -267,8 +267,8 @@ static int take_slot(shm_table *t, uint32_t pipe, uint64_t id, shm_region **rp, 
     int64_t left = hopeless ? 0 : until - now_ms();
     if (left <= 0) {
       rc = tport_err_set(err, TPORT_RESOURCE_EXHAUSTED,
-                         "tportd is reading %zu clients' memory at once (%zu for tenant '%s'): "
-                         "send these bytes another way",
+                         "tportd is reading or writing %zu clients' memory at once (%zu for "
+                         "tenant '%s'): send these bytes another way",
                          t->process_reading, u->reading, r->tenant);
       break;
     }

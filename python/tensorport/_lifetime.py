@@ -66,3 +66,21 @@ class Lifetime:
                 out.append(self._dropped.popleft())
             except IndexError:
                 return out
+
+
+# Buffers this package made for a get that failed with tportd perhaps still
+# writing them: over ipc:// a large get is written straight into the
+# caller's memory (tport.h, tport_get), and one whose answer never came (a
+# timeout, the connection lost) or whose write tportd gave up may land
+# later.  Such a buffer is kept for good rather than freed and reused.
+_written_late = []
+_written_late_lock = threading.Lock()
+
+
+def keep_if_written_late(buf, exc):
+    """Keeps buf for the life of the process where exc says tportd may still write it."""
+    from .errors import Aborted, DeadlineExceeded, Unavailable
+
+    if isinstance(exc, (DeadlineExceeded, Unavailable, Aborted)):
+        with _written_late_lock:
+            _written_late.append(buf)

@@ -10,7 +10,7 @@ copy.
 """
 import ctypes
 
-from . import _dlpack, _futures, _lib, _names, _tensor_ops
+from . import _dlpack, _futures, _lib, _lifetime, _names, _tensor_ops
 from ._convert import _info_from_c, _wait_ms
 from .errors import InvalidArgument, error_for
 from .tensor import Tensor
@@ -54,8 +54,13 @@ def get(client, ref, sink):
                                                ctypes.c_void_p(a.ctypes.data), a.nbytes, None,
                                                done, arg, req, err)
 
+        def kept(result, exc, cancelled):
+            if exc is not None:
+                _lifetime.keep_if_written_late(a, exc)  # tportd may still write it
+            sink(result, exc, cancelled)
+
         # ref too: a Tensor collected meanwhile would be freed under the get
-        return _futures.issue(client, start, what, (ref, r), lambda: a, sink)
+        return _futures.issue(client, start, what, (ref, r), lambda: a, kept)
     item = _lib.GetItem()
     item.ref = r
     managed = (ctypes.c_void_p * 1)()

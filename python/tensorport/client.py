@@ -19,7 +19,7 @@ from ._convert import (_enc, _env, _handle_and_name_of, _info_from_bytes, _info_
                        _timeout_ms, _ttl_ms, _wait_ms)
 from ._devices import DeviceInfo, DeviceList, devices_from_c
 from ._progress import Progress
-from .errors import FailedPrecondition, InvalidArgument, NotFound, error_for
+from .errors import Error, FailedPrecondition, InvalidArgument, NotFound, error_for
 from .tensor import Tensor
 
 __all__ = ["Client", "DeviceInfo", "DeviceList", "DEFAULT_URL"]
@@ -451,7 +451,11 @@ class Client:
             return _dlpack.numpy_from_managed(self._get_managed(r), dtype)
         prog = Progress(progress, "get")
         a = np.empty(info.shape, dtype)
-        self._get_into(r, a.ctypes.data, a.nbytes, prog)
+        try:
+            self._get_into(r, a.ctypes.data, a.nbytes, prog)
+        except Error as e:
+            _lifetime.keep_if_written_late(a, e)
+            raise
         return a
 
     def get_into(self, ref, out):
@@ -501,7 +505,11 @@ class Client:
             return _dlpack.torch_from_managed(self._get_managed(r), info.dtype)
         prog = Progress(progress, "get")
         t = torch.empty(info.shape, dtype=_names.torch_dtype(info.dtype))
-        self._get_into(r, t.data_ptr(), t.numel() * t.element_size(), prog)
+        try:
+            self._get_into(r, t.data_ptr(), t.numel() * t.element_size(), prog)
+        except Error as e:
+            _lifetime.keep_if_written_late(t, e)
+            raise
         return t
 
     def _get_capsule(self, ref):

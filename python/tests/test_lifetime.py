@@ -73,3 +73,27 @@ def test_free_is_for_the_tenant_only(server):
             o.get("mine")
         assert a.tensor("mine").ref == t.ref
         t.free()
+
+
+def test_a_buffer_tportd_may_still_write_is_kept():
+    # a get written straight into a buffer this package made (over ipc://)
+    # that failed without its answer may still be written by tportd: that
+    # buffer is kept for good, never freed and reused; one that failed
+    # otherwise goes as usual
+    import gc
+    import weakref
+
+    from tensorport import _lifetime
+    from tensorport.errors import DeadlineExceeded, NotFound, Unavailable
+
+    class Buf:
+        pass
+
+    late, lost, gone = Buf(), Buf(), Buf()
+    refs = [weakref.ref(b) for b in (late, lost, gone)]
+    _lifetime.keep_if_written_late(late, DeadlineExceeded("the write may still land"))
+    _lifetime.keep_if_written_late(lost, Unavailable("the connection was lost"))
+    _lifetime.keep_if_written_late(gone, NotFound("no such tensor"))
+    del late, lost, gone
+    gc.collect()
+    assert [r() is not None for r in refs] == [True, True, False]
