@@ -4,8 +4,10 @@
  * with a shm socket; six threads share one client's automatic region
  * (tport_put/tport_get of large tensors: the region is taken by one call at
  * a time, the others take the socket; their puts, more than a chunk, are
- * read by the server from the caller's buffer, the connection's process
- * region registered by whichever comes first), four more create regions, put and
+ * read by the server from the caller's buffer and their gets written into
+ * it -- two at a time for the tenant, the others through the region or the
+ * socket -- the connection's process region registered by whichever comes
+ * first), four more create regions, put and
  * get through them and release them -- or close their connection with the
  * regions still registered while another thread of theirs is copying
  * through one (a disconnect must unmap a region only after the last copy).
