@@ -6,7 +6,9 @@
  * read in one window (batch_get_deferred.c: up to a chunk, four to a GetBatch,
  * inline; larger, a GetBegin each and the GetChunks of its transfer) -- or,
  * with the automatic region on, a larger one by path.c as a tport_get of
- * its own would.  Every element keeps its own result and error: a reply
+ * its own would.  A caller's buffer of a quarter MiB or more on the same
+ * host is offered to the server, which writes a cpu tensor there itself
+ * (process_region.c), in the first GetBatch or in a deferred one.  Every element keeps its own result and error: a reply
  * element the server got wrong fails that element.
  */
 #include <stdio.h>
@@ -46,7 +48,9 @@ static void get_element(tport_client *c, tport_get_item *it, const Tport__GetBeg
   }
   client_payload inl = {0};
   size_t n = (size_t)b->nbytes;
-  if (b->transfer.len == 0 && !b->shm) {
+  if (b->direct) /* written into it->buf, where get_group offered it */
+    g.direct_region = client_get_direct_region(c, it->buf, it->cap);
+  else if (b->transfer.len == 0 && !b->shm) {
     /* inline: its bytes are the next n of the payload */
     if (n > p->len - *at) {
       tport_err_set(&it->err, TPORT_DATA_LOSS,
@@ -81,6 +85,12 @@ static void get_group(tport_client *c, tport_get_item *items, size_t k, bool blo
     qs[j].ref = &refs[j];
     qs[j].inline_max = c->chunk_bytes;
     qs[j].want_crc32c = c->verify;
+    /* a caller's buffer the server may write itself (process_region.c):
+     * a tensor of a quarter MiB or more goes there, not inline */
+    client_get_desc gd = {.ref = &items[j].ref, .buf = items[j].buf, .cap = items[j].cap};
+    if (items[j].buf)
+      gd.direct_region = client_get_direct_region(c, items[j].buf, items[j].cap);
+    client_get_direct_fill(&gd, &qs[j]);
     qp[j] = &qs[j];
   }
   Tport__GetBatchReply *r = NULL;

@@ -47,6 +47,7 @@ typedef struct dget {
   bool alloced;                 /* buf made here (freed when it fails) */
   ProtobufCBinaryData transfer; /* its chunks' transfer (a copy) */
   size_t shm_at;                /* where in the region its group's slot has it */
+  bool direct;                  /* its buffer offered to the server (process_region.c) */
 } dget;
 
 /* A unit: a GetBatch of up to GET_GROUP small elements (those of up to a
@@ -106,11 +107,19 @@ static int group_make(deferred_gets *d, size_t g, nng_msg **out, tport_err *err)
   Tport__GetBeginRequest qs[GET_GROUP], *qp[GET_GROUP];
   for (size_t j = 0; j < k; j++) {
     dget *e = &d->el[d->small[first + j]];
-    client_ref_to_wire(&d->items[e->item].ref, &refs[j]);
+    tport_get_item *it = &d->items[e->item];
+    client_ref_to_wire(&it->ref, &refs[j]);
     tport__get_begin_request__init(&qs[j]);
     qs[j].ref = &refs[j];
     qs[j].inline_max = d->c->chunk_bytes;
     qs[j].want_crc32c = d->c->verify;
+    /* a caller's buffer of a quarter MiB or more: offered to the server,
+     * which writes a cpu tensor there itself (else the slot, or inline) */
+    client_get_desc gd = desc_of(d, it);
+    if (it->buf && e->planned >= CLIENT_SHM_MIN_BYTES)
+      gd.direct_region = client_get_direct_region(d->c, it->buf, it->cap);
+    client_get_direct_fill(&gd, &qs[j]);
+    e->direct = gd.direct_region != 0;
     if (slot != BATCH_NO_SLOT) { /* the slot holds the group's planned bytes */
       e->shm_at = at;
       slices[j] = client_slice(d->region.r, at, e->planned);
@@ -155,6 +164,30 @@ static void take_from_region(deferred_gets *d, size_t g, dget *e, tport_get_item
   it->nbytes = n;
 }
 
+/* Element e (its item it), answered by b with its tensor written by the
+ * server into the caller's buffer it offered. */
+static void take_direct(deferred_gets *d, dget *e, tport_get_item *it,
+                        const Tport__GetBeginReply *b)
+{
+  size_t n = (size_t)b->nbytes;
+  if (!e->direct || b->nbytes > it->cap) { /* a hostile or broken server */
+    tport_err_set(&it->err, TPORT_DATA_LOSS,
+                  "the server says it wrote %llu bytes into this process's buffer, which it "
+                  "was not offered",
+                  (unsigned long long)b->nbytes);
+    return;
+  }
+  if (d->c->verify && !b->crc32c_set) {
+    tport_err_set(&it->err, TPORT_DATA_LOSS, "the get came without a CRC32C");
+    return;
+  }
+  if (client_check_crc32c(d->c->verify, true, b->crc32c, it->buf, n, 0, &it->err))
+    return;
+  client_info_from_wire(b->info, &it->info);
+  it->data = it->buf;
+  it->nbytes = n;
+}
+
 /* Group g answered: each element's bytes from the reply's payload, in
  * order; one the server deferred again (grown since) goes on its own. */
 static void group_take(deferred_gets *d, client_slot *s, size_t g)
@@ -195,6 +228,10 @@ static void group_take(deferred_gets *d, client_slot *s, size_t g)
     size_t n = (size_t)b->nbytes;
     if ((r->n_deferred && r->deferred[j]) || b->transfer.len) {
       e->state = DG_REDO;
+      continue;
+    }
+    if (b->direct) {
+      take_direct(d, e, it, b);
       continue;
     }
     if (b->shm) {

@@ -146,6 +146,7 @@ void client_get_direct_fill(const client_get_desc *g, Tport__GetBeginRequest *q)
   q->direct_region = g->direct_region;
   q->direct_addr = (uint64_t)(uintptr_t)g->buf;
   q->direct_length = g->cap;
+  q->direct_min_bytes = CLIENT_SHM_MIN_BYTES; /* smaller: inline, as before */
   if (g->want) { /* written before the reply says what: checked there first */
     q->expect_set = true;
     q->expect_dtype = (Tport__DType)g->want->dtype;

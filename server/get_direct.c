@@ -8,7 +8,8 @@ static bool fits(const call *c, const Tport__GetBeginRequest *q, const tport_ten
                  size_t want)
 {
   const server *s = c->srv;
-  bool small = want <= q->inline_max && want <= s->cfg.chunk_bytes;
+  bool small = q->direct_min_bytes ? want < q->direct_min_bytes
+                                   : want <= q->inline_max && want <= s->cfg.chunk_bytes;
   return q->direct_region && s->shm && !small && want <= q->direct_length &&
          !q->memory_format_set && tensor_device(t).type == TPORT_DEV_CPU &&
          !tensor_is_managed(t) && meta_is_contiguous(&t->layout) && !t->conj && !t->neg;

@@ -6,8 +6,8 @@
  * region, the client's out of it).
  *
  * Only a tensor whose values already lie in host memory in logical C order
- * (cpu, contiguous, no lazy conj or neg) and too large for the reply's
- * payload goes so; any other goes the way the rest of the request asks (a
+ * (cpu, contiguous, no lazy conj or neg) and of direct_min_bytes or more
+ * (else: too large for the reply's payload) goes so; any other goes the way the rest of the request asks (a
  * device's through the region, which the GPU's copy engine writes).  The
  * write runs as a process region's reads do (regions_process_read.c: its
  * slots, threads, deadline), SHM_PROCESS_READ_SPAN at a time, the tensor

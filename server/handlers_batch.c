@@ -35,8 +35,7 @@
 #include "pb_fields.h"
 #include "put_bulk.h"
 #include "put_gather.h"
-#include "put_runs.h"
-#include "server_internal.h"
+#include "batch_element.h"
 #include "wire.h"
 
 #define BATCH_MAX_ELEMENTS 4096
@@ -46,24 +45,6 @@
  * large batch in requests of about a MiB, so this is a request of one, and
  * what it writes is not read again while the rest of the batch goes by. */
 #define BATCH_STREAM_MIN_BYTES ((size_t)512 << 10)
-
-/* What one element's handler answered: its reply as packed (in the
- * batch's sink at `at`, or in own for a failure's status), and its payload
- * after it there (or held by a lend). */
-typedef struct element {
-  size_t at;
-  const uint8_t *packed;
-  size_t packed_len;
-  uint8_t *own;
-  uint8_t fallback[8]; /* a failure's reply when own cannot be had */
-  const uint8_t *payload;
-  size_t payload_len;
-  void *lent; /* payload held by a lend (lends_begin) rather than in the sink */
-  bool ok, sunk;
-  bool in_run; /* a run's element answered by its handle alone (put_runs.h) */
-  bool stored; /* a put's element in the registry under handle */
-  uint8_t handle[REG_HANDLE_BYTES];
-} element; /* small: a batch of 4096 allocates 4096 (no error message in it) */
 
 /* el failed with *why: its reply is a status alone, packed into own. */
 static void element_failed(element *el, const tport_err *why)
@@ -141,22 +122,11 @@ static void element_answered(call *sub, int rc, element *el)
   }
 }
 
-/* What a batch's elements share: the reply's sink, the puts gathered from
- * the client's memory and added together (NULL for a get's), whether the
- * bytes are written with streaming stores, the stages' times. */
-typedef struct batch_env {
-  reply_sink *sink;
-  put_gather *gather;
-  put_bulk *bulk;
-  bool stream;
-  int64_t *stage_ns;
-} batch_env;
-
 /* Runs handler on element i (req, payload) as a call of its own and keeps
  * its answer in el (its reply in the sink, or its handle where it is an
  * element of run) -- unless the handler gathered it (a put from the
  * client's memory, answered by put_gather_end). */
-static void run_element(call *c, const batch_env *env, put_run_info *run, uint16_t method,
+void run_element(call *c, const batch_env *env, put_run_info *run, uint16_t method,
                         int (*handler)(call *), ProtobufCMessage *req, const uint8_t *payload,
                         size_t n, size_t i, element *el)
 {
@@ -200,7 +170,7 @@ static void gathered_answered(void *ctx, size_t i, call *sub, int rc)
   element_answered(sub, rc, &((element *)ctx)[i]);
 }
 
-static void free_elements(element *els, size_t n)
+void free_elements(element *els, size_t n)
 {
   for (size_t i = 0; i < n && els; i++) {
 #ifdef TPORT_NNG_LENT_TAIL
@@ -320,7 +290,7 @@ static uint8_t *runs_reply_write(const batch_puts *b, const element *els, uint8_
  * -- but a put batch's runs' elements (b, els[b->nputs ..)), each run's
  * answer in field 3; its payload trailer the elements' payloads one after
  * another. */
-static int batch_reply(call *c, const ProtobufCMessage *head, uint32_t field, element *els,
+int batch_reply(call *c, const ProtobufCMessage *head, uint32_t field, element *els,
                        size_t n, const reply_sink *sink, const batch_puts *b)
 {
   for (size_t i = 0; i < n; i++)
@@ -396,14 +366,14 @@ static int batch_reply(call *c, const ProtobufCMessage *head, uint32_t field, el
 }
 
 /* An element refused before its handler ran. */
-static void refuse_element(element *el, int code, const char *why)
+void refuse_element(element *el, int code, const char *why)
 {
   tport_err err;
   tport_err_set(&err, code, "%s", why);
   element_failed(el, &err);
 }
 
-static int check_count(call *c, size_t n)
+int check_count(call *c, size_t n)
 {
   if (n > BATCH_MAX_ELEMENTS)
     return tport_err_set(&c->err, TPORT_INVALID_ARGUMENT,
@@ -498,131 +468,5 @@ int h_put_batch(call *c)
   free_elements(els, n);
   free(sink.buf);
   batch_puts_free(&b);
-  return rc;
-}
-
-/* A deferred element's reply: the tensor's info and size, no bytes, no
- * transfer -- packed now, so that it owns what it says (the tensor may be
- * freed before the batch's reply is made). */
-static int defer_element(call *c, reg_entry *e, tport_tensor *t, element *el)
-{
-  wire_info wi;
-  wire_fill_info(&wi, e, t);
-  Tport__GetBeginReply r = TPORT__GET_BEGIN_REPLY__INIT;
-  r.status = wire_ok();
-  r.info = &wi.info;
-  r.nbytes = tensor_nbytes(t);
-  r.chunk_bytes = c->srv->cfg.chunk_bytes;
-  el->packed_len = protobuf_c_message_get_packed_size(&r.base);
-  el->own = malloc(el->packed_len ? el->packed_len : 1);
-  if (!el->own)
-    return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
-  protobuf_c_message_pack(&r.base, el->own);
-  el->packed = el->own;
-  el->ok = true;
-  return TPORT_OK;
-}
-
-/* An element too large for its room (the reply's: inline_max and the
- * budget; a region slice's: its length, within what is left of the batch's
- * bytes for regions) or than a chunk: answered by defer_element with
- * defer_large (*deferred), refused without it where it names a slice (a
- * batch copies at most a chunk into regions, as into its reply).  *n: the
- * tensor's bytes.  Returns whether the element is answered. */
-static bool answer_large(call *c, const Tport__GetBeginRequest *g, size_t room, bool defer,
-                         element *el, bool *deferred, size_t *n)
-{
-  reg_entry *e;
-  tport_tensor *t;
-  call look = {.srv = c->srv, .pipe = c->pipe, .method = TPORT__METHOD__METHOD_GET_BEGIN};
-  tport_err_clear(&look.err);
-  if (wire_find(&look, g->ref, "ref", &e, &t)) {
-    refuse_element(el, look.err.code, look.err.msg);
-    *deferred = true; /* answered: not found, or still uploading */
-    return true;
-  }
-  *n = tensor_nbytes(t);
-  bool answered = false;
-  if (*n > room || *n > c->srv->cfg.chunk_bytes) {
-    if (defer) {
-      if (defer_element(&look, e, t, el))
-        refuse_element(el, look.err.code, look.err.msg);
-      *deferred = answered = true;
-    } else if (g->shm) {
-      char why[160];
-      snprintf(why, sizeof why,
-               "the tensor holds %zu bytes: its slice %llu, the batch's room for regions %zu", *n,
-               (unsigned long long)g->shm->length, room);
-      refuse_element(el, TPORT_OUT_OF_RANGE, why);
-      answered = true;
-    }
-  }
-  reg_put(&c->srv->reg, e);
-  return answered;
-}
-
-/* One GetBatch element: as a GetBegin of its own, inline only while the
- * reply's inline bytes stay within *budget (which it spends), or written
- * into the region slice it names while the batch's bytes for regions stay
- * within *region_left (which it spends); a large one deferred (*deferred)
- * where the request asks. */
-static void get_element(call *c, reply_sink *sink, const Tport__GetBeginRequest *g, bool defer,
-                        size_t *budget, size_t *region_left, element *el, bool *deferred)
-{
-  *deferred = false;
-  if (g->shm && g->shm_chunks) { /* a transfer of its own, for one large tensor */
-    refuse_element(el, TPORT_INVALID_ARGUMENT,
-                   "a batch's gets are not read into a region a chunk at a time (shm_chunks)");
-    return;
-  }
-  if (g->wait_ms) { /* an element is no context of its own: it cannot park */
-    refuse_element(el, TPORT_INVALID_ARGUMENT, "a batch's gets wait for no name (wait_ms)");
-    return;
-  }
-  size_t room = g->inline_max < *budget ? (size_t)g->inline_max : *budget, n = 0;
-  if (g->shm) /* (the slice is checked against the region by the get itself) */
-    room = g->shm->length < *region_left ? (size_t)g->shm->length : *region_left;
-  if ((defer || g->shm) && answer_large(c, g, room, defer, el, deferred, &n))
-    return;
-  Tport__GetBeginRequest one = *g;
-  if (one.inline_max > *budget)
-    one.inline_max = *budget;
-  one.direct_region = 0; /* a batch's gets are never written into the caller's memory */
-  batch_env env = {.sink = sink};
-  run_element(c, &env, NULL, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin, &one.base, NULL, 0, 0,
-              el);
-  *budget -= el->payload_len <= *budget ? el->payload_len : *budget;
-  if (g->shm)
-    *region_left -= n <= *region_left ? n : *region_left;
-}
-
-int h_get_batch(call *c)
-{
-  Tport__GetBatchRequest *q = (Tport__GetBatchRequest *)c->req;
-  size_t n = q->n_gets;
-  int rc = check_count(c, n);
-  if (rc)
-    return rc;
-  element *els = calloc(n ? n : 1, sizeof *els);
-  protobuf_c_boolean *deferred = calloc(n ? n : 1, sizeof *deferred);
-  size_t budget = c->srv->cfg.chunk_bytes, region_left = c->srv->cfg.chunk_bytes;
-  if (!els || !deferred) {
-    free(els), free(deferred);
-    return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for %zu elements", n);
-  }
-  reply_sink sink = {0};
-  for (size_t i = 0; i < n; i++) {
-    bool d;
-    get_element(c, &sink, q->gets[i], q->defer_large, &budget, &region_left, &els[i], &d);
-    deferred[i] = d && els[i].ok;
-  }
-  Tport__GetBatchReply r = TPORT__GET_BATCH_REPLY__INIT;
-  r.status = wire_ok();
-  r.n_deferred = q->defer_large ? n : 0;
-  r.deferred = deferred;
-  rc = batch_reply(c, &r.base, 2 /* gets */, els, n, &sink, NULL);
-  free_elements(els, n);
-  free(deferred);
-  free(sink.buf);
   return rc;
 }

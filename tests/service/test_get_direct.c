@@ -303,3 +303,122 @@ Test(get_direct, a_write_that_never_ends_is_given_up_and_said_so, .timeout = 120
   tport_close(c);
   stop(s);
 }
+
+/* ---------------------------------------------------------------- batches */
+
+/* tport_get_batch into the caller's buffers: an element of a quarter MiB
+ * or more is written there by the server -- in the first GetBatch, in a
+ * deferred one (up to a chunk), or as a get of its own (larger); smaller
+ * ones come inline. */
+Test(get_direct, a_batchs_elements_are_written_into_the_callers_buffers)
+{
+  need_pidfd();
+  char url[96];
+  server_config cfg;
+  svc_config_shm(&cfg, "proc", sock_dir, sizeof sock_dir);
+  cfg.chunk_bytes = (size_t)1 << 20; /* room for direct elements in a group */
+  server *s = svc_start_with(&cfg, url, sizeof url);
+  for (int verify = 0; verify < 2; verify++) {
+    tport_client *c = connect_with(url, verify);
+    enum { K = 12 };
+    const size_t sizes[K] = {300000, 5000, 700000, 262144, 64, 1048576, 3000000,
+                             400000, 12,   900000, 33333,  (size_t)1 << 18};
+    uint8_t *v[K], *back[K];
+    tport_get_item items[K];
+    memset(items, 0, sizeof items);
+    for (int i = 0; i < K; i++) {
+      v[i] = malloc(sizes[i]);
+      back[i] = malloc(sizes[i]);
+      memset(back[i], 0, sizes[i]);
+      fill(v[i], sizes[i], 30 + (uint32_t)i);
+      items[i].ref = put_u8(c, v[i], sizes[i], "cpu").ref;
+      items[i].buf = back[i];
+      items[i].cap = sizes[i];
+    }
+    int64_t writes = svc_server_counter(url, "shm_process_writes");
+    tport_err err;
+    cr_assert_eq(tport_get_batch(c, items, K, &err), 0, "%s", err.msg);
+    int direct = 0;
+    for (int i = 0; i < K; i++) {
+      cr_assert_eq(items[i].err.code, 0, "element %d: %s", i, items[i].err.msg);
+      cr_assert_eq(items[i].nbytes, sizes[i]);
+      cr_assert_eq(memcmp(back[i], v[i], sizes[i]), 0, "element %d (verify %d)", i, verify);
+      direct += sizes[i] >= ((size_t)256 << 10);
+    }
+    /* each in one write: in the first GetBatch, a deferred one, or its own get */
+    cr_assert_eq(svc_server_counter(url, "shm_process_writes") - writes, direct,
+                  "%lld of the %d large elements written directly",
+                  (long long)(svc_server_counter(url, "shm_process_writes") - writes), direct);
+    for (int i = 0; i < K; i++)
+      free(v[i]), free(back[i]);
+    tport_close(c);
+  }
+  stop(s);
+}
+
+/* A raw GetBatch of three elements offering the caller's memory: the
+ * first's is not there -- it fails, and the request's others go the other
+ * way (a request holds its worker for one write's failure at most); a
+ * request of good ones is written whole. */
+Test(get_direct, a_batch_stops_writing_directly_after_a_failure)
+{
+  need_pidfd();
+  char url[96];
+  server *s = start(url, sizeof url);
+  tport_client *c = connect_with(url, false);
+  uint64_t mine;
+  cr_assert_eq(client_process_region(c, &mine), 0);
+  enum { E = 16384 };
+  uint8_t *v = malloc(E);
+  fill(v, E, 41);
+  tport_tensor_info info = put_u8(c, v, E, "cpu");
+  uint8_t *gone = mmap(NULL, E, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  cr_assert_eq(munmap(gone, E), 0);
+  uint8_t *buf[3];
+  for (int round = 0; round < 2; round++) {
+    Tport__Ref w[3];
+    Tport__GetBeginRequest qs[3], *qp[3];
+    for (int j = 0; j < 3; j++) {
+      buf[j] = calloc(1, E);
+      client_ref_to_wire(&info.ref, &w[j]);
+      tport__get_begin_request__init(&qs[j]);
+      qs[j].ref = &w[j];
+      qs[j].direct_region = mine;
+      qs[j].direct_addr = (uintptr_t)(round == 0 && j == 0 ? gone : buf[j]);
+      qs[j].direct_length = E;
+      qp[j] = &qs[j];
+    }
+    Tport__GetBatchRequest q = TPORT__GET_BATCH_REQUEST__INIT;
+    q.n_gets = 3;
+    q.gets = qp;
+    Tport__GetBatchReply *r = NULL;
+    tport_err err;
+    cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0,
+                            &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&r, NULL,
+                            &err),
+                 0, "%s", err.msg);
+    cr_assert_eq(r->n_gets, 3);
+    for (int j = 0; j < 3; j++) {
+      const Tport__GetBeginReply *b = r->gets[j];
+      int code = b->status ? (int)b->status->code : 0;
+      if (round == 0 && j == 0) {
+        cr_assert_eq(code, TPORT_OUT_OF_RANGE, "%d", code);
+      } else if (round == 0) {
+        cr_assert_eq(code, 0);
+        cr_assert(!b->direct, "element %d was written directly after one failed", j);
+        for (size_t i = 0; i < E; i++)
+          cr_assert_eq(buf[j][i], 0, "element %d's buffer was written", j);
+      } else {
+        cr_assert_eq(code, 0);
+        cr_assert(b->direct, "element %d", j);
+        cr_assert_eq(memcmp(buf[j], v, E), 0);
+      }
+    }
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    for (int j = 0; j < 3; j++)
+      free(buf[j]);
+  }
+  free(v);
+  tport_close(c);
+  stop(s);
+}

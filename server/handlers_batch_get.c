@@ -1,0 +1,150 @@
+/*
+ * handlers_batch_get.c: GetBatch (handlers_batch.c has the rules a batch
+ * keeps): each element a GetBegin of its own, inline within the reply's
+ * budget, into the region slice or the caller's buffer it names within a
+ * chunk of such bytes a request, a larger one deferred where asked.
+ */
+#include <stdlib.h>
+
+#include "batch_element.h"
+#include "wire.h"
+
+/* A deferred element's reply: the tensor's info and size, no bytes, no
+ * transfer -- packed now, so that it owns what it says (the tensor may be
+ * freed before the batch's reply is made). */
+static int defer_element(call *c, reg_entry *e, tport_tensor *t, element *el)
+{
+  wire_info wi;
+  wire_fill_info(&wi, e, t);
+  Tport__GetBeginReply r = TPORT__GET_BEGIN_REPLY__INIT;
+  r.status = wire_ok();
+  r.info = &wi.info;
+  r.nbytes = tensor_nbytes(t);
+  r.chunk_bytes = c->srv->cfg.chunk_bytes;
+  el->packed_len = protobuf_c_message_get_packed_size(&r.base);
+  el->own = malloc(el->packed_len ? el->packed_len : 1);
+  if (!el->own)
+    return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  protobuf_c_message_pack(&r.base, el->own);
+  el->packed = el->own;
+  el->ok = true;
+  return TPORT_OK;
+}
+
+/* An element too large for its room (the reply's: inline_max and the
+ * budget; a region slice's: its length, within what is left of the batch's
+ * bytes for regions) or than a chunk: answered by defer_element with
+ * defer_large (*deferred), refused without it where it names a slice (a
+ * batch copies at most a chunk into regions, as into its reply).  *n: the
+ * tensor's bytes.  Returns whether the element is answered. */
+static bool answer_large(call *c, const Tport__GetBeginRequest *g, size_t room, bool defer,
+                         element *el, bool *deferred, size_t *n)
+{
+  reg_entry *e;
+  tport_tensor *t;
+  call look = {.srv = c->srv, .pipe = c->pipe, .method = TPORT__METHOD__METHOD_GET_BEGIN};
+  tport_err_clear(&look.err);
+  if (wire_find(&look, g->ref, "ref", &e, &t)) {
+    refuse_element(el, look.err.code, look.err.msg);
+    *deferred = true; /* answered: not found, or still uploading */
+    return true;
+  }
+  *n = tensor_nbytes(t);
+  bool answered = false;
+  if (*n > room || *n > c->srv->cfg.chunk_bytes) {
+    if (defer) {
+      if (defer_element(&look, e, t, el))
+        refuse_element(el, look.err.code, look.err.msg);
+      *deferred = answered = true;
+    } else if (g->shm) {
+      char why[160];
+      snprintf(why, sizeof why,
+               "the tensor holds %zu bytes: its slice %llu, the batch's room for regions %zu", *n,
+               (unsigned long long)g->shm->length, room);
+      refuse_element(el, TPORT_OUT_OF_RANGE, why);
+      answered = true;
+    }
+  }
+  reg_put(&c->srv->reg, e);
+  return answered;
+}
+
+/* One GetBatch element: as a GetBegin of its own, inline only while the
+ * reply's inline bytes stay within *budget (which it spends), or written
+ * into the region slice it names (or the caller's buffer, get_direct.h)
+ * while the batch's bytes for regions stay within *region_left (which it
+ * spends); a large one deferred (*deferred) where the request asks.  Once
+ * an element written into the caller's buffer has failed, the request's
+ * others go the other way (*direct_ok false): a request holds its worker
+ * for one write's deadline at most, whatever its elements' memory does. */
+static void get_element(call *c, reply_sink *sink, const Tport__GetBeginRequest *g, bool defer,
+                        size_t *budget, size_t *region_left, element *el, bool *deferred,
+                        bool *direct_ok)
+{
+  *deferred = false;
+  if (g->shm && g->shm_chunks) { /* a transfer of its own, for one large tensor */
+    refuse_element(el, TPORT_INVALID_ARGUMENT,
+                   "a batch's gets are not read into a region a chunk at a time (shm_chunks)");
+    return;
+  }
+  if (g->wait_ms) { /* an element is no context of its own: it cannot park */
+    refuse_element(el, TPORT_INVALID_ARGUMENT, "a batch's gets wait for no name (wait_ms)");
+    return;
+  }
+  size_t room = g->inline_max < *budget ? (size_t)g->inline_max : *budget, n = 0;
+  bool direct = g->direct_region && *direct_ok;
+  if (g->shm) /* (the slice is checked against the region by the get itself) */
+    room = g->shm->length < *region_left ? (size_t)g->shm->length : *region_left;
+  else if (direct) /* (the caller's buffer, as the get checks it) */
+    room = g->direct_length < *region_left ? (size_t)g->direct_length : *region_left;
+  if ((defer || g->shm || direct) && answer_large(c, g, room, defer, el, deferred, &n))
+    return;
+  if (direct && n > room)
+    direct = false; /* past the request's bytes for regions: the other way */
+  Tport__GetBeginRequest one = *g;
+  if (one.inline_max > *budget)
+    one.inline_max = *budget;
+  if (!direct)
+    one.direct_region = 0;
+  batch_env env = {.sink = sink};
+  run_element(c, &env, NULL, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin, &one.base, NULL, 0, 0,
+              el);
+  if (one.direct_region && !el->ok)
+    *direct_ok = false;
+  *budget -= el->payload_len <= *budget ? el->payload_len : *budget;
+  if (g->shm || direct)
+    *region_left -= n <= *region_left ? n : *region_left;
+}
+
+int h_get_batch(call *c)
+{
+  Tport__GetBatchRequest *q = (Tport__GetBatchRequest *)c->req;
+  size_t n = q->n_gets;
+  int rc = check_count(c, n);
+  if (rc)
+    return rc;
+  element *els = calloc(n ? n : 1, sizeof *els);
+  protobuf_c_boolean *deferred = calloc(n ? n : 1, sizeof *deferred);
+  size_t budget = c->srv->cfg.chunk_bytes, region_left = c->srv->cfg.chunk_bytes;
+  if (!els || !deferred) {
+    free(els), free(deferred);
+    return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for %zu elements", n);
+  }
+  reply_sink sink = {0};
+  bool direct_ok = true;
+  for (size_t i = 0; i < n; i++) {
+    bool d;
+    get_element(c, &sink, q->gets[i], q->defer_large, &budget, &region_left, &els[i], &d,
+                &direct_ok);
+    deferred[i] = d && els[i].ok;
+  }
+  Tport__GetBatchReply r = TPORT__GET_BATCH_REPLY__INIT;
+  r.status = wire_ok();
+  r.n_deferred = q->defer_large ? n : 0;
+  r.deferred = deferred;
+  rc = batch_reply(c, &r.base, 2 /* gets */, els, n, &sink, NULL);
+  free_elements(els, n);
+  free(deferred);
+  free(sink.buf);
+  return rc;
+}
