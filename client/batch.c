@@ -25,7 +25,7 @@
  * as a get of its own. */
 static void get_element(tport_client *c, tport_get_item *it, const Tport__GetBeginReply *b,
                         bool deferred, const client_payload *p, size_t *at, bool blocks,
-                        const atomic_bool *cancel, size_t *planned)
+                        const atomic_bool *cancel, size_t *planned, uint64_t offered)
 {
   if (batch_element_status(b->status, &it->err))
     return;
@@ -48,8 +48,8 @@ static void get_element(tport_client *c, tport_get_item *it, const Tport__GetBeg
   }
   client_payload inl = {0};
   size_t n = (size_t)b->nbytes;
-  if (b->direct) /* written into it->buf, where get_group offered it */
-    g.direct_region = client_get_direct_region(c, it->buf, it->cap);
+  if (b->direct) /* written into it->buf, where get_group offered it (if it did) */
+    g.direct_region = offered;
   else if (b->transfer.len == 0 && !b->shm) {
     /* inline: its bytes are the next n of the payload */
     if (n > p->len - *at) {
@@ -112,7 +112,7 @@ static void get_group(tport_client *c, tport_get_item *items, size_t k, bool blo
       items[j].err = err;
     else if (!batch_cancelled(cancel, &items[j].err))
       get_element(c, &items[j], r->gets[j], r->n_deferred && r->deferred[j], &p, &at, blocks,
-                  cancel, &planned[j]);
+                  cancel, &planned[j], qs[j].direct_region);
   }
   if (planned)
     batch_get_deferred(c, items, k, planned, blocks, cancel);

@@ -4,12 +4,13 @@
 #include "crc32c.h"
 #include "wire.h"
 
-static bool fits(const call *c, const Tport__GetBeginRequest *q, const tport_tensor *t,
-                 size_t want)
+bool get_direct_fits(const call *c, const Tport__GetBeginRequest *q, const tport_tensor *t,
+                     size_t want)
 {
   const server *s = c->srv;
-  bool small = q->direct_min_bytes ? want < q->direct_min_bytes
-                                   : want <= q->inline_max && want <= s->cfg.chunk_bytes;
+  bool small = want < GET_DIRECT_MIN_BYTES ||
+               (q->direct_min_bytes ? want < q->direct_min_bytes
+                                    : want <= q->inline_max && want <= s->cfg.chunk_bytes);
   return q->direct_region && s->shm && !small && want <= q->direct_length &&
          !q->memory_format_set && tensor_device(t).type == TPORT_DEV_CPU &&
          !tensor_is_managed(t) && meta_is_contiguous(&t->layout) && !t->conj && !t->neg;
@@ -72,7 +73,7 @@ static int get_direct(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tp
 bool get_direct_try(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tport_tensor *t,
                     int *rc)
 {
-  if (!fits(c, q, t, tensor_nbytes(t)))
+  if (!get_direct_fits(c, q, t, tensor_nbytes(t)))
     return false;
   bool other;
   int r = get_direct(c, q, e, t, &other);

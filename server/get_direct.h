@@ -21,6 +21,20 @@
 
 #include "server_internal.h"
 
+/* Fewer bytes are never written so: a write is a job and threads of its
+ * own (a batch's elements of a byte each would be thousands). */
+#define GET_DIRECT_MIN_BYTES ((size_t)64 << 10)
+/* A GetBatch's direct writes start within this long of the request's
+ * start (handlers_batch_get.c), or after a direct write failed not at all:
+ * each may take a write's deadline (5 s a job, regions.h), so that a
+ * request holds its worker ten seconds or so at most, whatever its
+ * elements' memory does.  Tests may shorten it. */
+#define GET_BATCH_DIRECT_MS 5000
+extern int64_t get_batch_direct_ms;
+/* Whether q asks t (of want bytes) written straight into the client's
+ * memory, and t can be. */
+bool get_direct_fits(const call *c, const Tport__GetBeginRequest *q, const tport_tensor *t,
+                     size_t want);
 /* Where q asks t written straight into the client's memory and t can be:
  * writes its values at q->direct_addr of the connection's process region
  * q->direct_region and answers (reply's direct), or fails (*rc), and

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "batch_element.h"
+#include "get_direct.h"
 #include "wire.h"
 
 /* A deferred element's reply: the tensor's info and size, no bytes, no
@@ -31,14 +32,29 @@ static int defer_element(call *c, reg_entry *e, tport_tensor *t, element *el)
   return TPORT_OK;
 }
 
+/* What a GetBatch's elements spend: the reply's inline bytes (budget),
+ * the bytes written into region slices or the caller's memory
+ * (region_left, a chunk a request), and the time its direct writes may
+ * start in (until direct_until, and only while none failed). */
+typedef struct get_spend {
+  size_t budget, region_left;
+  int64_t direct_until;
+  bool direct_ok;
+} get_spend;
+
+int64_t get_batch_direct_ms = GET_BATCH_DIRECT_MS;
+
 /* An element too large for its room (the reply's: inline_max and the
- * budget; a region slice's: its length, within what is left of the batch's
- * bytes for regions) or than a chunk: answered by defer_element with
- * defer_large (*deferred), refused without it where it names a slice (a
- * batch copies at most a chunk into regions, as into its reply).  *n: the
- * tensor's bytes.  Returns whether the element is answered. */
+ * budget; a region slice's: its length; the caller's buffer's, where the
+ * tensor is one to write there (*direct): its length -- either within
+ * what is left of the batch's bytes for regions; none for a tensor to
+ * write there past those bytes, which a later request writes) or than a
+ * chunk: answered by defer_element with defer_large (*deferred), refused
+ * without it where it names a slice (a batch copies at most a chunk into
+ * regions, as into its reply).  *n: the tensor's bytes.  Returns whether
+ * the element is answered. */
 static bool answer_large(call *c, const Tport__GetBeginRequest *g, size_t room, bool defer,
-                         element *el, bool *deferred, size_t *n)
+                         const get_spend *sp, element *el, bool *deferred, size_t *n, bool *direct)
 {
   reg_entry *e;
   tport_tensor *t;
@@ -50,6 +66,15 @@ static bool answer_large(call *c, const Tport__GetBeginRequest *g, size_t room, 
     return true;
   }
   *n = tensor_nbytes(t);
+  size_t direct_room = g->direct_length < sp->region_left ? (size_t)g->direct_length
+                                                          : sp->region_left;
+  bool can = g->direct_region && sp->direct_ok && mono_ms() < sp->direct_until &&
+             get_direct_fits(c, g, t, *n);
+  *direct = can && *n <= direct_room;
+  if (*direct)
+    room = direct_room;
+  else if (can && defer)
+    room = 0; /* no room left for it: deferred, for a request that writes it */
   bool answered = false;
   if (*n > room || *n > c->srv->cfg.chunk_bytes) {
     if (defer) {
@@ -70,16 +95,14 @@ static bool answer_large(call *c, const Tport__GetBeginRequest *g, size_t room, 
 }
 
 /* One GetBatch element: as a GetBegin of its own, inline only while the
- * reply's inline bytes stay within *budget (which it spends), or written
- * into the region slice it names (or the caller's buffer, get_direct.h)
- * while the batch's bytes for regions stay within *region_left (which it
- * spends); a large one deferred (*deferred) where the request asks.  Once
- * an element written into the caller's buffer has failed, the request's
- * others go the other way (*direct_ok false): a request holds its worker
- * for one write's deadline at most, whatever its elements' memory does. */
+ * reply's inline bytes stay within sp->budget, or written into the region
+ * slice it names or the caller's buffer it offers (get_direct.h) while the
+ * batch's bytes for regions stay within sp->region_left (spending them); a
+ * large one deferred (*deferred) where the request asks.  Once a direct
+ * write failed, or past get_batch_direct_ms, the request's others go the
+ * other way. */
 static void get_element(call *c, reply_sink *sink, const Tport__GetBeginRequest *g, bool defer,
-                        size_t *budget, size_t *region_left, element *el, bool *deferred,
-                        bool *direct_ok)
+                        get_spend *sp, element *el, bool *deferred)
 {
   *deferred = false;
   if (g->shm && g->shm_chunks) { /* a transfer of its own, for one large tensor */
@@ -91,29 +114,26 @@ static void get_element(call *c, reply_sink *sink, const Tport__GetBeginRequest 
     refuse_element(el, TPORT_INVALID_ARGUMENT, "a batch's gets wait for no name (wait_ms)");
     return;
   }
-  size_t room = g->inline_max < *budget ? (size_t)g->inline_max : *budget, n = 0;
-  bool direct = g->direct_region && *direct_ok;
+  size_t room = g->inline_max < sp->budget ? (size_t)g->inline_max : sp->budget, n = 0;
   if (g->shm) /* (the slice is checked against the region by the get itself) */
-    room = g->shm->length < *region_left ? (size_t)g->shm->length : *region_left;
-  else if (direct) /* (the caller's buffer, as the get checks it) */
-    room = g->direct_length < *region_left ? (size_t)g->direct_length : *region_left;
-  if ((defer || g->shm || direct) && answer_large(c, g, room, defer, el, deferred, &n))
+    room = g->shm->length < sp->region_left ? (size_t)g->shm->length : sp->region_left;
+  bool direct = false;
+  if ((defer || g->shm || g->direct_region) &&
+      answer_large(c, g, room, defer, sp, el, deferred, &n, &direct))
     return;
-  if (direct && n > room)
-    direct = false; /* past the request's bytes for regions: the other way */
   Tport__GetBeginRequest one = *g;
-  if (one.inline_max > *budget)
-    one.inline_max = *budget;
-  if (!direct)
-    one.direct_region = 0;
+  if (one.inline_max > sp->budget)
+    one.inline_max = sp->budget;
+  one.direct_region = direct ? g->direct_region : 0;
+  one.direct_length = n; /* the tensor it looked at: not one that replaced it meanwhile */
   batch_env env = {.sink = sink};
   run_element(c, &env, NULL, TPORT__METHOD__METHOD_GET_BEGIN, h_get_begin, &one.base, NULL, 0, 0,
               el);
-  if (one.direct_region && !el->ok)
-    *direct_ok = false;
-  *budget -= el->payload_len <= *budget ? el->payload_len : *budget;
+  if (direct && !el->ok)
+    sp->direct_ok = false;
+  sp->budget -= el->payload_len <= sp->budget ? el->payload_len : sp->budget;
   if (g->shm || direct)
-    *region_left -= n <= *region_left ? n : *region_left;
+    sp->region_left -= n <= sp->region_left ? n : sp->region_left;
 }
 
 int h_get_batch(call *c)
@@ -125,17 +145,18 @@ int h_get_batch(call *c)
     return rc;
   element *els = calloc(n ? n : 1, sizeof *els);
   protobuf_c_boolean *deferred = calloc(n ? n : 1, sizeof *deferred);
-  size_t budget = c->srv->cfg.chunk_bytes, region_left = c->srv->cfg.chunk_bytes;
+  get_spend sp = {.budget = c->srv->cfg.chunk_bytes,
+                  .region_left = c->srv->cfg.chunk_bytes,
+                  .direct_until = mono_ms() + get_batch_direct_ms,
+                  .direct_ok = true};
   if (!els || !deferred) {
     free(els), free(deferred);
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for %zu elements", n);
   }
   reply_sink sink = {0};
-  bool direct_ok = true;
   for (size_t i = 0; i < n; i++) {
     bool d;
-    get_element(c, &sink, q->gets[i], q->defer_large, &budget, &region_left, &els[i], &d,
-                &direct_ok);
+    get_element(c, &sink, q->gets[i], q->defer_large, &sp, &els[i], &d);
     deferred[i] = d && els[i].ok;
   }
   Tport__GetBatchReply r = TPORT__GET_BATCH_REPLY__INIT;

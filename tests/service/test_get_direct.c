@@ -12,6 +12,7 @@
  * so, which lands once its pages are served.
  */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include <unistd.h>
 
 #include "client_internal.h"
+#include "get_direct.h"
 #include "process_util.h"
 #include "server_internal.h"
 #include "service_util.h"
@@ -364,11 +366,14 @@ Test(get_direct, a_batch_stops_writing_directly_after_a_failure)
 {
   need_pidfd();
   char url[96];
-  server *s = start(url, sizeof url);
+  server_config cfg;
+  svc_config_shm(&cfg, "proc", sock_dir, sizeof sock_dir);
+  cfg.chunk_bytes = (size_t)1 << 20; /* room for three direct elements a request */
+  server *s = svc_start_with(&cfg, url, sizeof url);
   tport_client *c = connect_with(url, false);
   uint64_t mine;
   cr_assert_eq(client_process_region(c, &mine), 0);
-  enum { E = 16384 };
+  enum { E = 128 << 10 }; /* past GET_DIRECT_MIN_BYTES */
   uint8_t *v = malloc(E);
   fill(v, E, 41);
   tport_tensor_info info = put_u8(c, v, E, "cpu");
@@ -419,6 +424,76 @@ Test(get_direct, a_batch_stops_writing_directly_after_a_failure)
       free(buf[j]);
   }
   free(v);
+  tport_close(c);
+  stop(s);
+}
+
+static void *serve_later(void *arg)
+{
+  void **a = arg;
+  usleep(600000);
+  serve_pages(*(int *)a[0], a[1], *(size_t *)a[2]);
+  return NULL;
+}
+
+/* A request's direct writes start within get_batch_direct_ms of its start
+ * (here 200 ms): the first element's pages fault in only after 600 ms, its
+ * write succeeds, and the request's later elements go the other way. */
+Test(get_direct, a_batch_stops_writing_directly_when_its_time_is_up, .timeout = 60)
+{
+  need_pidfd();
+  char url[96];
+  server_config cfg;
+  svc_config_shm(&cfg, "proc", sock_dir, sizeof sock_dir);
+  cfg.chunk_bytes = (size_t)1 << 20;
+  server *s = svc_start_with(&cfg, url, sizeof url);
+  tport_client *c = connect_with(url, false);
+  uint64_t mine;
+  cr_assert_eq(client_process_region(c, &mine), 0);
+  size_t E = 128 << 10;
+  uint8_t *v = malloc(E);
+  fill(v, E, 43);
+  tport_tensor_info info = put_u8(c, v, E, "cpu");
+  int uffd;
+  uint8_t *slow = stuck_pages(E, &uffd), *buf[3] = {slow, calloc(1, E), calloc(1, E)};
+  int64_t was = get_batch_direct_ms;
+  get_batch_direct_ms = 200;
+  pthread_t th;
+  void *args[3] = {&uffd, slow, &E};
+  cr_assert_eq(pthread_create(&th, NULL, serve_later, args), 0);
+  Tport__Ref w[3];
+  Tport__GetBeginRequest qs[3], *qp[3];
+  for (int j = 0; j < 3; j++) {
+    client_ref_to_wire(&info.ref, &w[j]);
+    tport__get_begin_request__init(&qs[j]);
+    qs[j].ref = &w[j];
+    qs[j].direct_region = mine;
+    qs[j].direct_addr = (uintptr_t)buf[j];
+    qs[j].direct_length = E;
+    qp[j] = &qs[j];
+  }
+  Tport__GetBatchRequest q = TPORT__GET_BATCH_REQUEST__INIT;
+  q.n_gets = 3;
+  q.gets = qp;
+  Tport__GetBatchReply *r = NULL;
+  tport_err err;
+  int rc = client_rpc(c, TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0,
+                      &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&r, NULL, &err);
+  get_batch_direct_ms = was;
+  pthread_join(th, NULL);
+  cr_assert_eq(rc, 0, "%s", err.msg);
+  cr_assert_eq(r->n_gets, 3);
+  cr_assert(r->gets[0]->direct, "the first element was not written directly");
+  cr_assert_eq(memcmp(slow, v, E), 0);
+  for (int j = 1; j < 3; j++) {
+    cr_assert(!r->gets[j]->direct, "element %d was written directly past the request's time", j);
+    for (size_t i = 0; i < E; i++)
+      cr_assert_eq(buf[j][i], 0, "element %d's buffer was written", j);
+  }
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  close(uffd);
+  munmap(slow, E);
+  free(buf[1]), free(buf[2]), free(v);
   tport_close(c);
   stop(s);
 }
