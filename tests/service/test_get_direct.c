@@ -224,11 +224,11 @@ Test(get_direct, hostile_direct_gets_cost_their_request_only)
   cr_assert_eq(client_process_region(other, &theirs), 0);
   int64_t writes = svc_server_counter(url, "shm_process_writes");
   bool direct;
-  /* memory that is not there */
+  /* memory that cannot be touched (PROT_NONE: unmapped, its range could be
+   * mapped again meanwhile by whatever allocates next) */
   size_t room = (size_t)BIG + 4096;
-  uint8_t *gone = mmap(NULL, room, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  uint8_t *gone = mmap(NULL, room, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   cr_assert_neq(gone, MAP_FAILED);
-  cr_assert_eq(munmap(gone, room), 0);
   cr_assert_eq(get_raw(c, &info.ref, mine, (uintptr_t)gone, room, &direct), TPORT_OUT_OF_RANGE);
   /* memory this process may not write itself: nor may tportd */
   uint8_t *ro = mmap(NULL, room, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -264,6 +264,7 @@ Test(get_direct, hostile_direct_gets_cost_their_request_only)
   put_and_check(other, BIG, NULL, 17);
   tport_shm_release(r, NULL);
   munmap(ro, room);
+  munmap(gone, room);
   free(v), free(buf);
   tport_close(other);
   tport_close(c);
@@ -359,7 +360,7 @@ Test(get_direct, a_batchs_elements_are_written_into_the_callers_buffers)
 }
 
 /* A raw GetBatch of three elements offering the caller's memory: the
- * first's is not there -- it fails, and the request's others go the other
+ * first's cannot be touched -- it fails, and the request's others go the other
  * way (a request holds its worker for one write's failure at most); a
  * request of good ones is written whole. */
 Test(get_direct, a_batch_stops_writing_directly_after_a_failure)
@@ -377,8 +378,8 @@ Test(get_direct, a_batch_stops_writing_directly_after_a_failure)
   uint8_t *v = malloc(E);
   fill(v, E, 41);
   tport_tensor_info info = put_u8(c, v, E, "cpu");
-  uint8_t *gone = mmap(NULL, E, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  cr_assert_eq(munmap(gone, E), 0);
+  uint8_t *gone = mmap(NULL, E, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(gone, MAP_FAILED);
   uint8_t *buf[3];
   for (int round = 0; round < 2; round++) {
     Tport__Ref w[3];
@@ -423,6 +424,7 @@ Test(get_direct, a_batch_stops_writing_directly_after_a_failure)
     for (int j = 0; j < 3; j++)
       free(buf[j]);
   }
+  munmap(gone, E);
   free(v);
   tport_close(c);
   stop(s);
