@@ -8,8 +8,9 @@
  * with the automatic region on, a larger one by path.c as a tport_get of
  * its own would.  A caller's buffer of a quarter MiB or more on the same
  * host is offered to the server, which writes a cpu tensor there itself
- * (process_region.c), in the first GetBatch or in a deferred one.  Every element keeps its own result and error: a reply
- * element the server got wrong fails that element.
+ * (process_region.c), in the first GetBatch or in a deferred one.  Every
+ * element keeps its own result and error: a reply element the server got
+ * wrong fails that element.
  */
 #include <stdio.h>
 #include <stdlib.h>
