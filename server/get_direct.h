@@ -30,7 +30,7 @@
  * request holds its worker ten seconds or so at most, whatever its
  * elements' memory does.  Tests may shorten it. */
 #define GET_BATCH_DIRECT_MS 5000
-extern int64_t get_batch_direct_ms;
+extern _Atomic int64_t get_batch_direct_ms; /* (a test sets it while the server runs) */
 /* Whether q asks t (of want bytes) written straight into the client's
  * memory, and t can be. */
 bool get_direct_fits(const call *c, const Tport__GetBeginRequest *q, const tport_tensor *t,

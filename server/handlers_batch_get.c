@@ -42,7 +42,7 @@ typedef struct get_spend {
   bool direct_ok;
 } get_spend;
 
-int64_t get_batch_direct_ms = GET_BATCH_DIRECT_MS;
+_Atomic int64_t get_batch_direct_ms = GET_BATCH_DIRECT_MS;
 
 /* An element too large for its room (the reply's: inline_max and the
  * budget; a region slice's: its length; the caller's buffer's, where the
@@ -68,8 +68,9 @@ static bool answer_large(call *c, const Tport__GetBeginRequest *g, size_t room, 
   *n = tensor_nbytes(t);
   size_t direct_room = g->direct_length < sp->region_left ? (size_t)g->direct_length
                                                           : sp->region_left;
+  /* (one write job: its start is the last a request may begin) */
   bool can = g->direct_region && sp->direct_ok && mono_ms() < sp->direct_until &&
-             get_direct_fits(c, g, t, *n);
+             *n <= SHM_PROCESS_READ_SPAN && get_direct_fits(c, g, t, *n);
   *direct = can && *n <= direct_room;
   if (*direct)
     room = direct_room;

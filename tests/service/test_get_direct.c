@@ -369,7 +369,7 @@ Test(get_direct, a_batch_stops_writing_directly_after_a_failure)
   char url[96];
   server_config cfg;
   svc_config_shm(&cfg, "proc", sock_dir, sizeof sock_dir);
-  cfg.chunk_bytes = (size_t)1 << 20; /* room for three direct elements a request */
+  cfg.chunk_bytes = (size_t)1 << 20; /* room for eight direct elements a request */
   server *s = svc_start_with(&cfg, url, sizeof url);
   tport_client *c = connect_with(url, false);
   uint64_t mine;
@@ -430,17 +430,23 @@ Test(get_direct, a_batch_stops_writing_directly_after_a_failure)
   stop(s);
 }
 
+/* Serves the pages once tportd's write into them has begun and the
+ * request's time for direct writes has passed: whatever the machine's
+ * speed, the first element's write starts in time and ends past it. */
 static void *serve_later(void *arg)
 {
   void **a = arg;
-  usleep(600000);
+  for (int i = 0; i < 2000 && svc_server_counter(a[3], "shm_process_reading") < 1; i++)
+    usleep(5000);
+  usleep(3 * 200000);
   serve_pages(*(int *)a[0], a[1], *(size_t *)a[2]);
   return NULL;
 }
 
 /* A request's direct writes start within get_batch_direct_ms of its start
- * (here 200 ms): the first element's pages fault in only after 600 ms, its
- * write succeeds, and the request's later elements go the other way. */
+ * (here 200 ms): the first element's pages fault in only well past that,
+ * its write succeeds, and the request's later elements go the other way --
+ * where, with the time the server gives, all three are written. */
 Test(get_direct, a_batch_stops_writing_directly_when_its_time_is_up, .timeout = 60)
 {
   need_pidfd();
@@ -461,7 +467,8 @@ Test(get_direct, a_batch_stops_writing_directly_when_its_time_is_up, .timeout = 
   int64_t was = get_batch_direct_ms;
   get_batch_direct_ms = 200;
   pthread_t th;
-  void *args[3] = {&uffd, slow, &E};
+  void *args[4] = {&uffd, slow, &E, url};
+  int64_t writes = svc_server_counter(url, "shm_process_writes");
   cr_assert_eq(pthread_create(&th, NULL, serve_later, args), 0);
   Tport__Ref w[3];
   Tport__GetBeginRequest qs[3], *qp[3];
@@ -493,6 +500,19 @@ Test(get_direct, a_batch_stops_writing_directly_when_its_time_is_up, .timeout = 
       cr_assert_eq(buf[j][i], 0, "element %d's buffer was written", j);
   }
   protobuf_c_message_free_unpacked(&r->base, NULL);
+  cr_assert_eq(svc_server_counter(url, "shm_process_writes") - writes, 1);
+  /* the same request with the server's time: all three written */
+  qs[0].direct_addr = (uintptr_t)(buf[0] = calloc(1, E));
+  rc = client_rpc(c, TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0,
+                  &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&r, NULL, &err);
+  cr_assert_eq(rc, 0, "%s", err.msg);
+  for (int j = 0; j < 3; j++) {
+    cr_assert(r->gets[j]->direct, "element %d", j);
+    cr_assert_eq(memcmp(buf[j], v, E), 0);
+  }
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  cr_assert_eq(svc_server_counter(url, "shm_process_writes") - writes, 4);
+  free(buf[0]);
   close(uffd);
   munmap(slow, E);
   free(buf[1]), free(buf[2]), free(v);
