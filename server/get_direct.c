@@ -53,6 +53,16 @@ static int get_direct(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tp
   }
   if (rc)
     return rc;
+  /* the CRC32C of the tensor now: a Copy into it meanwhile shows as a mismatch */
+  uint32_t crc = q->want_crc32c ? transport_crc32c(0, src, want) : 0;
+  return get_answer_written(c, e, t, q->want_crc32c, crc, true);
+}
+
+int get_answer_written(call *c, reg_entry *e, const tport_tensor *t, bool crc_set, uint32_t crc,
+                       bool direct)
+{
+  server *s = c->srv;
+  size_t want = tensor_nbytes(t);
   wire_info wi;
   wire_fill_info(&wi, e, t);
   Tport__GetBeginReply r = TPORT__GET_BEGIN_REPLY__INIT;
@@ -60,11 +70,10 @@ static int get_direct(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tp
   r.info = &wi.info;
   r.nbytes = want;
   r.chunk_bytes = s->cfg.chunk_bytes;
-  if (q->want_crc32c) { /* of the tensor now: a Copy into it meanwhile shows as a mismatch */
-    r.crc32c_set = true;
-    r.crc32c = transport_crc32c(0, src, want);
-  }
-  r.direct = true;
+  r.crc32c_set = crc_set;
+  r.crc32c = crc;
+  r.shm = !direct;
+  r.direct = direct;
   atomic_fetch_add(&s->bytes_out, want);
   shm_count_transfer(s->shm);
   return call_reply(c, &r.base, NULL, 0);

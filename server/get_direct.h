@@ -35,6 +35,11 @@ extern _Atomic int64_t get_batch_direct_ms; /* (a test sets it while the server 
  * memory, and t can be. */
 bool get_direct_fits(const call *c, const Tport__GetBeginRequest *q, const tport_tensor *t,
                      size_t want);
+/* The answer of a GetBegin whose bytes (t's) are written already: into the
+ * region slice it named (get_into_region), or direct into the caller's
+ * buffer; counted as a transfer through a region. */
+int get_answer_written(call *c, reg_entry *e, const tport_tensor *t, bool crc_set, uint32_t crc,
+                       bool direct);
 /* Where q asks t written straight into the client's memory and t can be:
  * writes its values at q->direct_addr of the connection's process region
  * q->direct_region and answers (reply's direct), or fails (*rc), and

@@ -133,21 +133,7 @@ static int get_into_region(call *c, const Tport__GetBeginRequest *q, reg_entry *
   bool crc_set = q->want_crc32c && !on_dev; /* a GPU region's bytes are not read here */
   uint32_t crc = rc || !crc_set ? 0 : transport_crc32c(0, p, want);
   shm_unhold(s->shm, held);
-  if (rc)
-    return rc;
-  wire_info wi;
-  wire_fill_info(&wi, e, t);
-  Tport__GetBeginReply r = TPORT__GET_BEGIN_REPLY__INIT;
-  r.status = wire_ok();
-  r.info = &wi.info;
-  r.nbytes = want;
-  r.chunk_bytes = s->cfg.chunk_bytes;
-  r.crc32c_set = crc_set;
-  r.crc32c = crc;
-  r.shm = true;
-  atomic_fetch_add(&s->bytes_out, want);
-  shm_count_transfer(s->shm);
-  return call_reply(c, &r.base, NULL, 0);
+  return rc ? rc : get_answer_written(c, e, t, crc_set, crc, false);
 }
 
 /* GetBeginRequest.expect_*: the tensor the client's destination is, checked

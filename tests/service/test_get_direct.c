@@ -309,6 +309,40 @@ Test(get_direct, a_write_that_never_ends_is_given_up_and_said_so, .timeout = 120
 
 /* ---------------------------------------------------------------- batches */
 
+/* tportd in this process with a shm socket and chunks of 1 MiB: room for
+ * eight direct elements of 128 KiB a GetBatch. */
+static server *start_mib_chunks(char *url, size_t len)
+{
+  server_config cfg;
+  svc_config_shm(&cfg, "proc", sock_dir, sizeof sock_dir);
+  cfg.chunk_bytes = (size_t)1 << 20;
+  return svc_start_with(&cfg, url, len);
+}
+
+/* A raw GetBatch of three gets of ref, each offering n bytes at addr[j] of
+ * the process region: the RPC's status, the reply into *out. */
+static int batch_raw3(tport_client *c, const tport_ref *ref, uint64_t region,
+                      uint8_t *const addr[3], size_t n, Tport__GetBatchReply **out, tport_err *err)
+{
+  Tport__Ref w[3];
+  Tport__GetBeginRequest qs[3], *qp[3];
+  for (int j = 0; j < 3; j++) {
+    client_ref_to_wire(ref, &w[j]);
+    tport__get_begin_request__init(&qs[j]);
+    qs[j].ref = &w[j];
+    qs[j].direct_region = region;
+    qs[j].direct_addr = (uintptr_t)addr[j];
+    qs[j].direct_length = n;
+    qp[j] = &qs[j];
+  }
+  Tport__GetBatchRequest q = TPORT__GET_BATCH_REQUEST__INIT;
+  q.n_gets = 3;
+  q.gets = qp;
+  *out = NULL;
+  return client_rpc(c, TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0,
+                    &tport__get_batch_reply__descriptor, (ProtobufCMessage **)out, NULL, err);
+}
+
 /* tport_get_batch into the caller's buffers: an element of a quarter MiB
  * or more is written there by the server -- in the first GetBatch, in a
  * deferred one (up to a chunk), or as a get of its own (larger); smaller
@@ -317,10 +351,7 @@ Test(get_direct, a_batchs_elements_are_written_into_the_callers_buffers)
 {
   need_pidfd();
   char url[96];
-  server_config cfg;
-  svc_config_shm(&cfg, "proc", sock_dir, sizeof sock_dir);
-  cfg.chunk_bytes = (size_t)1 << 20; /* room for direct elements in a group */
-  server *s = svc_start_with(&cfg, url, sizeof url);
+  server *s = start_mib_chunks(url, sizeof url);
   for (int verify = 0; verify < 2; verify++) {
     tport_client *c = connect_with(url, verify);
     enum { K = 12 };
@@ -367,10 +398,7 @@ Test(get_direct, a_batch_stops_writing_directly_after_a_failure)
 {
   need_pidfd();
   char url[96];
-  server_config cfg;
-  svc_config_shm(&cfg, "proc", sock_dir, sizeof sock_dir);
-  cfg.chunk_bytes = (size_t)1 << 20; /* room for eight direct elements a request */
-  server *s = svc_start_with(&cfg, url, sizeof url);
+  server *s = start_mib_chunks(url, sizeof url);
   tport_client *c = connect_with(url, false);
   uint64_t mine;
   cr_assert_eq(client_process_region(c, &mine), 0);
@@ -382,27 +410,12 @@ Test(get_direct, a_batch_stops_writing_directly_after_a_failure)
   cr_assert_neq(gone, MAP_FAILED);
   uint8_t *buf[3];
   for (int round = 0; round < 2; round++) {
-    Tport__Ref w[3];
-    Tport__GetBeginRequest qs[3], *qp[3];
-    for (int j = 0; j < 3; j++) {
+    for (int j = 0; j < 3; j++)
       buf[j] = calloc(1, E);
-      client_ref_to_wire(&info.ref, &w[j]);
-      tport__get_begin_request__init(&qs[j]);
-      qs[j].ref = &w[j];
-      qs[j].direct_region = mine;
-      qs[j].direct_addr = (uintptr_t)(round == 0 && j == 0 ? gone : buf[j]);
-      qs[j].direct_length = E;
-      qp[j] = &qs[j];
-    }
-    Tport__GetBatchRequest q = TPORT__GET_BATCH_REQUEST__INIT;
-    q.n_gets = 3;
-    q.gets = qp;
-    Tport__GetBatchReply *r = NULL;
+    uint8_t *at[3] = {round == 0 ? gone : buf[0], buf[1], buf[2]};
+    Tport__GetBatchReply *r;
     tport_err err;
-    cr_assert_eq(client_rpc(c, TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0,
-                            &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&r, NULL,
-                            &err),
-                 0, "%s", err.msg);
+    cr_assert_eq(batch_raw3(c, &info.ref, mine, at, E, &r, &err), 0, "%s", err.msg);
     cr_assert_eq(r->n_gets, 3);
     for (int j = 0; j < 3; j++) {
       const Tport__GetBeginReply *b = r->gets[j];
@@ -451,10 +464,7 @@ Test(get_direct, a_batch_stops_writing_directly_when_its_time_is_up, .timeout = 
 {
   need_pidfd();
   char url[96];
-  server_config cfg;
-  svc_config_shm(&cfg, "proc", sock_dir, sizeof sock_dir);
-  cfg.chunk_bytes = (size_t)1 << 20;
-  server *s = svc_start_with(&cfg, url, sizeof url);
+  server *s = start_mib_chunks(url, sizeof url);
   tport_client *c = connect_with(url, false);
   uint64_t mine;
   cr_assert_eq(client_process_region(c, &mine), 0);
@@ -470,24 +480,9 @@ Test(get_direct, a_batch_stops_writing_directly_when_its_time_is_up, .timeout = 
   void *args[4] = {&uffd, slow, &E, url};
   int64_t writes = svc_server_counter(url, "shm_process_writes");
   cr_assert_eq(pthread_create(&th, NULL, serve_later, args), 0);
-  Tport__Ref w[3];
-  Tport__GetBeginRequest qs[3], *qp[3];
-  for (int j = 0; j < 3; j++) {
-    client_ref_to_wire(&info.ref, &w[j]);
-    tport__get_begin_request__init(&qs[j]);
-    qs[j].ref = &w[j];
-    qs[j].direct_region = mine;
-    qs[j].direct_addr = (uintptr_t)buf[j];
-    qs[j].direct_length = E;
-    qp[j] = &qs[j];
-  }
-  Tport__GetBatchRequest q = TPORT__GET_BATCH_REQUEST__INIT;
-  q.n_gets = 3;
-  q.gets = qp;
-  Tport__GetBatchReply *r = NULL;
+  Tport__GetBatchReply *r;
   tport_err err;
-  int rc = client_rpc(c, TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0,
-                      &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&r, NULL, &err);
+  int rc = batch_raw3(c, &info.ref, mine, buf, E, &r, &err);
   get_batch_direct_ms = was;
   pthread_join(th, NULL);
   cr_assert_eq(rc, 0, "%s", err.msg);
@@ -502,9 +497,8 @@ Test(get_direct, a_batch_stops_writing_directly_when_its_time_is_up, .timeout = 
   protobuf_c_message_free_unpacked(&r->base, NULL);
   cr_assert_eq(svc_server_counter(url, "shm_process_writes") - writes, 1);
   /* the same request with the server's time: all three written */
-  qs[0].direct_addr = (uintptr_t)(buf[0] = calloc(1, E));
-  rc = client_rpc(c, TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0,
-                  &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&r, NULL, &err);
+  buf[0] = calloc(1, E);
+  rc = batch_raw3(c, &info.ref, mine, buf, E, &r, &err);
   cr_assert_eq(rc, 0, "%s", err.msg);
   for (int j = 0; j < 3; j++) {
     cr_assert(r->gets[j]->direct, "element %d", j);
