@@ -12,8 +12,8 @@ bool get_direct_fits(const call *c, const Tport__GetBeginRequest *q, const tport
                (q->direct_min_bytes ? want < q->direct_min_bytes
                                     : want <= q->inline_max && want <= s->cfg.chunk_bytes);
   return q->direct_region && s->shm && !small && want <= q->direct_length &&
-         !q->memory_format_set && tensor_device(t).type == TPORT_DEV_CPU &&
-         !tensor_is_managed(t) && meta_is_contiguous(&t->layout) && !t->conj && !t->neg;
+         !q->memory_format_set && tensor_device(t).type == TPORT_DEV_CPU && !tensor_is_managed(t) &&
+         meta_is_contiguous(&t->layout) && !t->conj && !t->neg;
 }
 
 static int get_direct(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tport_tensor *t,
@@ -41,8 +41,8 @@ static int get_direct(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tp
     reg_later hold = {0};
     rc = reg_later_begin(&s->reg, c->pipe, &hold, &c->err);
     if (!rc)
-      rc = shm_process_write(s->shm, c->pipe, q->direct_region, q->direct_addr + off, src + off,
-                             n, t, &hold, n, &stuck, &c->err);
+      rc = shm_process_write(s->shm, c->pipe, q->direct_region, q->direct_addr + off, src + off, n,
+                             t, &hold, n, &stuck, &c->err);
   }
   metrics_stage_since(&s->metrics, STAGE_STAGE, t0);
   if (rc == TPORT_RESOURCE_EXHAUSTED && !stuck) {

@@ -7,14 +7,12 @@
  *
  * Only a tensor whose values already lie in host memory in logical C order
  * (cpu, contiguous, no lazy conj or neg) and of direct_min_bytes or more
- * (else: too large for the reply's payload) goes so; any other goes the way the rest of the request asks (a
- * device's through the region, which the GPU's copy engine writes).  The
- * write runs as a process region's reads do (regions_process_read.c: its
- * slots, threads, deadline), SHM_PROCESS_READ_SPAN at a time, the tensor
- * held until each ends.  Where no slot
- * is free the get goes the other way instead.  A write given up after the
- * deadline may still land: the client is told (DEADLINE_EXCEEDED), and its
- * tport.h says what a get that failed may leave behind.
+ * (else: too large for the reply's payload) goes so; any other goes the way the rest of the request
+ * asks (a device's through the region, which the GPU's copy engine writes).  The write runs as a
+ * process region's reads do (regions_process_read.c: its slots, threads, deadline),
+ * SHM_PROCESS_READ_SPAN at a time, the tensor held until each ends.  Where no slot is free the get
+ * goes the other way instead.  A write given up after the deadline may still land: the client is
+ * told (DEADLINE_EXCEEDED), and its tport.h says what a get that failed may leave behind.
  */
 #ifndef TPORT_SERVER_GET_DIRECT_H
 #define TPORT_SERVER_GET_DIRECT_H

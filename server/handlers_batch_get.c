@@ -66,8 +66,8 @@ static bool answer_large(call *c, const Tport__GetBeginRequest *g, size_t room, 
     return true;
   }
   *n = tensor_nbytes(t);
-  size_t direct_room = g->direct_length < sp->region_left ? (size_t)g->direct_length
-                                                          : sp->region_left;
+  size_t direct_room =
+      g->direct_length < sp->region_left ? (size_t)g->direct_length : sp->region_left;
   /* (one write job: its start is the last a request may begin) */
   bool can = g->direct_region && sp->direct_ok && mono_ms() < sp->direct_until &&
              *n <= SHM_PROCESS_READ_SPAN && get_direct_fits(c, g, t, *n);

@@ -105,8 +105,9 @@ static int access_process(pid_t pid, int pidfd, const shm_read_seg *seg, size_t 
     int k = iov_of(seg, nseg, done, upto, local, remote, &want);
     if (write && !process_alive(pidfd))
       return tport_err_set(err, TPORT_ABORTED, "the client process has exited");
-    ssize_t got = write ? process_vm_writev(pid, local, (unsigned long)k, remote, (unsigned long)k, 0)
-                        : process_vm_readv(pid, local, (unsigned long)k, remote, (unsigned long)k, 0);
+    ssize_t got = write
+                      ? process_vm_writev(pid, local, (unsigned long)k, remote, (unsigned long)k, 0)
+                      : process_vm_readv(pid, local, (unsigned long)k, remote, (unsigned long)k, 0);
     if (got > 0) {
       done += (size_t)got;
       continue;

@@ -248,8 +248,7 @@ Test(get_direct, hostile_direct_gets_cost_their_request_only)
   tport_shm *r;
   tport_err err;
   cr_assert_eq(tport_shm_create(c, room, &r, &err), 0, "%s", err.msg);
-  cr_assert_eq(get_raw(c, &info.ref, r->id, (uintptr_t)buf, room, &direct),
-               TPORT_INVALID_ARGUMENT);
+  cr_assert_eq(get_raw(c, &info.ref, r->id, (uintptr_t)buf, room, &direct), TPORT_INVALID_ARGUMENT);
   for (size_t i = 0; i < room; i++)
     cr_assert_eq(buf[i], 0x33, "byte %zu was written", i);
   cr_assert_eq(svc_server_counter(url, "shm_process_writes"), writes);
@@ -355,8 +354,8 @@ Test(get_direct, a_batchs_elements_are_written_into_the_callers_buffers)
   for (int verify = 0; verify < 2; verify++) {
     tport_client *c = connect_with(url, verify);
     enum { K = 12 };
-    const size_t sizes[K] = {300000, 5000, 700000, 262144, 64, 1048576, 3000000,
-                             400000, 12,   900000, 33333,  (size_t)1 << 18};
+    const size_t sizes[K] = {300000,  5000,   700000, 262144, 64,    1048576,
+                             3000000, 400000, 12,     900000, 33333, (size_t)1 << 18};
     uint8_t *v[K], *back[K];
     tport_get_item items[K];
     memset(items, 0, sizeof items);
@@ -381,8 +380,8 @@ Test(get_direct, a_batchs_elements_are_written_into_the_callers_buffers)
     }
     /* each in one write: in the first GetBatch, a deferred one, or its own get */
     cr_assert_eq(svc_server_counter(url, "shm_process_writes") - writes, direct,
-                  "%lld of the %d large elements written directly",
-                  (long long)(svc_server_counter(url, "shm_process_writes") - writes), direct);
+                 "%lld of the %d large elements written directly",
+                 (long long)(svc_server_counter(url, "shm_process_writes") - writes), direct);
     for (int i = 0; i < K; i++)
       free(v[i]), free(back[i]);
     tport_close(c);
