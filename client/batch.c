@@ -8,9 +8,11 @@
  * with the automatic region on, a larger one by path.c as a tport_get of
  * its own would.  A caller's buffer of a quarter MiB or more on the same
  * host is offered to the server, which writes a cpu tensor there itself
- * (process_region.c), in the first GetBatch or in a deferred one.  Every
- * element keeps its own result and error: a reply element the server got
- * wrong fails that element.
+ * (process_region.c), in the first GetBatch or in a deferred one -- and
+ * where every element has a buffer there is no first GetBatch: the
+ * elements are planned by their buffers' sizes, all in that one window.
+ * Every element keeps its own result and error: a reply element the
+ * server got wrong fails that element.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +39,9 @@ static void get_element(tport_client *c, tport_get_item *it, const Tport__GetBeg
                        .alloc_blocks = blocks,
                        .cancel = cancel};
   void *alloced = NULL;
-  if (deferred && (b->nbytes <= c->chunk_bytes || !atomic_load(&c->shm_auto))) {
+  /* (a larger one offered the server goes in that window too, as a
+   * GetBegin it answers by writing it: else by path.c) */
+  if (deferred && (b->nbytes <= c->chunk_bytes || !atomic_load(&c->shm_auto) || offered)) {
     *planned = (size_t)b->nbytes;
     it->err.code = NOT_ANSWERED; /* by get_deferred, with the others */
     return;
@@ -69,17 +73,57 @@ static void get_element(tport_client *c, tport_get_item *it, const Tport__GetBeg
     it->data = it->buf ? it->buf : alloced;
 }
 
-/* One GetBatch of items[0..k). */
+/* Whether items[0..k) are planned by their buffers' sizes: every one into
+ * a buffer of the caller's, on a connection whose server writes such
+ * buffers itself, one of them large enough for that. */
+static bool planned_by_buffers(tport_client *c, const tport_get_item *items, size_t k)
+{
+  bool direct = false;
+  for (size_t j = 0; j < k; j++) {
+    if (!items[j].buf)
+      return false;
+    if (!direct && items[j].cap >= CLIENT_SHM_MIN_BYTES)
+      direct = client_get_direct_region(c, items[j].buf, items[j].cap) != 0;
+  }
+  return direct;
+}
+
+/* items[0..k) planned by their buffers' sizes, each as if a GetBatch had
+ * deferred it: all in one window (batch_get_deferred), the first of its
+ * requests no longer one of its own before the rest.  Whether they were
+ * (not: out of memory). */
+static bool get_by_buffers(tport_client *c, tport_get_item *items, size_t k, bool blocks,
+                           const atomic_bool *cancel)
+{
+  size_t *planned = malloc(k * sizeof *planned);
+  if (!planned)
+    return false;
+  for (size_t j = 0; j < k; j++) {
+    planned[j] = items[j].cap;
+    items[j].err.code = NOT_ANSWERED;
+  }
+  batch_get_deferred(c, items, k, planned, blocks, cancel);
+  free(planned);
+  return true;
+}
+
+/* One GetBatch of items[0..k) -- or, on the same host into the caller's
+ * buffers, none: the window of what it would have deferred, planned by the
+ * buffers (a state dict's first GetBatch, answered before anything else
+ * went, was an eighth of its get). */
 static void get_group(tport_client *c, tport_get_item *items, size_t k, bool blocks,
                       const atomic_bool *cancel)
 {
+  if (planned_by_buffers(c, items, k) && get_by_buffers(c, items, k, blocks, cancel))
+    return;
   Tport__Ref *refs = calloc(k, sizeof *refs);
   Tport__GetBeginRequest *qs = calloc(k, sizeof *qs);
   Tport__GetBeginRequest **qp = calloc(k, sizeof *qp);
   size_t *planned = calloc(k, sizeof *planned); /* a deferred element's bytes */
   tport_err err;
-  int rc = refs && qs && qp && planned ? TPORT_OK
-                            : tport_err_set(&err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  int rc = refs && qs && qp && planned
+               ? TPORT_OK
+               : tport_err_set(&err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   for (size_t j = 0; !rc && j < k; j++) {
     client_ref_to_wire(&items[j].ref, &refs[j]);
     tport__get_begin_request__init(&qs[j]);
@@ -105,8 +149,8 @@ static void get_group(tport_client *c, tport_get_item *items, size_t k, bool blo
                     &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&r, &p, &err);
   }
   if (!rc && (r->n_gets != k || (r->n_deferred != 0 && r->n_deferred != k)))
-    rc = tport_err_set(&err, TPORT_DATA_LOSS, "the server answered %zu of %zu elements",
-                       r->n_gets, k);
+    rc = tport_err_set(&err, TPORT_DATA_LOSS, "the server answered %zu of %zu elements", r->n_gets,
+                       k);
   size_t at = 0;
   for (size_t j = 0; j < k; j++) {
     if (rc)
@@ -162,8 +206,8 @@ int tport_get_batch(tport_client *c, tport_get_item *items, size_t n, tport_err 
   return client_get_batch(c, items, n, NULL, NULL, err);
 }
 
-int tport_get_batch_dlpack(tport_client *c, tport_get_item *items, size_t n,
-                           DLManagedTensor **out, tport_err *err)
+int tport_get_batch_dlpack(tport_client *c, tport_get_item *items, size_t n, DLManagedTensor **out,
+                           tport_err *err)
 {
   if (n && !out)
     return tport_err_set(err, TPORT_INVALID_ARGUMENT, "out is NULL: it has a slot per element");

@@ -2,77 +2,37 @@
  * batch_get_deferred.c: the elements of a get batch that its GetBatch
  * deferred (batch.h), all in one window.
  */
-#include <stdio.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "batch.h"
-#include "batch_region.h"
+#include "batch_get_deferred.h"
 #include "copy_pool.h"
 #include "copy_stream.h"
 #include "get_blocks.h"
 
-/* The deferred elements, all in one window.  Those of up to a chunk go in
- * GetBatches of up to GET_GROUP, each inline in the reply (tportd lends
- * their bytes from the tensors into it); a larger one (no region: else it
- * went by path.c) is answered by a GetBegin with a transfer, whose
- * GetChunks follow in the same window once that reply is in, so that the
- * window never drains between elements (as a get of its own each, the five
- * 8-9 MB tensors of ResNet-50 cost a GetBegin round trip and a drained
- * window apiece; a GetBegin for each of its 37 tensors of 256 KiB to 4 MiB
- * was a request each).  An element the server defers again or answers
- * otherwise than its GetBatch did (a name replaced meanwhile), or whose
- * chunks are smaller than the client's, goes as a get of its own after the
- * window.  On the same host the groups' tensors are written by the server
- * into slots of the automatic region instead (batch_region.h), one slot a
- * GetBatch in flight, and copied out here: one copy on each side, where the
- * socket took three (through the kernel twice, out of the reply) -- the
- * single get of the same bytes went that way already. */
-
-typedef enum dget_state {
-  DG_WAITING, /* its GetBatch or GetBegin not answered */
-  DG_READING, /* its chunks go */
-  DG_DONE,    /* answered: its result is in the item */
-  DG_FAILED,  /* a chunk failed (the item's err): its buffer goes */
-  DG_REDO,    /* a get of its own after the window */
-} dget_state;
-
-typedef struct dget {
-  size_t item;
-  size_t planned;               /* its bytes, as the GetBatch said */
-  size_t begin_unit, first_chunk, nchunks;
-  dget_state state;
-  uint8_t *buf;                 /* where its chunks go */
-  bool alloced;                 /* buf made here (freed when it fails) */
-  ProtobufCBinaryData transfer; /* its chunks' transfer (a copy) */
-  size_t shm_at;                /* where in the region its group's slot has it */
-  bool direct;                  /* its buffer offered to the server (process_region.c) */
-} dget;
-
-/* A unit: a GetBatch of up to GET_GROUP small elements (those of up to a
- * chunk), a large element's GetBegin, or one of its GetChunks. */
-typedef enum dunit_kind { DU_GROUP, DU_BEGIN, DU_CHUNK } dunit_kind;
-
-/* The small elements a GetBatch of the window carries at most: as many as
- * tportd lends from their storages into one reply (LENDS_SEGMENTS; past
- * them it copies), and a chunk of bytes. */
-#define GET_GROUP 4
-
-typedef struct deferred_gets {
-  tport_client *c;
-  tport_get_item *items;
-  dget *el;
-  size_t n;
-  size_t *unit_el;        /* the element of unit u (DU_GROUP: the group) */
-  uint8_t *unit_kind;     /* dunit_kind */
-  size_t *small, *gstart; /* group g: elements small[gstart[g] .. gstart[g + 1]) */
-  size_t ngroups, *slot;  /* group g's slot of the region (BATCH_NO_SLOT: none) */
-  batch_region region;    /* same host: where the groups' tensors are written */
-  bool blocks;            /* buffers made from get_blocks.h */
-  size_t total;           /* the deferred elements' bytes, all of them */
-  const atomic_bool *cancel;
-} deferred_gets;
+/* The deferred elements, all in one window (batch_get_plan.c plans it).
+ * Those of up to a chunk go in GetBatches of up to GET_GROUP, each inline
+ * in the reply (tportd lends their bytes from the tensors into it); a
+ * larger one (no region: else it went by path.c) is answered by a GetBegin
+ * with a transfer, whose GetChunks follow in the same window once that
+ * reply is in, so that the window never drains between elements (as a get
+ * of its own each, the five 8-9 MB tensors of ResNet-50 cost a GetBegin
+ * round trip and a drained window apiece; a GetBegin for each of its 37
+ * tensors of 256 KiB to 4 MiB was a request each).  An element the server
+ * defers again or answers otherwise than its GetBatch did (a name replaced
+ * meanwhile), or whose chunks are smaller than the client's, goes as a get
+ * of its own after the window.  On the same host the groups' tensors are
+ * written by the server into slots of the automatic region instead
+ * (batch_region.h), one slot a GetBatch in flight, and copied out here:
+ * one copy on each side, where the socket took three (through the kernel
+ * twice, out of the reply) -- the single get of the same bytes went that
+ * way already.  And a caller's buffer of a quarter MiB or more is offered
+ * to the server, which writes a cpu tensor there itself (process_region.c):
+ * as many such bytes a GetBatch as it writes at once, and one larger than
+ * that by a GetBegin of its own in the window; one the server would not
+ * write so (a device's tensor) comes in a second window, into the slots. */
 
 static client_get_desc desc_of(const deferred_gets *d, tport_get_item *it)
 {
@@ -100,11 +60,18 @@ static void drop_buffer(const deferred_gets *d, dget *e)
 static int group_make(deferred_gets *d, size_t g, nng_msg **out, tport_err *err)
 {
   size_t first = d->gstart[g], k = d->gstart[g + 1] - first;
-  size_t slot = d->slot[g] = batch_region_take(d->c, &d->region);
+  Tport__Ref *refs = malloc(k * sizeof *refs);
+  Tport__ShmSlice *slices = malloc(k * sizeof *slices);
+  Tport__GetBeginRequest *qs = malloc(k * sizeof *qs), **qp = malloc(k * sizeof *qp);
+  if (!refs || !slices || !qs || !qp) {
+    free(refs), free(slices), free(qs), free(qp);
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
+  }
+  bool sliced = false; /* (those written into the caller's buffers need none) */
+  for (size_t j = 0; j < k; j++)
+    sliced |= !d->el[d->small[first + j]].direct;
+  size_t slot = d->slot[g] = sliced ? batch_region_take(d->c, &d->region) : BATCH_NO_SLOT;
   size_t at = slot == BATCH_NO_SLOT ? 0 : slot * d->region.slot_bytes;
-  Tport__Ref refs[GET_GROUP];
-  Tport__ShmSlice slices[GET_GROUP];
-  Tport__GetBeginRequest qs[GET_GROUP], *qp[GET_GROUP];
   for (size_t j = 0; j < k; j++) {
     dget *e = &d->el[d->small[first + j]];
     tport_get_item *it = &d->items[e->item];
@@ -116,11 +83,10 @@ static int group_make(deferred_gets *d, size_t g, nng_msg **out, tport_err *err)
     /* a caller's buffer of a quarter MiB or more: offered to the server,
      * which writes a cpu tensor there itself (else the slot, or inline) */
     client_get_desc gd = desc_of(d, it);
-    if (it->buf && e->planned >= CLIENT_SHM_MIN_BYTES)
-      gd.direct_region = client_get_direct_region(d->c, it->buf, it->cap);
+    gd.direct_region = e->direct_region;
     client_get_direct_fill(&gd, &qs[j]);
-    e->direct = gd.direct_region != 0;
-    if (slot != BATCH_NO_SLOT) { /* the slot holds the group's planned bytes */
+    if (slot != BATCH_NO_SLOT && !e->direct) { /* the slot: the others' planned bytes */
+      e->sliced = true;
       e->shm_at = at;
       slices[j] = client_slice(d->region.r, at, e->planned);
       qs[j].shm = &slices[j];
@@ -137,6 +103,7 @@ static int group_make(deferred_gets *d, size_t g, nng_msg **out, tport_err *err)
     batch_region_give(&d->region, slot);
     d->slot[g] = BATCH_NO_SLOT;
   }
+  free(refs), free(slices), free(qs), free(qp);
   return rc;
 }
 
@@ -146,7 +113,7 @@ static int group_make(deferred_gets *d, size_t g, nng_msg **out, tport_err *err)
 static void take_from_region(deferred_gets *d, size_t g, dget *e, tport_get_item *it,
                              const Tport__GetBeginReply *b)
 {
-  if (d->slot[g] == BATCH_NO_SLOT) { /* a hostile or broken server */
+  if (!e->sliced) { /* a hostile or broken server */
     tport_err_set(&it->err, TPORT_DATA_LOSS,
                   "the server says it wrote the tensor into a region, but none was offered");
     return;
@@ -200,8 +167,8 @@ static void group_take(deferred_gets *d, client_slot *s, size_t g)
                          &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&r, &p, &ge);
   /* answered: the server has written what it writes into the slot */
   if (!rc && (r->n_gets != k || (r->n_deferred != 0 && r->n_deferred != k))) {
-    rc = tport_err_set(&ge, TPORT_DATA_LOSS, "the server answered %zu of %zu elements",
-                       r->n_gets, k);
+    rc = tport_err_set(&ge, TPORT_DATA_LOSS, "the server answered %zu of %zu elements", r->n_gets,
+                       k);
     protobuf_c_message_free_unpacked(&r->base, NULL);
   }
   for (size_t j = 0; j < k; j++) {
@@ -214,8 +181,7 @@ static void group_take(deferred_gets *d, client_slot *s, size_t g)
       continue;
     }
     const Tport__GetBeginReply *b = r->gets[j];
-    if (batch_element_status(b->status, &it->err) == TPORT_OUT_OF_RANGE &&
-        d->slot[g] != BATCH_NO_SLOT) {
+    if (batch_element_status(b->status, &it->err) == TPORT_OUT_OF_RANGE && e->sliced) {
       /* its slice too small: the tensor grew (a name replaced) after the
        * server deferred it -- on its own after the window, which fails
        * again, saying why, if anything else was wrong */
@@ -228,6 +194,11 @@ static void group_take(deferred_gets *d, client_slot *s, size_t g)
     size_t n = (size_t)b->nbytes;
     if ((r->n_deferred && r->deferred[j]) || b->transfer.len) {
       e->state = DG_REDO;
+      /* offered a direct write that the server would not make (a
+       * device's tensor, one not contiguous): in a second window, with
+       * the others like it, into slices of the region or inline */
+      if (e->direct && !b->transfer.len && n <= d->c->chunk_bytes)
+        e->again = n;
       continue;
     }
     if (b->direct) {
@@ -261,6 +232,7 @@ static void group_take(deferred_gets *d, client_slot *s, size_t g)
 
 static int deferred_make(void *ctx, size_t u, size_t one, nng_msg **out, tport_err *err)
 {
+
   (void)one;
   deferred_gets *d = ctx;
   if (d->unit_kind[u] == DU_GROUP)
@@ -273,6 +245,9 @@ static int deferred_make(void *ctx, size_t u, size_t one, nng_msg **out, tport_e
     q.ref = &w;
     q.inline_max = d->c->chunk_bytes;
     q.want_crc32c = d->c->verify;
+    client_get_desc gd = desc_of(d, &d->items[e->item]);
+    gd.direct_region = e->direct_region; /* (0: not offered) */
+    client_get_direct_fill(&gd, &q);
     return client_pack(TPORT__METHOD__METHOD_GET_BEGIN, &q.base, NULL, 0, out, err);
   }
   if (e->state != DG_READING) {
@@ -301,8 +276,8 @@ static void begin_reading(deferred_gets *d, dget *e, const Tport__GetBeginReply 
   }
   client_get_desc g = desc_of(d, it);
   e->buf = it->buf; /* the caller's, unless one is made (g.alloc) */
-  if (client_get_destination(d->c, &g, b, e->planned, d->c->chunk_bytes, &e->buf, NULL,
-                             &it->err) != TPORT_OK) {
+  if (client_get_destination(d->c, &g, b, e->planned, d->c->chunk_bytes, &e->buf, NULL, &it->err) !=
+      TPORT_OK) {
     e->state = DG_DONE; /* no room for it: this element's error */
     return;
   }
@@ -327,9 +302,9 @@ static void begin_take(deferred_gets *d, client_slot *s, dget *e)
   Tport__GetBeginReply *b;
   e->state = DG_DONE;
   tport_err_clear(&it->err);
-  int rc = client_unpack(TPORT__METHOD__METHOD_GET_BEGIN, s->reply,
-                         &tport__get_begin_reply__descriptor, (ProtobufCMessage **)&b, NULL,
-                         &it->err);
+  int rc =
+      client_unpack(TPORT__METHOD__METHOD_GET_BEGIN, s->reply, &tport__get_begin_reply__descriptor,
+                    (ProtobufCMessage **)&b, NULL, &it->err);
   if (rc == TPORT_RESOURCE_EXHAUSTED) {
     /* the connection's gets in progress (a server whose --max-transfers
      * is below its window), or room for one: alone, after the window */
@@ -338,7 +313,12 @@ static void begin_take(deferred_gets *d, client_slot *s, dget *e)
   }
   if (rc)
     return; /* else this element's error */
-  begin_reading(d, e, b);
+  if (b->direct)
+    take_direct(d, e, it, b);
+  else if (e->direct_region)
+    e->state = DG_REDO; /* written some other way: no chunks were planned */
+  else
+    begin_reading(d, e, b);
   protobuf_c_message_free_unpacked(&b->base, NULL);
 }
 
@@ -355,11 +335,11 @@ static void chunk_take(deferred_gets *d, client_slot *s, dget *e)
   Tport__GetChunkReply *gr = (Tport__GetChunkReply *)r;
   size_t chunk = d->c->chunk_bytes, off = (s->offset - e->first_chunk) * chunk;
   size_t len = e->planned - off < chunk ? e->planned - off : chunk;
-  int rc = p.len == len ? client_check_crc32c(d->c->verify, gr->crc32c_set, gr->crc32c, p.data,
-                                              p.len, off, &it->err)
-                        : tport_err_set(&it->err, TPORT_DATA_LOSS,
-                                        "chunk at %zu: %zu bytes came, %zu expected", off, p.len,
-                                        len);
+  int rc = p.len == len
+               ? client_check_crc32c(d->c->verify, gr->crc32c_set, gr->crc32c, p.data, p.len, off,
+                                     &it->err)
+               : tport_err_set(&it->err, TPORT_DATA_LOSS,
+                               "chunk at %zu: %zu bytes came, %zu expected", off, p.len, len);
   if (rc)
     e->state = DG_FAILED;
   else if (e->state == DG_READING && d->total >= COPY_POOL_OUT_STREAM_MIN)
@@ -403,6 +383,9 @@ static void deferred_finish(deferred_gets *d, int rc, const tport_err *werr)
       e->buf = NULL;
     } else if (e->state == DG_READING || e->state == DG_WAITING) {
       it->err = *werr; /* the window stopped first */
+    } else if (e->state == DG_REDO && !rc && e->again && d->again) {
+      it->err.code = NOT_ANSWERED; /* by the second window */
+      d->again[e->item] = e->again;
     } else if (e->state == DG_REDO && !rc && !batch_cancelled(d->cancel, &it->err)) {
       client_get_desc g = desc_of(d, it);
       void *alloced = NULL;
@@ -423,122 +406,18 @@ static void deferred_finish(deferred_gets *d, int rc, const tport_err *werr)
   }
 }
 
-/* The small deferred elements (d->small[0 .. nsmall), their bytes in
- * d->el[].planned) into GetBatches of up to GET_GROUP and a chunk of bytes
- * each, first fit in decreasing size: in the order of their names,
- * ResNet-50's 42 deferred tensors of 0.5 to 4 MiB took 21 GetBatches,
- * packed 15 (on a VM every request costs wake-ups beyond its bytes).
- * Leaves each group's elements together in d->small, group g's from
- * d->gstart[g]; returns the number of groups. */
-static size_t pack_groups(deferred_gets *d, size_t nsmall)
-{
-  _Static_assert(BATCH_MAX_ELEMENTS <= UINT16_MAX, "a group's number fits group_of");
-  size_t chunk = d->c->chunk_bytes, ngroups = 0;
-  size_t *order = d->unit_el; /* scratch: the units are planned after */
-  uint16_t group_of[BATCH_MAX_ELEMENTS];
-  size_t count[BATCH_MAX_ELEMENTS], bytes[BATCH_MAX_ELEMENTS];
-  /* insertion sort by bytes, largest first (at most BATCH_MAX_ELEMENTS) */
-  for (size_t i = 0; i < nsmall; i++) {
-    size_t j = i, e = d->small[i];
-    for (; j > 0 && d->el[order[j - 1]].planned < d->el[e].planned; j--)
-      order[j] = order[j - 1];
-    order[j] = e;
-  }
-  for (size_t i = 0; i < nsmall; i++) {
-    size_t e = order[i], g = 0, n = d->el[e].planned;
-    while (g < ngroups && (count[g] == GET_GROUP || bytes[g] + n > chunk))
-      g++;
-    if (g == ngroups)
-      count[ngroups] = bytes[ngroups] = 0, ngroups++;
-    count[g]++, bytes[g] += n;
-    group_of[i] = (uint16_t)g;
-  }
-  /* each group's elements together, groups in order */
-  size_t at = 0;
-  for (size_t g = 0; g < ngroups; g++) {
-    d->gstart[g] = at;
-    for (size_t i = 0; i < nsmall; i++)
-      if (group_of[i] == g)
-        d->small[at++] = order[i];
-  }
-  d->gstart[ngroups] = nsmall;
-  return ngroups;
-}
-
-/* The units of d's n elements (items' planned bytes): the small ones'
- * GetBatches first (pack_groups); then each large one's GetBegin one
- * element ahead of its chunks: answered by the time they go, and only the
- * transfers of the requests in flight open on the server (a connection
- * may hold --max-transfers, 16 by default: all of them begun at once, a
- * state dict's were refused past it).  Returns the number of units. */
-static size_t plan_deferred(deferred_gets *d, const size_t *planned, size_t k, size_t *large)
-{
-  size_t i = 0, u = 0, nlarge = 0, nsmall = 0, chunk = d->c->chunk_bytes;
-  for (size_t j = 0; j < k; j++) {
-    if (d->items[j].err.code != NOT_ANSWERED)
-      continue;
-    dget *e = &d->el[i];
-    e->item = j;
-    e->planned = planned[j];
-    if (planned[j] > chunk) {
-      e->nchunks = planned[j] / chunk + (planned[j] % chunk != 0);
-      large[nlarge++] = i;
-    } else {
-      d->small[nsmall++] = i;
-    }
-    i++;
-  }
-  size_t ngroups = d->ngroups = pack_groups(d, nsmall);
-  for (size_t g = 0; g < ngroups; g++) {
-    d->unit_el[u] = g;
-    d->unit_kind[u++] = DU_GROUP;
-  }
-  for (size_t m = 0; m <= nlarge; m++) {
-    if (m < nlarge) { /* the next one's GetBegin */
-      d->el[large[m]].begin_unit = u;
-      d->unit_el[u] = large[m];
-      d->unit_kind[u++] = DU_BEGIN;
-    }
-    if (m == 0)
-      continue;
-    dget *e = &d->el[large[m - 1]]; /* the one before's chunks */
-    e->first_chunk = u;
-    for (size_t c2 = 0; c2 < e->nchunks; c2++) {
-      d->unit_el[u] = large[m - 1];
-      d->unit_kind[u++] = DU_CHUNK;
-    }
-  }
-  return u;
-}
-
-/* Same host: a slot of the automatic region for each group that may be in
- * flight at once (as many as the region holds now), as large as the
- * largest group (at most a chunk). */
-static void open_region(deferred_gets *d)
-{
-  size_t most = 0;
-  for (size_t g = 0; g < d->ngroups; g++) {
-    size_t bytes = 0;
-    for (size_t j = d->gstart[g]; j < d->gstart[g + 1]; j++)
-      bytes += d->el[d->small[j]].planned;
-    most = bytes > most ? bytes : most;
-  }
-  /* as large as it is (grown for the next batch): on a fresh client the
-   * bench's ResNet-50 get batch went from 48-59 to 63-72 ms when the region
-   * grew to 8 slots of 4 MiB first (its pages faulted in by the server's
-   * writes, ~5 us each on a VM); once grown, 37-47 ms against 53-63 by
-   * the socket */
-  batch_region_open(d->c, &d->region, d->ngroups, most, false);
-}
-
-void batch_get_deferred(tport_client *c, tport_get_item *items, size_t k, const size_t *planned,
-                        bool blocks, const atomic_bool *cancel)
+/* batch_get_deferred's window; direct_off: a second one, for elements
+ * the first offered for a direct write that the server would not make. */
+static void deferred_window(tport_client *c, tport_get_item *items, size_t k, const size_t *planned,
+                            bool blocks, const atomic_bool *cancel, bool direct_off)
 {
   size_t n = 0, nunits = 0, chunk = c->chunk_bytes, total = 0;
   for (size_t j = 0; j < k; j++)
     if (items[j].err.code == NOT_ANSWERED) {
       n++;
-      nunits += 1 + (planned[j] > chunk ? planned[j] / chunk + 1 : 0);
+      /* (planned may be a caller's buffer's size: any size_t) */
+      size_t units = 1 + (planned[j] > chunk ? planned[j] / chunk + 1 : 0);
+      nunits = nunits > SIZE_MAX - units ? SIZE_MAX : nunits + units;
       total = total > SIZE_MAX - planned[j] ? SIZE_MAX : total + planned[j];
     }
   if (!n)
@@ -549,22 +428,27 @@ void batch_get_deferred(tport_client *c, tport_get_item *items, size_t k, const 
                      .items = items,
                      .el = calloc(n, sizeof(dget)),
                      .n = n,
-                     .unit_el = malloc(nunits * sizeof(size_t)),
+                     .unit_el = calloc(nunits, sizeof(size_t)), /* (NULL past SIZE_MAX) */
                      .unit_kind = malloc(nunits),
                      .small = malloc(n * sizeof(size_t)),
                      .gstart = malloc((n + 1) * sizeof(size_t)),
                      .slot = malloc((n + 1) * sizeof(size_t)),
                      .blocks = blocks,
                      .total = total,
-                     .cancel = cancel};
+                     .cancel = cancel,
+                     .direct_off = direct_off,
+                     .again = direct_off ? NULL : calloc(k, sizeof(size_t))};
   size_t *large = malloc(n * sizeof *large);
+  bool again = false;
   if (d.el && d.unit_el && d.unit_kind && d.small && d.gstart && d.slot && large) {
-    size_t u = plan_deferred(&d, planned, k, large);
+    size_t u = deferred_plan(&d, planned, k, large);
     if (atomic_load(&c->shm_auto) && atomic_load(&c->batch_get_slices))
-      open_region(&d);
+      deferred_open_region(&d);
     int rc = client_run_units(c, u, deferred_make, deferred_take, deferred_after, &d, cancel, &err);
     batch_region_close(c, &d.region); /* before the gets of their own use it */
     deferred_finish(&d, rc, &err);
+    for (size_t j = 0; d.again && j < k; j++)
+      again |= d.again[j] != 0;
   } else {
     tport_err_set(&err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
     for (size_t j = 0; j < k; j++)
@@ -573,5 +457,13 @@ void batch_get_deferred(tport_client *c, tport_get_item *items, size_t k, const 
   }
   free(d.el), free(d.unit_el), free(d.unit_kind), free(d.small), free(d.gstart), free(d.slot),
       free(large);
+  if (again)
+    deferred_window(c, items, k, d.again, blocks, cancel, true);
+  free(d.again);
 }
 
+void batch_get_deferred(tport_client *c, tport_get_item *items, size_t k, const size_t *planned,
+                        bool blocks, const atomic_bool *cancel)
+{
+  deferred_window(c, items, k, planned, blocks, cancel, false);
+}

@@ -471,6 +471,10 @@ size_t client_process_batch_bytes(const tport_client *c);
  * buffer of the caller's, large enough for the automatic region, on a
  * connection whose server writes so. */
 uint64_t client_get_direct_region(tport_client *c, const void *buf, size_t cap);
+/* The most bytes one GetBatch's elements may ask written into the
+ * caller's memory (the server writes them in one write: the last Hello's
+ * process_read_max_bytes, or a chunk). */
+size_t client_get_batch_direct_bytes(const tport_client *c);
 /* GetBeginRequest's direct_* from g (none where g offers none). */
 void client_get_direct_fill(const struct client_get_desc *g, Tport__GetBeginRequest *q);
 /* A fresh nonzero token for a batch's fence (PutBatchRequest.fence_token):

@@ -95,6 +95,14 @@ size_t client_process_batch_bytes(const tport_client *c)
   return most > CLIENT_PROCESS_SPAN_MAX ? CLIENT_PROCESS_SPAN_MAX : (size_t)most;
 }
 
+size_t client_get_batch_direct_bytes(const tport_client *c)
+{
+  uint64_t most = atomic_load(&c->proc_read_max);
+  if (most < c->chunk_bytes) /* (a server that said none) */
+    return c->chunk_bytes;
+  return most > CLIENT_PROCESS_SPAN_MAX ? CLIENT_PROCESS_SPAN_MAX : (size_t)most;
+}
+
 static _Atomic uint64_t fence_next;
 
 /* The tokens' random start (the monotonic clock's nanoseconds where no

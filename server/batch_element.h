@@ -30,11 +30,13 @@ typedef struct element {
 } element; /* small: a batch of 4096 allocates 4096 (no error message in it) */
 
 /* What a batch's elements share: the reply's sink, the puts gathered from
- * the client's memory and added together (NULL for a get's), whether the
- * bytes are written with streaming stores, the stages' times. */
+ * the client's memory and added together (NULL for a get's), the gets
+ * written into it together (NULL for a put's), whether the bytes are
+ * written with streaming stores, the stages' times. */
 typedef struct batch_env {
   reply_sink *sink;
   put_gather *gather;
+  struct get_scatter *scatter;
   put_bulk *bulk;
   bool stream;
   int64_t *stage_ns;
@@ -43,10 +45,13 @@ typedef struct batch_env {
 /* Runs handler on element i (req, payload) as a call of its own and keeps
  * its answer in el (its reply in the sink, or its handle where it is an
  * element of run) -- unless the handler gathered it (a put from the
- * client's memory, answered by put_gather_end). */
+ * client's memory, answered by put_gather_end; a get into it, by
+ * get_scatter_end). */
 void run_element(call *c, const batch_env *env, put_run_info *run, uint16_t method,
                  int (*handler)(call *), ProtobufCMessage *req, const uint8_t *payload, size_t n,
                  size_t i, element *el);
+/* What the element's call (sub) answered, rc, kept in el. */
+void element_answered(call *sub, int rc, element *el);
 /* An element refused before its handler ran. */
 void refuse_element(element *el, int code, const char *why);
 /* A batch of n elements: INVALID_ARGUMENT past BATCH_MAX_ELEMENTS. */

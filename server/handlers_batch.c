@@ -88,8 +88,7 @@ static void unstore(const call *c, const uint8_t *handle)
   reg_put(&c->srv->reg, e);
 }
 
-/* What the element's call (sub) answered, rc, kept in el. */
-static void element_answered(call *sub, int rc, element *el)
+void element_answered(call *sub, int rc, element *el)
 {
   if (sub->out) /* (every reply goes to the sink) */
     nng_msg_free(sub->out);
@@ -143,6 +142,7 @@ void run_element(call *c, const batch_env *env, put_run_info *run, uint16_t meth
               .stream_writes = env->stream,
               .stage_ns = env->stage_ns,
               .gather = env->gather,
+              .scatter = env->scatter,
               .run = run,
               .run_handle = el->handle,
               .bulk = env->bulk,

@@ -214,7 +214,8 @@ int h_get_begin(call *c)
       (!rc && q->shm && !region_chunks && !(q->shm_fallback && (small || want > q->shm->length)))) {
     if (!direct)
       rc = get_into_region(c, q, e, t);
-    reg_put(&s->reg, e);
+    if (!c->gathered) /* (else the batch's write holds e: get_scatter.h) */
+      reg_put(&s->reg, e);
     return rc;
   }
   get_transfer *g = rc ? NULL : calloc(1, sizeof *g);

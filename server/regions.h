@@ -188,6 +188,12 @@ int shm_process_read_segs(shm_table *t, uint32_t pipe, uint64_t id, shm_read_man
 int shm_process_write(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, const void *src,
                       size_t n, tport_tensor *keep, struct reg_later *hold, size_t keep_bytes,
                       bool *stuck, tport_err *err);
+/* shm_process_write of m's runs as one write (a batch's elements: each
+ * run's dst is what is written at its addr; m's fence unused): each run
+ * written or flagged bad (nothing mapped there, or read-only), or an error
+ * for all. */
+int shm_process_write_segs(shm_table *t, uint32_t pipe, uint64_t id, shm_read_many *m,
+                           struct reg_later *hold, bool *stuck, tport_err *err);
 int shm_release(shm_table *t, uint32_t pipe, uint64_t id, tport_err *err);
 /* The connection closed: its regions go (once their holders are done). */
 void shm_drop_pipe(shm_table *t, uint32_t pipe);

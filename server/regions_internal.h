@@ -208,11 +208,12 @@ void index_free(shm_table *t);
  * process pid into their dsts, read by this thread without CAP_SYS_PTRACE
  * meanwhile (with bad, a flag a run: one that cannot be read is flagged
  * and skipped rather than failing the read); or written from their dsts
- * into the process, in calls each made while pidfd's process runs. */
+ * into the process, in calls each made while pidfd's process runs (with
+ * bad, a run that cannot be written flagged and skipped the same way). */
 bool process_alive(int pidfd);
 int process_read_as_user(pid_t pid, const shm_read_seg *seg, size_t nseg, size_t from, size_t to,
                          atomic_bool *bad, tport_err *err);
 int process_write_as_user(pid_t pid, int pidfd, const shm_read_seg *seg, size_t nseg, size_t from,
-                          size_t to, tport_err *err);
+                          size_t to, atomic_bool *bad, tport_err *err);
 
 #endif

@@ -197,7 +197,7 @@ int process_read_as_user(pid_t pid, const shm_read_seg *seg, size_t nseg, size_t
 }
 
 int process_write_as_user(pid_t pid, int pidfd, const shm_read_seg *seg, size_t nseg, size_t from,
-                          size_t to, tport_err *err)
+                          size_t to, atomic_bool *bad, tport_err *err)
 {
-  return access_as_user(pid, pidfd, seg, nseg, from, to, true, NULL, err);
+  return access_as_user(pid, pidfd, seg, nseg, from, to, true, bad, err);
 }

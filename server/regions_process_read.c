@@ -218,7 +218,7 @@ static void *read_thread(void *arg)
   if (!process_alive(j->pidfd))
     rc = tport_err_set(&err, TPORT_ABORTED, "the client process has exited");
   if (!rc && j->write)
-    rc = process_write_as_user(j->pid, j->pidfd, j->seg, j->nseg, p->from, p->to, &err);
+    rc = process_write_as_user(j->pid, j->pidfd, j->seg, j->nseg, p->from, p->to, j->bad, &err);
   else if (!rc)
     rc = process_read_as_user(j->pid, j->seg, j->nseg, p->from, p->to, j->bad, &err);
   /* while the process runs its pid is its own: gone now, the pid may have
@@ -490,4 +490,11 @@ int shm_process_write(shm_table *t, uint32_t pipe, uint64_t id, uint64_t addr, c
   shm_read_seg one = {.addr = addr, .dst = (uint8_t *)(uintptr_t)src, .n = n};
   shm_read_many m = {.seg = &one, .nseg = 1, .keep = &keep, .nkeep = 1, .keep_bytes = keep_bytes};
   return process_job(t, pipe, id, &m, true, hold, stuck, err);
+}
+
+int shm_process_write_segs(shm_table *t, uint32_t pipe, uint64_t id, shm_read_many *m,
+                           reg_later *hold, bool *stuck, tport_err *err)
+{
+  m->fence_addr = 0; /* a write has none */
+  return process_job(t, pipe, id, m, true, hold, stuck, err);
 }

@@ -172,6 +172,10 @@ typedef struct call {
    * there (put_gather.h) rather than read now, and answered later
    * (gathered) */
   struct put_gather *gather;
+  /* an element of a GetBatch: a get written into the client's memory is
+   * held there (get_scatter.h) rather than written now, and answered later
+   * (gathered) */
+  struct get_scatter *scatter;
   bool gathered;
   /* an element of a PutBatch's run (put_runs.h): answered by its handle
    * alone (run_answered set) where its tensor's info is the run's.  Every

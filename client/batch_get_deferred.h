@@ -1,0 +1,69 @@
+/*
+ * batch_get_deferred.h: what batch_get_deferred.c (the deferred elements'
+ * window) and batch_get_plan.c (its units, planned) share.
+ */
+#ifndef TPORT_CLIENT_BATCH_GET_DEFERRED_H
+#define TPORT_CLIENT_BATCH_GET_DEFERRED_H
+
+#include <stdint.h>
+
+#include "batch.h"
+#include "batch_region.h"
+
+typedef enum dget_state {
+  DG_WAITING, /* its GetBatch or GetBegin not answered */
+  DG_READING, /* its chunks go */
+  DG_DONE,    /* answered: its result is in the item */
+  DG_FAILED,  /* a chunk failed (the item's err): its buffer goes */
+  DG_REDO,    /* a get of its own after the window */
+} dget_state;
+
+typedef struct dget {
+  size_t item;
+  size_t planned; /* its bytes, as the GetBatch said */
+  size_t begin_unit, first_chunk, nchunks;
+  dget_state state;
+  uint8_t *buf;                 /* where its chunks go */
+  bool alloced;                 /* buf made here (freed when it fails) */
+  ProtobufCBinaryData transfer; /* its chunks' transfer (a copy) */
+  size_t shm_at;                /* where in the region its group's slot has it */
+  bool sliced;                  /* ... where it has one */
+  bool direct;                  /* its buffer offered to the server (process_region.c) */
+  uint64_t direct_region;       /* the connection's process region, where direct */
+  size_t again;                 /* not written directly: its bytes, for a second window */
+} dget;
+
+/* A unit: a GetBatch of small elements (those of up to a chunk, a chunk
+ * of them), a large element's GetBegin, or one of its GetChunks. */
+typedef enum dunit_kind { DU_GROUP, DU_BEGIN, DU_CHUNK } dunit_kind;
+
+/* The small elements a GetBatch of the window carries at most whose bytes
+ * come inline and are lent (lent_inline): as many as tportd lends from
+ * their storages into one reply (LENDS_SEGMENTS; past them it copies). */
+#define GET_GROUP 4
+
+typedef struct deferred_gets {
+  tport_client *c;
+  tport_get_item *items;
+  dget *el;
+  size_t n;
+  size_t *unit_el;        /* the element of unit u (DU_GROUP: the group) */
+  uint8_t *unit_kind;     /* dunit_kind */
+  size_t *small, *gstart; /* group g: elements small[gstart[g] .. gstart[g + 1]) */
+  size_t ngroups, *slot;  /* group g's slot of the region (BATCH_NO_SLOT: none) */
+  batch_region region;    /* same host: where the groups' tensors are written */
+  bool blocks;            /* buffers made from get_blocks.h */
+  size_t total;           /* the deferred elements' bytes, all of them */
+  const atomic_bool *cancel;
+  bool direct_off; /* a second window: no buffer offered for a direct write */
+  size_t *again;   /* an item's bytes for the second window (NULL: none) */
+} deferred_gets;
+
+/* The units of d's elements (items[0..k) not answered yet, their planned
+ * bytes): how many, in d->unit_el and d->unit_kind (large: scratch of an
+ * element each). */
+size_t deferred_plan(deferred_gets *d, const size_t *planned, size_t k, size_t *large);
+/* Same host: slots of the automatic region for d's groups (d->region). */
+void deferred_open_region(deferred_gets *d);
+
+#endif
