@@ -2,7 +2,6 @@
 #include "get_direct.h"
 
 #include "crc32c.h"
-#include "get_scatter.h"
 #include "wire.h"
 
 bool get_direct_fits(const call *c, const Tport__GetBeginRequest *q, const tport_tensor *t,
@@ -85,10 +84,6 @@ bool get_direct_try(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tpor
 {
   if (!get_direct_fits(c, q, t, tensor_nbytes(t)))
     return false;
-  if (c->scatter) { /* a GetBatch's element: written with the batch's others */
-    *rc = get_scatter_add(c, q, e, t);
-    return true;
-  }
   bool other;
   int r = get_direct(c, q, e, t, &other);
   if (other) { /* no slot: the way the rest of the request asks */

@@ -41,10 +41,9 @@ int get_answer_written(call *c, reg_entry *e, const tport_tensor *t, bool crc_se
 /* Where q asks t written straight into the client's memory and t can be:
  * writes its values at q->direct_addr of the connection's process region
  * q->direct_region and answers (reply's direct), or fails (*rc), and
- * returns true -- a GetBatch's element (c->scatter) is held for the
- * batch's write instead (get_scatter.h: c->gathered, e kept).  False
- * where the get goes another way (nothing written, *rc untouched): t
- * cannot be, or no slot was free. */
+ * returns true.  False where the get goes another way (nothing written,
+ * *rc untouched): t cannot be, or no slot was free.  (A GetBatch's
+ * element is held for the batch's write instead: get_scatter.h.) */
 bool get_direct_try(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tport_tensor *t,
                     int *rc);
 

@@ -22,9 +22,10 @@
 #include <string.h>
 
 #include "crc32c.h"
-#include "random_ids.h"
 #include "dtype.h"
 #include "get_direct.h"
+#include "get_scatter.h"
+#include "random_ids.h"
 #include "validate.h"
 #include "wire.h"
 #include "wrap.h"
@@ -82,7 +83,6 @@ static int get_bytes(call *c, get_transfer *g, size_t off, size_t n, tport_stora
   return rc;
 }
 
-
 /* A get into a region: t's values in logical C order straight into the
  * client's slice, in one copy (from a device: into the pinned region
  * directly when it is registered), then a reply with no payload. */
@@ -125,10 +125,9 @@ static int get_into_region(call *c, const Tport__GetBeginRequest *q, reg_entry *
     else
       rc = settle_region(dst, pinned, rc, &c->err); /* a failed copy's too */
     tensor_release(dst);
-    metrics_stage_since(&s->metrics,
-                        tensor_device(t).type == TPORT_DEV_CPU ? STAGE_CONVERT
-                                                               : STAGE_DEVICE_TO_HOST,
-                        t0);
+    metrics_stage_since(
+        &s->metrics, tensor_device(t).type == TPORT_DEV_CPU ? STAGE_CONVERT : STAGE_DEVICE_TO_HOST,
+        t0);
   }
   bool crc_set = q->want_crc32c && !on_dev; /* a GPU region's bytes are not read here */
   uint32_t crc = rc || !crc_set ? 0 : transport_crc32c(0, p, want);
@@ -194,6 +193,17 @@ static bool by_region_chunks(const Tport__GetBeginRequest *q, size_t want, size_
          want <= q->shm->length && want / 2 > chunk;
 }
 
+/* get_direct_try -- or, a GetBatch's element, held for the batch's one
+ * write of such gets (get_scatter.h: c->gathered, e kept) */
+static bool direct_or_held(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tport_tensor *t,
+                           int *rc)
+{
+  if (!c->scatter || !get_direct_fits(c, q, t, tensor_nbytes(t)))
+    return get_direct_try(c, q, e, t, rc);
+  *rc = get_scatter_add(c, q, e, t);
+  return true;
+}
+
 int h_get_begin(call *c)
 {
   Tport__GetBeginRequest *q = (Tport__GetBeginRequest *)c->req;
@@ -208,7 +218,7 @@ int h_get_begin(call *c)
   /* into a region -- unless, with shm_fallback, the tensor is small enough
    * for the reply or too large for the slice: then the ordinary way */
   bool small = want <= q->inline_max && want <= s->cfg.chunk_bytes;
-  bool direct = !rc && get_direct_try(c, q, e, t, &rc); /* into the caller's buffer */
+  bool direct = !rc && direct_or_held(c, q, e, t, &rc); /* into the caller's buffer */
   bool region_chunks = by_region_chunks(q, want, get_chunk_bytes(s, t));
   if (direct ||
       (!rc && q->shm && !region_chunks && !(q->shm_fallback && (small || want > q->shm->length)))) {
@@ -285,7 +295,7 @@ int h_get_begin(call *c)
     rc = payload ? call_reply_lent(c, &r.base, held, payload, nbytes)
                  : call_reply(c, &r.base, NULL, 0);
   }
-  storage_release(held); /* a lent reply holds its own reference */
+  storage_release(held);        /* a lent reply holds its own reference */
   transfers_free(&s->xfers, g); /* an inline one, or one that failed */
   if (charging)
     reg_reservation_release(&res); /* what no copy took */
@@ -366,8 +376,7 @@ int h_get_chunk(call *c)
   /* a read-back block (and those read ahead) is charged to the tenant
    * until it comes back to the pool, after nng has sent its reply */
   reg_reservation res = REG_RESERVATION_INIT(&s->reg, c->pipe);
-  if (!rc && g->from_device &&
-      (rc = wire_charge_lend_begin(c, &res, 0, "a chunk")) == TPORT_OK) {
+  if (!rc && g->from_device && (rc = wire_charge_lend_begin(c, &res, 0, "a chunk")) == TPORT_OK) {
     rc = get_bytes(c, g, (size_t)q->offset, (size_t)q->length, &held, &bytes);
     wire_charge_end(&res);
   } else if (!rc) {
