@@ -35,7 +35,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "regions.h"
 #include "server.h"
+#include "server_internal.h"
 #include "tport.h"
 
 static char url[128];
@@ -113,12 +115,13 @@ static void *pool_worker(void *arg)
 }
 
 /* Batches of 100 tensors on the shared client, 4 KiB each but every 25th
- * of three chunks and a bit: put (the large ones read by the server from
+ * of five chunks and a bit: put (the large ones read by the server from
  * this process's memory, in chunks through the batch's window), then got
- * back (the server's 64 KiB chunks: 16 inline, the rest deferred). */
+ * back into buffers of this process (the large ones written there by the
+ * server, a GetBatch's together; the small ones inline). */
 static void *batch_worker(void *arg)
 {
-  enum { N = 100, EACH = 4096, LARGE = 3 * 65536 + 100 };
+  enum { N = 100, EACH = 4096, LARGE = 5 * 65536 + 100 }; /* past 256 KiB */
   int id = (int)(intptr_t)arg;
   size_t total = (size_t)(N - N / 25) * EACH + (size_t)(N / 25) * LARGE;
   uint8_t *v = malloc(total), *back = malloc(total);
@@ -331,6 +334,10 @@ int main(void)
   for (int i = 0; i < 15; i++)
     pthread_join(t[i], NULL);
   tport_close(shared);
+  shm_stats ss;
+  shm_get_stats(s->shm, &ss);
+  if (ss.process_writes == 0) /* the batches' large elements, at least */
+    fail("no get was written into a client's memory", NULL);
   server_stop(s, 2000);
   config_free(&cfg);
   char dir[128];
