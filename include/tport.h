@@ -479,7 +479,10 @@ typedef struct tport_get_item {
 int tport_put_batch(tport_client *c, tport_put_item *items, size_t n, tport_err *err);
 /* An element's buf of 256 KiB or more may be written by the server
  * directly, as tport_get's (same host): after an element failed without its
- * answer (a timeout, the connection lost), the server may still write it. */
+ * answer (a timeout, the connection lost), the server may still write it.
+ * Where every element has its buf, the batch is planned by their caps
+ * (no first GetBatch to learn the sizes): such writes go up to 32 MiB of
+ * them a request, each request's in one write. */
 int tport_get_batch(tport_client *c, tport_get_item *items, size_t n, tport_err *err);
 /* The same as requests: items (and what they point to) live until completion. */
 int tport_put_batch_async(tport_client *c, tport_put_item *items, size_t n, tport_request_fn done,
