@@ -29,6 +29,9 @@
  * elements' memory does.  Tests may shorten it. */
 #define GET_BATCH_DIRECT_MS 5000
 extern _Atomic int64_t get_batch_direct_ms; /* (a test sets it while the server runs) */
+/* Testing knob: called by a GetBatch once it has looked at an element's
+ * tensor, before the element's get runs.  Never set outside tests. */
+extern void (*get_batch_test_looked)(size_t element);
 /* Whether q asks t (of want bytes) written straight into the client's
  * memory, and t can be. */
 bool get_direct_fits(const call *c, const Tport__GetBeginRequest *q, const tport_tensor *t,

@@ -47,6 +47,7 @@ typedef struct get_spend {
 } get_spend;
 
 _Atomic int64_t get_batch_direct_ms = GET_BATCH_DIRECT_MS;
+void (*get_batch_test_looked)(size_t element);
 
 /* An element too large for its room (the reply's: inline_max and the
  * budget; a region slice's: its length, within what is left of the
@@ -187,9 +188,19 @@ static void get_element(get_batch *b, size_t i, bool *deferred)
     write_held(b); /* a write's bytes at most, of one region */
     direct = sp->direct_ok && mono_ms() < sp->direct_until;
   }
+  if (get_batch_test_looked)
+    get_batch_test_looked(i);
+  /* the tensor it looked at, not a larger one that replaced its name
+   * meanwhile: that one too large for its slice or the caller's buffer */
   Tport__GetBeginRequest one = *g;
   one.direct_region = direct ? g->direct_region : 0;
-  one.direct_length = n; /* the tensor it looked at: not one that replaced it meanwhile */
+  one.direct_length = n;
+  Tport__ShmSlice slice;
+  if (g->shm && g->shm->length > n) {
+    slice = *g->shm;
+    slice.length = n ? n : 1; /* (an empty tensor's: a byte, which nothing is written to) */
+    one.shm = &slice;
+  }
   bool held;
   run_get(b, i, &one, &held);
   if (direct && !held && !el->ok)

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "client_internal.h"
+#include "get_direct.h"
 #include "service_util.h"
 
 static char sock_dir[64];
@@ -206,16 +207,15 @@ static uint8_t *put_n(tport_client *c, size_t n, size_t each, tport_ref *refs)
   for (size_t i = 0; i < n; i++) {
     tport_tensor_info info;
     tport_err err;
-    cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, v + i * each, each, NULL, &info, &err),
-                 0, "%s", err.msg);
+    cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, v + i * each, each, NULL, &info, &err), 0,
+                 "%s", err.msg);
     refs[i] = info.ref;
   }
   return v;
 }
 
 /* A get batch of the n refs into fresh buffers: every element exact. */
-static void get_all(tport_client *c, size_t n, size_t each, const tport_ref *refs,
-                    const uint8_t *v)
+static void get_all(tport_client *c, size_t n, size_t each, const tport_ref *refs, const uint8_t *v)
 {
   tport_get_item *items = calloc(n, sizeof *items);
   uint8_t *into = malloc(n * each);
@@ -342,10 +342,9 @@ Test(shm_batch, hostile_region_slices_in_a_get_batch_cost_their_element_only)
   int want[K] = {0, TPORT_OUT_OF_RANGE, TPORT_INVALID_ARGUMENT, 0, TPORT_NOT_FOUND, 0};
   for (int j = 0; j < K; j++) {
     int code = rep->gets[j]->status ? (int)rep->gets[j]->status->code : 0;
-    cr_assert_eq(code, want[j], "element %d: code %d, expected %d (%s)", j, code, want[j],
-                 rep->gets[j]->status && rep->gets[j]->status->message
-                     ? rep->gets[j]->status->message
-                     : "");
+    cr_assert_eq(
+        code, want[j], "element %d: code %d, expected %d (%s)", j, code, want[j],
+        rep->gets[j]->status && rep->gets[j]->status->message ? rep->gets[j]->status->message : "");
   }
   cr_assert(rep->gets[0]->shm, "element 0 was not written into the region");
   cr_assert_eq(memcmp(tport_shm_data(r), v, N), 0);
@@ -406,6 +405,82 @@ Test(shm_batch, hostile_region_slices_in_a_get_batch_cost_their_element_only)
   tport_shm_release(r, NULL);
   tport_shm_release(theirs, NULL);
   tport_close(other);
+  tport_close(c);
+  stop(s);
+}
+
+/* The name a GetBatch's element asks for is replaced by a larger tensor
+ * between the batch's look at it (which spent its bytes of the request's
+ * room for regions) and its get: that one is not written into the slice,
+ * however large the slice -- the request copies what it looked at, at
+ * most. */
+static tport_client *replacer;
+static uint8_t *larger;
+enum { LOOKED = 1000 };
+
+static void replace_name(size_t element)
+{
+  (void)element;
+  tport_put_options o;
+  tport_put_options_init(&o);
+  o.name = "looked";
+  o.replace = true;
+  int64_t sz = 3 * LOOKED;
+  tport_err err;
+  cr_assert_eq(tport_put(replacer, TPORT_UINT8, 1, &sz, NULL, larger, 3 * LOOKED, &o, NULL, &err),
+               0, "%s", err.msg);
+}
+
+Test(shm_batch, a_name_replaced_after_the_batch_looked_is_not_written_past_that)
+{
+  char url[96];
+  server *s = start(url, sizeof url, (size_t)1 << 20);
+  tport_client *c = connect_with(url, false, false);
+  replacer = connect_with(url, false, false);
+  tport_shm *r;
+  tport_err err;
+  cr_assert_eq(tport_shm_create(c, (size_t)1 << 16, &r, &err), 0, "%s", err.msg);
+  uint8_t v[LOOKED];
+  fill(v, LOOKED, 77);
+  larger = malloc(3 * LOOKED);
+  fill(larger, 3 * LOOKED, 78);
+  tport_put_options o;
+  tport_put_options_init(&o);
+  o.name = "looked";
+  int64_t sz = LOOKED;
+  cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, v, LOOKED, &o, NULL, &err), 0, "%s",
+               err.msg);
+  Tport__Ref w = TPORT__REF__INIT;
+  w.name = (char *)"looked";
+  Tport__ShmSlice sl = TPORT__SHM_SLICE__INIT;
+  sl.region = r->id;
+  sl.length = 4 * LOOKED; /* room for either */
+  Tport__GetBeginRequest g = TPORT__GET_BEGIN_REQUEST__INIT, *gp = &g;
+  g.ref = &w;
+  g.inline_max = 1 << 20;
+  g.shm = &sl;
+  Tport__GetBatchRequest q = TPORT__GET_BATCH_REQUEST__INIT;
+  q.n_gets = 1;
+  q.gets = &gp;
+  memset(tport_shm_data(r), 0, 4 * LOOKED);
+  get_batch_test_looked = replace_name;
+  client_payload p;
+  Tport__GetBatchReply *rep = raw_get_batch(c, &q, &p);
+  get_batch_test_looked = NULL;
+  int code = rep->gets[0]->status ? (int)rep->gets[0]->status->code : 0;
+  cr_assert_eq(code, TPORT_OUT_OF_RANGE, "the larger tensor was answered (code %d)", code);
+  uint8_t zero[3 * LOOKED] = {0};
+  cr_assert_eq(memcmp(tport_shm_data(r), zero, sizeof zero), 0, "the slice was written");
+  free_reply(rep, &p);
+  /* asked again, the batch looks at the larger one: written whole */
+  rep = raw_get_batch(c, &q, &p);
+  code = rep->gets[0]->status ? (int)rep->gets[0]->status->code : 0;
+  cr_assert(rep->gets[0]->shm && code == 0, "not written into the slice (code %d)", code);
+  cr_assert_eq(memcmp(tport_shm_data(r), larger, 3 * LOOKED), 0);
+  free_reply(rep, &p);
+  free(larger);
+  tport_shm_release(r, NULL);
+  tport_close(replacer);
   tport_close(c);
   stop(s);
 }
