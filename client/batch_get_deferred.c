@@ -313,12 +313,19 @@ static void begin_take(deferred_gets *d, client_slot *s, dget *e)
   }
   if (rc)
     return; /* else this element's error */
-  if (b->direct)
+  if (b->direct) {
     take_direct(d, e, it, b);
-  else if (e->direct_region)
-    e->state = DG_REDO; /* written some other way: no chunks were planned */
-  else
+  } else if (e->direct_region && b->transfer.len) {
+    /* not written directly (no slot was free): its transfer is read after
+     * the window, by this reply (no chunks were planned), not left open */
+    e->state = DG_REDO;
+    e->late = b;
+    return;
+  } else if (e->direct_region) {
+    e->state = DG_REDO; /* answered some other way */
+  } else {
     begin_reading(d, e, b);
+  }
   protobuf_c_message_free_unpacked(&b->base, NULL);
 }
 
@@ -369,8 +376,30 @@ static size_t deferred_after(void *ctx, size_t u)
   return d->unit_kind[u] == DU_CHUNK ? d->el[d->unit_el[u]].begin_unit + 1 : 0;
 }
 
-/* After the window: each element's result, or the window's error; the
- * ones to redo get by path.c. */
+/* Element e (its item it) to redo after the window: in the second one
+ * (e->again), by the transfer it was answered with (e->late), or as a get
+ * of its own (path.c). */
+static void redo(deferred_gets *d, dget *e, tport_get_item *it)
+{
+  client_get_desc g = desc_of(d, it);
+  void *alloced = NULL;
+  tport_err_clear(&it->err);
+  memset(&it->info, 0, sizeof it->info);
+  if (e->again && d->again) {
+    it->err.code = NOT_ANSWERED; /* by the second window */
+    d->again[e->item] = e->again;
+    return;
+  }
+  client_payload none = {0};
+  int rc = e->late ? client_socket_get_rest(d->c, &g, e->late, &none, NULL, &alloced, &it->nbytes,
+                                            &it->info, &it->err)
+                   : client_get(d->c, &g, &alloced, &it->nbytes, &it->info, &it->err);
+  if (rc == TPORT_OK)
+    it->data = it->buf ? it->buf : alloced;
+}
+
+/* After the window: each element's result, or the window's error (a
+ * cancel's where it was cancelled); the ones to redo, redo's. */
 static void deferred_finish(deferred_gets *d, int rc, const tport_err *werr)
 {
   for (size_t i = 0; i < d->n; i++) {
@@ -383,18 +412,10 @@ static void deferred_finish(deferred_gets *d, int rc, const tport_err *werr)
       e->buf = NULL;
     } else if (e->state == DG_READING || e->state == DG_WAITING) {
       it->err = *werr; /* the window stopped first */
-    } else if (e->state == DG_REDO && !rc && e->again && d->again) {
-      it->err.code = NOT_ANSWERED; /* by the second window */
-      d->again[e->item] = e->again;
-    } else if (e->state == DG_REDO && !rc && !batch_cancelled(d->cancel, &it->err)) {
-      client_get_desc g = desc_of(d, it);
-      void *alloced = NULL;
-      tport_err_clear(&it->err);
-      memset(&it->info, 0, sizeof it->info);
-      if (client_get(d->c, &g, &alloced, &it->nbytes, &it->info, &it->err) == TPORT_OK)
-        it->data = it->buf ? it->buf : alloced;
-    } else if (e->state == DG_REDO) {
+    } else if (e->state == DG_REDO && rc) {
       it->err = *werr;
+    } else if (e->state == DG_REDO && !batch_cancelled(d->cancel, &it->err)) {
+      redo(d, e, it);
     }
     if (it->err.code != TPORT_OK) {
       memset(&it->info, 0, sizeof it->info);
@@ -403,6 +424,8 @@ static void deferred_finish(deferred_gets *d, int rc, const tport_err *werr)
     if (e->buf)
       drop_buffer(d, e);
     free(e->transfer.data);
+    if (e->late)
+      protobuf_c_message_free_unpacked(&e->late->base, NULL);
   }
 }
 
@@ -412,11 +435,14 @@ static void deferred_window(tport_client *c, tport_get_item *items, size_t k, co
                             bool blocks, const atomic_bool *cancel, bool direct_off)
 {
   size_t n = 0, nunits = 0, chunk = c->chunk_bytes, total = 0;
+  uint64_t proc_region = direct_off ? 0 : client_gets_direct_region(c);
   for (size_t j = 0; j < k; j++)
     if (items[j].err.code == NOT_ANSWERED) {
       n++;
-      /* (planned may be a caller's buffer's size: any size_t) */
-      size_t units = 1 + (planned[j] > chunk ? planned[j] / chunk + 1 : 0);
+      /* (planned may be a caller's buffer's size: any size_t) -- one
+       * written directly has no chunks */
+      bool direct = deferred_direct_region(&items[j], planned[j], proc_region) != 0;
+      size_t units = 1 + (planned[j] > chunk && !direct ? planned[j] / chunk + 1 : 0);
       nunits = nunits > SIZE_MAX - units ? SIZE_MAX : nunits + units;
       total = total > SIZE_MAX - planned[j] ? SIZE_MAX : total + planned[j];
     }
@@ -436,7 +462,7 @@ static void deferred_window(tport_client *c, tport_get_item *items, size_t k, co
                      .blocks = blocks,
                      .total = total,
                      .cancel = cancel,
-                     .direct_off = direct_off,
+                     .proc_region = proc_region,
                      .again = direct_off ? NULL : calloc(k, sizeof(size_t))};
   size_t *large = malloc(n * sizeof *large);
   bool again = false;

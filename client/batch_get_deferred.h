@@ -31,6 +31,7 @@ typedef struct dget {
   bool direct;                  /* its buffer offered to the server (process_region.c) */
   uint64_t direct_region;       /* the connection's process region, where direct */
   size_t again;                 /* not written directly: its bytes, for a second window */
+  Tport__GetBeginReply *late;   /* not written directly: its transfer, read after the window */
 } dget;
 
 /* A unit: a GetBatch of small elements (those of up to a chunk, a chunk
@@ -55,10 +56,13 @@ typedef struct deferred_gets {
   bool blocks;            /* buffers made from get_blocks.h */
   size_t total;           /* the deferred elements' bytes, all of them */
   const atomic_bool *cancel;
-  bool direct_off; /* a second window: no buffer offered for a direct write */
-  size_t *again;   /* an item's bytes for the second window (NULL: none) */
+  uint64_t proc_region; /* where buffers are offered (0: none), fixed for the window */
+  size_t *again;        /* an item's bytes for the second window (NULL: none) */
 } deferred_gets;
 
+/* The process region (region: the connection's, or 0) an element of
+ * planned bytes offers the server to write its buffer (0: none). */
+uint64_t deferred_direct_region(const tport_get_item *it, size_t planned, uint64_t region);
 /* The units of d's elements (items[0..k) not answered yet, their planned
  * bytes): how many, in d->unit_el and d->unit_kind (large: scratch of an
  * element each). */

@@ -7,6 +7,12 @@
 
 #include "batch_get_deferred.h"
 
+uint64_t deferred_direct_region(const tport_get_item *it, size_t planned, uint64_t region)
+{
+  /* (smaller: inline) */
+  return it->buf && planned >= CLIENT_SHM_MIN_BYTES && it->cap >= CLIENT_SHM_MIN_BYTES ? region : 0;
+}
+
 /* Whether tportd would lend e's bytes into its group's reply: a quarter
  * MiB or more (smaller ones it copies), not offered for a direct write. */
 static bool lent_inline(const dget *e)
@@ -101,8 +107,7 @@ size_t deferred_plan(deferred_gets *d, const size_t *planned, size_t k, size_t *
     e->item = j;
     e->planned = planned[j];
     const tport_get_item *it = &d->items[j];
-    if (planned[j] >= CLIENT_SHM_MIN_BYTES && !d->direct_off) /* (else inline) */
-      e->direct_region = client_get_direct_region(d->c, it->buf, it->cap);
+    e->direct_region = deferred_direct_region(it, planned[j], d->proc_region);
     e->direct = e->direct_region != 0;
     if (planned[j] > chunk && !e->direct) {
       e->nchunks = planned[j] / chunk + (planned[j] % chunk != 0);
@@ -115,6 +120,11 @@ size_t deferred_plan(deferred_gets *d, const size_t *planned, size_t k, size_t *
     i++;
   }
   size_t ngroups = d->ngroups = pack_groups(d, nsmall);
+  for (size_t m = 0; nsmall && !ngroups && m < nsmall; m++) { /* out of memory */
+    d->el[d->small[m]].state = DG_DONE;
+    tport_err_set(&d->items[d->el[d->small[m]].item].err, TPORT_RESOURCE_EXHAUSTED,
+                  "out of memory");
+  }
   for (size_t m = 0; ndirect && m < i; m++)
     if (d->el[m].direct && d->el[m].planned > most) {
       d->el[m].begin_unit = u;

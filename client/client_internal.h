@@ -471,6 +471,8 @@ size_t client_process_batch_bytes(const tport_client *c);
  * buffer of the caller's, large enough for the automatic region, on a
  * connection whose server writes so. */
 uint64_t client_get_direct_region(tport_client *c, const void *buf, size_t cap);
+/* The same for any such buffer: the connection's process region, or 0. */
+uint64_t client_gets_direct_region(tport_client *c);
 /* The most bytes one GetBatch's elements may ask written into the
  * caller's memory (the server writes them in one write: the last Hello's
  * process_read_max_bytes, or a chunk). */

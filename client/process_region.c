@@ -138,13 +138,17 @@ bool client_put_reads_direct(const tport_client *c, const tport_put_options *o, 
   return c->proc_on && data && nbytes > 0 && on_cpu && !converts && !(o && o->managed);
 }
 
-uint64_t client_get_direct_region(tport_client *c, const void *buf, size_t cap)
+uint64_t client_gets_direct_region(tport_client *c)
 {
   uint64_t id = 0;
-  if (!c->proc_on || !buf || cap < CLIENT_SHM_MIN_BYTES || !atomic_load(&c->proc_gets) ||
-      client_process_region(c, &id) != TPORT_OK)
+  if (!c->proc_on || !atomic_load(&c->proc_gets) || client_process_region(c, &id) != TPORT_OK)
     return 0;
   return id;
+}
+
+uint64_t client_get_direct_region(tport_client *c, const void *buf, size_t cap)
+{
+  return buf && cap >= CLIENT_SHM_MIN_BYTES ? client_gets_direct_region(c) : 0;
 }
 
 void client_get_direct_fill(const client_get_desc *g, Tport__GetBeginRequest *q)

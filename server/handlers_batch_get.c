@@ -109,9 +109,12 @@ typedef struct get_batch {
   const Tport__GetBatchRequest *q;
   get_spend sp;
   element *els;
+  protobuf_c_boolean *deferred; /* an element answered deferred (if it is ok) */
   reply_sink sink;
   get_scatter scatter;
 } get_batch;
+
+static void get_element(get_batch *b, size_t i);
 
 /* Element i run as a GetBegin of its own (one), its inline bytes within
  * the reply's budget; held for the batch's write where h_get_begin writes
@@ -131,7 +134,9 @@ static void run_get(get_batch *b, size_t i, Tport__GetBeginRequest *one, bool *h
 }
 
 /* A held element answered by the batch's write (get_scatter_done_fn) --
- * or, no slot free, run the way the rest of its request asks. */
+ * or, no slot free (nothing written), run again as if it had not asked,
+ * with the request's direct writes off: inline within what is left of the
+ * budget, deferred, refused or given a transfer as get_element says. */
 static void scattered_answered(void *ctx, size_t i, call *sub, int rc, bool other)
 {
   get_batch *b = ctx;
@@ -139,10 +144,8 @@ static void scattered_answered(void *ctx, size_t i, call *sub, int rc, bool othe
     element_answered(sub, rc, &b->els[i]);
     return;
   }
-  Tport__GetBeginRequest one = *b->q->gets[i];
-  one.direct_region = 0;
-  bool held;
-  run_get(b, i, &one, &held);
+  b->sp.direct_ok = false;
+  get_element(b, i);
 }
 
 /* The held elements written and answered: after a failure the request's
@@ -158,10 +161,10 @@ static void write_held(get_batch *b)
  * region slice it names while the batch's bytes for slices stay within
  * region_left, or into the caller's buffer it offers (get_direct.h, with
  * the request's others: get_scatter.h) while those stay within
- * direct_left (spending them); a large one deferred (*deferred) where the
- * request asks.  Once a direct write failed, or
+ * direct_left (spending them); a large one deferred (b->deferred) where
+ * the request asks.  Once a direct write failed, or
  * past get_batch_direct_ms, the request's others go the other way. */
-static void get_element(get_batch *b, size_t i, bool *deferred)
+static void answer_element(get_batch *b, size_t i, bool *deferred)
 {
   const Tport__GetBeginRequest *g = b->q->gets[i];
   bool defer = b->q->defer_large;
@@ -211,6 +214,13 @@ static void get_element(get_batch *b, size_t i, bool *deferred)
     sp->region_left -= n <= sp->region_left ? n : sp->region_left;
 }
 
+static void get_element(get_batch *b, size_t i)
+{
+  bool d;
+  answer_element(b, i, &d);
+  b->deferred[i] = d;
+}
+
 int h_get_batch(call *c)
 {
   Tport__GetBatchRequest *q = (Tport__GetBatchRequest *)c->req;
@@ -228,17 +238,16 @@ int h_get_batch(call *c)
                         .direct_ok = true},
                  .els = calloc(n ? n : 1, sizeof(element))};
   b.at_end.sink = &b.sink; /* where the held gets are written and answered */
-  protobuf_c_boolean *deferred = calloc(n ? n : 1, sizeof *deferred);
+  protobuf_c_boolean *deferred = b.deferred = calloc(n ? n : 1, sizeof *deferred);
   if (!b.els || !deferred) {
     free(b.els), free(deferred);
     return tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory for %zu elements", n);
   }
-  for (size_t i = 0; i < n; i++) {
-    bool d;
-    get_element(&b, i, &d);
-    deferred[i] = d && b.els[i].ok;
-  }
+  for (size_t i = 0; i < n; i++)
+    get_element(&b, i);
   get_scatter_end(&b.at_end, &b.scatter, scattered_answered, &b);
+  for (size_t i = 0; i < n; i++)
+    deferred[i] = deferred[i] && b.els[i].ok;
   Tport__GetBatchReply r = TPORT__GET_BATCH_REPLY__INIT;
   r.status = wire_ok();
   r.n_deferred = q->defer_large ? n : 0;

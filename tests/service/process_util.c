@@ -278,3 +278,16 @@ void begin_direct_put(tport_client *c, size_t n, Tport__Ref *w, uint8_t *handle,
   cr_assert_eq(client_process_region(c, mine), 0);
   begin_put(c, n, w, handle);
 }
+
+tport_tensor_info put_u8(tport_client *c, const uint8_t *v, size_t n, const char *device)
+{
+  tport_put_options o;
+  tport_put_options_init(&o);
+  o.device = device;
+  int64_t sz = (int64_t)n;
+  tport_tensor_info info;
+  tport_err err;
+  cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, v, n, &o, &info, &err), 0, "put: %s",
+               err.msg);
+  return info;
+}

@@ -32,6 +32,8 @@ void need_pidfd(void);
 void fill(uint8_t *p, size_t n, uint32_t seed);
 /* Puts n bytes (opts may be NULL) and reads them back as they were put. */
 void put_and_check(tport_client *c, size_t n, const tport_put_options *opts, uint32_t seed);
+/* n bytes at v put as a uint8 tensor on device ("cpu", "sim:0"): its info. */
+tport_tensor_info put_u8(tport_client *c, const uint8_t *v, size_t n, const char *device);
 
 /* A raw PutBatch of n puts, each committed: from the slice (region, addr,
  * len), or, region 0, len bytes at addr in the payload; converted to int16
