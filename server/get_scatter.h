@@ -19,8 +19,9 @@
  * OUT_OF_RANGE alone, found by the write itself; a write given up
  * (DEADLINE_EXCEEDED: it may still land) or whose client exited fails every
  * element in it, its tensors kept, and charged to the tenant, until it
- * ends.  Where no slot is free the elements go the way the rest of their
- * request asks instead (the batch runs them again, the direct write off).
+ * ends.  Where no slot is free nothing is written: the batch answers the
+ * elements again as if they had not asked (inline within the reply's
+ * room, else deferred or a transfer), its direct writes off.
  */
 #ifndef TPORT_SERVER_GET_SCATTER_H
 #define TPORT_SERVER_GET_SCATTER_H
