@@ -402,6 +402,15 @@ static void redo(deferred_gets *d, dget *e, tport_get_item *it)
  * cancel's where it was cancelled); the ones to redo, redo's. */
 static void deferred_finish(deferred_gets *d, int rc, const tport_err *werr)
 {
+  /* the transfers answered late first: read (and closed) before a get of
+   * its own needs one of the connection's --max-transfers */
+  for (size_t i = 0; !rc && i < d->n; i++) {
+    dget *e = &d->el[i];
+    if (e->state == DG_REDO && e->late && !batch_cancelled(d->cancel, &d->items[e->item].err)) {
+      redo(d, e, &d->items[e->item]);
+      e->state = DG_DONE;
+    }
+  }
   for (size_t i = 0; i < d->n; i++) {
     dget *e = &d->el[i];
     tport_get_item *it = &d->items[e->item];

@@ -189,7 +189,10 @@ static void answer_element(get_batch *b, size_t i, bool *deferred)
     return;
   if (direct && !get_scatter_room(&b->scatter, g->direct_region, n)) {
     write_held(b); /* a write's bytes at most, of one region */
-    direct = sp->direct_ok && mono_ms() < sp->direct_until;
+    if (!(sp->direct_ok && mono_ms() < sp->direct_until)) {
+      answer_element(b, i, deferred); /* looked at again, direct writes off */
+      return;
+    }
   }
   if (get_batch_test_looked)
     get_batch_test_looked(i);

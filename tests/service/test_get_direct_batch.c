@@ -5,7 +5,9 @@
  * write each, begun within the request's time), an element whose memory
  * cannot be written failing alone, the elements tportd would not write so
  * (a device's) in a second window, and a write with no slot free: the
- * elements deferred, no transfer left behind.
+ * elements deferred, no transfer left behind (nor any refused for the
+ * connection's limit of them), also where a request's second write found
+ * none.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -285,71 +287,177 @@ Test(get_direct, a_batchs_device_tensors_come_in_a_window_of_their_own)
   stop(s);
 }
 
-/* Holds tportd's one reader's slot: a get into pages nobody serves yet. */
+/* tportd of two workers (one reader's slot) in this process, chunks of
+ * chunk bytes, at most max_transfers gets in progress a connection (0:
+ * the default), its one slot held by a get into pages nobody serves yet;
+ * c a client of it. */
+typedef struct no_slot {
+  char url[96];
+  server *s;
+  tport_client *c, *holder;
+  size_t held;
+  uint8_t *hv, *slow;
+  int uffd;
+  tport_tensor_info hinfo;
+  pthread_t th;
+} no_slot;
+
 static void *stuck_get(void *arg)
 {
-  void **a = arg;
+  no_slot *ns = arg;
   tport_err err;
-  tport_get(a[0], a[1], a[2], *(size_t *)a[3], NULL, NULL, NULL, &err); /* (served, or given up) */
+  tport_get(ns->holder, &ns->hinfo.ref, ns->slow, ns->held, NULL, NULL, NULL,
+            &err); /* (served, or given up) */
   return NULL;
 }
 
-/* With no reader's slot free for its write (tportd of two workers has one,
- * held by a stuck get), a batch's elements offered a direct write are
- * answered as if they had not been: inline while the reply has room,
- * else deferred -- read by the client in its second window -- and one
- * past a write's bytes, by its GetBegin's transfer, read to its end.
- * Every element exact, no transfer left open (the connection's limit). */
-Test(get_direct, a_batch_with_no_slot_for_its_write_leaves_no_transfer_open, .timeout = 120)
+static void no_slot_start(no_slot *ns, size_t chunk, size_t max_transfers)
 {
-  need_pidfd();
-  char url[96];
   server_config cfg;
   svc_config_shm(&cfg, "proc", sock_dir, sizeof sock_dir);
-  cfg.chunk_bytes = (size_t)1 << 20;
-  cfg.workers = 2; /* one reader's slot */
-  server *s = svc_start_with(&cfg, url, sizeof url);
-  tport_client *c = connect_with(url, false), *holder = connect_with(url, false);
-  size_t held = (size_t)1 << 20;
-  uint8_t *hv = malloc(held);
-  fill(hv, held, 60);
-  tport_tensor_info hinfo = put_u8(holder, hv, held, "cpu");
-  int uffd;
-  uint8_t *slow = stuck_pages(held, &uffd);
-  void *args[4] = {holder, &hinfo.ref, slow, &held};
-  pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, stuck_get, args), 0);
-  wait_counter(url, "shm_process_reading", 1, 500);
-  enum { K = 7 };
-  size_t sizes[K] = {300000, 300000, 300000, 300000, 300000, 300000, (size_t)33 << 20};
-  uint8_t *v[K], *back[K];
-  tport_get_item items[K];
+  cfg.chunk_bytes = chunk;
+  cfg.workers = 2;
+  if (max_transfers)
+    cfg.max_transfers = max_transfers;
+  ns->s = svc_start_with(&cfg, ns->url, sizeof ns->url);
+  ns->c = connect_with(ns->url, false);
+  ns->holder = connect_with(ns->url, false);
+  ns->held = (size_t)1 << 20;
+  ns->hv = malloc(ns->held);
+  fill(ns->hv, ns->held, 60);
+  ns->hinfo = put_u8(ns->holder, ns->hv, ns->held, "cpu");
+  ns->slow = stuck_pages(ns->held, &ns->uffd);
+  cr_assert_eq(pthread_create(&ns->th, NULL, stuck_get, ns), 0);
+  wait_counter(ns->url, "shm_process_reading", 1, 500);
+}
+
+static void no_slot_stop(no_slot *ns)
+{
+  serve_pages(ns->uffd, ns->slow, ns->held);
+  pthread_join(ns->th, NULL);
+  close(ns->uffd);
+  munmap(ns->slow, ns->held);
+  free(ns->hv);
+  tport_close(ns->holder);
+  tport_close(ns->c);
+  stop(ns->s);
+}
+
+/* tport_get_batch of k tensors of sizes[i] into buffers of the caller's
+ * on ns's client: every element exact, and no transfer left open. */
+static void get_all_exact(no_slot *ns, const size_t *sizes, int k)
+{
+  uint8_t *v[8], *back[8];
+  tport_get_item items[8];
+  cr_assert_leq(k, 8);
   memset(items, 0, sizeof items);
-  for (int i = 0; i < K; i++) {
+  for (int i = 0; i < k; i++) {
     v[i] = malloc(sizes[i]);
     back[i] = calloc(1, sizes[i]);
     fill(v[i], sizes[i], 61 + (uint32_t)i);
-    items[i].ref = put_u8(c, v[i], sizes[i], "cpu").ref;
+    items[i].ref = put_u8(ns->c, v[i], sizes[i], "cpu").ref;
     items[i].buf = back[i];
     items[i].cap = sizes[i];
   }
-  int64_t written = svc_server_counter(url, "shm_process_written");
+  int64_t written = svc_server_counter(ns->url, "shm_process_written");
   tport_err err;
-  cr_assert_eq(tport_get_batch(c, items, K, &err), 0, "%s", err.msg);
-  for (int i = 0; i < K; i++) {
+  cr_assert_eq(tport_get_batch(ns->c, items, (size_t)k, &err), 0, "%s", err.msg);
+  for (int i = 0; i < k; i++) {
     cr_assert_eq(items[i].err.code, 0, "element %d: %s", i, items[i].err.msg);
     cr_assert_eq(memcmp(back[i], v[i], sizes[i]), 0, "element %d", i);
   }
-  cr_assert_eq(svc_server_counter(url, "shm_process_written"), written, "a write had a slot");
-  cr_assert_eq(svc_server_counter(url, "transfers_in_progress"), 0, "a transfer was left open");
-  serve_pages(uffd, slow, held);
-  pthread_join(th, NULL);
-  for (int i = 0; i < K; i++)
+  cr_assert_eq(svc_server_counter(ns->url, "shm_process_written"), written, "a write had a slot");
+  cr_assert_eq(svc_server_counter(ns->url, "transfers_in_progress"), 0, "a transfer was left open");
+  for (int i = 0; i < k; i++)
     free(v[i]), free(back[i]);
-  close(uffd);
-  munmap(slow, held);
-  free(hv);
-  tport_close(holder);
-  tport_close(c);
-  stop(s);
+}
+
+/* With no reader's slot free for its write, a batch's elements offered a
+ * direct write are answered as if they had not been: inline while the
+ * reply has room, else deferred -- read by the client in its second
+ * window -- and one past a write's bytes, by its GetBegin's transfer,
+ * read to its end.  No transfer left open (the connection's limit). */
+Test(get_direct, a_batch_with_no_slot_for_its_write_leaves_no_transfer_open, .timeout = 120)
+{
+  need_pidfd();
+  no_slot ns;
+  no_slot_start(&ns, (size_t)1 << 20, 0);
+  const size_t sizes[] = {300000, 300000, 300000, 300000, 300000, 300000, (size_t)33 << 20};
+  get_all_exact(&ns, sizes, 7);
+  no_slot_stop(&ns);
+}
+
+/* The transfers of large elements not written directly are read before
+ * an element fetched again on its own needs one of the connection's
+ * --max-transfers (here two): none refused. */
+Test(get_direct, late_transfers_are_read_before_gets_of_their_own, .timeout = 120)
+{
+  need_pidfd();
+  no_slot ns;
+  no_slot_start(&ns, (size_t)1 << 20, 2);
+  const size_t sizes[] = {(size_t)3 << 20, (size_t)33 << 20, (size_t)34 << 20};
+  get_all_exact(&ns, sizes, 3);
+  no_slot_stop(&ns);
+}
+
+/* With chunks of 64 MiB a request's direct bytes pass one write's: the
+ * element that makes the request write what it holds, finding no slot,
+ * is looked at again as one not written directly -- deferred past the
+ * reply's room (defer_large), never given a transfer. */
+Test(get_direct, an_element_after_a_failed_write_is_deferred_not_a_transfer, .timeout = 120)
+{
+  need_pidfd();
+  no_slot ns;
+  no_slot_start(&ns, (size_t)64 << 20, 0);
+  uint64_t mine;
+  cr_assert_eq(client_process_region(ns.c, &mine), 0);
+  enum { K = 4 };
+  /* two inline (50 MiB of the reply's 64), then two offered directly */
+  const size_t sizes[K] = {(size_t)30 << 20, (size_t)20 << 20, (size_t)17 << 20, (size_t)16 << 20};
+  uint8_t *v = calloc(1, sizes[0]), *back[K];
+  Tport__Ref w[K];
+  tport_tensor_info info[K]; /* (w[i] points into info[i]) */
+  Tport__GetBeginRequest qs[K], *qp[K];
+  for (int i = 0; i < K; i++) {
+    back[i] = calloc(1, sizes[i]);
+    info[i] = put_u8(ns.c, v, sizes[i], "cpu");
+    client_ref_to_wire(&info[i].ref, &w[i]);
+    tport__get_begin_request__init(&qs[i]);
+    qs[i].ref = &w[i];
+    qs[i].inline_max = (size_t)64 << 20;
+    if (i >= 2) {
+      qs[i].direct_region = mine;
+      qs[i].direct_addr = (uintptr_t)back[i];
+      qs[i].direct_length = sizes[i];
+      qs[i].direct_min_bytes = CLIENT_SHM_MIN_BYTES;
+    }
+    qp[i] = &qs[i];
+  }
+  Tport__GetBatchRequest q = TPORT__GET_BATCH_REQUEST__INIT;
+  q.n_gets = K;
+  q.gets = qp;
+  q.defer_large = true;
+  Tport__GetBatchReply *r = NULL;
+  client_payload p = {0};
+  tport_err err;
+  cr_assert_eq(client_rpc(ns.c, TPORT__METHOD__METHOD_GET_BATCH, &q.base, NULL, 0,
+                          &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&r, &p, &err),
+               0, "%s", err.msg);
+  cr_assert_eq(r->n_gets, K);
+  for (int i = 2; i < K; i++) {
+    const Tport__GetBeginReply *b = r->gets[i];
+    cr_assert(!b->status || b->status->code == 0, "element %d", i);
+    cr_assert_eq(b->transfer.len, 0, "element %d was given a transfer", i);
+    cr_assert(r->n_deferred == K && r->deferred[i],
+              "element %d was not deferred (direct %d, %llu bytes, %zu inline)", i, b->direct,
+              (unsigned long long)b->nbytes, p.len);
+  }
+  cr_assert_eq(svc_server_counter(ns.url, "transfers_in_progress"), 0);
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  if (p.msg)
+    nng_msg_free(p.msg);
+  for (int i = 0; i < K; i++)
+    free(back[i]);
+  free(v);
+  no_slot_stop(&ns);
 }
