@@ -161,9 +161,10 @@ static void write_held(get_batch *b)
  * region slice it names while the batch's bytes for slices stay within
  * region_left, or into the caller's buffer it offers (get_direct.h, with
  * the request's others: get_scatter.h) while those stay within
- * direct_left (spending them); a large one deferred (b->deferred) where
- * the request asks.  Once a direct write failed, or
- * past get_batch_direct_ms, the request's others go the other way. */
+ * direct_left (spending them); a large one deferred (*deferred) where
+ * the request asks.  Once a direct write failed, or past
+ * get_batch_direct_ms, the request's others go the other way (and the
+ * element whose write failed is looked at again so). */
 static void answer_element(get_batch *b, size_t i, bool *deferred)
 {
   const Tport__GetBeginRequest *g = b->q->gets[i];
@@ -217,6 +218,7 @@ static void answer_element(get_batch *b, size_t i, bool *deferred)
     sp->region_left -= n <= sp->region_left ? n : sp->region_left;
 }
 
+/* answer_element, its deferred flag kept in b->deferred */
 static void get_element(get_batch *b, size_t i)
 {
   bool d;
