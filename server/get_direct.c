@@ -16,19 +16,30 @@ bool get_direct_fits(const call *c, const Tport__GetBeginRequest *q, const tport
          meta_is_contiguous(&t->layout) && !t->conj && !t->neg;
 }
 
+const uint8_t *get_direct_source(call *c, const Tport__GetBeginRequest *q, tport_tensor *t)
+{
+  size_t want = tensor_nbytes(t);
+  if (q->direct_addr > UINT64_MAX - want) {
+    tport_err_set(&c->err, TPORT_OUT_OF_RANGE,
+                  "bytes [0x%llx, +%zu) wrap past the end of the address space",
+                  (unsigned long long)q->direct_addr, want);
+    return NULL;
+  }
+  const uint8_t *src = tensor_host_bytes(t, 0, want); /* (waits for its pending work) */
+  if (!src)
+    tport_err_set(&c->err, TPORT_INTERNAL, "the tensor's values are not in host memory");
+  return src;
+}
+
 static int get_direct(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tport_tensor *t,
                       bool *other)
 {
   server *s = c->srv;
   size_t want = tensor_nbytes(t);
   *other = false;
-  if (q->direct_addr > UINT64_MAX - want)
-    return tport_err_set(&c->err, TPORT_OUT_OF_RANGE,
-                         "bytes [0x%llx, +%zu) wrap past the end of the address space",
-                         (unsigned long long)q->direct_addr, want);
-  const uint8_t *src = tensor_host_bytes(t, 0, want); /* (waits for its pending work) */
+  const uint8_t *src = get_direct_source(c, q, t);
   if (!src)
-    return tport_err_set(&c->err, TPORT_INTERNAL, "the tensor's values are not in host memory");
+    return c->err.code;
   /* a write given up keeps the tensor, which a free may no longer pay
    * for: its tenant pays until the write ends */
   int rc = TPORT_OK;

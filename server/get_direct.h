@@ -36,6 +36,9 @@ extern void (*get_batch_test_looked)(size_t element);
  * memory, and t can be. */
 bool get_direct_fits(const call *c, const Tport__GetBeginRequest *q, const tport_tensor *t,
                      size_t want);
+/* The bytes of t to write at q->direct_addr (its pending work waited
+ * for), or NULL: c->err says why (an address range that wraps). */
+const uint8_t *get_direct_source(call *c, const Tport__GetBeginRequest *q, tport_tensor *t);
 /* The answer of a GetBegin whose bytes (t's) are written already: into the
  * region slice it named (get_into_region), or direct into the caller's
  * buffer; counted as a transfer through a region. */

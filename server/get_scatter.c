@@ -15,15 +15,11 @@ int get_scatter_add(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tpor
 {
   get_scatter *g = c->scatter;
   size_t want = tensor_nbytes(t);
-  if (q->direct_addr > UINT64_MAX - want)
-    return tport_err_set(&c->err, TPORT_OUT_OF_RANGE,
-                         "bytes [0x%llx, +%zu) wrap past the end of the address space",
-                         (unsigned long long)q->direct_addr, want);
   if (!get_scatter_room(g, q->direct_region, want)) /* the batch's test, made first */
     return tport_err_set(&c->err, TPORT_INTERNAL, "a batch's direct write has no room left");
-  const uint8_t *src = tensor_host_bytes(t, 0, want); /* (waits for its pending work) */
+  const uint8_t *src = get_direct_source(c, q, t);
   if (!src)
-    return tport_err_set(&c->err, TPORT_INTERNAL, "the tensor's values are not in host memory");
+    return c->err.code;
   if (g->n == g->cap) {
     size_t cap = g->cap ? 2 * g->cap : 16;
     scattered *v = realloc(g->v, cap * sizeof *v);
@@ -42,19 +38,6 @@ int get_scatter_add(call *c, const Tport__GetBeginRequest *q, reg_entry *e, tpor
   g->bytes += want;
   c->gathered = true;
   return TPORT_OK;
-}
-
-/* The sub-call an element is answered on: the batch's, into its sink. */
-static call element_call(const call *c)
-{
-  call sub = {.srv = c->srv,
-              .sink = c->sink,
-              .pipe = c->pipe,
-              .method = TPORT__METHOD__METHOD_GET_BEGIN,
-              .arrived_ns = c->arrived_ns,
-              .copy_payload = true};
-  tport_err_clear(&sub.err);
-  return sub;
 }
 
 /* Writes the held elements' bytes in one write: bad[i] where element i's
@@ -96,7 +79,7 @@ bool get_scatter_flush(call *c, get_scatter *g, get_scatter_done_fn done, void *
   bool other = rc == TPORT_RESOURCE_EXHAUSTED && !stuck && bad, all = !rc;
   for (size_t i = 0; i < g->n; i++) {
     scattered *sd = &g->v[i];
-    call sub = element_call(c);
+    call sub = call_for_element(c, TPORT__METHOD__METHOD_GET_BEGIN);
     int erc = rc;
     if (rc)
       sub.err = c->err; /* the write's, for all */

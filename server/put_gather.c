@@ -128,19 +128,6 @@ int put_from_process(call *c, const Tport__PutBeginRequest *q, const meta_layout
   return TPORT_OK;
 }
 
-/* The sub-call an element is answered on: the batch's, into its sink. */
-static call element_call(const call *c)
-{
-  call sub = {.srv = c->srv,
-              .sink = c->sink,
-              .pipe = c->pipe,
-              .method = TPORT__METHOD__METHOD_PUT_BEGIN,
-              .arrived_ns = c->arrived_ns,
-              .copy_payload = true};
-  tport_err_clear(&sub.err);
-  return sub;
-}
-
 /* Reads the gathered elements' bytes (the empty ones have none) and the
  * fence in one read: bad[i] where element i's could not be read; their
  * tensors kept by the read, and charged to the tenant until it ends, if it
@@ -198,7 +185,7 @@ void put_gather_flush(call *c, put_gather *g, put_gather_done_fn done, void *ctx
                : tport_err_set(&c->err, TPORT_RESOURCE_EXHAUSTED, "out of memory");
   for (size_t i = 0; i < g->n; i++) {
     gathered *gd = &g->v[i];
-    call sub = element_call(c);
+    call sub = call_for_element(c, TPORT__METHOD__METHOD_PUT_BEGIN);
     sub.run = gd->run;
     sub.run_handle = gd->run_handle;
     int erc = rc;

@@ -95,7 +95,8 @@ int call_reply_lent(call *c, ProtobufCMessage *reply, tport_storage *st, const v
     c->lent_n = n;
     return TPORT_OK;
   }
-  if (n < REPLY_LEND_MIN_BYTES || c->copy_payload || !c->srv->lends || !lends_pipe_takes_lent_bytes(c->pipe))
+  if (n < REPLY_LEND_MIN_BYTES || c->copy_payload || !c->srv->lends ||
+      !lends_pipe_takes_lent_bytes(c->pipe))
     return call_reply(c, reply, payload, n);
   int rc = pack_reply(&c->out, c->method, reply, NULL, 0);
   if (rc)
@@ -122,4 +123,16 @@ nng_msg *error_reply(uint16_t method, const tport_err *e)
   nng_msg *m = NULL;
   pack_reply(&m, method, &r.base, NULL, 0);
   return m;
+}
+
+call call_for_element(const call *c, uint16_t method)
+{
+  call sub = {.srv = c->srv,
+              .sink = c->sink,
+              .pipe = c->pipe,
+              .method = method,
+              .arrived_ns = c->arrived_ns,
+              .copy_payload = true};
+  tport_err_clear(&sub.err);
+  return sub;
 }

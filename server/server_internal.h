@@ -288,6 +288,9 @@ int call_reply(call *c, ProtobufCMessage *reply, const void *payload, size_t n);
 int call_reply_lent(call *c, ProtobufCMessage *reply, tport_storage *st, const void *payload,
                     size_t n);
 
+/* The call a batch's element gathered earlier (put_gather.h, get_scatter.h)
+ * is answered on at the batch's end: c's connection and sink, method's. */
+call call_for_element(const call *c, uint16_t method);
 /* The error reply of a request of that method (NULL: out of memory). */
 nng_msg *error_reply(uint16_t method, const tport_err *e);
 
