@@ -126,6 +126,12 @@ typedef struct client_slot {
   enum { SLOT_IDLE, SLOT_SENDING, SLOT_RECEIVING } phase;
   bool refused; /* a send not started: the client is closing */
   struct client_slot *prev, *next; /* the client's open slots (slots_mu) */
+  /* The reply's payload read by nng straight into the caller's memory
+   * (client_slot_recv_into): armed, where, and how much of the reply went
+   * there (placed: its whole payload; 0 for one that came in the reply). */
+  bool tail_armed;
+  uint8_t *tail;
+  size_t tail_len, placed;
 } client_slot;
 
 /* A reply's raw payload; msg owns the bytes (nng_msg_free it). */
@@ -159,6 +165,14 @@ void client_slot_close(client_slot *s);
  * open one ends (UNAVAILABLE). */
 void client_slots_abort(tport_client *c);
 void client_slot_send(client_slot *s, nng_msg *m);
+/* Before client_slot_send: the payload of the reply, when it is exactly len
+ * bytes, is read by nng straight into dst (deploy/nng 0014: over tcp, ipc
+ * and tls, from NNG_RECV_TAIL_MIN on; a no-op without it): the reply's
+ * take finds s->placed == len and its payload there, not in s->reply.  dst
+ * is written by nng until the slot's reply was taken or the slot closed --
+ * a request that fails while its reply is arriving waits for the read to
+ * end (up to the client's timeout, then the connection is closed). */
+void client_slot_recv_into(client_slot *s, uint8_t *dst, size_t len);
 int client_slot_finish(client_slot *s, tport_err *err);
 /* One request and its reply on a slot of its own, credits not taken
  * (reply_pipe, when not NULL: the connection the reply came on). */
@@ -288,6 +302,15 @@ typedef int (*window_reply_fn)(void *ctx, client_slot *s, tport_err *err);
 int client_run_window(tport_client *c, size_t nbytes, size_t chunk, window_make_fn make,
                       window_reply_fn take, void *ctx, tport_progress_fn progress, void *arg,
                       const atomic_bool *stop, tport_err *err);
+/* Where the reply to the chunk [off, off + len) may put its payload, read
+ * there by nng (client_slot_recv_into), or NULL. */
+typedef uint8_t *(*window_into_fn)(void *ctx, size_t off, size_t len);
+/* client_run_window whose chunks' replies may be read straight into place
+ * (into: the take finds s->placed). */
+int client_run_window_into(tport_client *c, size_t nbytes, size_t chunk, window_make_fn make,
+                           window_reply_fn take, window_into_fn into, void *ctx,
+                           tport_progress_fn progress, void *arg, const atomic_bool *stop,
+                           tport_err *err);
 /* How many of the first units must have been answered before unit u goes
  * (at most u). */
 typedef size_t (*window_after_fn)(void *ctx, size_t u);

@@ -67,6 +67,16 @@ static int get_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
   return client_pack(TPORT__METHOD__METHOD_GET_CHUNK, &q.base, NULL, 0, out, err);
 }
 
+/* A chunk's reply into buf by nng itself (client_slot_recv_into): the
+ * payload lands where get_take would have copied it.  Not through the
+ * region or the ring (their bytes are not in the reply). */
+static uint8_t *get_into(void *vctx, size_t off, size_t len)
+{
+  get_ctx *g = vctx;
+  (void)len;
+  return g->region || g->stage || g->out ? NULL : g->buf + off;
+}
+
 static int get_take(void *vctx, client_slot *s, tport_err *err)
 {
   get_ctx *g = vctx;
@@ -79,21 +89,31 @@ static int get_take(void *vctx, client_slot *s, tport_err *err)
   Tport__GetChunkReply *gr = (Tport__GetChunkReply *)r;
   const uint8_t *bytes = g->region ? tport_shm_data(g->region) + s->offset : p.data;
   size_t in_reply = g->region ? 0 : s->len;
-  if (p.len != in_reply)
+  bool placed = s->placed > 0; /* read by nng straight into buf (get_into) */
+  if (placed) {
+    bytes = g->buf + s->offset;
+    in_reply = 0;
+  }
+  if (placed && s->placed != s->len)
+    rc = tport_err_set(err, TPORT_DATA_LOSS, "chunk at %zu: %zu of its %zu bytes came", s->offset,
+                       s->placed, s->len);
+  else if (p.len != in_reply)
     rc = tport_err_set(err, TPORT_DATA_LOSS, "chunk at %zu: %zu bytes came in the reply, %zu %s",
                        s->offset, p.len, in_reply,
                        g->region ? "(the region holds them)" : "expected");
   else
     rc = client_check_crc32c(g->verify, gr->crc32c_set, gr->crc32c, bytes, s->len, s->offset, err);
-  if (!rc && g->stage)
+  if (rc || placed)
+    ; /* (in buf already) */
+  else if (g->stage)
     rc = stage_get_chunk(g->stage, s->offset, bytes, s->len, err);
-  else if (!rc && g->out)
+  else if (g->out)
     copy_pool_stream_supply(g->out, s->offset + s->len); /* replies come in order */
-  else if (!rc && g->region)
+  else if (g->region)
     copy_pool_copy_out(g->buf + s->offset, bytes, s->len, g->out_total);
-  else if (!rc && g->out_total >= COPY_POOL_OUT_STREAM_MIN)
+  else if (g->out_total >= COPY_POOL_OUT_STREAM_MIN)
     memcpy_stream(g->buf + s->offset, bytes, s->len); /* (one chunk: no threads) */
-  else if (!rc)
+  else
     memcpy(g->buf + s->offset, bytes, s->len);
   protobuf_c_message_free_unpacked(r, NULL);
   return rc;
@@ -227,8 +247,8 @@ static int get_bytes(tport_client *c, const client_get_desc *g, const Tport__Get
       g->progress(g->progress_arg, n, n);
   } else if (n) {
     get_ctx gc = {b->transfer, buf, c->verify, stage, NULL, NULL, total};
-    rc = client_run_window(c, n, chunk, get_make, get_take, &gc, g->progress, g->progress_arg,
-                           g->cancel, err);
+    rc = client_run_window_into(c, n, chunk, get_make, get_take, get_into, &gc, g->progress,
+                                g->progress_arg, g->cancel, err);
   }
   return rc;
 }

@@ -166,6 +166,73 @@ void client_slots_abort(tport_client *c)
   pthread_mutex_unlock(&c->slots_mu);
 }
 
+/* ---------------------------------------------------------------- replies read in place */
+
+void client_slot_recv_into(client_slot *s, uint8_t *dst, size_t len)
+{
+#ifdef TPORT_NNG_RECV_TAIL
+  if (len >= NNG_RECV_TAIL_MIN && nng_ctx_recv_tail(s->ctx, dst, len) == 0) {
+    s->tail_armed = true;
+    s->tail = dst;
+    s->tail_len = len;
+  }
+#else
+  (void)s, (void)dst, (void)len;
+#endif
+}
+
+/* Disarms s's reply tail and waits until nng writes the caller's memory no
+ * more: a reply stuck half way (a server that stopped in the middle of it)
+ * is ended by closing the connection, as a stuck lent request is
+ * (put_socket.c).  The connection closed is the live one: a reply being
+ * read is on it (a lost one's reads have ended). */
+static void tail_disarm(client_slot *s)
+{
+#ifdef TPORT_NNG_RECV_TAIL
+  if (!s->tail_armed)
+    return;
+  tport_client *c = s->owner;
+  nng_duration wait = c->timeout_ms;
+  while (nng_ctx_recv_tail_clear(s->ctx, wait) == NNG_ETIMEDOUT) {
+    unsigned id = atomic_load(&c->live_pipe);
+    if (id)
+      nng_pipe_close((nng_pipe){.id = id});
+    wait = 1000;
+  }
+  s->tail_armed = false;
+#else
+  (void)s;
+#endif
+}
+
+/* After s's reply came: whether its payload is in the caller's memory
+ * (s->placed).  A reply whose end went there but is not a frame with
+ * exactly that payload (an error longer than NNG_RECV_TAIL_MIN, a server's
+ * odd frame) gets those bytes back at its end, read from there, and is
+ * taken as if nothing was placed. */
+static int tail_settle(client_slot *s, tport_err *err)
+{
+  s->placed = 0;
+#ifdef TPORT_NNG_RECV_TAIL
+  size_t placed = s->reply ? nng_msg_recv_tail(s->reply) : 0;
+  if (!placed)
+    return TPORT_OK;
+  frame_view v;
+  if (placed == s->tail_len &&
+      frame_parse(nng_msg_body(s->reply), nng_msg_len(s->reply), &v, NULL) == TPORT_OK &&
+      v.payload_len == 0) {
+    s->placed = placed;
+    return TPORT_OK;
+  }
+  if (placed > s->tail_len || nng_msg_append(s->reply, s->tail, placed) != 0)
+    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte reply",
+                         nng_msg_len(s->reply) + placed);
+#else
+  (void)err;
+#endif
+  return TPORT_OK;
+}
+
 void client_slot_close(client_slot *s)
 {
   if (s->owner && s->aio) {
@@ -183,6 +250,7 @@ void client_slot_close(client_slot *s)
     /* a request abandoned midway: stop it, and free the message it still holds
      * (a send that did not complete, or a reply that arrived unread) */
     nng_aio_stop(s->aio);
+    tail_disarm(s); /* before the caller's memory is the caller's again */
     int rv = nng_aio_result(s->aio);
     if ((s->phase == SLOT_SENDING && rv != 0) || (s->phase == SLOT_RECEIVING && rv == 0)) {
       nng_msg *m = nng_aio_get_msg(s->aio);
@@ -215,6 +283,7 @@ static bool slot_start(client_slot *s, bool send)
 void client_slot_send(client_slot *s, nng_msg *m)
 {
   s->phase = SLOT_SENDING;
+  s->placed = 0;
   nng_aio_set_msg(s->aio, m);
   if (!slot_start(s, true)) {
     nng_aio_set_msg(s->aio, NULL);
@@ -228,30 +297,35 @@ void client_slot_send(client_slot *s, nng_msg *m)
 
 int client_slot_finish(client_slot *s, tport_err *err)
 {
-  if (s->refused)
+  if (s->refused) {
+    tail_disarm(s);
     return closing_error(err);
+  }
   nng_aio_wait(s->aio);
   int rv = nng_aio_result(s->aio);
   if (rv) {
     nng_msg_free(nng_aio_get_msg(s->aio));
     s->phase = SLOT_IDLE;
+    tail_disarm(s);
     return tport_err_set(err, nng_to_status(rv), "sending the request: %s", nng_strerror(rv));
   }
   s->phase = SLOT_RECEIVING;
   if (!slot_start(s, false)) {
     s->phase = SLOT_IDLE;
+    tail_disarm(s);
     return closing_error(err);
   }
   client_request_started(s->aio);
   nng_aio_wait(s->aio);
   rv = nng_aio_result(s->aio);
   s->phase = SLOT_IDLE;
+  tail_disarm(s); /* (a reply that came: done already) */
   if (rv)
     return tport_err_set(err, nng_to_status(rv), "waiting for the reply: %s", nng_strerror(rv));
   if (s->reply)
     nng_msg_free(s->reply);
   s->reply = nng_aio_get_msg(s->aio);
-  return TPORT_OK;
+  return tail_settle(s, err);
 }
 
 /* client_exchange, whose reply may come wait_ms later than the client's

@@ -21,8 +21,8 @@ static size_t needs(window_after_fn after, void *ctx, size_t unit)
  * offset u is sent only once after(ctx, u) of the replies were taken (after
  * NULL: at once); a unit make answers with no message is skipped. */
 static int run(tport_client *c, size_t nbytes, size_t chunk, window_make_fn make,
-               window_reply_fn take, window_after_fn after, void *ctx, tport_progress_fn progress,
-               void *arg, const atomic_bool *stop, tport_err *err)
+               window_reply_fn take, window_after_fn after, window_into_fn into, void *ctx,
+               tport_progress_fn progress, void *arg, const atomic_bool *stop, tport_err *err)
 {
   client_slot slots[CLIENT_MAX_WINDOW];
   bool skipped[CLIENT_MAX_WINDOW];
@@ -66,6 +66,9 @@ static int run(tport_client *c, size_t nbytes, size_t chunk, window_make_fn make
         /* a skipped unit keeps its place in the ring, answered when its
          * turn comes: taken counts the first units answered, in order */
         skipped[(head + inflight) % nslots] = m == NULL;
+        uint8_t *dst = m && into ? into(ctx, s->offset, s->len) : NULL;
+        if (dst)
+          client_slot_recv_into(s, dst, s->len);
         if (m)
           client_slot_send(s, m);
         next += s->len;
@@ -101,11 +104,19 @@ int client_run_window(tport_client *c, size_t nbytes, size_t chunk, window_make_
                       window_reply_fn take, void *ctx, tport_progress_fn progress, void *arg,
                       const atomic_bool *stop, tport_err *err)
 {
-  return run(c, nbytes, chunk, make, take, NULL, ctx, progress, arg, stop, err);
+  return run(c, nbytes, chunk, make, take, NULL, NULL, ctx, progress, arg, stop, err);
+}
+
+int client_run_window_into(tport_client *c, size_t nbytes, size_t chunk, window_make_fn make,
+                           window_reply_fn take, window_into_fn into, void *ctx,
+                           tport_progress_fn progress, void *arg, const atomic_bool *stop,
+                           tport_err *err)
+{
+  return run(c, nbytes, chunk, make, take, NULL, into, ctx, progress, arg, stop, err);
 }
 
 int client_run_units(tport_client *c, size_t n, window_make_fn make, window_reply_fn take,
                      window_after_fn after, void *ctx, const atomic_bool *stop, tport_err *err)
 {
-  return run(c, n, 1, make, take, after, ctx, NULL, NULL, stop, err);
+  return run(c, n, 1, make, take, after, NULL, ctx, NULL, NULL, stop, err);
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "frame.h"
 #include "tport.h"
@@ -90,8 +91,57 @@ static void lie_about_chunks(nng_socket s)
   get_begin_reply(s, &r, 3 * (64 << 10), NULL, 0);
 }
 
+/* A GetBegin's reply for a 192 KiB tensor in three 64 KiB chunks by
+ * request (no region). */
+static void three_chunks(nng_socket s)
+{
+  Tport__GetBeginReply r = TPORT__GET_BEGIN_REPLY__INIT;
+  static uint8_t id[16] = {2};
+  r.nbytes = 3 * (64 << 10);
+  r.transfer.data = id;
+  r.transfer.len = sizeof id;
+  get_begin_reply(s, &r, 3 * (64 << 10), NULL, 0);
+}
+
 /* What the fake answers a GetBegin with. */
 static void (*get_lie)(nng_socket) = lie_about_region;
+
+/* ---------------------------------------------------------------- chunks read in place */
+
+/* The lie a GetChunk of 64 KiB is answered with: over ipc its reply's end
+ * is read straight into the caller's buffer (deploy/nng 0014), so each
+ * must come back as the reply it was, not as what is left of it. */
+enum {
+  CHUNK_LONG_ERROR,    /* an error whose message is longer than the chunk */
+  CHUNK_PAYLOAD_LONG,  /* 10 bytes more than asked */
+  CHUNK_PAYLOAD_SHORT, /* 10 bytes fewer */
+  CHUNK_LIES
+};
+static int chunk_lie;
+
+static void lie_about_chunk(nng_socket s)
+{
+  enum { LONG = 100 << 10 };
+  static char text[LONG + 1];
+  static uint8_t payload[(64 << 10) + 10];
+  memset(payload, 0x5A, sizeof payload);
+  Tport__Status ok = TPORT__STATUS__INIT;
+  if (chunk_lie == CHUNK_LONG_ERROR) {
+    memset(text, 'x', LONG);
+    memcpy(text, "the fake's long story:", 22);
+    Tport__Status bad = TPORT__STATUS__INIT;
+    bad.code = TPORT__CODE__CODE_RESOURCE_EXHAUSTED;
+    bad.message = text;
+    Tport__ErrorReply e = TPORT__ERROR_REPLY__INIT;
+    e.status = &bad;
+    reply(s, TPORT__METHOD__METHOD_GET_CHUNK, &e.base);
+    return;
+  }
+  Tport__GetChunkReply r = TPORT__GET_CHUNK_REPLY__INIT;
+  r.status = &ok;
+  size_t n = chunk_lie == CHUNK_PAYLOAD_LONG ? sizeof payload : (64 << 10) - 10;
+  reply_with(s, TPORT__METHOD__METHOD_GET_CHUNK, &r.base, payload, n);
+}
 
 /* ---------------------------------------------------------------- runs */
 
@@ -185,6 +235,8 @@ static void *serve(void *arg)
       get_lie(f->sock);
     } else if (method == TPORT__METHOD__METHOD_PUT_BATCH) {
       lie_about_runs(f->sock);
+    } else if (method == TPORT__METHOD__METHOD_GET_CHUNK) {
+      lie_about_chunk(f->sock);
     } else {
       Tport__Status bad = TPORT__STATUS__INIT;
       bad.code = TPORT__CODE__CODE_UNIMPLEMENTED;
@@ -197,13 +249,21 @@ static void *serve(void *arg)
   return NULL;
 }
 
-static void fake_start(fake *f)
+static void fake_start_at(fake *f, const char *scheme)
 {
   static int seq;
-  snprintf(f->url, sizeof f->url, "inproc://fake-server-%d", seq++);
+  if (!strcmp(scheme, "ipc"))
+    snprintf(f->url, sizeof f->url, "ipc:///tmp/tport-fake-%d-%d.sock", (int)getpid(), seq++);
+  else
+    snprintf(f->url, sizeof f->url, "inproc://fake-server-%d", seq++);
   cr_assert_eq(nng_rep0_open(&f->sock), 0);
   cr_assert_eq(nng_listen(f->sock, f->url, NULL, 0), 0);
   cr_assert_eq(pthread_create(&f->thread, NULL, serve, f), 0);
+}
+
+static void fake_start(fake *f)
+{
+  fake_start_at(f, "inproc");
 }
 
 /* A client of f, without a region (verifying or not). */
@@ -311,4 +371,37 @@ Test(hostile_server, a_put_batch_answer_shaped_as_other_runs_is_refused, .timeou
   }
   tport_close(c);
   fake_stop(&f);
+}
+
+/* A chunk's reply whose end was read into the caller's buffer but which is
+ * not the chunk it was asked for: the error a server sent (longer than the
+ * chunk) comes back as that error, a payload longer or shorter than the
+ * chunk as DATA_LOSS, as when the reply was read whole.  Before the
+ * reply's end was put back, the long error read as a broken frame. */
+Test(hostile_server, a_chunk_reply_read_in_place_that_is_no_chunk_is_taken_whole, .timeout = 60)
+{
+  get_lie = three_chunks;
+  fake f;
+  fake_start_at(&f, "ipc");
+  tport_client *c = fake_connect(&f, false);
+  tport_ref ref;
+  tport_ref_name(&ref, "t");
+  size_t n = 3 * (64 << 10);
+  uint8_t *buf = malloc(n);
+  for (chunk_lie = 0; chunk_lie < CHUNK_LIES; chunk_lie++) {
+    tport_err err;
+    int rc = tport_get(c, &ref, buf, n, NULL, NULL, NULL, &err);
+    if (chunk_lie == CHUNK_LONG_ERROR) {
+      cr_expect_eq(rc, TPORT_RESOURCE_EXHAUSTED, "%d %.80s", rc, err.msg);
+      cr_expect(strstr(err.msg, "the fake's long story:") != NULL, "%.80s", err.msg);
+    } else {
+      cr_expect_eq(rc, TPORT_DATA_LOSS, "lie %d: %d %s", chunk_lie, rc, err.msg);
+      cr_expect(strstr(err.msg, "bytes came in the reply") != NULL, "lie %d: %s", chunk_lie,
+                err.msg);
+    }
+  }
+  free(buf);
+  tport_close(c);
+  fake_stop(&f);
+  get_lie = lie_about_region;
 }
