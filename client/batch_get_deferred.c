@@ -329,6 +329,29 @@ static void begin_take(deferred_gets *d, client_slot *s, dget *e)
   protobuf_c_message_free_unpacked(&b->base, NULL);
 }
 
+/* Where chunk unit u's element's bytes [off, off + *n) go: its buffer,
+ * known once its GetBegin was taken (a chunk unit goes after it). */
+static dget *chunk_of(deferred_gets *d, size_t u, size_t *off, size_t *n)
+{
+  dget *e = &d->el[d->unit_el[u]];
+  size_t chunk = d->c->chunk_bytes;
+  *off = (u - e->first_chunk) * chunk;
+  *n = e->planned - *off < chunk ? e->planned - *off : chunk;
+  return e;
+}
+
+/* A chunk's reply read by nng straight into its element's buffer. */
+static uint8_t *deferred_into(void *ctx, size_t u, size_t one, size_t *n)
+{
+  (void)one;
+  deferred_gets *d = ctx;
+  size_t off;
+  if (d->unit_kind[u] != DU_CHUNK)
+    return NULL;
+  dget *e = chunk_of(d, u, &off, n);
+  return e->state == DG_READING ? e->buf + off : NULL;
+}
+
 static void chunk_take(deferred_gets *d, client_slot *s, dget *e)
 {
   tport_get_item *it = &d->items[e->item];
@@ -340,15 +363,20 @@ static void chunk_take(deferred_gets *d, client_slot *s, dget *e)
     return;
   }
   Tport__GetChunkReply *gr = (Tport__GetChunkReply *)r;
-  size_t chunk = d->c->chunk_bytes, off = (s->offset - e->first_chunk) * chunk;
-  size_t len = e->planned - off < chunk ? e->planned - off : chunk;
-  int rc = p.len == len
-               ? client_check_crc32c(d->c->verify, gr->crc32c_set, gr->crc32c, p.data, p.len, off,
+  size_t off, len;
+  chunk_of(d, s->offset, &off, &len);
+  /* read into the buffer by nng (deferred_into): the whole chunk there */
+  const uint8_t *bytes = s->placed ? e->buf + off : p.data;
+  size_t got = s->placed ? s->placed : p.len; /* (placed: none in the reply) */
+  int rc = got == len
+               ? client_check_crc32c(d->c->verify, gr->crc32c_set, gr->crc32c, bytes, len, off,
                                      &it->err)
                : tport_err_set(&it->err, TPORT_DATA_LOSS,
-                               "chunk at %zu: %zu bytes came, %zu expected", off, p.len, len);
+                               "chunk at %zu: %zu bytes came, %zu expected", off, got, len);
   if (rc)
     e->state = DG_FAILED;
+  else if (s->placed)
+    ; /* in place */
   else if (e->state == DG_READING && d->total >= COPY_POOL_OUT_STREAM_MIN)
     memcpy_stream(e->buf + off, p.data, p.len); /* as copy_pool_copy_out would */
   else if (e->state == DG_READING)
@@ -479,7 +507,8 @@ static void deferred_window(tport_client *c, tport_get_item *items, size_t k, co
     size_t u = deferred_plan(&d, planned, k, large);
     if (atomic_load(&c->shm_auto) && atomic_load(&c->batch_get_slices))
       deferred_open_region(&d);
-    int rc = client_run_units(c, u, deferred_make, deferred_take, deferred_after, &d, cancel, &err);
+    int rc = client_run_units(c, u, deferred_make, deferred_take, deferred_after, deferred_into, &d,
+                              cancel, &err);
     batch_region_close(c, &d.region); /* before the gets of their own use it */
     deferred_finish(&d, rc, &err);
     for (size_t j = 0; d.again && j < k; j++)

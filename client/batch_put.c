@@ -391,7 +391,8 @@ static void put_window(tport_client *c, tport_put_item *items, const window_sets
     if (nd)
       pp.fence_token = client_fence_token();
     atomic_store(&pp.fence, pp.fence_token);
-    rc = client_run_units(c, pp.nunits, unit_make, unit_take, unit_after, &pp, cancel, &err);
+    rc = client_run_units(c, pp.nunits, unit_make, unit_take, unit_after, NULL, &pp, cancel,
+                          &err);
     /* every reply taken, or the window stopped (a timeout): tportd stores
      * nothing it reads for a direct group from now on, before the caller
      * may change its buffers */

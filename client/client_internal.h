@@ -302,9 +302,10 @@ typedef int (*window_reply_fn)(void *ctx, client_slot *s, tport_err *err);
 int client_run_window(tport_client *c, size_t nbytes, size_t chunk, window_make_fn make,
                       window_reply_fn take, void *ctx, tport_progress_fn progress, void *arg,
                       const atomic_bool *stop, tport_err *err);
-/* Where the reply to the chunk [off, off + len) may put its payload, read
- * there by nng (client_slot_recv_into), or NULL. */
-typedef uint8_t *(*window_into_fn)(void *ctx, size_t off, size_t len);
+/* Where the reply to the chunk [off, off + len) (a unit: off = u, len = 1)
+ * may have its payload of *n bytes read by nng (client_slot_recv_into), or
+ * NULL. */
+typedef uint8_t *(*window_into_fn)(void *ctx, size_t off, size_t len, size_t *n);
 /* client_run_window whose chunks' replies may be read straight into place
  * (into: the take finds s->placed). */
 int client_run_window_into(tport_client *c, size_t nbytes, size_t chunk, window_make_fn make,
@@ -319,7 +320,8 @@ typedef size_t (*window_after_fn)(void *ctx, size_t u);
  * of units [0, after(ctx, u)) were taken; a unit make gives no message for
  * (*out NULL) is skipped: nothing is sent, its take is not called. */
 int client_run_units(tport_client *c, size_t n, window_make_fn make, window_reply_fn take,
-                     window_after_fn after, void *ctx, const atomic_bool *stop, tport_err *err);
+                     window_after_fn after, window_into_fn into, void *ctx,
+                     const atomic_bool *stop, tport_err *err);
 
 /* ---------------------------------------------------------------- shm.c */
 

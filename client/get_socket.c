@@ -70,10 +70,10 @@ static int get_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
 /* A chunk's reply into buf by nng itself (client_slot_recv_into): the
  * payload lands where get_take would have copied it.  Not through the
  * region or the ring (their bytes are not in the reply). */
-static uint8_t *get_into(void *vctx, size_t off, size_t len)
+static uint8_t *get_into(void *vctx, size_t off, size_t len, size_t *n)
 {
   get_ctx *g = vctx;
-  (void)len;
+  *n = len;
   return g->region || g->stage || g->out ? NULL : g->buf + off;
 }
 
