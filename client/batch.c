@@ -107,6 +107,24 @@ static bool get_by_buffers(tport_client *c, tport_get_item *items, size_t k, boo
   return true;
 }
 
+/* What a GetBatch asks to have inline, element it's bytes at most: over a
+ * connection whose replies' ends nng reads straight into the caller's
+ * buffers (deploy/nng 0014), an element of a buffer's only under
+ * NNG_RECV_TAIL_MIN -- a larger one deferred, its size known exactly, and
+ * read in place in the window (the largest of each GetBatch there, or its
+ * chunks), where the first GetBatch's inline answers were copied out of it
+ * (a state dict's 58 MB of ResNet-50's 102, in one reply). */
+static size_t first_inline_max(const tport_client *c, const tport_get_item *it)
+{
+#ifdef TPORT_NNG_RECV_TAIL
+  if (c->lend_chunks && it->buf)
+    return c->chunk_bytes < NNG_RECV_TAIL_MIN - 1 ? c->chunk_bytes : NNG_RECV_TAIL_MIN - 1;
+#else
+  (void)it;
+#endif
+  return c->chunk_bytes;
+}
+
 /* One GetBatch of items[0..k) -- or, on the same host into the caller's
  * buffers, none: the window of what it would have deferred, planned by the
  * buffers (a state dict's first GetBatch, answered before anything else
@@ -128,7 +146,7 @@ static void get_group(tport_client *c, tport_get_item *items, size_t k, bool blo
     client_ref_to_wire(&items[j].ref, &refs[j]);
     tport__get_begin_request__init(&qs[j]);
     qs[j].ref = &refs[j];
-    qs[j].inline_max = c->chunk_bytes;
+    qs[j].inline_max = first_inline_max(c, &items[j]);
     qs[j].want_crc32c = c->verify;
     /* a caller's buffer the server may write itself (process_region.c):
      * a tensor of a quarter MiB or more goes there, not inline */

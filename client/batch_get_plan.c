@@ -72,11 +72,13 @@ static size_t pack_groups(deferred_gets *d, size_t nsmall)
     *(e->direct ? &fill[g].direct : &fill[g].other) += n;
     group_of[i] = (uint16_t)g;
   }
-  /* each group's elements together, groups in order */
+  /* each group's elements together, groups in order, the largest last:
+   * tportd lends a suffix of a reply's payloads (at most GET_GROUP), and
+   * libtport has a suffix read straight into its buffers (group_into) */
   size_t at = 0;
   for (size_t g = 0; g < ngroups; g++) {
     d->gstart[g] = at;
-    for (size_t i = 0; i < nsmall; i++)
+    for (size_t i = nsmall; i-- > 0;)
       if (group_of[i] == g)
         d->small[at++] = order[i];
   }

@@ -126,13 +126,18 @@ typedef struct client_slot {
   enum { SLOT_IDLE, SLOT_SENDING, SLOT_RECEIVING } phase;
   bool refused; /* a send not started: the client is closing */
   struct client_slot *prev, *next; /* the client's open slots (slots_mu) */
-  /* The reply's payload read by nng straight into the caller's memory
-   * (client_slot_recv_into): armed, where, and how much of the reply went
-   * there (placed: its whole payload; 0 for one that came in the reply). */
+  /* The end of the reply's payload read by nng straight into the caller's
+   * memory (client_slot_recv_into): armed, where (up to CLIENT_TAIL_SEGMENTS
+   * places, in order), and how much of the reply went there (placed: 0 for
+   * one that came whole in the reply). */
   bool tail_armed;
-  uint8_t *tail;
-  size_t tail_len, placed;
+  unsigned ntail;
+  uint8_t *tail[4];
+  size_t tail_n[4], tail_len, placed;
 } client_slot;
+
+/* The places a reply's end may be read into (deploy/nng 0014). */
+#define CLIENT_TAIL_SEGMENTS 4
 
 /* A reply's raw payload; msg owns the bytes (nng_msg_free it). */
 typedef struct client_payload {
@@ -165,14 +170,20 @@ void client_slot_close(client_slot *s);
  * open one ends (UNAVAILABLE). */
 void client_slots_abort(tport_client *c);
 void client_slot_send(client_slot *s, nng_msg *m);
-/* Before client_slot_send: the payload of the reply, when it is exactly len
- * bytes, is read by nng straight into dst (deploy/nng 0014: over tcp, ipc
- * and tls, from NNG_RECV_TAIL_MIN on; a no-op without it): the reply's
- * take finds s->placed == len and its payload there, not in s->reply.  dst
- * is written by nng until the slot's reply was taken or the slot closed --
- * a request that fails while its reply is arriving waits for the read to
- * end (up to the client's timeout, then the connection is closed). */
-void client_slot_recv_into(client_slot *s, uint8_t *dst, size_t len);
+/* Before client_slot_send: the last n[0] + .. + n[k-1] bytes of the reply's
+ * payload are read by nng straight into dst[0..k) in order (deploy/nng
+ * 0014: over tcp, ipc and tls, a reply from NNG_RECV_TAIL_MIN bytes on; a
+ * no-op without it): the reply's take finds s->placed bytes there, not in
+ * s->reply (a frame whose payload lacks them: the take checks that the
+ * reply is the one planned).  The places are written by nng until the
+ * slot's reply was taken or the slot closed -- a request that fails while
+ * its reply is arriving waits for the read to end (up to the client's
+ * timeout, then the connection is closed). */
+void client_slot_recv_into(client_slot *s, uint8_t *const *dst, const size_t *n, unsigned k);
+/* s's placed bytes back at the end of its reply, read from their places
+ * (a reply not laid out as planned, taken as if nothing was placed).
+ * RESOURCE_EXHAUSTED without the memory. */
+int client_slot_unplace(client_slot *s, tport_err *err);
 int client_slot_finish(client_slot *s, tport_err *err);
 /* One request and its reply on a slot of its own, credits not taken
  * (reply_pipe, when not NULL: the connection the reply came on). */
@@ -302,10 +313,11 @@ typedef int (*window_reply_fn)(void *ctx, client_slot *s, tport_err *err);
 int client_run_window(tport_client *c, size_t nbytes, size_t chunk, window_make_fn make,
                       window_reply_fn take, void *ctx, tport_progress_fn progress, void *arg,
                       const atomic_bool *stop, tport_err *err);
-/* Where the reply to the chunk [off, off + len) (a unit: off = u, len = 1)
- * may have its payload of *n bytes read by nng (client_slot_recv_into), or
- * NULL. */
-typedef uint8_t *(*window_into_fn)(void *ctx, size_t off, size_t len, size_t *n);
+/* Where the end of the reply to the chunk [off, off + len) (a unit: off =
+ * u, len = 1) may be read by nng (client_slot_recv_into): up to
+ * CLIENT_TAIL_SEGMENTS places dst[i] of n[i] bytes; returns how many (0:
+ * none). */
+typedef unsigned (*window_into_fn)(void *ctx, size_t off, size_t len, uint8_t **dst, size_t *n);
 /* client_run_window whose chunks' replies may be read straight into place
  * (into: the take finds s->placed). */
 int client_run_window_into(tport_client *c, size_t nbytes, size_t chunk, window_make_fn make,

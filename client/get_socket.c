@@ -70,11 +70,14 @@ static int get_make(void *vctx, size_t off, size_t len, nng_msg **out, tport_err
 /* A chunk's reply into buf by nng itself (client_slot_recv_into): the
  * payload lands where get_take would have copied it.  Not through the
  * region or the ring (their bytes are not in the reply). */
-static uint8_t *get_into(void *vctx, size_t off, size_t len, size_t *n)
+static unsigned get_into(void *vctx, size_t off, size_t len, uint8_t **dst, size_t *n)
 {
   get_ctx *g = vctx;
-  *n = len;
-  return g->region || g->stage || g->out ? NULL : g->buf + off;
+  if (g->region || g->stage || g->out)
+    return 0;
+  dst[0] = g->buf + off;
+  n[0] = len;
+  return 1;
 }
 
 static int get_take(void *vctx, client_slot *s, tport_err *err)
@@ -94,9 +97,10 @@ static int get_take(void *vctx, client_slot *s, tport_err *err)
     bytes = g->buf + s->offset;
     in_reply = 0;
   }
-  if (placed && s->placed != s->len)
-    rc = tport_err_set(err, TPORT_DATA_LOSS, "chunk at %zu: %zu of its %zu bytes came", s->offset,
-                       s->placed, s->len);
+  if (placed && (s->placed != s->len || p.len != 0))
+    rc = tport_err_set(err, TPORT_DATA_LOSS,
+                       "chunk at %zu: %zu bytes came in the reply, %zu expected", s->offset,
+                       p.len + s->placed, s->len);
   else if (p.len != in_reply)
     rc = tport_err_set(err, TPORT_DATA_LOSS, "chunk at %zu: %zu bytes came in the reply, %zu %s",
                        s->offset, p.len, in_reply,

@@ -168,17 +168,45 @@ void client_slots_abort(tport_client *c)
 
 /* ---------------------------------------------------------------- replies read in place */
 
-void client_slot_recv_into(client_slot *s, uint8_t *dst, size_t len)
+void client_slot_recv_into(client_slot *s, uint8_t *const *dst, const size_t *n, unsigned k)
 {
 #ifdef TPORT_NNG_RECV_TAIL
-  if (len >= NNG_RECV_TAIL_MIN && nng_ctx_recv_tail(s->ctx, dst, len) == 0) {
-    s->tail_armed = true;
-    s->tail = dst;
-    s->tail_len = len;
+  _Static_assert(CLIENT_TAIL_SEGMENTS <= NNG_RECV_TAIL_SEGMENTS, "nng takes as many places");
+  size_t len = 0;
+  for (unsigned i = 0; i < k; i++)
+    len += n[i];
+  if (k == 0 || k > CLIENT_TAIL_SEGMENTS || len < NNG_RECV_TAIL_MIN ||
+      nng_ctx_recv_tail(s->ctx, dst[0], n[0]) != 0)
+    return;
+  s->tail_armed = true; /* (disarmed whatever comes next) */
+  for (unsigned i = 1; i < k; i++)
+    if (nng_ctx_recv_tail_add(s->ctx, dst[i], n[i]) != 0) {
+      nng_ctx_recv_tail(s->ctx, NULL, 0); /* not all of them: none */
+      return;
+    }
+  s->ntail = k;
+  for (unsigned i = 0; i < k; i++) {
+    s->tail[i] = dst[i];
+    s->tail_n[i] = n[i];
   }
+  s->tail_len = len;
 #else
-  (void)s, (void)dst, (void)len;
+  (void)s, (void)dst, (void)n, (void)k;
 #endif
+}
+
+int client_slot_unplace(client_slot *s, tport_err *err)
+{
+  size_t placed = s->placed;
+  for (unsigned i = 0; i < s->ntail && placed; i++) {
+    size_t n = s->tail_n[i] < placed ? s->tail_n[i] : placed;
+    if (n && nng_msg_append(s->reply, s->tail[i], n) != 0)
+      return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte reply",
+                           nng_msg_len(s->reply) + placed);
+    placed -= n;
+  }
+  s->placed = 0;
+  return TPORT_OK;
 }
 
 /* Disarms s's reply tail and waits until nng writes the caller's memory no
@@ -205,11 +233,12 @@ static void tail_disarm(client_slot *s)
 #endif
 }
 
-/* After s's reply came: whether its payload is in the caller's memory
- * (s->placed).  A reply whose end went there but is not a frame with
- * exactly that payload (an error longer than NNG_RECV_TAIL_MIN, a server's
- * odd frame) gets those bytes back at its end, read from there, and is
- * taken as if nothing was placed. */
+/* After s's reply came: how much of its payload's end is in the caller's
+ * memory (s->placed).  A reply whose end went there but whose frame does
+ * not end where the placed bytes begin (an error longer than
+ * NNG_RECV_TAIL_MIN, a server's odd frame: its message, not its payload,
+ * went there) gets those bytes back at its end and is taken as if nothing
+ * was placed; one that does is the take's to check against its plan. */
 static int tail_settle(client_slot *s, tport_err *err)
 {
   s->placed = 0;
@@ -217,16 +246,13 @@ static int tail_settle(client_slot *s, tport_err *err)
   size_t placed = s->reply ? nng_msg_recv_tail(s->reply) : 0;
   if (!placed)
     return TPORT_OK;
+  if (placed != s->tail_len)
+    return tport_err_set(err, TPORT_DATA_LOSS, "%zu bytes of a reply were read into %zu", placed,
+                         s->tail_len);
+  s->placed = placed;
   frame_view v;
-  if (placed == s->tail_len &&
-      frame_parse(nng_msg_body(s->reply), nng_msg_len(s->reply), &v, NULL) == TPORT_OK &&
-      v.payload_len == 0) {
-    s->placed = placed;
-    return TPORT_OK;
-  }
-  if (placed > s->tail_len || nng_msg_append(s->reply, s->tail, placed) != 0)
-    return tport_err_set(err, TPORT_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte reply",
-                         nng_msg_len(s->reply) + placed);
+  if (frame_parse(nng_msg_body(s->reply), nng_msg_len(s->reply), &v, NULL) != TPORT_OK)
+    return client_slot_unplace(s, err);
 #else
   (void)err;
 #endif
@@ -284,6 +310,8 @@ void client_slot_send(client_slot *s, nng_msg *m)
 {
   s->phase = SLOT_SENDING;
   s->placed = 0;
+  if (!s->tail_armed)
+    s->ntail = 0;
   nng_aio_set_msg(s->aio, m);
   if (!slot_start(s, true)) {
     nng_aio_set_msg(s->aio, NULL);

@@ -66,10 +66,11 @@ static int run(tport_client *c, size_t nbytes, size_t chunk, window_make_fn make
         /* a skipped unit keeps its place in the ring, answered when its
          * turn comes: taken counts the first units answered, in order */
         skipped[(head + inflight) % nslots] = m == NULL;
-        size_t n = 0;
-        uint8_t *dst = m && into ? into(ctx, s->offset, s->len, &n) : NULL;
-        if (dst)
-          client_slot_recv_into(s, dst, n);
+        uint8_t *dst[CLIENT_TAIL_SEGMENTS];
+        size_t n[CLIENT_TAIL_SEGMENTS];
+        unsigned k = m && into ? into(ctx, s->offset, s->len, dst, n) : 0;
+        if (k)
+          client_slot_recv_into(s, dst, n, k);
         if (m)
           client_slot_send(s, m);
         next += s->len;
@@ -117,8 +118,8 @@ int client_run_window_into(tport_client *c, size_t nbytes, size_t chunk, window_
 }
 
 int client_run_units(tport_client *c, size_t n, window_make_fn make, window_reply_fn take,
-                     window_after_fn after, window_into_fn into, void *ctx,
-                     const atomic_bool *stop, tport_err *err)
+                     window_after_fn after, window_into_fn into, void *ctx, const atomic_bool *stop,
+                     tport_err *err)
 {
   return run(c, n, 1, make, take, after, into, ctx, NULL, NULL, stop, err);
 }

@@ -3,10 +3,10 @@
  * read by the transport straight into the caller's buffer
  * (nng_ctx_recv_tail), on the nng that tensorport links.
  *
- *  - over tcp and ipc (and tls, in test_tls) a reply of NNG_RECV_TAIL_MIN
- *    bytes or more lands with its last len bytes in the buffer and the rest
- *    in the message (nng_msg_recv_tail says how many went there); once per
- *    arming;
+ *  - over tcp and ipc a reply of NNG_RECV_TAIL_MIN bytes or more lands
+ *    with its last len bytes in the buffer (or in up to four segments, in
+ *    order: nng_ctx_recv_tail_add) and the rest in the message
+ *    (nng_msg_recv_tail says how many went there); once per arming;
  *  - a reply that is too small, shorter than the tail, for another context,
  *    or over inproc keeps its bytes in the message and leaves the buffer
  *    alone;
@@ -230,6 +230,57 @@ Test(nng_recv_tail, another_contexts_reply_is_not_placed)
   free(buf);
 }
 
+Test(nng_recv_tail, a_replys_end_lands_in_segments_in_order)
+{
+  char url[96];
+  snprintf(url, sizeof url, "ipc:///tmp/tport-nng-rtail-g-%d.sock", (int)getpid());
+  nng_socket req, rep;
+  pair(url, &req, &rep);
+  nng_ctx ctx;
+  cr_assert_eq(nng_ctx_open(&ctx, req), 0);
+  enum { A = 70000, B = 5, C = 300001, HEAD_KEPT = 1000 };
+  uint8_t *a = malloc(A), *b = malloc(B), *c = malloc(C);
+  uint8_t one[1];
+  cr_expect_eq(nng_ctx_recv_tail_add(ctx, a, A), NNG_EINVAL, "a segment with none armed");
+  cr_assert_eq(nng_ctx_recv_tail(ctx, a, A), 0);
+  cr_assert_eq(nng_ctx_recv_tail_add(ctx, b, B), 0);
+  cr_assert_eq(nng_ctx_recv_tail_add(ctx, c, C), 0);
+  cr_assert_eq(nng_ctx_recv_tail_add(ctx, one, 0), 0, "an empty segment is one");
+  cr_expect_eq(nng_ctx_recv_tail_add(ctx, one, 1), NNG_EBUSY, "a fifth segment");
+  nng_msg *r = ask(ctx, rep, HEAD_KEPT + A + B + C);
+  cr_expect_eq(nng_msg_recv_tail(r), A + B + C);
+  cr_expect_eq(nng_msg_len(r), 4 + HEAD_KEPT);
+  cr_expect(is_pattern((uint8_t *)nng_msg_body(r) + 4, HEAD_KEPT));
+  bool ok = true;
+  for (size_t i = 0; i < A; i++)
+    ok &= a[i] == pattern(HEAD_KEPT + i);
+  for (size_t i = 0; i < B; i++)
+    ok &= b[i] == pattern(HEAD_KEPT + A + i);
+  for (size_t i = 0; i < C; i++)
+    ok &= c[i] == pattern(HEAD_KEPT + A + B + i);
+  cr_expect(ok, "the segments hold the reply's end in order");
+  nng_msg_free(r);
+  cr_expect_eq(nng_ctx_recv_tail_clear(ctx, 1000), 0);
+  /* after the clear: one segment again, not the old ones after it */
+  memset(a, 0xEE, A);
+  memset(c, 0xEE, C);
+  cr_assert_eq(nng_ctx_recv_tail(ctx, c, C), 0);
+  r = ask(ctx, rep, HEAD_KEPT + C);
+  cr_expect_eq(nng_msg_recv_tail(r), C);
+  cr_expect(is_pattern((uint8_t *)nng_msg_body(r) + 4, HEAD_KEPT));
+  ok = true;
+  for (size_t i = 0; i < C; i++)
+    ok &= c[i] == pattern(HEAD_KEPT + i);
+  cr_expect(ok);
+  cr_expect(all(a, A, 0xEE));
+  nng_msg_free(r);
+  cr_expect_eq(nng_ctx_recv_tail_clear(ctx, 1000), 0);
+  nng_ctx_close(ctx);
+  nng_close(req);
+  nng_close(rep);
+  free(a), free(b), free(c);
+}
+
 Test(nng_recv_tail, only_req_contexts_place)
 {
   nng_socket rep;
@@ -238,6 +289,7 @@ Test(nng_recv_tail, only_req_contexts_place)
   cr_assert_eq(nng_ctx_open(&ctx, rep), 0);
   uint8_t b[8];
   cr_expect_eq(nng_ctx_recv_tail(ctx, b, sizeof b), NNG_ENOTSUP);
+  cr_expect_eq(nng_ctx_recv_tail_add(ctx, b, sizeof b), NNG_ENOTSUP);
   cr_expect_eq(nng_ctx_recv_tail_clear(ctx, 0), NNG_ENOTSUP);
   cr_expect_eq(nng_ctx_recv_tail(ctx, NULL, 8), NNG_EINVAL);
   nng_ctx_close(ctx);
