@@ -172,6 +172,8 @@ void client_slot_recv_into(client_slot *s, uint8_t *const *dst, const size_t *n,
 {
 #ifdef TPORT_NNG_RECV_TAIL
   _Static_assert(CLIENT_TAIL_SEGMENTS <= NNG_RECV_TAIL_SEGMENTS, "nng takes as many places");
+  s->ntail = 0;
+  s->tail_len = 0;
   size_t len = 0;
   for (unsigned i = 0; i < k; i++)
     len += n[i];
@@ -213,14 +215,22 @@ int client_slot_unplace(client_slot *s, tport_err *err)
  * more: a reply stuck half way (a server that stopped in the middle of it)
  * is ended by closing the connection, as a stuck lent request is
  * (put_socket.c).  The connection closed is the live one: a reply being
- * read is on it (a lost one's reads have ended). */
-static void tail_disarm(client_slot *s)
+ * read is on it (a lost one's reads have ended).  Up to the client's
+ * timeout first (a reply still arriving on a slow link is let finish, as
+ * a stuck lent put is waited for: a request that timed out may so take
+ * two timeouts), but a short while once the client is closing: tport_close
+ * must not wait a timeout for a server that stopped mid-reply. */
+static void tail_disarm(client_slot *s, bool failed)
 {
 #ifdef TPORT_NNG_RECV_TAIL
   if (!s->tail_armed)
     return;
   tport_client *c = s->owner;
-  nng_duration wait = c->timeout_ms;
+  pthread_mutex_lock(&c->slots_mu);
+  bool closing = c->closing;
+  pthread_mutex_unlock(&c->slots_mu);
+  nng_duration wait =
+      failed && closing && c->timeout_ms > 200 ? 200 : (nng_duration)c->timeout_ms;
   while (nng_ctx_recv_tail_clear(s->ctx, wait) == NNG_ETIMEDOUT) {
     unsigned id = atomic_load(&c->live_pipe);
     if (id)
@@ -229,7 +239,7 @@ static void tail_disarm(client_slot *s)
   }
   s->tail_armed = false;
 #else
-  (void)s;
+  (void)s, (void)failed;
 #endif
 }
 
@@ -276,7 +286,7 @@ void client_slot_close(client_slot *s)
     /* a request abandoned midway: stop it, and free the message it still holds
      * (a send that did not complete, or a reply that arrived unread) */
     nng_aio_stop(s->aio);
-    tail_disarm(s); /* before the caller's memory is the caller's again */
+    tail_disarm(s, true); /* before the caller's memory is the caller's again */
     int rv = nng_aio_result(s->aio);
     if ((s->phase == SLOT_SENDING && rv != 0) || (s->phase == SLOT_RECEIVING && rv == 0)) {
       nng_msg *m = nng_aio_get_msg(s->aio);
@@ -326,7 +336,7 @@ void client_slot_send(client_slot *s, nng_msg *m)
 int client_slot_finish(client_slot *s, tport_err *err)
 {
   if (s->refused) {
-    tail_disarm(s);
+    tail_disarm(s, true);
     return closing_error(err);
   }
   nng_aio_wait(s->aio);
@@ -334,20 +344,20 @@ int client_slot_finish(client_slot *s, tport_err *err)
   if (rv) {
     nng_msg_free(nng_aio_get_msg(s->aio));
     s->phase = SLOT_IDLE;
-    tail_disarm(s);
+    tail_disarm(s, true);
     return tport_err_set(err, nng_to_status(rv), "sending the request: %s", nng_strerror(rv));
   }
   s->phase = SLOT_RECEIVING;
   if (!slot_start(s, false)) {
     s->phase = SLOT_IDLE;
-    tail_disarm(s);
+    tail_disarm(s, true);
     return closing_error(err);
   }
   client_request_started(s->aio);
   nng_aio_wait(s->aio);
   rv = nng_aio_result(s->aio);
   s->phase = SLOT_IDLE;
-  tail_disarm(s); /* (a reply that came: done already) */
+  tail_disarm(s, rv != 0); /* (a reply that came: done already) */
   if (rv)
     return tport_err_set(err, nng_to_status(rv), "waiting for the reply: %s", nng_strerror(rv));
   if (s->reply)
