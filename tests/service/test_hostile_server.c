@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "frame.h"
@@ -404,4 +406,155 @@ Test(hostile_server, a_chunk_reply_read_in_place_that_is_no_chunk_is_taken_whole
   tport_close(c);
   fake_stop(&f);
   get_lie = lie_about_region;
+}
+
+/* ---------------------------------------------------------------- a reply that stops half way */
+
+/* A server over a plain Unix socket speaking SP (ipc framing) and the
+ * frame format: it answers the Hello and a GetBegin of three 64 KiB chunks,
+ * then begins its first GetChunk's reply and stops half way through it. */
+typedef struct stalling {
+  int lfd, fd;
+  char path[108];
+  pthread_t thread;
+  volatile int stop;
+} stalling;
+
+static void full_io(int fd, void *p, size_t n, bool wr)
+{
+  for (size_t done = 0; done < n;) {
+    /* (a peer gone: an error, not SIGPIPE) */
+    ssize_t k = wr ? send(fd, (uint8_t *)p + done, n - done, MSG_NOSIGNAL)
+                   : read(fd, (uint8_t *)p + done, n - done);
+    if (k <= 0)
+      return;
+    done += (size_t)k;
+  }
+}
+
+/* One SP request: its id (the first 4 bytes) and its frame's method. */
+static uint16_t next_request(int fd, uint8_t id[4])
+{
+  uint8_t h[9] = {0};
+  full_io(fd, h, sizeof h, false);
+  uint64_t len = 0;
+  for (int i = 1; i < 9; i++)
+    len = len << 8 | h[i];
+  if (len < 4 + FRAME_HEADER_BYTES || len > (1 << 20))
+    return 0;
+  uint8_t *b = malloc(len);
+  full_io(fd, b, len, false);
+  memcpy(id, b, 4);
+  frame_view v;
+  uint16_t m = frame_parse(b + 4, len - 4, &v, NULL) ? 0 : v.method;
+  free(b);
+  return m;
+}
+
+/* A reply frame of msg then n payload bytes, of which only send go out. */
+static void sp_reply(int fd, const uint8_t id[4], uint16_t method, const ProtobufCMessage *msg,
+                     size_t n, size_t send)
+{
+  size_t head = frame_head_size(msg), len = 4 + head + n;
+  uint8_t *b = calloc(1, 9 + len);
+  b[0] = 1;
+  for (int i = 0; i < 8; i++)
+    b[1 + i] = (uint8_t)((uint64_t)len >> (56 - 8 * i));
+  memcpy(b + 9, id, 4);
+  frame_write_head(b + 13, method, FRAME_FLAG_REPLY, msg);
+  memset(b + 13 + head, 0xAB, n);
+  full_io(fd, b, 9 + 4 + head + send, true);
+  free(b);
+}
+
+static void *stall_serve(void *arg)
+{
+  stalling *st = arg;
+  st->fd = accept(st->lfd, NULL, NULL);
+  uint8_t hs[8];
+  full_io(st->fd, hs, sizeof hs, false);
+  uint8_t rep_hs[8] = {0, 'S', 'P', 0, 0, 0x31, 0, 0};
+  full_io(st->fd, rep_hs, sizeof rep_hs, true);
+  uint8_t id[4];
+  Tport__Status ok = TPORT__STATUS__INIT;
+  for (uint16_t m; !st->stop && (m = next_request(st->fd, id)) != 0;) {
+    if (m == TPORT__METHOD__METHOD_HELLO) {
+      Tport__HelloReply h = TPORT__HELLO_REPLY__INIT;
+      h.status = &ok;
+      h.protocol_version = FRAME_VERSION;
+      h.max_chunk_bytes = 64 << 10;
+      h.max_inflight_chunks = 1;
+      h.max_outstanding = 8;
+      sp_reply(st->fd, id, m, &h.base, 0, 0);
+    } else if (m == TPORT__METHOD__METHOD_GET_BEGIN) {
+      int64_t size = 3 * (64 << 10);
+      Tport__TensorDesc d = TPORT__TENSOR_DESC__INIT;
+      d.dtype = TPORT__DTYPE__DTYPE_UINT8;
+      d.n_sizes = 1;
+      d.sizes = &size;
+      Tport__TensorInfo info = TPORT__TENSOR_INFO__INIT;
+      info.desc = &d;
+      static uint8_t tid[16] = {3};
+      Tport__GetBeginReply r = TPORT__GET_BEGIN_REPLY__INIT;
+      r.status = &ok;
+      r.info = &info;
+      r.nbytes = (uint64_t)size;
+      r.chunk_bytes = 64 << 10;
+      r.transfer.data = tid;
+      r.transfer.len = sizeof tid;
+      sp_reply(st->fd, id, m, &r.base, 0, 0);
+    } else if (m == TPORT__METHOD__METHOD_GET_CHUNK) {
+      Tport__GetChunkReply r = TPORT__GET_CHUNK_REPLY__INIT;
+      r.status = &ok;
+      sp_reply(st->fd, id, m, &r.base, 64 << 10, 32 << 10); /* and no more */
+    }
+  }
+  return NULL;
+}
+
+/* A get whose chunk's reply stopped half way fails, and once it returned
+ * its buffer is written no more: the rest sent later (had the connection
+ * stayed) would land after the caller took it back.  Before the slots
+ * waited for nng to let go of the buffer, tport_get returned at its
+ * timeout with the reply still being read into it. */
+Test(hostile_server, a_get_whose_reply_stops_half_way_leaves_the_buffer_when_it_returns,
+     .timeout = 60)
+{
+  stalling st = {.fd = -1};
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(st.path, sizeof st.path, "/tmp/tport-stall-%d.sock", (int)getpid());
+  unlink(st.path);
+  memcpy(sa.sun_path, st.path, strlen(st.path) + 1);
+  st.lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+  cr_assert_eq(bind(st.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  cr_assert_eq(listen(st.lfd, 1), 0);
+  cr_assert_eq(pthread_create(&st.thread, NULL, stall_serve, &st), 0);
+  char url[128];
+  snprintf(url, sizeof url, "ipc://%s", st.path);
+  tport_connect_options o = {.timeout_ms = 500, .no_shm = true};
+  tport_client *c;
+  tport_err err;
+  cr_assert_eq(tport_connect(url, &o, &c, &err), TPORT_OK, "%s", err.msg);
+  tport_ref ref;
+  tport_ref_name(&ref, "t");
+  size_t n = 3 * (64 << 10);
+  uint8_t *buf = calloc(1, n);
+  int rc = tport_get(c, &ref, buf, n, NULL, NULL, NULL, &err);
+  cr_expect_neq(rc, TPORT_OK, "a reply half sent was taken");
+  uint8_t *seen = malloc(n);
+  memcpy(seen, buf, n);
+  /* the rest of the reply, as a server that woke up would send it */
+  uint8_t *rest = malloc(n);
+  memset(rest, 0xCD, n);
+  full_io(st.fd, rest, 64 << 10, true);
+  usleep(100000);
+  cr_expect_eq(memcmp(seen, buf, n), 0, "the buffer was written after the get returned");
+  st.stop = 1;
+  tport_close(c);
+  shutdown(st.fd, SHUT_RDWR);
+  pthread_join(st.thread, NULL);
+  close(st.fd);
+  close(st.lfd);
+  unlink(st.path);
+  free(buf), free(seen), free(rest);
 }
