@@ -108,16 +108,18 @@ static bool get_by_buffers(tport_client *c, tport_get_item *items, size_t k, boo
 }
 
 /* What a GetBatch asks to have inline, element it's bytes at most: over a
- * connection whose replies' ends nng reads straight into the caller's
- * buffers (deploy/nng 0014), an element of a buffer's only under
- * NNG_RECV_TAIL_MIN -- a larger one deferred, its size known exactly, and
- * read in place in the window (the largest of each GetBatch there, or its
- * chunks), where the first GetBatch's inline answers were copied out of it
- * (a state dict's 58 MB of ResNet-50's 102, in one reply). */
+ * connection whose replies' ends nng reads straight into the destination
+ * buffers (deploy/nng 0014), only what is under NNG_RECV_TAIL_MIN -- a
+ * larger one deferred, its size known exactly, and read in place in the
+ * window (the largest of each GetBatch there, or its chunks; into the
+ * caller's buffer or one made for it first), where the first GetBatch's
+ * inline answers were copied out of it (a state dict's 58 MB of
+ * ResNet-50's 102, in one reply). */
 static size_t first_inline_max(const tport_client *c, const tport_get_item *it)
 {
 #ifdef TPORT_NNG_RECV_TAIL
-  if (c->lend_chunks && it->buf)
+  (void)it; /* (a buffer of the caller's or one the library makes: both read in place) */
+  if (c->lend_chunks)
     return c->chunk_bytes < NNG_RECV_TAIL_MIN - 1 ? c->chunk_bytes : NNG_RECV_TAIL_MIN - 1;
 #else
   (void)it;

@@ -94,6 +94,7 @@ static int group_make(deferred_gets *d, size_t g, nng_msg **out, tport_err *err)
     }
     qp[j] = &qs[j];
   }
+  deferred_group_buffers(d, g); /* (those it makes: the reply's end read into them) */
   Tport__GetBatchRequest q = TPORT__GET_BATCH_REQUEST__INIT;
   q.n_gets = k;
   q.gets = qp;
@@ -155,41 +156,6 @@ static void take_direct(deferred_gets *d, dget *e, tport_get_item *it,
   it->nbytes = n;
 }
 
-/* Whether group g's reply r (the payload p left in its message) is laid
- * out as the places its last m elements' bytes were read into say: those
- * answered inline with exactly their planned bytes, the others' inline
- * bytes all that is left. */
-static bool group_as_placed(const deferred_gets *d, size_t g, const Tport__GetBatchReply *r,
-                            const client_payload *p, size_t m)
-{
-  size_t first = d->gstart[g], k = d->gstart[g + 1] - first, left = 0;
-  if (r->n_gets != k || (r->n_deferred != 0 && r->n_deferred != k) || m > k)
-    return false;
-  for (size_t j = 0; j < k; j++) {
-    const Tport__GetBeginReply *b = r->gets[j];
-    tport_err scratch;
-    bool inl = batch_element_status(b->status, &scratch) == TPORT_OK && !b->transfer.len &&
-               !b->direct && !b->shm && !(r->n_deferred && r->deferred[j]);
-    if (j >= k - m && (!inl || b->nbytes != d->el[d->small[first + j]].planned))
-      return false;
-    if (j < k - m && inl)
-      left += (size_t)b->nbytes;
-  }
-  return left == p->len;
-}
-
-/* Element e (its item it), answered inline by b, its bytes read by nng
- * straight into its buffer (group_into). */
-static void take_placed(deferred_gets *d, tport_get_item *it, const Tport__GetBeginReply *b)
-{
-  size_t n = (size_t)b->nbytes; /* (== e->planned <= it->cap: group_as_placed) */
-  if (client_check_crc32c(d->c->verify, b->crc32c_set, b->crc32c, it->buf, n, 0, &it->err))
-    return;
-  client_info_from_wire(b->info, &it->info);
-  it->data = it->buf;
-  it->nbytes = n;
-}
-
 /* Group g answered: each element's bytes from the reply's payload, in
  * order (its last ones' in their buffers already, where they were read
  * into: s->placed); one the server deferred again (grown since) goes on
@@ -202,7 +168,7 @@ static void group_take(deferred_gets *d, client_slot *s, size_t g)
   tport_err ge;
   int rc = client_unpack(TPORT__METHOD__METHOD_GET_BATCH, s->reply,
                          &tport__get_batch_reply__descriptor, (ProtobufCMessage **)&r, &p, &ge);
-  if (!rc && s->placed && !group_as_placed(d, g, r, &p, s->ntail)) {
+  if (!rc && s->placed && !deferred_group_as_placed(d, g, r, &p, s->ntail)) {
     /* not the reply planned: its end back in it, taken as it came */
     protobuf_c_message_free_unpacked(&r->base, NULL);
     rc = client_slot_unplace(s, &ge);
@@ -256,7 +222,7 @@ static void group_take(deferred_gets *d, client_slot *s, size_t g)
       continue;
     }
     if (j >= placed_from) {
-      take_placed(d, it, b);
+      deferred_take_placed(d, e, it, b);
       continue;
     }
     if (n > p.len - at) {
@@ -379,69 +345,6 @@ static void begin_take(deferred_gets *d, client_slot *s, dget *e)
   protobuf_c_message_free_unpacked(&b->base, NULL);
 }
 
-/* Where chunk unit u's element's bytes [off, off + *n) go: its buffer,
- * known once its GetBegin was taken (a chunk unit goes after it). */
-static dget *chunk_of(deferred_gets *d, size_t u, size_t *off, size_t *n)
-{
-  dget *e = &d->el[d->unit_el[u]];
-  size_t chunk = d->c->chunk_bytes;
-  *off = (u - e->first_chunk) * chunk;
-  *n = e->planned - *off < chunk ? e->planned - *off : chunk;
-  return e;
-}
-
-/* A chunk's reply read by nng straight into its element's buffer. */
-static unsigned chunk_into(deferred_gets *d, size_t u, uint8_t **dst, size_t *n)
-{
-  size_t off;
-  dget *e = chunk_of(d, u, &off, n);
-  dst[0] = e->buf + off;
-  return e->state == DG_READING;
-}
-
-/* Whether e is taken from its group's reply payload into a buffer of the
- * caller's: planned there, not offered for a direct write or a slot. */
-static bool inline_to_buffer(const deferred_gets *d, const dget *e)
-{
-  const tport_get_item *it = &d->items[e->item];
-  return !e->direct && !e->sliced && it->buf && e->planned && e->planned <= it->cap;
-}
-
-/* How many of group g's last elements have their bytes read by nng
- * straight into their buffers (the suffix of its payload, in order:
- * pack_groups puts the largest last). */
-static size_t group_placed(const deferred_gets *d, size_t g)
-{
-  size_t first = d->gstart[g], k = d->gstart[g + 1] - first, m = 0;
-  while (m < k && m < CLIENT_TAIL_SEGMENTS &&
-         inline_to_buffer(d, &d->el[d->small[first + k - 1 - m]]))
-    m++;
-  return m;
-}
-
-static unsigned group_into(deferred_gets *d, size_t g, uint8_t **dst, size_t *n)
-{
-  size_t first = d->gstart[g], k = d->gstart[g + 1] - first, m = group_placed(d, g);
-  for (size_t i = 0; i < m; i++) {
-    const dget *e = &d->el[d->small[first + k - m + i]];
-    dst[i] = d->items[e->item].buf;
-    n[i] = e->planned;
-  }
-  return (unsigned)m;
-}
-
-/* The places a unit's reply's end is read into (client_slot_recv_into). */
-static unsigned deferred_into(void *ctx, size_t u, size_t one, uint8_t **dst, size_t *n)
-{
-  (void)one;
-  deferred_gets *d = ctx;
-  if (d->unit_kind[u] == DU_CHUNK)
-    return chunk_into(d, u, dst, n);
-  if (d->unit_kind[u] == DU_GROUP)
-    return group_into(d, d->unit_el[u], dst, n);
-  return 0;
-}
-
 static void chunk_take(deferred_gets *d, client_slot *s, dget *e)
 {
   tport_get_item *it = &d->items[e->item];
@@ -454,7 +357,7 @@ static void chunk_take(deferred_gets *d, client_slot *s, dget *e)
   }
   Tport__GetChunkReply *gr = (Tport__GetChunkReply *)r;
   size_t off, len;
-  chunk_of(d, s->offset, &off, &len);
+  deferred_chunk_of(d, s->offset, &off, &len);
   /* read into the buffer by nng (deferred_into): the whole chunk there */
   const uint8_t *bytes = s->placed ? e->buf + off : p.data;
   size_t got = p.len + s->placed; /* (placed: the reply carries none) */

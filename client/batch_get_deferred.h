@@ -70,4 +70,27 @@ size_t deferred_plan(deferred_gets *d, const size_t *planned, size_t k, size_t *
 /* Same host: slots of the automatic region for d's groups (d->region). */
 void deferred_open_region(deferred_gets *d);
 
+/* ---------------------------------------------------------------- batch_get_in_place.c */
+
+/* Where chunk unit u's element's bytes [off, off + *n) go: its buffer,
+ * known once its GetBegin was taken (a chunk unit goes after it). */
+dget *deferred_chunk_of(deferred_gets *d, size_t u, size_t *off, size_t *n);
+/* Before group g's GetBatch goes: buffers of their planned sizes for its
+ * last elements the library makes them for (e->buf), so that the reply's
+ * end may be read into them. */
+void deferred_group_buffers(deferred_gets *d, size_t g);
+/* The window's into (window_into_fn): a chunk's element's buffer, or the
+ * last elements' of a GetBatch. */
+unsigned deferred_into(void *ctx, size_t u, size_t one, uint8_t **dst, size_t *n);
+/* Whether group g's reply r (the payload p left in its message) is laid
+ * out as the places its last m elements' bytes were read into say: those
+ * answered inline with exactly their planned bytes, the others' inline
+ * bytes all that is left. */
+bool deferred_group_as_placed(const deferred_gets *d, size_t g, const Tport__GetBatchReply *r,
+                              const client_payload *p, size_t m);
+/* Element e (its item it), answered inline by b, its bytes read into its
+ * place: the item's result (a buffer made for it handed over). */
+void deferred_take_placed(deferred_gets *d, dget *e, tport_get_item *it,
+                          const Tport__GetBeginReply *b);
+
 #endif
