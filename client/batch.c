@@ -102,7 +102,7 @@ static bool get_by_buffers(tport_client *c, tport_get_item *items, size_t k, boo
     planned[j] = items[j].cap;
     items[j].err.code = NOT_ANSWERED;
   }
-  batch_get_deferred(c, items, k, planned, blocks, cancel);
+  batch_get_deferred(c, items, k, planned, false, blocks, cancel); /* (caps) */
   free(planned);
   return true;
 }
@@ -180,7 +180,7 @@ static void get_group(tport_client *c, tport_get_item *items, size_t k, bool blo
                   cancel, &planned[j], qs[j].direct_region);
   }
   if (planned)
-    batch_get_deferred(c, items, k, planned, blocks, cancel);
+    batch_get_deferred(c, items, k, planned, true, blocks, cancel);
   if (r)
     protobuf_c_message_free_unpacked(&r->base, NULL);
   if (p.msg)

@@ -29,9 +29,10 @@ int batch_element_status(const Tport__Status *st, tport_err *err);
 int batch_result(const tport_err *errs, size_t stride, size_t n, tport_err *err);
 
 /* The elements of items[0..k) a GetBatch deferred (err.code NOT_ANSWERED;
- * planned[j]: element j's bytes, as it said), all in one window; each gets
- * its result (buffers made from get_blocks.h where blocks). */
+ * planned[j]: element j's bytes, as it said -- exact -- or its buffer's
+ * cap), all in one window; each gets its result (buffers made from
+ * get_blocks.h where blocks). */
 void batch_get_deferred(tport_client *c, tport_get_item *items, size_t k, const size_t *planned,
-                        bool blocks, const atomic_bool *cancel);
+                        bool exact, bool blocks, const atomic_bool *cancel);
 
 #endif

@@ -461,7 +461,7 @@ static void deferred_finish(deferred_gets *d, int rc, const tport_err *werr)
 /* batch_get_deferred's window; direct_off: a second one, for elements
  * the first offered for a direct write that the server would not make. */
 static void deferred_window(tport_client *c, tport_get_item *items, size_t k, const size_t *planned,
-                            bool blocks, const atomic_bool *cancel, bool direct_off)
+                            bool exact, bool blocks, const atomic_bool *cancel, bool direct_off)
 {
   size_t n = 0, nunits = 0, chunk = c->chunk_bytes, total = 0;
   uint64_t proc_region = direct_off ? 0 : client_gets_direct_region(c);
@@ -489,6 +489,7 @@ static void deferred_window(tport_client *c, tport_get_item *items, size_t k, co
                      .gstart = malloc((n + 1) * sizeof(size_t)),
                      .slot = malloc((n + 1) * sizeof(size_t)),
                      .blocks = blocks,
+                     .exact = exact,
                      .total = total,
                      .cancel = cancel,
                      .proc_region = proc_region,
@@ -514,12 +515,12 @@ static void deferred_window(tport_client *c, tport_get_item *items, size_t k, co
   free(d.el), free(d.unit_el), free(d.unit_kind), free(d.small), free(d.gstart), free(d.slot),
       free(large);
   if (again)
-    deferred_window(c, items, k, d.again, blocks, cancel, true);
+    deferred_window(c, items, k, d.again, true, blocks, cancel, true); /* (as answered) */
   free(d.again);
 }
 
 void batch_get_deferred(tport_client *c, tport_get_item *items, size_t k, const size_t *planned,
-                        bool blocks, const atomic_bool *cancel)
+                        bool exact, bool blocks, const atomic_bool *cancel)
 {
-  deferred_window(c, items, k, planned, blocks, cancel, false);
+  deferred_window(c, items, k, planned, exact, blocks, cancel, false);
 }

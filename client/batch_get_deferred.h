@@ -54,6 +54,7 @@ typedef struct deferred_gets {
   size_t ngroups, *slot;  /* group g's slot of the region (BATCH_NO_SLOT: none) */
   batch_region region;    /* same host: where the groups' tensors are written */
   bool blocks;            /* buffers made from get_blocks.h */
+  bool exact;             /* the planned bytes are the server's, not buffers' caps */
   size_t total;           /* the deferred elements' bytes, all of them */
   const atomic_bool *cancel;
   uint64_t proc_region; /* where buffers are offered (0: none), fixed for the window */

@@ -15,35 +15,59 @@
 #include "get_blocks.h"
 
 /* Where e's bytes go when its group's reply is read in place: the caller's
- * buffer, of room for its planned bytes, or one made for it
- * (deferred_group_buffers); not one offered for a direct write or given a
- * slice of the region. */
+ * buffer, of room for its bytes as the server said them (d->exact: not a
+ * cap, which would have the reply's end spread over buffers past the
+ * tensors' bytes), or one made for it (deferred_group_buffers); not one
+ * offered for a direct write or given a slice of the region. */
 static uint8_t *place_of(const deferred_gets *d, const dget *e)
 {
   const tport_get_item *it = &d->items[e->item];
   if (e->direct || e->sliced || !e->planned)
     return NULL;
   if (it->buf)
-    return e->planned <= it->cap ? it->buf : NULL;
+    return d->exact && e->planned <= it->cap ? it->buf : NULL;
   return e->buf; /* (made: of e->planned bytes) */
 }
 
+/* Whether a buffer may be made for e's bytes to be read into: the library
+ * makes its buffer (no caller's), none yet. */
+static bool may_make(const deferred_gets *d, const dget *e)
+{
+  return !d->items[e->item].buf && !e->buf && !e->direct && !e->sliced && e->planned;
+}
+
 /* How many of group g's last elements are read in place (the suffix of
- * its payload, in order), each with a buffer made for it where it has
- * none when made (made). */
+ * its payload, in order) -- none where nothing would be (no nng 0014, a
+ * transport that places nothing, a suffix under NNG_RECV_TAIL_MIN) -- each
+ * with a buffer made for it where it may (made). */
 static size_t group_placed(deferred_gets *d, size_t g, bool made)
 {
-  size_t first = d->gstart[g], k = d->gstart[g + 1] - first, m = 0;
+#ifdef TPORT_NNG_RECV_TAIL
+  size_t first = d->gstart[g], k = d->gstart[g + 1] - first, m = 0, bytes = 0;
+  if (!d->c->lend_chunks)
+    return 0;
   for (; m < k && m < CLIENT_TAIL_SEGMENTS; m++) {
-    dget *e = &d->el[d->small[first + k - 1 - m]];
-    if (made && !e->buf && !d->items[e->item].buf && !e->direct && !e->sliced && e->planned) {
+    const dget *e = &d->el[d->small[first + k - 1 - m]];
+    if (!place_of(d, e) && !(made && may_make(d, e)))
+      break;
+    bytes += e->planned;
+  }
+  if (bytes < NNG_RECV_TAIL_MIN)
+    return 0;
+  for (size_t i = 0; made && i < m; i++) {
+    dget *e = &d->el[d->small[first + k - 1 - i]];
+    if (may_make(d, e)) {
       e->buf = d->blocks ? get_block_alloc(e->planned) : malloc(e->planned);
       e->alloced = e->buf != NULL;
     }
     if (!place_of(d, e))
-      break;
+      return i; /* (not made: those after it only) */
   }
   return m;
+#else
+  (void)d, (void)g, (void)made;
+  return 0;
+#endif
 }
 
 void deferred_group_buffers(deferred_gets *d, size_t g)

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "get_direct.h" /* get_batch_test_looked */
 #include "service_util.h"
@@ -23,13 +24,13 @@
 enum { N = 48 };
 
 static server *srv;
-static char tcp[64], ipc[96];
+static char tcp[64], ipc[96], sock_dir[96];
 
 static void start(void)
 {
   for (int attempt = 0; attempt < 5 && !srv; attempt++) {
     server_config cfg;
-    svc_config(&cfg);
+    svc_config_shm(&cfg, "inplace", sock_dir, sizeof sock_dir); /* (same host: one test) */
     cfg.chunk_bytes = 1 << 20;
     svc_tcp_url(tcp, sizeof tcp);
     svc_ipc_url(ipc, sizeof ipc);
@@ -47,6 +48,7 @@ static void start(void)
 static void stop(void)
 {
   server_stop(srv, 1000);
+  rmdir(sock_dir);
 }
 
 TestSuite(in_place, .init = start, .fini = stop, .timeout = 120);
@@ -299,4 +301,48 @@ Test(in_place, a_reply_not_as_planned_is_read_as_it_came_over_tcp)
 Test(in_place, a_reply_not_as_planned_is_read_as_it_came_over_ipc)
 {
   reply_not_as_planned(ipc);
+}
+
+/* Same host, a client with no region yet (its first batch): every element
+ * has a buffer, so the batch is planned by the buffers' caps -- sizes the
+ * server never said.  A GetBatch's reply is then not read in place (its
+ * end would be spread over the buffers by their caps, past the tensors'
+ * bytes): four 190,000-byte tensors into 200,000-byte buffers keep their
+ * last 10,000 bytes untouched.  Before, each of the four had them
+ * overwritten with other elements' bytes, all four reported OK. */
+Test(in_place, a_batch_planned_by_caps_writes_no_buffer_past_its_bytes)
+{
+  tport_connect_options o = {.timeout_ms = 20000};
+  tport_client *c;
+  tport_err err;
+  cr_assert_eq(tport_connect(ipc, &o, &c, &err), TPORT_OK, "%s", err.msg);
+  enum { K = 6, BIG = 40 << 20, EXACT = 100000, SMALL_T = 190000, SMALL_CAP = 200000 };
+  static const size_t sizes[K] = {BIG, EXACT, SMALL_T, SMALL_T, SMALL_T, SMALL_T};
+  static const size_t caps[K] = {BIG, EXACT, SMALL_CAP, SMALL_CAP, SMALL_CAP, SMALL_CAP};
+  uint8_t *vals[K], *bufs[K];
+  tport_get_item gets[K];
+  for (int i = 0; i < K; i++) {
+    vals[i] = malloc(sizes[i]);
+    for (size_t k = 0; k < sizes[i]; k++)
+      vals[i][k] = value(i, k);
+    int64_t sz = (int64_t)sizes[i];
+    tport_tensor_info info;
+    cr_assert_eq(tport_put(c, TPORT_UINT8, 1, &sz, NULL, vals[i], sizes[i], NULL, &info, &err),
+                 TPORT_OK, "%s", err.msg);
+    bufs[i] = malloc(caps[i]);
+    memset(bufs[i], 0xEE, caps[i]);
+    gets[i] = (tport_get_item){.ref = info.ref, .buf = bufs[i], .cap = caps[i]};
+  }
+  cr_assert_eq(tport_get_batch(c, gets, K, &err), TPORT_OK, "%s", err.msg);
+  for (int i = 0; i < K; i++) {
+    cr_expect_eq(gets[i].nbytes, sizes[i], "element %d: %zu bytes", i, gets[i].nbytes);
+    cr_expect_eq(memcmp(bufs[i], vals[i], sizes[i]), 0, "element %d differs", i);
+    size_t past = sizes[i];
+    while (past < caps[i] && bufs[i][past] == 0xEE)
+      past++;
+    cr_expect_eq(past, caps[i], "element %d written past its %zu bytes (at %zu)", i, sizes[i],
+                 past);
+    free(vals[i]), free(bufs[i]);
+  }
+  tport_close(c);
 }
