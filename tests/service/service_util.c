@@ -124,6 +124,26 @@ server *svc_start_with(server_config *cfg, char *url, size_t len)
   return s;
 }
 
+server *svc_start_tcp_ipc(void (*configure)(server_config *), char *tcp, size_t tcplen, char *ipc,
+                          size_t ipclen)
+{
+  server *s = NULL;
+  for (int attempt = 0; attempt < 20 && !s; attempt++) {
+    server_config cfg;
+    configure(&cfg);
+    svc_tcp_url(tcp, tcplen);
+    svc_ipc_url(ipc, ipclen);
+    cfg.listen[0] = strdup(tcp);
+    cfg.listen[1] = strdup(ipc);
+    cfg.nlisten = 2;
+    tport_err err;
+    if (server_start(&cfg, &s, &err) != 0)
+      s = NULL; /* the port was taken: another */
+    config_free(&cfg);
+  }
+  return s;
+}
+
 server *svc_start_inproc(char *url, size_t len, const char *devices)
 {
   server_config cfg;

@@ -23,6 +23,13 @@ void svc_config(server_config *cfg);
  * /tmp/tport-TAG-PID (written into dir): rmdir it after server_stop. */
 void svc_config_shm(server_config *cfg, const char *tag, char *dir, size_t dirlen);
 server *svc_start_with(server_config *cfg, char *url, size_t len);
+/* A server in this process listening on a fresh loopback tcp:// URL and a
+ * fresh ipc:// one (written into tcp and ipc), its config made by
+ * configure (from svc_config or svc_config_shm) for each try: a port
+ * another test took is tried again elsewhere, up to 20 times.  NULL: none
+ * could listen. */
+server *svc_start_tcp_ipc(void (*configure)(server_config *), char *tcp, size_t tcplen, char *ipc,
+                          size_t ipclen);
 /* An in-process server on a fresh inproc:// URL with cpu and sim:2. */
 server *svc_start_inproc(char *url, size_t len, const char *extra_devices);
 /* tportd in a child process listening on url; waits until it answers.

@@ -26,22 +26,15 @@ enum { N = 48 };
 static server *srv;
 static char tcp[64], ipc[96], sock_dir[96];
 
+static void configure(server_config *cfg)
+{
+  svc_config_shm(cfg, "inplace", sock_dir, sizeof sock_dir); /* (same host: one test) */
+  cfg->chunk_bytes = 1 << 20;
+}
+
 static void start(void)
 {
-  for (int attempt = 0; attempt < 5 && !srv; attempt++) {
-    server_config cfg;
-    svc_config_shm(&cfg, "inplace", sock_dir, sizeof sock_dir); /* (same host: one test) */
-    cfg.chunk_bytes = 1 << 20;
-    svc_tcp_url(tcp, sizeof tcp);
-    svc_ipc_url(ipc, sizeof ipc);
-    cfg.listen[0] = strdup(tcp);
-    cfg.listen[1] = strdup(ipc);
-    cfg.nlisten = 2;
-    tport_err err;
-    if (server_start(&cfg, &srv, &err))
-      srv = NULL; /* the port taken: another */
-    config_free(&cfg);
-  }
+  srv = svc_start_tcp_ipc(configure, tcp, sizeof tcp, ipc, sizeof ipc);
   cr_assert_not_null(srv);
 }
 

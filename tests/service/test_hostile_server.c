@@ -80,29 +80,29 @@ static void lie_about_size(nng_socket s)
   get_begin_reply(s, &r, 1 << 20, "abcd", 4);
 }
 
-/* A GetBegin's reply asking for the chunks of a 192 KiB tensor into a
- * region, though the client offered none. */
-static void lie_about_chunks(nng_socket s)
+/* A GetBegin's reply for a 192 KiB tensor in three 64 KiB chunks by
+ * request, into a region where shm_chunks. */
+static void chunked_reply(nng_socket s, bool shm_chunks)
 {
   Tport__GetBeginReply r = TPORT__GET_BEGIN_REPLY__INIT;
   static uint8_t id[16] = {1};
   r.nbytes = 3 * (64 << 10);
   r.transfer.data = id;
   r.transfer.len = sizeof id;
-  r.shm_chunks = true;
+  r.shm_chunks = shm_chunks;
   get_begin_reply(s, &r, 3 * (64 << 10), NULL, 0);
 }
 
-/* A GetBegin's reply for a 192 KiB tensor in three 64 KiB chunks by
- * request (no region). */
+/* ... asking for them into a region, though the client offered none. */
+static void lie_about_chunks(nng_socket s)
+{
+  chunked_reply(s, true);
+}
+
+/* ... by requests, no region (the chunks' replies lie: lie_about_chunk). */
 static void three_chunks(nng_socket s)
 {
-  Tport__GetBeginReply r = TPORT__GET_BEGIN_REPLY__INIT;
-  static uint8_t id[16] = {2};
-  r.nbytes = 3 * (64 << 10);
-  r.transfer.data = id;
-  r.transfer.len = sizeof id;
-  get_begin_reply(s, &r, 3 * (64 << 10), NULL, 0);
+  chunked_reply(s, false);
 }
 
 /* What the fake answers a GetBegin with. */

@@ -55,27 +55,19 @@ static long faults_of_round_trips(const char *url, uint8_t *src, uint8_t *back)
   return faults;
 }
 
+static void configure(server_config *cfg)
+{
+  svc_config(cfg);
+  cfg->chunk_bytes = 4 * MIB; /* tportd's default */
+}
+
 Test(warm_path, a_warm_put_and_get_fault_in_no_fresh_pages)
 {
 #ifdef SVC_UNDER_SANITIZER
   cr_skip_test("the sanitizer's allocator, not glibc's, and no body cache under ASan");
 #endif
   char tcp[64], ipc[96];
-  server *s = NULL;
-  for (int attempt = 0; attempt < 20 && !s; attempt++) {
-    server_config cfg;
-    svc_config(&cfg);
-    cfg.chunk_bytes = 4 * MIB; /* tportd's default */
-    svc_tcp_url(tcp, sizeof tcp);
-    svc_ipc_url(ipc, sizeof ipc);
-    cfg.listen[0] = strdup(tcp);
-    cfg.listen[1] = strdup(ipc);
-    cfg.nlisten = 2;
-    tport_err err;
-    if (server_start(&cfg, &s, &err) != 0)
-      s = NULL; /* the port was taken: another */
-    config_free(&cfg);
-  }
+  server *s = svc_start_tcp_ipc(configure, tcp, sizeof tcp, ipc, sizeof ipc);
   cr_assert_not_null(s, "no server could listen");
   /* touched up front: their first-touch faults are not the data path's */
   uint8_t *src = malloc(SIZE), *back = malloc(SIZE);

@@ -92,6 +92,15 @@ static void pair(const char *url, nng_socket *req, nng_socket *rep)
   cr_assert_eq(nng_dial(*req, url, NULL, 0), 0, "dial %s", url);
 }
 
+/* pair() over a fresh ipc:// path of the test's (tag) and a context of req. */
+static void ipc_pair(const char *tag, nng_socket *req, nng_socket *rep, nng_ctx *ctx)
+{
+  char url[96];
+  snprintf(url, sizeof url, "ipc:///tmp/tport-nng-rtail-%s-%d.sock", tag, (int)getpid());
+  pair(url, req, rep);
+  cr_assert_eq(nng_ctx_open(ctx, *req), 0);
+}
+
 static void lands_in_the_buffer(const char *url, bool placed)
 {
   nng_socket req, rep;
@@ -159,12 +168,9 @@ Test(nng_recv_tail, inproc_keeps_the_reply_whole)
 
 Test(nng_recv_tail, a_reply_too_small_or_too_short_keeps_its_bytes)
 {
-  char url[96];
-  snprintf(url, sizeof url, "ipc:///tmp/tport-nng-rtail-s-%d.sock", (int)getpid());
   nng_socket req, rep;
-  pair(url, &req, &rep);
   nng_ctx ctx;
-  cr_assert_eq(nng_ctx_open(&ctx, req), 0);
+  ipc_pair("s", &req, &rep, &ctx);
   uint8_t *buf = malloc(2 * TAIL);
   /* under NNG_RECV_TAIL_MIN: read whole, as before */
   memset(buf, 0xEE, 2 * TAIL);
@@ -200,12 +206,9 @@ Test(nng_recv_tail, a_reply_too_small_or_too_short_keeps_its_bytes)
 
 Test(nng_recv_tail, another_contexts_reply_is_not_placed)
 {
-  char url[96];
-  snprintf(url, sizeof url, "ipc:///tmp/tport-nng-rtail-o-%d.sock", (int)getpid());
   nng_socket req, rep;
-  pair(url, &req, &rep);
   nng_ctx a, b;
-  cr_assert_eq(nng_ctx_open(&a, req), 0);
+  ipc_pair("o", &req, &rep, &a);
   cr_assert_eq(nng_ctx_open(&b, req), 0);
   uint8_t *buf = malloc(TAIL);
   memset(buf, 0xEE, TAIL);
@@ -222,7 +225,6 @@ Test(nng_recv_tail, another_contexts_reply_is_not_placed)
   nng_msg_free(r);
   cr_expect_eq(nng_ctx_recv_tail_clear(a, 1000), 0);
   cr_expect_eq(nng_ctx_recv_tail_clear(b, 1000), 0, "a context never armed clears");
-  /* the socket's own context (nng_sendmsg) is no REQ context of the caller's */
   nng_ctx_close(a);
   nng_ctx_close(b);
   nng_close(req);
@@ -232,12 +234,9 @@ Test(nng_recv_tail, another_contexts_reply_is_not_placed)
 
 Test(nng_recv_tail, a_replys_end_lands_in_segments_in_order)
 {
-  char url[96];
-  snprintf(url, sizeof url, "ipc:///tmp/tport-nng-rtail-g-%d.sock", (int)getpid());
   nng_socket req, rep;
-  pair(url, &req, &rep);
   nng_ctx ctx;
-  cr_assert_eq(nng_ctx_open(&ctx, req), 0);
+  ipc_pair("g", &req, &rep, &ctx);
   enum { A = 70000, B = 5, C = 300001, HEAD_KEPT = 1000 };
   uint8_t *a = malloc(A), *b = malloc(B), *c = malloc(C);
   uint8_t one[1];
